@@ -1,0 +1,111 @@
+"""A throwaway PostgreSQL server for the local stack, the demo and the tests.
+
+PostgreSQL refuses to run as root; when we are root the cluster is created
+and run as the ``postgres`` system user (Debian's packages create it).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+_SERVER_OPTIONS = [
+    # Durability is not the point of a throwaway server; speed is.
+    "-c", "fsync=off",
+    "-c", "synchronous_commit=off",
+    "-c", "full_page_writes=off",
+    "-c", "max_connections=200",
+    "-c", "shared_buffers=256MB",
+]
+
+
+def find_bindir() -> Path:
+    """The directory of initdb/pg_ctl: $PG_BINDIR, the newest Debian
+    install, or whatever is on PATH."""
+    if os.environ.get("PG_BINDIR"):
+        return Path(os.environ["PG_BINDIR"])
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
+    if debian:
+        return Path(debian[-1])
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).resolve().parent
+    raise RuntimeError("PostgreSQL server binaries not found: install postgresql or set PG_BINDIR")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalPostgres:
+    """``with LocalPostgres() as pg: pg.dsn`` — a server on 127.0.0.1 that is
+    gone, data and all, when the block ends."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.bindir = find_bindir()
+        self.dir = Path(tempfile.mkdtemp(prefix="hooklane-pg-"))
+        self.datadir = self.dir / "data"
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            postgres = pwd.getpwnam("postgres")
+            os.chown(self.dir, postgres.pw_uid, postgres.pw_gid)
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        subprocess.run(
+            [*self._as_user, *args], check=True, cwd=self.dir,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+
+    def start(self) -> "LocalPostgres":
+        self._run(
+            str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres",
+            "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
+        )
+        options = " ".join(
+            [f"-p {self.port}", "-h 127.0.0.1", f"-k {self.dir}", *_SERVER_OPTIONS]
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"),
+            "-o", options, "-w", "-t", "60", "start",
+        )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"PostgreSQL did not start; see {self.dir / 'server.log'}")
+
+    def stop(self) -> None:
+        if self.datadir.exists():
+            subprocess.run(
+                [*self._as_user, str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "stop"],
+                cwd=self.dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalPostgres":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,52 @@
+"""Every Prometheus metric Hooklane exports, in one place.
+
+Per-endpoint series carry the endpoint's namespace and name, never its URL.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DELIVERIES = Counter(
+    "hooklane_deliveries_total", "Delivery attempts by outcome.", ["outcome"]
+)
+DELIVERY_DURATION = Histogram(
+    "hooklane_delivery_duration_seconds",
+    "Whole-call duration of delivery attempts.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+IN_FLIGHT = Gauge("hooklane_worker_in_flight", "Deliveries this worker process has in flight.")
+RESERVATION_DURATION = Histogram(
+    "hooklane_reservation_duration_seconds",
+    "Time of one reservation round trip.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+PARTITIONS_OWNED = Gauge("hooklane_worker_partitions_owned", "Partitions this worker owns.")
+RESCUED = Counter(
+    "hooklane_deliveries_rescued_total", "Deliveries requeued after their worker lost them."
+)
+
+ENDPOINT_PENDING = Gauge(
+    "hooklane_endpoint_pending", "Pending deliveries per endpoint.", ["namespace", "name"]
+)
+ENDPOINT_IN_FLIGHT = Gauge(
+    "hooklane_endpoint_in_flight", "Deliveries in flight per endpoint.", ["namespace", "name"]
+)
+ENDPOINT_OLDEST_PENDING_AGE = Gauge(
+    "hooklane_endpoint_oldest_pending_age_seconds",
+    "Age of the oldest pending delivery per endpoint: what its receiver feels.",
+    ["namespace", "name"],
+)
+ENDPOINT_DEAD = Gauge(
+    "hooklane_endpoint_dead_deliveries", "Dead deliveries kept per endpoint.", ["namespace", "name"]
+)
+ENDPOINTS_PAUSED = Gauge(
+    "hooklane_endpoints_paused",
+    "Endpoints not receiving: circuit open, paused by hand, or deactivated.",
+    ["reason"],
+)
+EVENTS_UNROUTED = Gauge(
+    "hooklane_events_unrouted", "Events kept although they matched no endpoint."
+)
+
+PER_ENDPOINT = (ENDPOINT_PENDING, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_PENDING_AGE, ENDPOINT_DEAD)

@@ -1,0 +1,21 @@
+"""Connections to Hooklane's database."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from hooklane.errors import InvalidInput
+
+
+def _require(dsn: str) -> str:
+    if not dsn:
+        raise InvalidInput("HOOKLANE_DATABASE_URL", "is not set: point it at the PostgreSQL database")
+    return dsn
+
+
+async def connect(dsn: str, **kwargs) -> asyncpg.Connection:
+    return await asyncpg.connect(_require(dsn), **kwargs)
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs) -> asyncpg.Pool:
+    return await asyncpg.create_pool(_require(dsn), min_size=min_size, max_size=max_size, **kwargs)

@@ -1,0 +1,71 @@
+"""Numbered SQL migrations, applied in order, each in its own transaction."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+logger = logging.getLogger(__name__)
+
+# Serialises concurrent `hooklane migrate` runs (an init container per replica).
+_MIGRATION_LOCK = 0x686C6D67
+
+_FILE_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def available() -> list[Migration]:
+    folder = resources.files("hooklane.store").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text()))
+    return sorted(found, key=lambda m: m.version)
+
+
+async def migrate(conn: asyncpg.Connection) -> list[Migration]:
+    """Apply the migrations the database lacks; return those applied."""
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+    try:
+        await conn.execute(
+            """
+            CREATE TABLE IF NOT EXISTS hooklane_migrations (
+                version    integer PRIMARY KEY,
+                name       text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )
+            """
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM hooklane_migrations")}
+        applied = []
+        for migration in available():
+            if migration.version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO hooklane_migrations (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+            logger.info(
+                "applied migration %04d_%s",
+                migration.version,
+                migration.name,
+                extra={"action": "migrate", "version": migration.version},
+            )
+            applied.append(migration)
+        return applied
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)

@@ -1,0 +1,355 @@
+-- Every statement Hooklane runs against its own tables, one named block each.
+-- A block starts with "-- name: NAME", then lines saying what it does, its
+-- parameters in order and the index it relies on. hooklane/store/queries.py
+-- loads this file once; Python code calls the statements by name only.
+
+-- name: partition_count
+-- The partition count every worker and the operator share.
+-- Parameters: none. Index: primary key of the one-row hooklane_config.
+SELECT partition_count FROM hooklane_config;
+
+-- name: upsert_endpoint
+-- Create or update an endpoint by its (namespace, name) identity. The
+-- partition is a stable hash of that identity, computed once at creation.
+-- A deactivated endpoint stays deactivated: reactivate_endpoint is explicit.
+-- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret (NULL when
+-- the Secret is missing), $6 max_concurrency, $7 event_types, $8
+-- timeout_seconds, $9 paused.
+-- Index: the unique (namespace, name) constraint.
+INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
+                       event_types, timeout_seconds, paused, partition)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+        (hashtext($1 || '/' || $2)::bigint & 2147483647)
+          % (SELECT partition_count FROM hooklane_config))
+ON CONFLICT (namespace, name) DO UPDATE
+SET tenant          = EXCLUDED.tenant,
+    url             = EXCLUDED.url,
+    secret          = EXCLUDED.secret,
+    max_concurrency = EXCLUDED.max_concurrency,
+    event_types     = EXCLUDED.event_types,
+    timeout_seconds = EXCLUDED.timeout_seconds,
+    paused          = EXCLUDED.paused,
+    updated_at      = now()
+RETURNING id, partition, (xmax = 0) AS created;
+
+-- name: list_endpoints
+-- Every endpoint with its circuit state, for `hooklane endpoint list`.
+-- Parameters: none. Index: the unique (namespace, name) constraint, for order.
+SELECT id, namespace, name, tenant, url, secret IS NOT NULL AS signed,
+       max_concurrency, event_types, timeout_seconds, paused, state,
+       partition, consecutive_failures, paused_until, last_error,
+       last_delivered_at
+FROM endpoints
+ORDER BY namespace, name;
+
+-- name: reactivate_endpoint
+-- Bring a deactivated endpoint back and close its circuit; its kept pending
+-- deliveries are sent again from the next reservation on.
+-- Parameters: $1 namespace, $2 name. Index: unique (namespace, name).
+UPDATE endpoints
+SET state = 'active', deactivated_at = NULL, deactivated_reason = NULL,
+    consecutive_failures = 0, failing_since = NULL, paused_until = NULL,
+    updated_at = now()
+WHERE namespace = $1 AND name = $2
+RETURNING id;
+
+-- name: delete_endpoint
+-- Remove an endpoint. Its deliveries, pending and dead alike, go with it (the
+-- foreign key cascades); the events stay, listable for reconciliation until
+-- retention drops them.
+-- Parameters: $1 namespace, $2 name. Index: unique (namespace, name);
+-- deliveries_queue for the cascade.
+DELETE FROM endpoints
+WHERE namespace = $1 AND name = $2
+RETURNING id;
+
+-- name: publish
+-- The outbox write: the event and one delivery per active endpoint of the
+-- tenant whose event types match, in the caller's transaction. An id already
+-- stored is not stored again and fans out to nothing. A coalesce key replaces
+-- the still-pending delivery of the same key to the same endpoint. Each
+-- partition that got work is notified once (Postgres delivers NOTIFY at
+-- commit, and folds duplicates within a transaction).
+-- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5 coalesce_key.
+-- Index: endpoints_tenant; deliveries_coalesce for the ON CONFLICT.
+WITH matched AS (
+    SELECT ep.id, ep.partition
+    FROM endpoints ep
+    WHERE ep.tenant = $2
+      AND ep.state = 'active'
+      AND (cardinality(ep.event_types) = 0
+           OR EXISTS (SELECT 1
+                      FROM unnest(ep.event_types) AS p(pattern)
+                      WHERE p.pattern = '*'
+                         OR p.pattern = $3
+                         OR (right(p.pattern, 2) = '.*'
+                             AND starts_with($3, left(p.pattern, -1)))))
+),
+event AS (
+    INSERT INTO events (id, tenant, type, data, coalesce_key, fanout)
+    SELECT $1, $2, $3, $4::jsonb, $5, count(*) FROM matched
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, fanout
+),
+queued AS (
+    INSERT INTO deliveries (endpoint_id, event_id, coalesce_key)
+    SELECT m.id, event.id, $5 FROM matched m CROSS JOIN event
+    ON CONFLICT (endpoint_id, coalesce_key)
+        WHERE state = 'pending' AND coalesce_key IS NOT NULL
+    DO UPDATE SET event_id = EXCLUDED.event_id
+    RETURNING endpoint_id
+)
+SELECT (SELECT fanout FROM event) AS fanout,
+       (SELECT count(pg_notify('hooklane_ready', p.partition::text))
+        FROM (SELECT DISTINCT m.partition
+              FROM matched m JOIN queued q ON q.endpoint_id = m.id) AS p) AS notified;
+
+-- name: rescue_expired
+-- Give back to the queue the deliveries whose lease ran out: their worker
+-- died or lost its connection mid-call. The lease outlives the whole-call
+-- deadline, so the call has certainly ended; the receiver may still have got
+-- it (at least once). Runs only under the partitions' advisory locks.
+-- Parameters: $1 owned partitions. Index: deliveries_lease.
+UPDATE deliveries d
+SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
+    last_error = 'lease expired: the worker lost the delivery'
+FROM endpoints ep
+WHERE d.state = 'sending'
+  AND d.lease_expires_at < now()
+  AND ep.id = d.endpoint_id
+  AND ep.partition = ANY($1::int[])
+RETURNING d.id;
+
+-- name: reserve
+-- Reserve due deliveries of the owned partitions, never more per endpoint
+-- than its free concurrency, ordered by position within each endpoint's queue
+-- so that endpoints interleave: the first of each before the second of any.
+-- Runs only under the partitions' advisory locks, which is what makes the
+-- count of in-flight deliveries and the reservation one exact step.
+-- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
+-- seconds beyond the endpoint's timeout.
+-- Index: endpoints_partition; deliveries_in_flight for the count;
+-- deliveries_queue for the first rows of each endpoint's queue.
+WITH in_flight AS (
+    SELECT d.endpoint_id, count(*) AS n
+    FROM deliveries d
+    WHERE d.state = 'sending'
+    GROUP BY d.endpoint_id
+),
+candidates AS (
+    SELECT c.id, c.pos
+    FROM endpoints ep
+    LEFT JOIN in_flight f ON f.endpoint_id = ep.id
+    CROSS JOIN LATERAL (
+        SELECT d.id, row_number() OVER (ORDER BY d.next_attempt_at, d.id) AS pos
+        FROM deliveries d
+        WHERE d.endpoint_id = ep.id
+          AND d.state = 'pending'
+          AND d.next_attempt_at <= now()
+        ORDER BY d.next_attempt_at, d.id
+        LIMIT greatest(ep.max_concurrency - coalesce(f.n, 0), 0)
+    ) c
+    WHERE ep.partition = ANY($1::int[])
+      AND ep.state = 'active'
+      AND NOT ep.paused
+      AND ep.secret IS NOT NULL
+      AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+),
+chosen AS (
+    SELECT id FROM candidates ORDER BY pos, id LIMIT $2
+)
+UPDATE deliveries d
+SET state = 'sending',
+    attempts = d.attempts + 1,
+    reserved_at = now(),
+    lease_expires_at = now() + make_interval(secs => ep.timeout_seconds + $3)
+FROM chosen s, endpoints ep, events e
+WHERE d.id = s.id
+  AND ep.id = d.endpoint_id
+  AND e.id = d.event_id
+RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
+          ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
+          e.id AS event_id, e.type, e.data::text AS data,
+          e.created_at AS event_created_at;
+
+-- name: complete
+-- Record a batch of results in one statement, and fold them into each
+-- endpoint's circuit. Each row is fenced by (state, attempts): a late result
+-- from a worker whose delivery was rescued and reserved again changes
+-- nothing. A success closes the circuit; failures add up, and from the
+-- threshold on every failure (re)opens it for step x (failures past the
+-- threshold + 1), capped. A 410 deactivates the endpoint.
+-- Parameters: $1 ids, $2 attempts (the fence), $3 outcomes ('delivered',
+-- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
+-- no response), $6 errors, $7 failures that open the circuit, $8 pause step
+-- seconds, $9 pause cap seconds.
+-- Index: primary keys of deliveries and endpoints.
+WITH result AS (
+    SELECT *
+    FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[])
+         AS r(id, attempts, outcome, retry_in, status, error)
+),
+recorded AS (
+    UPDATE deliveries d
+    SET state = CASE r.outcome WHEN 'retry' THEN 'pending' ELSE r.outcome END,
+        next_attempt_at = CASE WHEN r.outcome = 'retry'
+                               THEN now() + make_interval(secs => r.retry_in)
+                               ELSE d.next_attempt_at END,
+        delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
+        lease_expires_at = NULL,
+        last_status = r.status,
+        last_error = r.error
+    FROM result r
+    WHERE d.id = r.id
+      AND d.state = 'sending'
+      AND d.attempts = r.attempts
+    RETURNING d.id, d.endpoint_id, r.outcome, r.status, r.error
+),
+per_endpoint AS (
+    SELECT endpoint_id,
+           bool_or(outcome = 'delivered') AS succeeded,
+           count(*) FILTER (WHERE outcome <> 'delivered') AS failures,
+           bool_or(status = 410) AS gone,
+           (array_agg(error ORDER BY id DESC)
+              FILTER (WHERE outcome <> 'delivered'))[1] AS error
+    FROM recorded
+    GROUP BY endpoint_id
+)
+UPDATE endpoints ep
+SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
+                                ELSE ep.consecutive_failures + pe.failures END,
+    failing_since = CASE WHEN pe.succeeded THEN NULL
+                         ELSE coalesce(ep.failing_since, now()) END,
+    paused_until = CASE
+        WHEN pe.succeeded THEN NULL
+        WHEN ep.consecutive_failures + pe.failures >= $7
+        THEN now() + make_interval(secs => least(
+                 $9, $8 * (ep.consecutive_failures + pe.failures - $7 + 1)))
+        ELSE ep.paused_until END,
+    last_error = coalesce(pe.error, ep.last_error),
+    last_delivered_at = CASE WHEN pe.succeeded THEN now()
+                             ELSE ep.last_delivered_at END,
+    state = CASE WHEN pe.gone THEN 'deactivated' ELSE ep.state END,
+    deactivated_at = CASE WHEN pe.gone AND ep.state = 'active' THEN now()
+                          ELSE ep.deactivated_at END,
+    deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
+                              THEN 'the receiver answered 410 Gone'
+                              ELSE ep.deactivated_reason END
+FROM per_endpoint pe
+WHERE ep.id = pe.endpoint_id
+RETURNING ep.id, ep.namespace, ep.name, ep.state, ep.paused_until,
+          ep.consecutive_failures;
+
+-- name: deactivate_failing
+-- Deactivate endpoints that have failed without a success for too long. Their
+-- pending deliveries are kept until resent or discarded.
+-- Parameters: $1 seconds of failing. Index: endpoints_failing_since.
+UPDATE endpoints
+SET state = 'deactivated',
+    deactivated_at = now(),
+    deactivated_reason = 'failing since ' || failing_since::text,
+    updated_at = now()
+WHERE state = 'active'
+  AND failing_since < now() - make_interval(secs => $1)
+RETURNING id, namespace, name, tenant, url;
+
+-- name: purge_events
+-- Drop events past retention together with their finished deliveries; an
+-- event that a pending or dead delivery still needs stays until it is sent
+-- or discarded. Batched so that a large purge never holds locks for long.
+-- Parameters: $1 retention seconds, $2 batch size.
+-- Index: events_created_at; deliveries_event for the check and the cascade.
+DELETE FROM events
+WHERE id IN (
+    SELECT e.id
+    FROM events e
+    WHERE e.created_at < now() - make_interval(secs => $1)
+      AND NOT EXISTS (SELECT 1 FROM deliveries d
+                      WHERE d.event_id = e.id
+                        AND d.state IN ('pending', 'sending', 'dead'))
+    ORDER BY e.created_at
+    LIMIT $2
+);
+
+-- name: resend_dead
+-- Explicit resend of dead deliveries of one endpoint (all of them, or the
+-- given ids): they start a new life, attempts and age from zero.
+-- Parameters: $1 namespace, $2 name, $3 delivery ids or NULL for all.
+-- Index: deliveries_dead.
+UPDATE deliveries d
+SET state = 'pending', attempts = 0, next_attempt_at = now(),
+    created_at = now(), last_error = NULL, last_status = NULL
+FROM endpoints ep
+WHERE ep.namespace = $1 AND ep.name = $2
+  AND d.endpoint_id = ep.id
+  AND d.state = 'dead'
+  AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
+RETURNING d.id;
+
+-- name: list_events
+-- Events of a tenant in a time range, for reconciliation.
+-- Parameters: $1 tenant, $2 from, $3 until, $4 limit.
+-- Index: events_tenant_created_at.
+SELECT id, type, data::text AS data, created_at, fanout
+FROM events
+WHERE tenant = $1 AND created_at >= $2 AND created_at < $3
+ORDER BY created_at, id
+LIMIT $4;
+
+-- name: endpoint_queues
+-- Per endpoint: queue, occupancy, oldest pending age and circuit state, most
+-- delayed first. `hooklane status` and the worker's per-endpoint gauges.
+-- Parameters: $1 partitions, or NULL for all.
+-- Index: deliveries_queue and deliveries_in_flight (the join only visits
+-- pending and sending rows); endpoints_partition.
+SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
+       ep.max_concurrency, ep.consecutive_failures, ep.paused_until,
+       ep.last_error, ep.last_delivered_at,
+       count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
+       count(d.id) FILTER (WHERE d.state = 'sending') AS in_flight,
+       extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
+         AS oldest_pending_age
+FROM endpoints ep
+LEFT JOIN deliveries d
+       ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending')
+WHERE $1::int[] IS NULL OR ep.partition = ANY($1::int[])
+GROUP BY ep.id
+ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
+
+-- name: dead_counts
+-- Dead deliveries per endpoint.
+-- Parameters: $1 partitions, or NULL for all. Index: deliveries_dead.
+SELECT ep.namespace, ep.name, count(*) AS dead
+FROM deliveries d
+JOIN endpoints ep ON ep.id = d.endpoint_id
+WHERE d.state = 'dead'
+  AND ($1::int[] IS NULL OR ep.partition = ANY($1::int[]))
+GROUP BY ep.namespace, ep.name;
+
+-- name: unrouted_events
+-- Events kept although no endpoint matched them.
+-- Parameters: none. Index: events_unrouted.
+SELECT count(*) FROM events WHERE fanout = 0;
+
+-- name: live_workers
+-- Workers alive right now: each holds its member advisory lock on its
+-- partition-lock connection for as long as it lives, so a worker that dies
+-- or loses its connection drops out at once.
+-- Parameters: $1 the member lock class. Index: none (pg_locks is in memory).
+SELECT count(*) AS n
+FROM pg_locks
+WHERE locktype = 'advisory'
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1::int::oid
+  AND objsubid = 2
+  AND granted;
+
+-- name: try_lock
+-- Take an advisory lock for this session if it is free.
+-- Parameters: $1 class, $2 key. Index: none.
+SELECT pg_try_advisory_lock($1::int, $2::int) AS locked;
+
+-- name: unlock
+-- Release an advisory lock this session holds.
+-- Parameters: $1 class, $2 key. Index: none.
+SELECT pg_advisory_unlock($1::int, $2::int) AS released;

@@ -1,0 +1,1 @@
+"""The delivery worker: owns partitions, reserves, sends, records results."""

@@ -1,0 +1,305 @@
+"""The worker process: reserve under the partition locks, send, record.
+
+Tasks, all in one event loop:
+- the reservation loop, woken by NOTIFY from publish, by recorded results
+  (which free endpoint slots) and by a short poll for due retries;
+- one task per delivery in flight;
+- the recorder, which writes results in batches (one statement per batch);
+- the rebalancer, which keeps this worker's fair share of partitions;
+- maintenance (rescue, deactivation, retention) and the per-endpoint gauges.
+If any background task dies, the worker stops rather than limping on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+
+import asyncpg
+
+from hooklane import metrics, store
+from hooklane.settings import Settings
+from hooklane.signing import parse_secret
+from hooklane.store import deliveries
+from hooklane.store.deliveries import Result
+from hooklane.worker.partitions import LostOwnership, PartitionOwner
+from hooklane.worker.rules import Attempt, Dead, Delivered, Retry, classify
+from hooklane.worker.sender import Sender, event_body
+
+logger = logging.getLogger(__name__)
+
+_RECORD_BATCH = 500
+# Housekeeping that needs doing by one worker only runs on the owner of
+# partition 0, so that replicas do not repeat it.
+_HOUSEKEEPER_PARTITION = 0
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._sending: set[asyncio.Task] = set()
+        self._results: asyncio.Queue[Result | None] = asyncio.Queue()
+        self._owner: PartitionOwner | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._sender: Sender | None = None
+        self._keys: dict[str, bytes] = {}
+
+    def stop(self) -> None:
+        """Stop reserving; in-flight deliveries finish, then ``run`` returns."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        self._pool = await store.create_pool(s.database_url, min_size=1, max_size=4)
+        async with self._pool.acquire() as conn:
+            partition_count = await deliveries.partition_count(conn)
+        self._owner = PartitionOwner(s.database_url, partition_count, lambda _p: self._wake.set())
+        await self._owner.connect()
+        self._sender = Sender()
+        reserve = asyncio.create_task(self._reserve_loop(), name="reservation")
+        recorder = asyncio.create_task(self._record_loop(), name="recorder")
+        background = [
+            asyncio.create_task(self._every(s.rebalance_seconds, self._rebalance), name="rebalancer"),
+            asyncio.create_task(self._every(s.maintenance_seconds, self._maintain), name="maintenance"),
+            asyncio.create_task(self._every(s.gauges_seconds, self._refresh_gauges), name="gauges"),
+        ]
+        try:
+            done, _ = await asyncio.wait(
+                [reserve, recorder, *background], return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                task.result()  # a background task that died takes the worker down
+            await self._drain(recorder)
+        finally:
+            for task in [reserve, recorder, *background, *self._sending]:
+                task.cancel()
+            await asyncio.gather(reserve, recorder, *background, return_exceptions=True)
+            await self._owner.close()
+            await self._sender.close()
+            await self._pool.close()
+            logger.info("worker stopped", extra={"action": "stopped"})
+
+    async def _drain(self, recorder: asyncio.Task) -> None:
+        """Let in-flight deliveries finish, then record every result."""
+        if self._sending:
+            logger.info(
+                "draining %d deliveries in flight", len(self._sending), extra={"action": "drain"}
+            )
+            await asyncio.wait(self._sending, timeout=self.settings.drain_seconds)
+        self._results.put_nowait(None)
+        await recorder
+
+    async def _reserve_loop(self) -> None:
+        s = self.settings
+        while not self._stopping.is_set():
+            self._wake.clear()
+            free = min(s.worker_concurrency - len(self._sending), s.reserve_batch)
+            reserved = 0
+            if free > 0 and self._owner.owned:
+                started = time.perf_counter()
+                try:
+                    rows = await self._owner.run(
+                        lambda conn, owned: deliveries.reserve(conn, owned, free, s.lease_grace_seconds)
+                    )
+                except LostOwnership:
+                    rows = []
+                    await self._reconnect()
+                metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
+                for row in rows:
+                    task = asyncio.create_task(self._deliver(row))
+                    self._sending.add(task)
+                    task.add_done_callback(self._sent)
+                reserved = len(rows)
+                metrics.IN_FLIGHT.set(len(self._sending))
+            if reserved and reserved == free:
+                continue  # more may be ready: go again before sleeping
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=s.poll_seconds)
+            except asyncio.TimeoutError:
+                pass
+
+    def _sent(self, task: asyncio.Task) -> None:
+        self._sending.discard(task)
+        metrics.IN_FLIGHT.set(len(self._sending))
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("delivery task failed", exc_info=task.exception(), extra={"action": "deliver"})
+        self._wake.set()
+
+    async def _deliver(self, row: asyncpg.Record) -> None:
+        s = self.settings
+        body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
+        started = time.perf_counter()
+        attempt = await self._sender.send(
+            row["url"], self._key(row["secret"]), row["event_id"], body, row["timeout_seconds"]
+        )
+        metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
+        now = datetime.now(timezone.utc)
+        outcome = classify(
+            attempt, row["attempts"], (now - row["created_at"]).total_seconds(), s.retry, now
+        )
+        self._results.put_nowait(_result(row, attempt, outcome))
+        if isinstance(outcome, Dead):
+            logger.warning(
+                "delivery %d to %s/%s is dead: %s",
+                row["id"],
+                row["namespace"],
+                row["name"],
+                outcome.error,
+                extra={"action": "dead", "delivery": row["id"], "event": row["event_id"]},
+            )
+
+    def _key(self, secret: str) -> bytes:
+        key = self._keys.get(secret)
+        if key is None:
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            key = self._keys[secret] = parse_secret(secret)
+        return key
+
+    async def _record_loop(self) -> None:
+        """Record results in batches: whatever queued up while the previous
+        write ran goes in the next one. ``None`` in the queue means the worker
+        is draining: record what is left and return."""
+        while True:
+            batch: list[Result] = []
+            item = await self._results.get()
+            while item is not None:
+                batch.append(item)
+                if len(batch) >= _RECORD_BATCH or self._results.empty():
+                    break
+                item = self._results.get_nowait()
+            if batch:
+                await self._record(batch)
+            if item is None:
+                if self._results.empty():
+                    return
+                self._results.put_nowait(None)
+
+    async def _record(self, batch: list[Result]) -> None:
+        """Write a batch of results, retrying while Postgres is unreachable: a
+        result is never dropped while the worker lives (and if it dies, the
+        lease runs out and the delivery is sent again)."""
+        delay = 0.1
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    touched = await deliveries.complete(conn, batch, self.settings.circuit)
+                break
+            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+                logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        for result in batch:
+            metrics.DELIVERIES.labels(result.outcome).inc()
+        for ep in touched:
+            if ep["state"] == "deactivated" or (
+                ep["paused_until"] is not None
+                and ep["consecutive_failures"] == self.settings.circuit.threshold
+            ):
+                logger.warning(
+                    "endpoint %s/%s %s",
+                    ep["namespace"],
+                    ep["name"],
+                    "deactivated" if ep["state"] == "deactivated" else "paused: circuit open",
+                    extra={"action": "circuit", "endpoint": ep["id"]},
+                )
+        self._wake.set()
+
+    async def _every(self, seconds: float, job) -> None:
+        while not self._stopping.is_set():
+            await job()
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _reconnect(self) -> None:
+        """Open a new lock connection after the old one failed; partitions are
+        taken again by the next rebalance."""
+        while not self._stopping.is_set():
+            try:
+                await self._owner.connect()
+                return
+            except (asyncpg.PostgresConnectionError, OSError) as exc:
+                logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
+                await asyncio.sleep(1.0)
+
+    async def _rebalance(self) -> None:
+        try:
+            taken, _ = await self._owner.rebalance()
+        except LostOwnership:
+            await self._reconnect()
+            return
+        metrics.PARTITIONS_OWNED.set(len(self._owner.owned))
+        if taken:
+            self._wake.set()
+
+    async def _maintain(self) -> None:
+        s = self.settings
+        try:
+            rescued = await self._owner.run(deliveries.rescue_expired)
+        except LostOwnership:
+            return
+        if rescued:
+            metrics.RESCUED.inc(rescued)
+            logger.warning(
+                "requeued %d deliveries whose worker lost them", rescued, extra={"action": "rescue"}
+            )
+            self._wake.set()
+        if _HOUSEKEEPER_PARTITION not in self._owner.owned:
+            return
+        async with self._pool.acquire() as conn:
+            for ep in await deliveries.deactivate_failing(conn, s.deactivate_after_seconds):
+                logger.warning(
+                    "endpoint %s/%s deactivated after failing for %d s; its pending deliveries are kept",
+                    ep["namespace"],
+                    ep["name"],
+                    s.deactivate_after_seconds,
+                    extra={"action": "deactivate", "endpoint": ep["id"]},
+                )
+            await store.purge_events(conn, s.event_retention_seconds)
+
+    async def _refresh_gauges(self) -> None:
+        owned = sorted(self._owner.owned)
+        async with self._pool.acquire() as conn:
+            queues = await store.endpoint_queues(conn, owned)
+            dead = await deliveries.dead_counts(conn, owned)
+            unrouted = (
+                await deliveries.unrouted_events(conn)
+                if _HOUSEKEEPER_PARTITION in owned
+                else None
+            )
+        for gauge in metrics.PER_ENDPOINT:
+            gauge.clear()
+        paused = {"circuit": 0, "manual": 0, "deactivated": 0}
+        now = datetime.now(timezone.utc)
+        for q in queues:
+            labels = (q["namespace"], q["name"])
+            metrics.ENDPOINT_PENDING.labels(*labels).set(q["pending"])
+            metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(q["in_flight"])
+            metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(float(q["oldest_pending_age"] or 0))
+            if q["state"] == "deactivated":
+                paused["deactivated"] += 1
+            elif q["paused"]:
+                paused["manual"] += 1
+            elif q["paused_until"] is not None and q["paused_until"] > now:
+                paused["circuit"] += 1
+        for d in dead:
+            metrics.ENDPOINT_DEAD.labels(d["namespace"], d["name"]).set(d["dead"])
+        for reason, count in paused.items():
+            metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
+        if unrouted is not None:
+            metrics.EVENTS_UNROUTED.set(unrouted)
+
+
+def _result(row: asyncpg.Record, attempt: Attempt, outcome) -> Result:
+    if isinstance(outcome, Delivered):
+        return Result(row["id"], row["attempts"], "delivered", None, attempt.status, None)
+    if isinstance(outcome, Retry):
+        return Result(row["id"], row["attempts"], "retry", outcome.delay_seconds, attempt.status, outcome.error)
+    return Result(row["id"], row["attempts"], "dead", None, attempt.status, outcome.error)
