@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply the database migrations (idempotent)")
     sub.add_parser("worker", help="deliver: reserve, send, record; SIGTERM drains then exits")
     sub.add_parser("status", help="per-endpoint queue, in flight, oldest pending age, circuit")
+    operator = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (kopf); `hooklane operator --help` for its options",
+        add_help=False,
+    )
+    operator.add_argument("operator_args", nargs=argparse.REMAINDER)
 
     pub = sub.add_parser("publish", help="publish one event")
     pub.add_argument("--tenant", required=True)
@@ -76,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "dev":
             return _dev(args)
+        if args.command == "operator":
+            from hooklane.operator.main import main as operator_main
+
+            return operator_main(args.operator_args)
         settings = Settings.from_env()
         return asyncio.run(_COMMANDS[args.command](args, settings))
     except InvalidInput as exc:
