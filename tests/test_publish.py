@@ -1,0 +1,157 @@
+"""Publishing: the transactional outbox, routing, idempotence, coalescing."""
+
+from __future__ import annotations
+
+import pytest
+
+import hooklane
+from hooklane.errors import InvalidInput
+from tests.conftest import add_endpoint
+
+
+async def _deliveries(db) -> list[tuple[str, str, str]]:
+    rows = await db.fetch(
+        """SELECT ep.name, d.event_id, d.state FROM deliveries d
+           JOIN endpoints ep ON ep.id = d.endpoint_id ORDER BY d.id"""
+    )
+    return [tuple(r) for r in rows]
+
+
+async def test_event_and_deliveries_commit_with_the_callers_transaction(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await db.execute("CREATE TABLE orders (id int)")
+    async with db.transaction():
+        await db.execute("INSERT INTO orders VALUES (1)")
+        event_id = await hooklane.publish(db, tenant="acme", type="order.created", data={"id": 1})
+    assert await _deliveries(db) == [("a", event_id, "pending")]
+
+
+async def test_rollback_stores_nothing(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await db.execute("CREATE TABLE orders (id int)")
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with db.transaction():
+            await db.execute("INSERT INTO orders VALUES (1)")
+            await hooklane.publish(db, tenant="acme", type="order.created", data={"id": 1})
+            raise Boom
+    assert await db.fetchval("SELECT count(*) FROM events") == 0
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 0
+    assert await db.fetchval("SELECT count(*) FROM orders") == 0
+
+
+async def test_routing_by_tenant_event_type_and_state(db):
+    await add_endpoint(db, "all", "http://127.0.0.1:1/all")
+    await add_endpoint(db, "orders", "http://127.0.0.1:1/o", event_types=("order.*",))
+    await add_endpoint(db, "exact", "http://127.0.0.1:1/e", event_types=("order.created",))
+    await add_endpoint(db, "star", "http://127.0.0.1:1/s", event_types=("*",))
+    await add_endpoint(db, "invoices", "http://127.0.0.1:1/i", event_types=("invoice.*",))
+    await add_endpoint(db, "other-tenant", "http://127.0.0.1:1/x", tenant="globex")
+    gone = await add_endpoint(db, "deactivated", "http://127.0.0.1:1/d")
+    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE id = $1", gone)
+
+    await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    await hooklane.publish(db, tenant="acme", type="order.item.added", data={})
+    await hooklane.publish(db, tenant="acme", type="orders.created", data={})
+
+    routed = {}
+    for name, event_id, _ in await _deliveries(db):
+        etype = await db.fetchval("SELECT type FROM events WHERE id = $1", event_id)
+        routed.setdefault(etype, set()).add(name)
+    assert routed == {
+        "order.created": {"all", "orders", "exact", "star"},
+        "order.item.added": {"all", "orders", "star"},
+        "orders.created": {"all", "star"},
+    }
+
+
+async def test_unmatched_event_is_kept_and_counted(db):
+    event_id = await hooklane.publish(db, tenant="nobody", type="order.created", data={"x": 1})
+    row = await db.fetchrow("SELECT tenant, fanout, data FROM events WHERE id = $1", event_id)
+    assert (row["tenant"], row["fanout"]) == ("nobody", 0)
+    from hooklane.store import deliveries
+
+    assert await deliveries.unrouted_events(db) == 1
+
+
+async def test_same_id_twice_is_stored_once(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    first = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 1}, id="evt-42")
+    again = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 2}, id="evt-42")
+    assert first == again == "evt-42"
+    assert await db.fetchval("SELECT count(*) FROM events") == 1
+    assert await db.fetchval("SELECT data->>'v' FROM events") == "1"
+    assert len(await _deliveries(db)) == 1
+
+
+async def test_generated_ids_are_unique(db):
+    ids = {await hooklane.publish(db, tenant="acme", type="t", data={}) for _ in range(20)}
+    assert len(ids) == 20 and all(i.startswith("msg_") for i in ids)
+
+
+async def test_coalesce_key_replaces_the_pending_delivery(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await add_endpoint(db, "b", "http://127.0.0.1:1/b")
+    for version in range(50):
+        last = await hooklane.publish(
+            db, tenant="acme", type="order.updated", data={"v": version}, coalesce_key="order-7"
+        )
+    other = await hooklane.publish(db, tenant="acme", type="order.updated", data={}, coalesce_key="order-8")
+    rows = await _deliveries(db)
+    assert sorted(rows) == sorted(
+        [("a", last, "pending"), ("b", last, "pending"), ("a", other, "pending"), ("b", other, "pending")]
+    )
+    # every change is still an event, listable for reconciliation
+    assert await db.fetchval("SELECT count(*) FROM events") == 51
+
+
+async def test_coalescing_never_touches_a_delivery_in_flight(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    first = await hooklane.publish(db, tenant="acme", type="order.updated", data={}, coalesce_key="k")
+    await db.execute("UPDATE deliveries SET state = 'sending'")
+    second = await hooklane.publish(db, tenant="acme", type="order.updated", data={}, coalesce_key="k")
+    assert sorted(await _deliveries(db)) == sorted([("a", first, "sending"), ("a", second, "pending")])
+
+
+async def test_facts_without_a_key_are_never_coalesced(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    for _ in range(3):
+        await hooklane.publish(db, tenant="acme", type="payment.approved", data={})
+    assert len(await _deliveries(db)) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"tenant": ""}, "tenant"),
+        ({"tenant": 7}, "tenant"),
+        ({"type": "order created"}, "type"),
+        ({"type": ""}, "type"),
+        ({"data": [1, 2]}, "data"),
+        ({"data": {"x": float("nan")}}, "data"),
+        ({"data": {"x": object()}}, "data"),
+        ({"data": {"x": "y" * 300_000}}, "data"),
+        ({"id": "has space"}, "id"),
+        ({"id": ""}, "id"),
+        ({"coalesce_key": ""}, "coalesce_key"),
+    ],
+)
+async def test_bad_arguments_store_nothing(db, kwargs, field):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    args = {"tenant": "acme", "type": "order.created", "data": {}, **kwargs}
+    with pytest.raises(InvalidInput) as info:
+        await hooklane.publish(db, **args)
+    assert info.value.field == field
+    assert await db.fetchval("SELECT count(*) FROM events") == 0
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 0
+
+
+async def test_a_bad_publish_keeps_what_was_already_accepted(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    kept = await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    with pytest.raises(InvalidInput):
+        await hooklane.publish(db, tenant="acme", type="bad type", data={})
+    assert await db.fetchval("SELECT array_agg(id) FROM events") == [kept]

@@ -1,0 +1,225 @@
+"""Reservation, results and rescue at the SQL level, on a real Postgres."""
+
+from __future__ import annotations
+
+import hooklane
+from hooklane.settings import CircuitPolicy
+from hooklane.store import deliveries
+from hooklane.store.deliveries import Result
+from tests.conftest import add_endpoint
+
+ALL = list(range(32))
+
+
+async def _reserve(db, limit=100):
+    return await deliveries.reserve(db, ALL, limit, 10.0)
+
+
+async def _publish(db, n, type="order.created", tenant="acme"):
+    for _ in range(n):
+        await hooklane.publish(db, tenant=tenant, type=type, data={})
+
+
+async def test_never_more_in_flight_than_max_concurrency(db):
+    await add_endpoint(db, "slow", "http://127.0.0.1:1/slow", max_concurrency=3)
+    await _publish(db, 10)
+    assert len(await _reserve(db)) == 3
+    assert await _reserve(db) == []  # the endpoint is at its limit
+    first = (await db.fetch("SELECT id, attempts FROM deliveries WHERE state = 'sending' LIMIT 1"))[0]
+    await deliveries.complete(
+        db, [Result(first["id"], first["attempts"], "delivered", None, 204, None)], CircuitPolicy()
+    )
+    assert len(await _reserve(db)) == 1  # one slot freed, one more goes
+
+
+async def test_endpoints_interleave_first_of_each_before_second_of_any(db):
+    for name in ["a", "b", "c"]:
+        await add_endpoint(db, name, f"http://127.0.0.1:1/{name}", tenant=name, max_concurrency=10)
+    # a has a deep backlog published first; c has a single delivery, last
+    await _publish(db, 20, tenant="a")
+    await _publish(db, 20, tenant="b")
+    await _publish(db, 1, tenant="c")
+    rows = await _reserve(db, limit=5)
+    # a FIFO would hand all five to a; interleaving gives each its first
+    # before anyone its second
+    assert sorted(r["name"] for r in rows) == ["a", "a", "b", "b", "c"]
+    rows = await _reserve(db, limit=3)
+    assert sorted(r["name"] for r in rows) == ["a", "a", "b"]
+
+
+async def test_interleaving_ignores_queue_depth(db):
+    await add_endpoint(db, "deep", "http://127.0.0.1:1/deep", tenant="deep", max_concurrency=256)
+    for i in range(50):
+        await add_endpoint(db, f"shallow{i}", f"http://127.0.0.1:1/s{i}", tenant="shallow", max_concurrency=256)
+    await _publish(db, 500, tenant="deep")
+    await _publish(db, 1, tenant="shallow")
+    rows = await _reserve(db, limit=51)
+    assert sum(r["name"] == "deep" for r in rows) == 1
+
+
+async def test_only_due_active_unpaused_signed_endpoints(db):
+    ok = await add_endpoint(db, "ok", "http://127.0.0.1:1/ok")
+    manual = await add_endpoint(db, "manual", "http://127.0.0.1:1/m", paused=True)
+    circuit = await add_endpoint(db, "circuit", "http://127.0.0.1:1/c")
+    gone = await add_endpoint(db, "gone", "http://127.0.0.1:1/g")
+    unsigned = await add_endpoint(db, "unsigned", "http://127.0.0.1:1/u", secret=None)
+    later = await add_endpoint(db, "later", "http://127.0.0.1:1/l", tenant="later")
+    await _publish(db, 1)
+    await _publish(db, 1, tenant="later")
+    await db.execute("UPDATE endpoints SET paused_until = now() + interval '1 minute' WHERE id = $1", circuit)
+    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE id = $1", gone)
+    await db.execute(
+        "UPDATE deliveries SET next_attempt_at = now() + interval '1 minute' WHERE endpoint_id = $1", later
+    )
+    assert [r["endpoint_id"] for r in await _reserve(db)] == [ok]
+    # pausing ends: the circuit's endpoint and the due delivery come back
+    await db.execute("UPDATE endpoints SET paused_until = now() WHERE id = $1", circuit)
+    await db.execute("UPDATE deliveries SET next_attempt_at = now() WHERE endpoint_id = $1", later)
+    assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([circuit, later])
+    pending = await db.fetch("SELECT endpoint_id FROM deliveries WHERE state = 'pending'")
+    assert sorted(r["endpoint_id"] for r in pending) == sorted([manual, gone, unsigned])
+
+
+async def test_only_owned_partitions(db):
+    ids = [await add_endpoint(db, f"e{i}", f"http://127.0.0.1:1/{i}") for i in range(40)]
+    await _publish(db, 1)
+    partitions = dict(await db.fetch("SELECT id, partition FROM endpoints"))
+    mine = sorted(set(partitions.values()))[:3]
+    rows = await deliveries.reserve(db, mine, 100, 10.0)
+    assert rows and {partitions[r["endpoint_id"]] for r in rows} <= set(mine)
+    assert len(rows) == sum(1 for i in ids if partitions[i] in mine)
+
+
+async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 1)
+    (lost,) = await _reserve(db)
+    # the lease runs out: rescued, then reserved again by another worker
+    await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
+    assert await deliveries.rescue_expired(db, ALL) == 1
+    (again,) = await _reserve(db)
+    assert again["attempts"] == lost["attempts"] + 1
+    # the first worker's late failure arrives and must not touch the new attempt
+    await deliveries.complete(
+        db, [Result(lost["id"], lost["attempts"], "retry", 60.0, 500, "HTTP 500")], CircuitPolicy()
+    )
+    row = await db.fetchrow("SELECT state, attempts, last_error FROM deliveries")
+    assert (row["state"], row["attempts"], row["last_error"]) == ("sending", 2, "lease expired: the worker lost the delivery")
+    assert await db.fetchval("SELECT consecutive_failures FROM endpoints") == 0
+    await deliveries.complete(
+        db, [Result(again["id"], again["attempts"], "delivered", None, 200, None)], CircuitPolicy()
+    )
+    assert await db.fetchval("SELECT state FROM deliveries") == "delivered"
+
+
+async def test_rescue_leaves_live_leases_alone(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", timeout_seconds=5)
+    await _publish(db, 2)
+    await _reserve(db)
+    assert await deliveries.rescue_expired(db, ALL) == 0
+    lease = await db.fetchval("SELECT min(lease_expires_at - reserved_at) FROM deliveries")
+    assert lease.total_seconds() == 15  # the timeout plus the grace
+
+
+async def test_retry_schedules_with_the_given_delay(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 1)
+    (row,) = await _reserve(db)
+    await deliveries.complete(
+        db, [Result(row["id"], row["attempts"], "retry", 120.0, 503, "HTTP 503")], CircuitPolicy()
+    )
+    delay = await db.fetchval("SELECT extract(epoch FROM next_attempt_at - now()) FROM deliveries")
+    assert 119 <= float(delay) <= 120
+    assert await _reserve(db) == []  # not due yet
+
+
+async def test_dead_stays_dead_until_resent(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 1)
+    (row,) = await _reserve(db)
+    await deliveries.complete(db, [Result(row["id"], row["attempts"], "dead", None, 413, "HTTP 413")], CircuitPolicy())
+    assert await _reserve(db) == []
+    assert await deliveries.resend_dead(db, "default", "a") == 1
+    (again,) = await _reserve(db)
+    assert again["id"] == row["id"] and again["attempts"] == 1
+
+
+async def test_circuit_opens_at_threshold_and_success_closes_it(db):
+    policy = CircuitPolicy(threshold=20, step_seconds=60, cap_seconds=3600)
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=256)
+    await _publish(db, 30)
+    rows = await _reserve(db)
+    fail = [Result(r["id"], r["attempts"], "retry", 30.0, 500, "HTTP 500") for r in rows]
+    await deliveries.complete(db, fail[:19], policy)
+    assert await db.fetchval("SELECT paused_until FROM endpoints") is None
+    await deliveries.complete(db, fail[19:20], policy)
+    pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
+    assert 58 <= float(pause) <= 60
+    # each further failure extends the pause, up to the cap
+    await deliveries.complete(db, fail[20:24], policy)
+    pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
+    assert 298 <= float(pause) <= 300
+    await deliveries.complete(
+        db, [Result(rows[24]["id"], rows[24]["attempts"], "delivered", None, 200, None)], policy
+    )
+    row = await db.fetchrow("SELECT consecutive_failures, paused_until, failing_since FROM endpoints")
+    assert tuple(row) == (0, None, None)
+
+
+async def test_pause_is_capped_at_an_hour(db):
+    policy = CircuitPolicy()
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await db.execute("UPDATE endpoints SET consecutive_failures = 500")
+    await _publish(db, 1)
+    (row,) = await _reserve(db)
+    await deliveries.complete(db, [Result(row["id"], row["attempts"], "retry", 30.0, 500, "x")], policy)
+    pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
+    assert 3598 <= float(pause) <= 3600
+
+
+async def test_410_deactivates_the_endpoint_and_keeps_the_rest(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 3)
+    (row, *_rest) = await _reserve(db)
+    await deliveries.complete(
+        db, [Result(row["id"], row["attempts"], "dead", None, 410, "HTTP 410")], CircuitPolicy()
+    )
+    ep = await db.fetchrow("SELECT state, deactivated_reason FROM endpoints")
+    assert ep["state"] == "deactivated" and "410" in ep["deactivated_reason"]
+    states = sorted(r["state"] for r in await db.fetch("SELECT state FROM deliveries"))
+    assert states == ["dead", "sending", "sending"]
+
+
+async def test_failing_for_five_days_deactivates_and_keeps_pending(db):
+    await add_endpoint(db, "old", "http://127.0.0.1:1/old")
+    await add_endpoint(db, "new", "http://127.0.0.1:1/new")
+    await _publish(db, 2)
+    await db.execute("UPDATE endpoints SET failing_since = now() - interval '5 days 1 minute' WHERE name = 'old'")
+    await db.execute("UPDATE endpoints SET failing_since = now() - interval '4 days' WHERE name = 'new'")
+    gone = await deliveries.deactivate_failing(db, 5 * 24 * 3600)
+    assert [r["name"] for r in gone] == ["old"]
+    assert await db.fetchval(
+        "SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id WHERE e.name = 'old' AND d.state = 'pending'"
+    ) == 2
+    from hooklane import store
+
+    assert await store.reactivate_endpoint(db, "default", "old")
+    assert await db.fetchval("SELECT state FROM endpoints WHERE name = 'old'") == "active"
+
+
+async def test_events_are_purged_after_retention_unless_still_needed(db):
+    from hooklane import store
+
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    done = await hooklane.publish(db, tenant="acme", type="t", data={})
+    dead = await hooklane.publish(db, tenant="acme", type="t", data={})
+    fresh = await hooklane.publish(db, tenant="acme", type="t", data={})
+    unrouted = await hooklane.publish(db, tenant="nobody", type="t", data={})
+    await db.execute("UPDATE deliveries SET state = 'delivered' WHERE event_id = $1", done)
+    await db.execute("UPDATE deliveries SET state = 'dead' WHERE event_id = $1", dead)
+    await db.execute(
+        "UPDATE events SET created_at = now() - interval '31 days' WHERE id = ANY($1)", [done, dead, unrouted]
+    )
+    assert await store.purge_events(db, 30 * 24 * 3600, batch=1) == 2
+    assert sorted(await db.fetchval("SELECT array_agg(id) FROM events")) == sorted([dead, fresh])
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 2
