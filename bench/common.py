@@ -1,0 +1,233 @@
+"""What every benchmark shares: a database, workers, endpoints, statistics.
+
+Each benchmark gets a database of its own, created on a throwaway
+LocalPostgres (or on the server of an existing HOOKLANE_DATABASE_URL, passed
+as --dsn) and dropped at the end, so runs never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Iterator, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from hooklane import store
+from hooklane.dev.postgres import LocalPostgres
+from hooklane.manifest import EndpointSpec
+from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+# A valid Standard Webhooks secret (24 bytes); signing cost is part of what
+# we measure, so every endpoint gets one.
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+# --------------------------------------------------------------------------
+# Postgres
+
+
+@contextlib.contextmanager
+def postgres_server(dsn: str | None) -> Iterator[str]:
+    """The DSN of a server to create benchmark databases on: the one given,
+    or a LocalPostgres that lives as long as the block."""
+    if dsn:
+        yield dsn
+        return
+    with LocalPostgres() as pg:
+        yield pg.dsn
+
+
+def _with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(server_dsn: str, label: str) -> AsyncIterator[str]:
+    """Create an empty, migrated database on the server; drop it afterwards
+    (FORCE, because a killed worker may still hold a connection)."""
+    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = _with_database(server_dsn, name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await store.migrate(conn)
+    finally:
+        await conn.close()
+    try:
+        yield dsn
+    finally:
+        admin = await asyncpg.connect(server_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+async def create_endpoints(
+    conn: asyncpg.Connection, urls: Sequence[str], *, max_concurrency: int = 4, timeout_seconds: int = 5,
+    slow: dict[int, tuple[int, int]] | None = None,
+) -> list[int]:
+    """One endpoint per URL, endpoint i in tenant ``t<i>``, created through
+    store.upsert_endpoint (the same path as the operator). ``slow`` maps an
+    index to (max_concurrency, timeout_seconds) overrides."""
+    ids = []
+    slow = slow or {}
+    async with conn.transaction():
+        for i, url in enumerate(urls):
+            mc, to = slow.get(i, (max_concurrency, timeout_seconds))
+            spec = EndpointSpec(
+                namespace="bench", name=f"ep-{i}", url=url, tenant=f"t{i}",
+                max_concurrency=mc, timeout_seconds=to,
+            )
+            ids.append((await store.upsert_endpoint(conn, spec, SECRET)).id)
+    return ids
+
+
+# --------------------------------------------------------------------------
+# Processes
+
+
+def worker_env(dsn: str, **overrides: str) -> dict[str, str]:
+    """Environment of a ``hooklane worker``: contract defaults, metrics off
+    unless a port is given."""
+    env = {**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_METRICS_PORT": "0"}
+    env.update({f"HOOKLANE_{k.upper()}": str(v) for k, v in overrides.items()})
+    return env
+
+
+def start_worker(dsn: str, **overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hooklane.cli", "--log-level", "WARNING", "worker"],
+        env=worker_env(dsn, **overrides),
+        cwd=REPO,
+    )
+
+
+def start_module(module: str, *args: str, **popen: object) -> subprocess.Popen:
+    """A bench helper (``python -m bench.X``) as a process of its own, so it
+    competes for the two cores like a real deployment would."""
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, **popen)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL: a Hooklane worker drains in-flight calls for up
+    to 70 s, which a benchmark has no reason to wait for."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def wait_workers_ready(dsn: str, workers: int, timeout: float = 30.0) -> float:
+    """Wait until ``workers`` workers are live and every partition is owned:
+    from then on the workers reserve. Returns the time it happened."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        partitions = await conn.fetchval("SELECT partition_count FROM hooklane_config")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = await conn.fetchrow(
+                """
+                SELECT count(*) FILTER (WHERE classid = $1::int::oid AND objsubid = 2) AS members,
+                       count(*) FILTER (WHERE classid = $2::int::oid AND objsubid = 2) AS owned
+                FROM pg_locks
+                WHERE locktype = 'advisory' AND granted
+                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                """,
+                MEMBER_CLASS,
+                PARTITION_CLASS,
+            )
+            if row["members"] >= workers and row["owned"] >= partitions:
+                return time.time()
+            await asyncio.sleep(0.02)
+    finally:
+        await conn.close()
+    raise RuntimeError(f"{workers} worker(s) did not take every partition within {timeout} s")
+
+
+# --------------------------------------------------------------------------
+# Statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[rank]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+    }
+
+
+def machine() -> dict[str, str]:
+    """What the numbers were measured on."""
+    def run(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+        except OSError:
+            return ""
+
+    lscpu = {
+        k.strip(): v.strip()
+        for k, _, v in (line.partition(":") for line in run("lscpu").splitlines())
+    }
+    from hooklane.dev.postgres import find_bindir
+
+    return {
+        "cpu": lscpu.get("Model name", platform.processor()),
+        "nproc": run("nproc"),
+        "memory": run("free", "-h").splitlines()[1] if run("free", "-h") else "",
+        "python": platform.python_version(),
+        "postgres": run(str(find_bindir() / "postgres"), "--version"),
+        "kernel": platform.release(),
+    }
+
+
+def write_json(path: str, data: object) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together so none repeats)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

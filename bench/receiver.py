@@ -1,0 +1,117 @@
+"""A receiver process serving any number of endpoint paths.
+
+Paths under ``/slow/`` answer after ``--slow-delay`` seconds, every other path
+at once (204). Each POST is measured on arrival: the delivery lag is arrival
+time minus the publish time the benchmark put in the event's ``data.t``.
+
+Control API (for the benchmark driver, same port):
+- ``GET /_stats``: arrivals and slow in-flight samples of the current epoch.
+- ``POST /_reset``: start a new epoch. Slow handlers of an older epoch may
+  still be sleeping (aiohttp does not cancel a handler when its client goes
+  away), so in-flight counts are kept per epoch and old ones are ignored.
+
+Run: ``python -m bench.receiver --port 8080 --slow-delay 28``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import defaultdict
+
+from aiohttp import web
+
+
+class Recorder:
+    def __init__(self, slow_delay: float, sample_seconds: float) -> None:
+        self.slow_delay = slow_delay
+        self.sample_seconds = sample_seconds
+        self.epoch = 0
+        self.in_flight: dict[int, int] = defaultdict(int)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.started = time.time()
+        # [arrival, lag, slow?]: kept raw, the driver computes percentiles.
+        self.arrivals: list[tuple[float, float, int]] = []
+        self.samples: list[tuple[float, int]] = []
+        self.peak = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        now = time.time()
+        slow = request.path.startswith("/slow/")
+        try:
+            lag = now - json.loads(body)["data"]["t"]
+        except (ValueError, KeyError, TypeError):
+            lag = float("nan")
+        self.arrivals.append((now, lag, int(slow)))
+        if not slow:
+            return web.Response(status=204)
+        epoch = self.epoch
+        self.in_flight[epoch] += 1
+        if epoch == self.epoch:
+            self.peak = max(self.peak, self.in_flight[epoch])
+        try:
+            await asyncio.sleep(self.slow_delay)
+        finally:
+            self.in_flight[epoch] -= 1
+        return web.Response(status=204)
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "started": self.started,
+                "arrivals": self.arrivals,
+                "slow_in_flight": self.samples,
+                "slow_peak": self.peak,
+            }
+        )
+
+    async def reset(self, _request: web.Request) -> web.Response:
+        self.epoch += 1
+        self._reset()
+        return web.json_response({"epoch": self.epoch})
+
+    async def sample(self) -> None:
+        """Slow in-flight over time; the exact peak is kept on every arrival."""
+        while True:
+            self.samples.append((time.time(), self.in_flight[self.epoch]))
+            await asyncio.sleep(self.sample_seconds)
+
+
+async def serve(port: int, slow_delay: float, sample_seconds: float) -> None:
+    recorder = Recorder(slow_delay, sample_seconds)
+    app = web.Application(client_max_size=1024**2)
+    app.router.add_get("/_stats", recorder.stats)
+    app.router.add_post("/_reset", recorder.reset)
+    app.router.add_post("/{tail:.*}", recorder.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    # A deep backlog: a burst of new connections must not be refused.
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+    sampler = asyncio.create_task(recorder.sample())
+    print(f"receiver ready on {port}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        sampler.cancel()
+        await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--slow-delay", type=float, default=28.0, help="seconds a /slow/ path takes")
+    parser.add_argument("--sample-seconds", type=float, default=0.1)
+    args = parser.parse_args()
+    try:
+        asyncio.run(serve(args.port, args.slow_delay, args.sample_seconds))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
