@@ -44,7 +44,8 @@ class Receiver:
         self.arrived = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Handlers that hang on purpose must not hold up teardown.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         self.port = 0
 
     def url(self, path: str) -> str:

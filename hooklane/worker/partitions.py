@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import random
 from typing import Awaitable, Callable, TypeVar
 
@@ -63,7 +64,11 @@ class PartitionOwner:
 
     async def connect(self) -> None:
         """Open the lock connection, register as a live worker, listen."""
-        conn = await asyncpg.connect(self._dsn)
+        # The application name ties the backend holding the locks to this
+        # process, for operators reading pg_stat_activity and pg_locks.
+        conn = await asyncpg.connect(
+            self._dsn, server_settings={"application_name": f"hooklane-worker:{os.getpid()}"}
+        )
         while True:
             member_id = random.randrange(1, 2**31)
             if await conn.fetchval(QUERIES["try_lock"], MEMBER_CLASS, member_id):

@@ -1,0 +1,157 @@
+"""``hooklane worker`` as real processes: sharing partitions, exact limits,
+dying, draining and memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import urllib.request
+
+import psutil
+
+import hooklane
+from hooklane.dev.postgres import free_port
+from tests.conftest import add_endpoint, wait_for, worker_process
+from tests.receivers import Answer
+
+PARTITION_CLASS = 0x686C70
+
+
+async def _partitions_by_worker(db) -> dict[int, int]:
+    """OS pid of each worker -> partitions it holds, from pg_locks."""
+    rows = await db.fetch(
+        """SELECT a.application_name, count(*) AS n
+           FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+           WHERE l.locktype = 'advisory' AND l.classid = $1::int::oid AND l.objsubid = 2 AND l.granted
+           GROUP BY a.application_name""",
+        PARTITION_CLASS,
+    )
+    return {int(r["application_name"].split(":")[1]): r["n"] for r in rows}
+
+
+def _stop(*procs) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+async def test_three_workers_share_partitions_and_keep_limits_exact(db, dsn, receiver):
+    limits = {f"ep{i}": 1 + i % 3 for i in range(12)}
+    for name, limit in limits.items():
+        await add_endpoint(db, name, receiver.on(name, Answer(204, delay=0.15)), max_concurrency=limit)
+    for i in range(15):
+        await hooklane.publish(db, tenant="acme", type="order.created", data={"i": i})
+    workers = [worker_process(dsn) for _ in range(3)]
+    try:
+        shares = await wait_for(
+            lambda: _balanced(_partitions_by_worker(db), {w.pid for w in workers}), timeout=20
+        )
+        assert sorted(shares.values()) == [10, 11, 11]
+        await wait_for(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM deliveries WHERE state <> 'delivered'"), timeout=60
+        )
+    finally:
+        _stop(*workers)
+    for name, limit in limits.items():
+        assert len(receiver.at(name)) == 15
+        assert receiver.peak[f"/{name}"] == limit, (name, receiver.peak[f"/{name}"], limit)
+
+
+async def _balanced(shares_coro, pids):
+    shares = await shares_coro
+    return shares if set(shares) == pids and sum(shares.values()) == 32 and max(shares.values()) <= 11 else None
+
+
+async def test_a_killed_worker_loses_nothing_and_its_partitions_move(db, dsn, receiver):
+    for i in range(16):
+        await add_endpoint(db, f"ep{i}", receiver.on(f"ep{i}", Answer(204, delay=1.0)), timeout_seconds=2)
+    events = [
+        await hooklane.publish(db, tenant="acme", type="order.created", data={"i": i}) for i in range(4)
+    ]
+    victim, survivor = worker_process(dsn), worker_process(dsn)
+    try:
+        await wait_for(lambda: _both_own(db, victim.pid, survivor.pid), timeout=20)
+        # kill the victim while it has deliveries in flight
+        await wait_for(lambda: _in_flight_of(db, victim.pid), timeout=20)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        shares = await wait_for(
+            lambda: _owns_all(db, survivor.pid), timeout=10
+        )
+        assert shares == {survivor.pid: 32}
+        await wait_for(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM deliveries WHERE state <> 'delivered'"), timeout=60
+        )
+    finally:
+        _stop(victim, survivor)
+    for i in range(16):
+        got = [r.headers["webhook-id"] for r in receiver.at(f"ep{i}")]
+        assert set(got) == set(events)  # everything arrived, perhaps twice
+    rescued = await db.fetchval("SELECT count(*) FROM deliveries WHERE attempts > 1")
+    assert rescued > 0
+
+
+async def _both_own(db, a, b):
+    shares = await _partitions_by_worker(db)
+    return shares.get(a) and shares.get(b)
+
+
+async def _owns_all(db, pid):
+    shares = await _partitions_by_worker(db)
+    return shares if shares.get(pid) == 32 else None
+
+
+async def _in_flight_of(db, pid):
+    return await db.fetchval(
+        """SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+           JOIN pg_locks l ON l.locktype = 'advisory' AND l.classid = $1::int::oid
+                AND l.objid = e.partition::oid AND l.objsubid = 2 AND l.granted
+           JOIN pg_stat_activity a ON a.pid = l.pid
+           WHERE d.state = 'sending' AND a.application_name = $2""",
+        PARTITION_CLASS,
+        f"hooklane-worker:{pid}",
+    )
+
+
+async def test_sigterm_drains_in_flight_deliveries_then_exits(db, dsn, receiver):
+    await add_endpoint(db, "slow", receiver.on("slow", Answer(204, delay=1.5)))
+    await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    worker = worker_process(dsn)
+    try:
+        await wait_for(lambda: receiver.at("slow"), timeout=20)
+        worker.send_signal(signal.SIGTERM)
+        await hooklane.publish(db, tenant="acme", type="order.created", data={})
+        code = await asyncio.get_running_loop().run_in_executor(None, worker.wait, 20)
+    finally:
+        _stop(worker)
+    assert code == 0
+    states = [r["state"] for r in await db.fetch("SELECT state FROM deliveries ORDER BY id")]
+    assert states == ["delivered", "pending"]  # finished and recorded; nothing new taken
+    assert len(receiver.at("slow")) == 1
+
+
+async def test_huge_responses_do_not_grow_the_worker(db, dsn, receiver):
+    await add_endpoint(db, "small", receiver.on("small", Answer(204)))
+    await add_endpoint(db, "huge", receiver.on("huge", Answer(200, body_bytes=10 * 1024 * 1024)), tenant="big")
+    port = free_port()
+    worker = worker_process(dsn, HOOKLANE_METRICS_PORT=str(port), HOOKLANE_METRICS_HOST="127.0.0.1")
+    try:
+        for _ in range(20):
+            await hooklane.publish(db, tenant="acme", type="warm.up", data={})
+        await wait_for(lambda: db.fetchval("SELECT count(*) = 20 FROM deliveries WHERE state = 'delivered'"), timeout=20)
+        before = psutil.Process(worker.pid).memory_info().rss
+        for _ in range(30):
+            await hooklane.publish(db, tenant="big", type="report.ready", data={})
+        await wait_for(lambda: db.fetchval("SELECT count(*) = 50 FROM deliveries WHERE state = 'delivered'"), timeout=60)
+        grown = psutil.Process(worker.pid).memory_info().rss - before
+        exposition = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        )
+    finally:
+        _stop(worker)
+    # 30 x 10 MB answered; the worker read none of it
+    assert grown < 10 * 1024 * 1024, f"worker grew by {grown / 2**20:.1f} MiB"
+    assert 'hooklane_deliveries_total{outcome="delivered"} 50.0' in exposition
+    assert "hooklane_reservation_duration_seconds_bucket" in exposition
