@@ -1,0 +1,1 @@
+"""Developer tooling: a local Kubernetes control plane for tests and trying Hooklane."""
