@@ -41,7 +41,6 @@ def _parser() -> argparse.ArgumentParser:
         help="run the Kubernetes operator (kopf); `hooklane operator --help` for its options",
         add_help=False,
     )
-    operator.add_argument("operator_args", nargs=argparse.REMAINDER)
 
     pub = sub.add_parser("publish", help="publish one event")
     pub.add_argument("--tenant", required=True)
@@ -69,11 +68,19 @@ def _parser() -> argparse.ArgumentParser:
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
     dsub.add_parser("postgres", help="run a throwaway PostgreSQL in the foreground; prints its URL")
     dsub.add_parser("controlplane", help="run kube-apiserver and etcd (envtest); prints the kubeconfig path")
+    dsub.add_parser("demo", help="the main job on this machine: many endpoints, one slow", add_help=False)
     return parser
 
 
+# Commands whose options belong to another parser: the rest of argv is theirs.
+_PASS_THROUGH = {("operator", None), ("dev", "demo")}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and (args.command, getattr(args, "dev_command", None)) not in _PASS_THROUGH:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -81,11 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.command == "dev":
-            return _dev(args)
+            return _dev(args, rest)
         if args.command == "operator":
             from hooklane.operator.main import main as operator_main
 
-            return operator_main(args.operator_args)
+            return operator_main(rest)
         settings = Settings.from_env()
         return asyncio.run(_COMMANDS[args.command](args, settings))
     except InvalidInput as exc:
@@ -210,7 +217,11 @@ _COMMANDS = {
 }
 
 
-def _dev(args: argparse.Namespace) -> int:
+def _dev(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.dev_command == "demo":
+        from hooklane.dev.demo import main as demo_main
+
+        return demo_main(rest)
     if args.dev_command == "controlplane":
         from hooklane.dev.controlplane import main as controlplane_main
 

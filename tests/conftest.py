@@ -68,6 +68,20 @@ def dsn(postgresql) -> str:
 
 
 @pytest.fixture
+def db_sync(postgresql):
+    """Run a query on the test database from synchronous tests; rows as tuples."""
+
+    def query(sql: str, *params: object) -> list[tuple]:
+        with postgresql.cursor() as cur:
+            cur.execute(sql, params or None)
+            rows = [tuple(r) for r in cur.fetchall()]
+        postgresql.rollback()
+        return rows
+
+    return query
+
+
+@pytest.fixture
 async def db(dsn: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(dsn)
     yield conn
