@@ -47,6 +47,9 @@ class Settings:
     deactivate_after_seconds: float = 5 * 24 * 3600.0
     event_retention_seconds: float = 30 * 24 * 3600.0
     drain_seconds: float = 70.0
+    # How often the operator writes queue health back onto each
+    # WebhookEndpoint's status; one query serves all endpoints per interval.
+    operator_status_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 

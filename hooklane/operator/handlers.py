@@ -1,0 +1,318 @@
+"""kopf handlers: WebhookEndpoint resources into Postgres, queue health back.
+
+The flow for one endpoint:
+
+- create, update (of spec) and resume upsert it through the same store call
+  as ``hooklane endpoint apply``; the signing secret comes from the
+  ``secrets`` index, so a missing or malformed Secret stores the endpoint
+  without one (never reserved, nothing sent unsigned) and says why in the
+  Ready condition;
+- a change to a referenced Secret upserts every endpoint that uses it, so
+  a rotation reaches the workers (they read the secret at each reservation)
+  without a restart;
+- deletion waits on a finalizer until the row is gone;
+- a status timer writes Postgres' view back, from one snapshot of all
+  queues taken at most twice per interval whatever the number of endpoints,
+  and patches only what changed.
+
+Decisions live in :mod:`hooklane.operator.reflect`, SQL in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import asyncpg
+import kopf
+
+from hooklane import store
+from hooklane.errors import InvalidInput
+from hooklane.manifest import parse_spec
+from hooklane.operator import reflect
+from hooklane.settings import Settings
+from hooklane.store import deliveries
+
+GROUP = "hooklane.io"
+VERSION = "v1alpha1"
+PLURAL = "webhookendpoints"
+FINALIZER = "hooklane.io/finalizer"
+
+# A database outage is waited out, not reported as a broken resource.
+RETRY_DELAY_SECONDS = 5.0
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+_V = TypeVar("_V")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What the ``endpoints`` index keeps of a WebhookEndpoint."""
+
+    spec: Mapping[str, Any]
+    generation: int | None
+
+
+@dataclass
+class Tracked:
+    """Per endpoint, shared by its handlers, the Secret handler and the
+    status timer. The lock makes each read-index-then-upsert one step, so a
+    Secret event and a spec edit never store a stale mix."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    synced: reflect.Synced | None = None
+
+
+class Snapshot:
+    """Every endpoint's queue row, refreshed at most once per ``max_age``
+    however many status timers ask for it."""
+
+    def __init__(self, pool: asyncpg.Pool, max_age: float) -> None:
+        self._pool = pool
+        self._max_age = max_age
+        self._lock = asyncio.Lock()
+        self._taken: float | None = None
+        self._queues: dict[Key, reflect.Queue] = {}
+
+    async def queues(self) -> dict[Key, reflect.Queue]:
+        async with self._lock:
+            clock = asyncio.get_running_loop().time()
+            if self._taken is None or clock - self._taken >= self._max_age:
+                async with _store_errors(), self._pool.acquire() as conn:
+                    rows = await store.endpoint_queues(conn)
+                    dead = {(r["namespace"], r["name"]): r["dead"] for r in await deliveries.dead_counts(conn, None)}
+                self._queues = {
+                    (r["namespace"], r["name"]): reflect.Queue.from_row(r, dead.get((r["namespace"], r["name"]), 0))
+                    for r in rows
+                }
+                self._taken = clock
+        return self._queues
+
+
+def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
+    """Wire the handlers into ``registry``. Done here rather than with
+    decorators at import because the status interval is a setting."""
+    resource = (GROUP, VERSION, PLURAL)
+    # kopf's default registry brings this login; an explicit one starts
+    # empty. In a Pod it uses the service account, elsewhere KUBECONFIG.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.on.probe(id="database", registry=registry)(database)
+
+    kopf.index("v1", "secrets", id="secrets", registry=registry)(index_secret)
+    kopf.index(*resource, id="endpoints", registry=registry)(index_endpoint)
+    kopf.index(*resource, id="endpoints_by_secret", registry=registry)(index_endpoint_by_secret)
+
+    kopf.on.resume(*resource, id="sync", registry=registry)(sync)
+    kopf.on.create(*resource, id="sync", registry=registry)(sync)
+    kopf.on.update(*resource, id="sync", field="spec", registry=registry)(sync)
+    kopf.on.event("v1", "secrets", when=_referenced, registry=registry)(secret_changed)
+    kopf.on.delete(*resource, registry=registry)(delete)
+    kopf.on.update(
+        *resource, id="reactivate", field=("metadata", "annotations", reflect.REACTIVATE_ANNOTATION),
+        registry=registry,
+    )(reactivate)
+    kopf.on.update(
+        *resource, id="resend_dead", field=("metadata", "annotations", reflect.RESEND_DEAD_ANNOTATION),
+        registry=registry,
+    )(resend_dead)
+    kopf.timer(*resource, interval=config.operator_status_seconds, registry=registry)(reflect_status)
+
+
+async def startup(*, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config: Settings = memo.config
+    settings.persistence.finalizer = FINALIZER
+    # kopf would post an Event for every handler run; the resource's Events
+    # are the ones this module posts, plus handler failures.
+    settings.posting.level = logging.WARNING
+    async with _store_errors():
+        memo.pool = await store.create_pool(config.database_url, min_size=1, max_size=4)
+    memo.snapshot = Snapshot(memo.pool, config.operator_status_seconds / 2)
+    memo.tracked = {}
+
+
+async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:
+    await memo.pool.close()
+
+
+async def database(*, memo: kopf.Memo, **_: Any) -> bool:
+    """Liveness: an operator that cannot reach Postgres is not working."""
+    async with memo.pool.acquire() as conn:
+        await deliveries.partition_count(conn)
+    return True
+
+
+def index_secret(*, namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, str | None]]:
+    return {(namespace, name): reflect.signing_values(body.get("data"))}
+
+
+def index_endpoint(
+    *, namespace: str, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+) -> dict[Key, Declared]:
+    # A resource on its way out must not be stored again by a late Secret
+    # event; an empty mapping drops it from the index.
+    if meta.get("deletionTimestamp"):
+        return {}
+    return {(namespace, name): Declared(dict(spec), meta.get("generation"))}
+
+
+def index_endpoint_by_secret(
+    *, namespace: str, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+) -> dict[Key, str]:
+    ref = spec.get("secretRef") or {}
+    if meta.get("deletionTimestamp") or not ref.get("name"):
+        return {}
+    return {(namespace, ref["name"]): name}
+
+
+async def sync(
+    *,
+    namespace: str,
+    name: str,
+    status: kopf.Status,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    **_: Any,
+) -> None:
+    synced = await _sync(memo, endpoints, secrets, namespace, name)
+    queues = await memo.snapshot.queues()
+    _write(body, status, patch, queues.get((namespace, name)), synced, memo.config)
+
+
+async def secret_changed(
+    *,
+    namespace: str,
+    name: str,
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    endpoints_by_secret: kopf.Index[Key, str],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    **_: Any,
+) -> None:
+    """Store the new secret (or none, once deleted) in every endpoint that
+    references this Secret; their status timers report the outcome."""
+    for endpoint in list(endpoints_by_secret.get((namespace, name), ())):
+        await _sync(memo, endpoints, secrets, namespace, endpoint)
+
+
+def _referenced(*, namespace: str, name: str, endpoints_by_secret: kopf.Index[Key, str], **_: Any) -> bool:
+    return (namespace, name) in endpoints_by_secret
+
+
+async def delete(*, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """The endpoint and its deliveries (pending and dead) go; events stay
+    listable for reconciliation. See docs/operator.md."""
+    async with _tracked(memo, (namespace, name)).lock:
+        async with _store_errors(), memo.pool.acquire() as conn:
+            found = await store.delete_endpoint(conn, namespace, name)
+    memo.tracked.pop((namespace, name), None)
+    logger.info("removed from Postgres with its deliveries" if found else "was not in Postgres")
+
+
+async def reactivate(
+    *, namespace: str, name: str, new: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    if not new:
+        return
+    async with _store_errors(), memo.pool.acquire() as conn:
+        found = await store.reactivate_endpoint(conn, namespace, name)
+    if found:
+        kopf.event(body, type=reflect.NORMAL, reason="ReactivateRequested",
+                   message=f"{reflect.REACTIVATE_ANNOTATION}={new}: the endpoint is active again")
+
+
+async def resend_dead(
+    *, namespace: str, name: str, new: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    if not new:
+        return
+    async with _store_errors(), memo.pool.acquire() as conn:
+        count = await deliveries.resend_dead(conn, namespace, name)
+    kopf.event(body, type=reflect.NORMAL, reason="ResendRequested",
+               message=f"{reflect.RESEND_DEAD_ANNOTATION}={new}: {count} dead deliveries queued again")
+
+
+async def reflect_status(
+    *, namespace: str, name: str, status: kopf.Status, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+) -> None:
+    queues = await memo.snapshot.queues()
+    synced = _tracked(memo, (namespace, name)).synced
+    _write(body, status, patch, queues.get((namespace, name)), synced, memo.config)
+
+
+async def _sync(
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    namespace: str,
+    name: str,
+) -> reflect.Synced | None:
+    """Upsert the endpoint from the latest indexed spec and Secret; None when
+    it is gone or being deleted."""
+    tracked = _tracked(memo, (namespace, name))
+    async with tracked.lock:
+        declared = _first(endpoints.get((namespace, name), ()))
+        if declared is None:
+            return None
+        try:
+            spec = parse_spec(namespace, name, dict(declared.spec))
+        except InvalidInput as exc:
+            # The CRD schema should refuse this first; retrying cannot help.
+            tracked.synced = reflect.Synced(declared.generation, False, reflect.INVALID_SPEC, str(exc))
+            return tracked.synced
+        values = None
+        if spec.secret_ref is not None:
+            values = _first(secrets.get((namespace, spec.secret_ref.name), ()))
+        check = reflect.check_secret(namespace, spec.secret_ref, values)
+        async with _store_errors(), memo.pool.acquire() as conn:
+            await store.upsert_endpoint(conn, spec, check.secret)
+        tracked.synced = reflect.Synced(declared.generation, spec.paused, check.reason, check.message)
+        return tracked.synced
+
+
+def _write(
+    body: kopf.Body,
+    status: Mapping[str, Any],
+    patch: kopf.Patch,
+    queue: reflect.Queue | None,
+    synced: reflect.Synced | None,
+    config: Settings,
+) -> None:
+    reflection = reflect.reflect(
+        previous=status,
+        queue=queue,
+        synced=synced,
+        now=datetime.now(timezone.utc),
+        age_resolution=config.operator_status_seconds,
+    )
+    for key, value in reflection.patch.items():
+        patch.status[key] = value
+    for event in reflection.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def _tracked(memo: kopf.Memo, key: Key) -> Tracked:
+    return memo.tracked.setdefault(key, Tracked())
+
+
+def _first(values: Iterable[_V]) -> _V | None:
+    return next(iter(values), None)
+
+
+@asynccontextmanager
+async def _store_errors() -> AsyncIterator[None]:
+    try:
+        yield
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise kopf.TemporaryError(f"Postgres: {exc}", delay=RETRY_DELAY_SECONDS) from exc

@@ -1,0 +1,333 @@
+"""What a WebhookEndpoint's status should say, decided without I/O.
+
+The operator feeds in what Postgres holds for the endpoint (its queue row),
+what the last sync to Postgres found (generation, signing secret), and the
+status the resource carries now; out come the status fields that changed and
+the Kubernetes Events those changes deserve. Nothing here talks to the API
+server or the database, so every rule is tested directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from hooklane.errors import InvalidInput
+from hooklane.manifest import SecretRef
+from hooklane.signing import SECRET_PREFIX, parse_secret
+
+ACTIVE = "Active"
+PAUSED = "Paused"
+DEACTIVATED = "Deactivated"
+
+# Condition types. Ready: the spec is stored in Postgres with a usable
+# signing secret. Delivering: deliveries go out right now.
+READY = "Ready"
+DELIVERING = "Delivering"
+
+# Reasons (CamelCase, stable: alerts and `kubectl wait` key on them).
+SYNCED = "Synced"
+SECRET_MISSING = "SecretMissing"
+SECRET_INVALID = "SecretInvalid"
+INVALID_SPEC = "InvalidSpec"
+DELIVERING_OK = "Delivering"
+MANUALLY_PAUSED = "ManuallyPaused"
+CIRCUIT_OPEN = "CircuitOpen"
+DEACTIVATED_REASON = "Deactivated"
+UNSIGNED = "NoSigningSecret"
+
+NORMAL = "Normal"
+WARNING = "Warning"
+
+REACTIVATE_ANNOTATION = "hooklane.io/reactivate"
+RESEND_DEAD_ANNOTATION = "hooklane.io/resend-dead"
+
+# A Secret value longer than this is not a Standard Webhooks secret (64 key
+# bytes encode to 88 characters); keeping it out of the index bounds memory.
+_MAX_SECRET_CHARS = 256
+
+
+@dataclass(frozen=True)
+class SecretCheck:
+    """The signing secret an endpoint's secretRef resolves to: ``secret`` is
+    the ``whsec_`` value, or None with the reason nothing may be signed."""
+
+    secret: str | None
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The outcome of the last write of a spec to Postgres."""
+
+    generation: int | None
+    paused: bool
+    reason: str
+    message: str
+
+    @property
+    def signed(self) -> bool:
+        return self.reason == SYNCED
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One endpoint's row of ``endpoint_queues`` with its dead count."""
+
+    state: str
+    paused: bool
+    consecutive_failures: int
+    paused_until: datetime | None
+    last_error: str | None
+    last_delivered_at: datetime | None
+    pending: int
+    in_flight: int
+    oldest_pending_age: float | None
+    dead: int = 0
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], dead: int) -> Queue:
+        return cls(
+            state=row["state"],
+            paused=row["paused"],
+            consecutive_failures=row["consecutive_failures"],
+            paused_until=row["paused_until"],
+            last_error=row["last_error"],
+            last_delivered_at=row["last_delivered_at"],
+            pending=row["pending"],
+            in_flight=row["in_flight"],
+            oldest_pending_age=row["oldest_pending_age"],
+            dead=dead,
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Reflection:
+    """Status fields to patch (None removes a field) and Events to post."""
+
+    patch: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+
+def signing_values(data: Mapping[str, str] | None) -> dict[str, str | None]:
+    """A Secret's ``data`` reduced to what the operator needs: each key with
+    its decoded value when it looks like a signing secret, None otherwise.
+    Every Secret of the watched namespaces passes through here, so nothing
+    else (tokens, Helm releases) is kept in memory."""
+    values: dict[str, str | None] = {}
+    for key, encoded in (data or {}).items():
+        try:
+            value = base64.b64decode(encoded, validate=True).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            value = ""
+        looks_right = value.startswith(SECRET_PREFIX) and len(value) <= _MAX_SECRET_CHARS
+        values[key] = value if looks_right else None
+    return values
+
+
+def check_secret(
+    namespace: str, ref: SecretRef | None, values: Mapping[str, str | None] | None
+) -> SecretCheck:
+    """Resolve a secretRef against the Secret's :func:`signing_values`
+    (None when the Secret does not exist)."""
+    if ref is None:
+        return SecretCheck(None, SECRET_MISSING, "spec.secretRef is not set; nothing is delivered unsigned")
+    where = f"Secret {namespace}/{ref.name}"
+    if values is None:
+        return SecretCheck(None, SECRET_MISSING, f"{where} not found; nothing is delivered until it exists")
+    if ref.key not in values:
+        return SecretCheck(
+            None, SECRET_MISSING, f"{where} has no key {ref.key!r}; nothing is delivered until it does"
+        )
+    value = values[ref.key]
+    if value is None:
+        return SecretCheck(
+            None, SECRET_INVALID,
+            f"key {ref.key!r} of {where} is not a Standard Webhooks secret ({SECRET_PREFIX} + base64)",
+        )
+    try:
+        parse_secret(value)
+    except InvalidInput as exc:
+        return SecretCheck(None, SECRET_INVALID, f"key {ref.key!r} of {where}: {exc.message}")
+    return SecretCheck(value, SYNCED, f"stored in Postgres, signed with key {ref.key!r} of {where}")
+
+
+def reflect(
+    *,
+    previous: Mapping[str, Any],
+    queue: Queue | None,
+    synced: Synced | None,
+    now: datetime,
+    age_resolution: float,
+) -> Reflection:
+    """The status patch and Events that take ``previous`` to the state that
+    ``queue`` (Postgres) and ``synced`` (the last spec write) describe.
+
+    Either input may be unknown (None): an endpoint not yet in the last
+    queue snapshot, or a status pass that runs before the operator's first
+    sync of the resource. Fields fed by an unknown input keep their value.
+    ``oldestPendingAgeSeconds`` grows every second while anything waits;
+    it is patched only when it moved by ``age_resolution`` seconds or a
+    tenth of its value, so a backlog does not mean a patch per pass."""
+    desired: dict[str, Any] = {}
+    if queue is not None:
+        desired.update(_queue_fields(queue, previous, age_resolution))
+    if synced is not None and synced.generation is not None:
+        desired["observedGeneration"] = synced.generation
+    phase = _phase(queue, synced)
+    if phase is not None:
+        desired["phase"] = phase
+
+    generation = desired.get("observedGeneration", previous.get("observedGeneration"))
+    old_conditions = {c.get("type"): c for c in previous.get("conditions") or []}
+    new_conditions = dict(old_conditions)
+    if synced is not None:
+        ready = ("True", SYNCED, synced.message) if synced.signed else ("False", synced.reason, synced.message)
+        new_conditions[READY] = _condition(READY, *ready, old_conditions.get(READY), generation, now)
+    delivering = _delivering(queue, synced, now)
+    if delivering is not None:
+        new_conditions[DELIVERING] = _condition(
+            DELIVERING, *delivering, old_conditions.get(DELIVERING), generation, now
+        )
+    if new_conditions != old_conditions:
+        desired["conditions"] = list(new_conditions.values())
+
+    patch = {key: value for key, value in desired.items() if previous.get(key) != value}
+    return Reflection(patch, _events(previous, old_conditions, new_conditions, queue))
+
+
+def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: float) -> dict[str, Any]:
+    age = int(queue.oldest_pending_age or 0)
+    old_age = previous.get("oldestPendingAgeSeconds")
+    if isinstance(old_age, int) and age and old_age and abs(age - old_age) < max(age_resolution, old_age / 10):
+        age = old_age
+    return {
+        "consecutiveFailures": queue.consecutive_failures,
+        "pausedUntil": _time(queue.paused_until),
+        "lastError": queue.last_error,
+        "lastDeliveredAt": _time(queue.last_delivered_at),
+        "pending": queue.pending,
+        "inFlight": queue.in_flight,
+        "dead": queue.dead,
+        "oldestPendingAgeSeconds": age,
+    }
+
+
+def _phase(queue: Queue | None, synced: Synced | None) -> str | None:
+    if queue is None:
+        # Not in the snapshot yet: the spec alone says whether it is paused.
+        if synced is None or synced.reason == INVALID_SPEC:
+            return None
+        return PAUSED if synced.paused else ACTIVE
+    if queue.state == "deactivated":
+        return DEACTIVATED
+    # paused_until stays set from the moment the circuit opens until a
+    # delivery succeeds (while it lies in the past, probes are going out),
+    # so the phase does not flap between pause rounds.
+    if queue.paused or queue.paused_until is not None:
+        return PAUSED
+    return ACTIVE
+
+
+def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tuple[str, str, str] | None:
+    if queue is None:
+        return None
+    if queue.state == "deactivated":
+        return (
+            "False", DEACTIVATED_REASON,
+            f"deactivated ({queue.last_error or 'failing for too long'}); pending deliveries are "
+            f"kept: set the annotation {REACTIVATE_ANNOTATION} to a new value to deliver again",
+        )
+    if queue.paused:
+        return "False", MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept"
+    if queue.paused_until is not None:
+        when = (
+            f"paused until {_time(queue.paused_until)}" if queue.paused_until > now
+            else f"probing since {_time(queue.paused_until)}"
+        )
+        return (
+            "False", CIRCUIT_OPEN,
+            f"circuit open after {queue.consecutive_failures} consecutive failures, {when}; "
+            f"last error: {queue.last_error or 'unknown'}",
+        )
+    if synced is not None and not synced.signed:
+        return "False", UNSIGNED, "no usable signing secret: see the Ready condition"
+    return "True", DELIVERING_OK, "deliveries go out as they are due"
+
+
+def _condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    old: Mapping[str, Any] | None,
+    generation: int | None,
+    now: datetime,
+) -> dict[str, Any]:
+    changed = old is None or old.get("status") != status
+    condition: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _time(now) if changed else old.get("lastTransitionTime", _time(now)),
+    }
+    if generation is not None:
+        condition["observedGeneration"] = generation
+    return condition
+
+
+def _events(
+    previous: Mapping[str, Any],
+    old: Mapping[str, Mapping[str, Any]],
+    new: Mapping[str, Mapping[str, Any]],
+    queue: Queue | None,
+) -> list[Event]:
+    events: list[Event] = []
+    old_ready, new_ready = old.get(READY, {}), new.get(READY, {})
+    if new_ready.get("reason") != old_ready.get("reason"):
+        if new_ready.get("status") == "False":
+            events.append(Event(WARNING, new_ready["reason"], new_ready["message"]))
+        elif old_ready.get("status") == "False":
+            events.append(Event(NORMAL, "SecretResolved", new_ready["message"]))
+
+    old_reason = old.get(DELIVERING, {}).get("reason")
+    new_delivering = new.get(DELIVERING, {})
+    new_reason = new_delivering.get("reason")
+    if new_reason != old_reason:
+        if new_reason == CIRCUIT_OPEN:
+            events.append(Event(WARNING, "EndpointPaused", new_delivering["message"]))
+        elif new_reason == DEACTIVATED_REASON:
+            events.append(Event(WARNING, "EndpointDeactivated", new_delivering["message"]))
+        elif old_reason == CIRCUIT_OPEN and new_reason is not None:
+            events.append(Event(NORMAL, "EndpointResumed", "a delivery succeeded: the circuit is closed"))
+        elif old_reason == DEACTIVATED_REASON and new_reason is not None:
+            events.append(Event(NORMAL, "EndpointReactivated", "the endpoint is active again"))
+
+    if queue is not None:
+        old_dead = previous.get("dead") or 0
+        if queue.dead > old_dead:
+            events.append(Event(
+                WARNING, "DeliveriesDead",
+                f"{queue.dead - old_dead} more dead deliveries ({queue.dead} in all); set the "
+                f"annotation {RESEND_DEAD_ANNOTATION} to a new value to send them again",
+            ))
+    return events
+
+
+def _time(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
