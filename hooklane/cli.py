@@ -103,11 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    conn = await store.connect(settings.database_url)
-    try:
+    async with store.connection(settings.database_url) as conn:
         applied = await store.migrate(conn)
-    finally:
-        await conn.close()
     print(f"applied {len(applied)} migration(s)" if applied else "database is up to date")
     return 0
 
@@ -132,14 +129,10 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
         data = json.loads(args.data)
     except json.JSONDecodeError as exc:
         raise InvalidInput("--data", f"is not valid JSON: {exc}") from None
-    conn = await store.connect(settings.database_url)
-    try:
-        async with conn.transaction():
-            event_id = await publish(
-                conn, tenant=args.tenant, type=args.type, data=data, id=args.id, coalesce_key=args.coalesce_key
-            )
-    finally:
-        await conn.close()
+    async with store.connection(settings.database_url) as conn, conn.transaction():
+        event_id = await publish(
+            conn, tenant=args.tenant, type=args.type, data=data, id=args.id, coalesce_key=args.coalesce_key
+        )
     print(event_id)
     return 0
 
@@ -148,8 +141,7 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
     action = args.endpoint_command
     if action == "apply":
         return await _endpoint_apply(args, settings)
-    conn = await store.connect(settings.database_url)
-    try:
+    async with store.connection(settings.database_url) as conn:
         if action == "list":
             _print_table(
                 ["NAMESPACE", "NAME", "TENANT", "URL", "MAX", "STATE", "FAILURES", "PAUSED UNTIL"],
@@ -168,8 +160,6 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
         count = await deliveries.resend_dead(conn, namespace, name, args.delivery)
         print(f"{count} dead deliveries of {namespace}/{name} queued again")
         return 0
-    finally:
-        await conn.close()
 
 
 async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
@@ -181,21 +171,15 @@ async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
     spec = parse_manifest(doc)
     secret = _read_file(args.secret_file, "--secret-file").strip()
     parse_secret(secret)
-    conn = await store.connect(settings.database_url)
-    try:
+    async with store.connection(settings.database_url) as conn:
         result = await store.upsert_endpoint(conn, spec, secret)
-    finally:
-        await conn.close()
     print(f"webhookendpoint {spec.namespace}/{spec.name} {'created' if result.created else 'configured'}")
     return 0
 
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
-    conn = await store.connect(settings.database_url)
-    try:
+    async with store.connection(settings.database_url) as conn:
         rows = await store.endpoint_queues(conn)
-    finally:
-        await conn.close()
     _print_table(
         ["ENDPOINT", "TENANT", "STATE", "PENDING", "IN FLIGHT", "MAX", "OLDEST PENDING", "FAILURES", "PAUSED UNTIL", "LAST ERROR"],
         [

@@ -4,7 +4,7 @@ The worker, the operator, the CLI and the publish call all go through here;
 the SQL itself lives in ``queries.sql`` and the schema in ``migrations/``.
 """
 
-from hooklane.store.connection import connect, create_pool
+from hooklane.store.connection import connect, connection, create_pool
 from hooklane.store.endpoints import (
     delete_endpoint,
     endpoint_queues,
@@ -17,6 +17,7 @@ from hooklane.store.migrations import migrate
 
 __all__ = [
     "connect",
+    "connection",
     "create_pool",
     "delete_endpoint",
     "endpoint_queues",

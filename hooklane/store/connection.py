@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
 import asyncpg
 
 from hooklane.errors import InvalidInput
@@ -19,3 +22,13 @@ async def connect(dsn: str, **kwargs) -> asyncpg.Connection:
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs) -> asyncpg.Pool:
     return await asyncpg.create_pool(_require(dsn), min_size=min_size, max_size=max_size, **kwargs)
+
+
+@asynccontextmanager
+async def connection(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """One connection for the length of a block (a CLI command)."""
+    conn = await connect(dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
