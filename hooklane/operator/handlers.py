@@ -42,6 +42,7 @@ GROUP = "hooklane.io"
 VERSION = "v1alpha1"
 PLURAL = "webhookendpoints"
 FINALIZER = "hooklane.io/finalizer"
+STATUS_TIMER = "reflect_status"
 
 # A database outage is waited out, not reported as a broken resource.
 RETRY_DELAY_SECONDS = 5.0
@@ -124,7 +125,9 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         *resource, id="resend_dead", field=("metadata", "annotations", reflect.RESEND_DEAD_ANNOTATION),
         registry=registry,
     )(resend_dead)
-    kopf.timer(*resource, interval=config.operator_status_seconds, registry=registry)(reflect_status)
+    kopf.timer(*resource, id=STATUS_TIMER, interval=config.operator_status_seconds, registry=registry)(
+        reflect_status
+    )
 
 
 async def startup(*, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:

@@ -1,0 +1,353 @@
+"""The operator against a real kube-apiserver, a real Postgres and real
+receivers: ``hooklane operator`` runs as a process, exactly as deployed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+import hooklane
+from hooklane.dev.controlplane import ControlPlane
+from hooklane.settings import CircuitPolicy
+from hooklane.worker.rules import RetryPolicy
+from tests.conftest import SECRET, wait_for
+from tests.receivers import Answer
+
+pytestmark = pytest.mark.kube
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+ROTATED = "whsec_" + base64.b64encode(b"rotated-signing-key-32-bytes-xx!").decode()
+# Retries within a second, so that recovery does not wait on the contract's 30 s.
+FAST_RETRY = RetryPolicy(base_seconds=0.2, cap_seconds=0.5)
+
+
+class Operator:
+    """``hooklane operator`` as a process, its log in a file."""
+
+    def __init__(self, log: Path, argv: list[str], env: dict[str, str]) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hooklane.cli", "operator", *argv],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def start_operator(kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Path) -> Iterator[Callable[..., Operator]]:
+    running: list[Operator] = []
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "HOOKLANE_DATABASE_URL": dsn,
+        "HOOKLANE_OPERATOR_STATUS_SECONDS": "0.3",
+    }
+
+    def start(*argv: str, kubeconfig: Path | None = None) -> Operator:
+        run_env = {**env, "KUBECONFIG": str(kubeconfig)} if kubeconfig else env
+        op = Operator(tmp_path / f"operator-{len(running)}.log",
+                      [*(argv or ("--standalone",)), "--namespace", kube_namespace], run_env)
+        running.append(op)
+        return op
+
+    yield start
+    for op in running:
+        op.stop()
+        # Shown by pytest only when the test failed.
+        print(f"--- {op.log.name} (exit {op.proc.returncode}) ---\n{op.output()[-6000:]}")
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane, kube_namespace: str) -> "Kube":
+    return Kube(control_plane, kube_namespace)
+
+
+class Kube:
+    """kubectl in the test's namespace, off the event loop so that the
+    receivers and the in-process worker keep running meanwhile."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp = cp
+        self.namespace = namespace
+
+    async def run(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        done = await asyncio.to_thread(self.cp.kubectl, "-n", self.namespace, *args, stdin=stdin, check=check)
+        return done.stdout
+
+    async def apply(self, doc: dict[str, Any]) -> None:
+        await self.run("apply", "-f", "-", stdin=json.dumps(doc))
+
+    async def get(self, name: str = "orders-acme") -> dict[str, Any] | None:
+        out = await self.run("get", "whe", name, "-o", "json", "--ignore-not-found")
+        return json.loads(out) if out.strip() else None
+
+    async def condition(self, type_: str, name: str = "orders-acme") -> dict[str, Any] | None:
+        body = await self.get(name)
+        conditions = (body or {}).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == type_), None)
+
+    async def events(self, name: str = "orders-acme") -> list[str]:
+        out = await self.run("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")
+        return [e["reason"] for e in json.loads(out)["items"]]
+
+    async def columns(self, name: str = "orders-acme") -> dict[str, str]:
+        lines = (await self.run("get", "whe", name)).splitlines()
+        return dict(zip(lines[0].split(), lines[1].split()))
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def endpoint(url: str, **spec: Any) -> dict[str, Any]:
+    doc = example("endpoint.yaml")
+    doc["spec"].update(url=url, **spec)
+    return doc
+
+
+def secret(value: str, name: str = "acme-webhook-secret") -> dict[str, Any]:
+    doc = example("secret.yaml")
+    doc["metadata"]["name"] = name
+    doc["stringData"]["secret"] = value
+    return doc
+
+
+async def row(db, name: str = "orders-acme"):
+    return await db.fetchrow("SELECT * FROM endpoints WHERE name = $1", name)
+
+
+async def publish(db, type_: str = "order.created", **data: Any) -> str:
+    async with db.transaction():
+        return await hooklane.publish(db, tenant="acme", type=type_, data=data)
+
+
+async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, start_operator):
+    start_operator()
+    await kube.run("apply", "-f", str(EXAMPLES / "secret.yaml"))
+    await kube.run("apply", "-f", str(EXAMPLES / "endpoint.yaml"))
+
+    stored = await wait_for(lambda: row(db))
+    assert (stored["namespace"], stored["tenant"], stored["url"]) == (kube.namespace, "acme", "http://127.0.0.1:9000/hooks/acme")
+    assert (stored["max_concurrency"], stored["event_types"], stored["secret"]) == (4, ["order.*"], SECRET)
+    ready = await wait_for(lambda: kube.condition("Ready"))
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("True", "Synced", 1)
+    body = await wait_for(lambda: _with_status(kube, "phase"))
+    assert body["status"]["phase"] == "Active"
+    assert body["status"]["observedGeneration"] == 1
+    assert "hooklane.io/finalizer" in body["metadata"]["finalizers"]
+
+    await kube.apply(endpoint("https://hooks.example.com/acme", maxConcurrency=9))
+
+    async def edited():
+        r = await row(db)
+        return r if (r["url"], r["max_concurrency"]) == ("https://hooks.example.com/acme", 9) else None
+
+    await wait_for(edited)
+    body = await wait_for(lambda: _with_status(kube, "observedGeneration", 2))
+    ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["observedGeneration"] == 2
+    columns = await kube.columns()
+    assert (columns["MAXCONCURRENCY"], columns["PHASE"], columns["PENDING"]) == ("9", "Active", "0")
+
+
+async def test_rotating_the_secret_changes_the_signature(kube, db, receiver, start_operator, start_worker):
+    start_operator()
+    start_worker()
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint(receiver.on("hooks", Answer(204))))
+    await wait_for(lambda: row(db))
+
+    await publish(db, order=1)
+    first = (await wait_for(lambda: receiver.at("hooks")))[0]
+    Webhook(SECRET).verify(first.body, first.headers)
+
+    await kube.apply(secret(ROTATED))
+    await wait_for(lambda: _secret_is(db, ROTATED))
+    await publish(db, order=2)
+    second = (await wait_for(lambda: receiver.at("hooks")[1:]))[0]
+    assert Webhook(ROTATED).verify(second.body, second.headers)["data"] == {"order": 2}
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(second.body, second.headers)
+
+
+async def test_a_missing_or_malformed_secret_holds_deliveries(kube, db, receiver, start_operator, start_worker):
+    start_operator()
+    start_worker()
+    await kube.apply(endpoint(receiver.on("hooks", Answer(204))))
+
+    ready = await wait_for(lambda: _condition_reason(kube, "Ready", "SecretMissing"))
+    assert ready["status"] == "False"
+    assert f"Secret {kube.namespace}/acme-webhook-secret not found" in ready["message"]
+    assert (await row(db))["secret"] is None
+    await publish(db, order=1)
+    # The worker polls every 0.1 s: a second is ten chances to send unsigned.
+    await asyncio.sleep(1.0)
+    assert receiver.at("hooks") == []
+    assert await db.fetchval("SELECT state FROM deliveries") == "pending"
+
+    await kube.apply(secret("not-a-webhook-secret"))
+    ready = await wait_for(lambda: _condition_reason(kube, "Ready", "SecretInvalid"))
+    assert "is not a Standard Webhooks secret" in ready["message"]
+    await asyncio.sleep(0.5)
+    assert receiver.at("hooks") == []
+
+    await kube.apply(secret(SECRET))
+    got = (await wait_for(lambda: receiver.at("hooks")))[0]
+    Webhook(SECRET).verify(got.body, got.headers)
+    await wait_for(lambda: _condition_reason(kube, "Ready", "Synced"))
+    assert {"SecretMissing", "SecretInvalid", "SecretResolved"} <= set(await wait_for(
+        lambda: _events_include(kube, "SecretResolved")))
+
+
+async def test_deletion_runs_the_finalizer(kube, db, start_operator):
+    start_operator()
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint("http://127.0.0.1:9/hooks"))
+    endpoint_id = (await wait_for(lambda: row(db)))["id"]
+    await publish(db, order=1)
+    assert await db.fetchval("SELECT count(*) FROM deliveries WHERE endpoint_id = $1", endpoint_id) == 1
+
+    await kube.run("delete", "whe", "orders-acme", "--timeout=30s")
+
+    assert await kube.get() is None
+    assert await row(db) is None
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 0
+    # Events stay, for reconciliation.
+    assert await db.fetchval("SELECT count(*) FROM events") == 1
+
+
+async def test_a_failing_receiver_pauses_the_endpoint_until_it_recovers(
+    kube, db, receiver, start_operator, start_worker
+):
+    failing = True
+    url = receiver.on("hooks", lambda _: Answer(500 if failing else 204))
+    start_operator()
+    start_worker(circuit=CircuitPolicy(threshold=20, step_seconds=1, cap_seconds=2), retry=FAST_RETRY)
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint(url))
+    await wait_for(lambda: row(db))
+    for n in range(20):
+        await publish(db, order=n)
+
+    columns = await wait_for(lambda: _columns_show(kube, "PHASE", "Paused"), timeout=30)
+    assert int(columns["PENDING"]) > 0
+    paused = await kube.get()
+    assert paused["status"]["consecutiveFailures"] >= 20
+    assert paused["status"]["lastError"]
+    delivering = next(c for c in paused["status"]["conditions"] if c["type"] == "Delivering")
+    assert (delivering["status"], delivering["reason"]) == ("False", "CircuitOpen")
+
+    failing = False
+    columns = await wait_for(lambda: _columns_show(kube, "PENDING", "0", phase="Active"), timeout=30)
+    assert columns["OLDESTPENDINGAGE"] == "0"
+    assert len({json.loads(r.body)["id"] for r in receiver.at("hooks") if r.body}) == 20
+    recovered = await kube.get()
+    assert recovered["status"]["consecutiveFailures"] == 0
+    assert recovered["status"]["lastDeliveredAt"]
+    assert "pausedUntil" not in recovered["status"]
+    assert {"EndpointPaused", "EndpointResumed"} <= set(await wait_for(
+        lambda: _events_include(kube, "EndpointResumed")))
+
+
+async def test_deactivated_endpoint_is_reactivated_and_dead_deliveries_resent(
+    kube, db, receiver, start_operator, start_worker
+):
+    gone = True
+    url = receiver.on("hooks", lambda _: Answer(410 if gone else 204))
+    start_operator()
+    start_worker()
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint(url))
+    await wait_for(lambda: row(db))
+    await publish(db, order=1)
+
+    columns = await wait_for(lambda: _columns_show(kube, "PHASE", "Deactivated"))
+    assert columns["PENDING"] == "0"
+    body = await wait_for(lambda: _with_status(kube, "dead", 1))
+    assert body["status"]["lastError"]
+    assert {"EndpointDeactivated", "DeliveriesDead"} <= set(await wait_for(
+        lambda: _events_include(kube, "DeliveriesDead")))
+
+    gone = False
+    await kube.run("annotate", "whe", "orders-acme", "hooklane.io/reactivate=1")
+    await wait_for(lambda: _columns_show(kube, "PHASE", "Active"))
+    assert (await row(db))["state"] == "active"
+    await kube.run("annotate", "whe", "orders-acme", "--overwrite", "hooklane.io/resend-dead=1")
+    await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"))
+    await wait_for(lambda: _with_status(kube, "dead", 0))
+    assert {"ReactivateRequested", "EndpointReactivated", "ResendRequested"} <= set(await wait_for(
+        lambda: _events_include(kube, "ResendRequested")))
+
+
+async def test_publish_reaches_a_receiver_declared_only_in_kubernetes(
+    kube, db, receiver, start_operator, start_worker
+):
+    start_operator()
+    start_worker()
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint(receiver.on("orders", Answer(204)), eventTypes=["order.*"]))
+    await wait_for(lambda: _condition_reason(kube, "Ready", "Synced"))
+
+    event_id = await publish(db, "order.paid", order=7)
+    await publish(db, "invoice.paid", invoice=1)
+
+    got = (await wait_for(lambda: receiver.at("orders")))[0]
+    payload = Webhook(SECRET).verify(got.body, got.headers)
+    assert (payload["id"], payload["type"], payload["data"]) == (event_id, "order.paid", {"order": 7})
+    body = await wait_for(lambda: _with_status(kube, "lastDeliveredAt"))
+    assert body["status"]["pending"] == 0
+    assert len(receiver.at("orders")) == 1
+
+
+async def _with_status(kube: Kube, field: str, value: Any = None, name: str = "orders-acme"):
+    body = await kube.get(name)
+    got = (body or {}).get("status", {}).get(field)
+    if value is None:
+        return body if got is not None else None
+    return body if got == value else None
+
+
+async def _condition_reason(kube: Kube, type_: str, reason: str):
+    condition = await kube.condition(type_)
+    return condition if condition and condition["reason"] == reason else None
+
+
+async def _columns_show(kube: Kube, column: str, value: str, phase: str | None = None):
+    columns = await kube.columns()
+    if columns.get(column) != value or (phase and columns.get("PHASE") != phase):
+        return None
+    return columns
+
+
+async def _events_include(kube: Kube, reason: str):
+    reasons = await kube.events()
+    return reasons if reason in reasons else None
+
+
+async def _secret_is(db, value: str) -> bool:
+    return (await row(db))["secret"] == value
