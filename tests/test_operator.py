@@ -8,12 +8,14 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
+import aiohttp
 import pytest
 import yaml
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -173,6 +175,11 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
     assert ready["observedGeneration"] == 2
     columns = await kube.columns()
     assert (columns["MAXCONCURRENCY"], columns["PHASE"], columns["PENDING"]) == ("9", "Active", "0")
+
+    # Status passes run every 0.3 s; with nothing new they write nothing.
+    version = (await kube.get())["metadata"]["resourceVersion"]
+    await asyncio.sleep(1.0)
+    assert (await kube.get())["metadata"]["resourceVersion"] == version
 
 
 async def test_rotating_the_secret_changes_the_signature(kube, db, receiver, start_operator, start_worker):
@@ -351,3 +358,77 @@ async def _events_include(kube: Kube, reason: str):
 
 async def _secret_is(db, value: str) -> bool:
     return (await row(db))["secret"] == value
+
+
+async def test_the_deploy_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path):
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "operator-rbac.yaml").read_text()))
+    for doc in docs:
+        if doc["kind"] == "ServiceAccount":
+            doc["metadata"]["namespace"] = kube.namespace
+        for subject in doc.get("subjects", ()):
+            subject["namespace"] = kube.namespace
+    await kube.apply({"apiVersion": "v1", "kind": "List", "items": docs})
+    token = (await kube.run("create", "token", "hooklane-operator")).strip()
+    config = yaml.safe_load(Path(control_plane.kubeconfig).read_text())
+    config["users"][0]["user"] = {"token": token}
+    as_operator = tmp_path / "operator.kubeconfig"
+    as_operator.write_text(json.dumps(config))
+    port = free_port()
+    op = start_operator("--standalone", "--liveness", f"http://127.0.0.1:{port}/healthz", kubeconfig=as_operator)
+
+    await kube.apply(endpoint("http://127.0.0.1:9/hooks"))
+    await wait_for(lambda: _condition_reason(kube, "Ready", "SecretMissing"))
+    await kube.apply(secret(SECRET))
+    await wait_for(lambda: _condition_reason(kube, "Ready", "Synced"))
+    assert "SecretMissing" in await wait_for(lambda: _events_include(kube, "SecretResolved"))
+    assert (await row(db))["secret"] == SECRET
+    probe = await wait_for(lambda: _get_json(f"http://127.0.0.1:{port}/healthz"))
+    assert probe["database"] is True
+    await kube.run("delete", "whe", "orders-acme", "--timeout=30s")
+    assert await row(db) is None
+    output = op.output()
+    assert "Forbidden" not in output and "Not enough permissions" not in output, output
+
+
+async def test_peering_keeps_one_of_two_replicas_active(kube, db, start_operator):
+    await kube.apply({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "hooklane"}})
+    replicas = [start_operator("--peering", "hooklane"), start_operator("--peering", "hooklane")]
+
+    async def settled():
+        peering = json.loads(await kube.run("get", "kopfpeering", "hooklane", "-o", "json"))
+        active = [op for op in replicas if _active(op)]
+        return active[0] if len(peering.get("status", {})) == 2 and len(active) == 1 else None
+
+    active = await wait_for(settled, timeout=30)
+    standby = next(op for op in replicas if op is not active)
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint("http://127.0.0.1:9/hooks"))
+    await wait_for(lambda: row(db))
+    await wait_for(lambda: "Handler 'sync' succeeded" in active.output())
+    assert "Handler 'sync' succeeded" not in standby.output()
+
+    active.stop()
+    await wait_for(lambda: _active(standby), timeout=30)
+    await kube.apply(endpoint("http://127.0.0.1:9/hooks", maxConcurrency=7))
+    await wait_for(lambda: db.fetchval("SELECT max_concurrency = 7 FROM endpoints"))
+
+
+def _active(op: Operator) -> bool:
+    """kopf logs the moment a replica resumes and the moment it pauses in
+    favour of a peer; the later of the two is where it stands."""
+    output = op.output()
+    return output.rfind("Resuming operations") > output.rfind("Pausing operations")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _get_json(url: str) -> dict[str, Any] | None:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            return await response.json() if response.status == 200 else None
+    except aiohttp.ClientError:
+        return None
