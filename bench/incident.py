@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -61,7 +62,7 @@ class Config:
 
 
 PRESETS = {
-    "full": Config(endpoints=1800, rate=100, slow_rate=12, slow_delay=28, duration=180, grace=5,
+    "full": Config(endpoints=1800, rate=100, slow_rate=12, slow_delay=28, duration=120, grace=5,
                    slots=(16, 64), receivers=2),
     "quick": Config(endpoints=300, rate=60, slow_rate=12, slow_delay=8, duration=45, grace=3,
                     slots=(16, 64), receivers=1),
@@ -149,6 +150,29 @@ async def setup_baseline(dsn: str, urls: list[str], cfg: Config, slots: int):
     return worker
 
 
+# The slow endpoint's deliveries in flight as the database sees them: a cross
+# check of the receiver's count (reserved versus actually on the wire).
+SLOW_SENDING = {
+    "hooklane": "SELECT count(*) FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id"
+                " WHERE ep.name = 'ep-0' AND d.state = 'sending'",
+    "baseline": "SELECT count(*) FROM baseline_deliveries WHERE endpoint_id = 0 AND status = 'sending'",
+}
+
+
+async def sample_db_in_flight(dsn: str, system: str, stop: asyncio.Event) -> int:
+    """Peak of SLOW_SENDING, sampled every 0.2 s until ``stop``."""
+    conn = await asyncpg.connect(dsn)
+    peak = 0
+    try:
+        while not stop.is_set():
+            peak = max(peak, await conn.fetchval(SLOW_SENDING[system]))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+    finally:
+        await conn.close()
+    return peak
+
+
 BACKLOG = {
     "hooklane": """
         SELECT count(*) FILTER (WHERE ep.name = 'ep-0') AS slow_pending,
@@ -176,8 +200,12 @@ async def run_once(server_dsn: str, system: str, slots: int, cfg: Config, receiv
                 for r in receivers:
                     await http.post(f"{r}/_reset")
                 started = time.time()
+                stop = asyncio.Event()
+                sampler = asyncio.create_task(sample_db_in_flight(dsn, system, stop))
                 behind = await publish_load(dsn, system, cfg, schedule(cfg))
                 await asyncio.sleep(cfg.grace)
+                stop.set()
+                db_peak = await sampler
                 ended = time.time()
                 stats = [await (await http.get(f"{r}/_stats")).json() for r in receivers]
             conn = await asyncpg.connect(dsn)
@@ -187,7 +215,7 @@ async def run_once(server_dsn: str, system: str, slots: int, cfg: Config, receiv
                 await conn.close()
         finally:
             stop_process(worker, grace=1.0)
-    return analyse(system, slots, cfg, started, ended, behind, stats, backlog)
+    return {**analyse(system, slots, cfg, started, ended, behind, stats, backlog), "slow_peak_sending_in_db": db_peak}
 
 
 def analyse(
@@ -305,7 +333,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                     print(
                         f"{system:9s} slots={slots:3d} healthy p50={r['healthy_lag']['p50']:.3f}s "
                         f"p99={r['healthy_lag']['p99']:.3f}s max={r['healthy_lag']['max']:.3f}s "
-                        f"slow peak={r['slow_peak_in_flight']} backlog={r['backlog_at_end']}",
+                        f"slow peak={r['slow_peak_in_flight']} (db {r['slow_peak_sending_in_db']}) backlog={r['backlog_at_end']}",
                         flush=True,
                     )
                     results.append(r)

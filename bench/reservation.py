@@ -1,0 +1,219 @@
+"""Reservation cost: the ``reserve`` statement as the endpoint count grows.
+
+For each endpoint count, a database is filled by bulk INSERT (not publish:
+the shape of the queue is the input here, not how it got there) with
+``--pending`` pending deliveries in all, spread like a busy platform:
+
+- 1% of endpoints have due deliveries (20 each, more than their limit);
+- 10% are paused by hand and 10% have an open circuit (``paused_until`` in
+  the future), with due deliveries that must not be reserved;
+- 10% are at their limit: 4 deliveries in flight, due deliveries waiting;
+- the rest (69%) hold pending deliveries that are not due yet (retries).
+
+Then ``reserve`` is timed as one worker owning every partition runs it, for
+as many slots as a worker with the default concurrency has (64), inside a
+transaction that is rolled back so every repetition sees the same state.
+The plan of one run (EXPLAIN ANALYZE, BUFFERS) is kept to show where the
+time goes.
+
+Run: ``python -m bench.reservation --preset full``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import asyncpg
+
+from bench.common import SECRET, fresh_database, machine, postgres_server, write_json
+from hooklane.store.queries import QUERIES
+
+
+@dataclass(frozen=True)
+class Config:
+    sizes: tuple[int, ...]  # endpoint counts
+    pending: int  # pending deliveries in all, at every size
+    repeat: int  # timed runs per size
+    due_per_endpoint: int = 20
+    limit: int = 64  # slots asked for: a default worker's concurrency
+    lease_grace: float = 10.0
+
+
+PRESETS = {
+    "full": Config(sizes=(1_000, 10_000, 100_000), pending=1_000_000, repeat=30),
+    "quick": Config(sizes=(1_000, 10_000, 100_000), pending=200_000, repeat=15),
+    "smoke": Config(sizes=(1_000, 5_000), pending=20_000, repeat=5),
+}
+
+# Endpoint i's role, by i % 100: 0 due; 1-10 paused by hand; 11-20 circuit
+# open; 21-30 at their limit; the rest not due.
+ENDPOINTS = """
+INSERT INTO endpoints (namespace, name, tenant, url, secret, partition, paused, paused_until,
+                       consecutive_failures)
+SELECT 'bench', 'ep-' || i, 't' || i, 'http://127.0.0.1:9/h/' || i, $2,
+       -- the same stable hash as upsert_endpoint
+       (hashtext('bench/ep-' || i)::bigint & 2147483647) % (SELECT partition_count FROM hooklane_config),
+       i % 100 BETWEEN 1 AND 10,
+       CASE WHEN i % 100 BETWEEN 11 AND 20 THEN now() + interval '1 hour' END,
+       CASE WHEN i % 100 BETWEEN 11 AND 20 THEN 20 ELSE 0 END
+FROM generate_series(0, $1 - 1) i
+"""
+ROLES = """
+CREATE TEMP TABLE roles AS
+SELECT ep.id,
+       CASE WHEN i % 100 = 0 THEN 'due'
+            WHEN i % 100 BETWEEN 1 AND 20 THEN 'paused'
+            WHEN i % 100 BETWEEN 21 AND 30 THEN 'full'
+            ELSE 'later' END AS role,
+       row_number() OVER (ORDER BY ep.id) - 1 AS k
+FROM endpoints ep, LATERAL (SELECT substr(ep.name, 4)::int AS i) x
+"""
+EVENTS = """
+INSERT INTO events (id, tenant, type, data, fanout)
+SELECT 'evt_' || g, 't0', 'order.updated', jsonb_build_object('n', g), 1
+FROM generate_series(0, 999) g
+"""
+DUE = """
+INSERT INTO deliveries (endpoint_id, event_id, next_attempt_at)
+SELECT r.id, 'evt_' || (g % 1000), now() - g * interval '1 second'
+FROM roles r, generate_series(1, $1) g
+WHERE r.role = 'due'
+"""
+IN_FLIGHT = """
+INSERT INTO deliveries (endpoint_id, event_id, state, attempts, reserved_at, lease_expires_at)
+SELECT r.id, 'evt_' || g, 'sending', 1, now(), now() + interval '15 seconds'
+FROM roles r, generate_series(1, 4) g
+WHERE r.role = 'full'
+"""
+# The rest of the pending rows, spread evenly over every endpoint that is
+# not 'due': due (but blocked) for the paused and the full, later for the rest.
+REST = """
+WITH others AS (
+    SELECT id, role, row_number() OVER (ORDER BY id) - 1 AS k FROM roles WHERE role <> 'due'
+), n AS (SELECT count(*) AS c FROM others)
+INSERT INTO deliveries (endpoint_id, event_id, next_attempt_at, attempts)
+SELECT o.id, 'evt_' || (g % 1000),
+       CASE WHEN o.role = 'later' THEN now() + (60 + g % 21600) * interval '1 second'
+            ELSE now() - interval '1 minute' END,
+       CASE WHEN o.role = 'later' THEN 1 ELSE 0 END
+FROM generate_series(0, $1 - 1) g, n, others o
+WHERE o.k = g % n.c
+"""
+
+
+async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
+    started = time.perf_counter()
+    await conn.execute(ENDPOINTS, endpoints, SECRET)
+    await conn.execute(ROLES)
+    await conn.execute(EVENTS)
+    await conn.execute(DUE, cfg.due_per_endpoint)
+    await conn.execute(IN_FLIGHT)
+    due = await conn.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'")
+    await conn.execute(REST, cfg.pending - due)
+    await conn.execute("VACUUM ANALYZE")
+    counts = await conn.fetchrow(
+        """SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
+                  count(*) FILTER (WHERE state = 'sending') AS sending,
+                  count(*) FILTER (WHERE state = 'pending' AND next_attempt_at <= now()) AS due_rows
+           FROM deliveries"""
+    )
+    return {**dict(counts), "fill_seconds": round(time.perf_counter() - started, 1)}
+
+
+async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
+    """Wall time of the statement, client side, rolled back each time."""
+    partitions = list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
+    stmt = await conn.prepare(QUERIES["reserve"])
+    times, reserved = [], 0
+    for _ in range(cfg.repeat + 1):
+        tx = conn.transaction()
+        await tx.start()
+        started = time.perf_counter()
+        rows = await stmt.fetch(partitions, cfg.limit, cfg.lease_grace)
+        times.append(time.perf_counter() - started)
+        await tx.rollback()
+        reserved = len(rows)
+    times = times[1:]  # the first one plans and warms the cache
+    return {
+        "reserved": reserved,
+        "median_ms": statistics.median(times) * 1000,
+        "min_ms": min(times) * 1000,
+        "max_ms": max(times) * 1000,
+    }
+
+
+async def explain(conn: asyncpg.Connection, cfg: Config) -> str:
+    partitions = list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["reserve"], partitions, cfg.limit,
+                                cfg.lease_grace)
+    finally:
+        await tx.rollback()
+    return "\n".join(r[0] for r in rows)
+
+
+async def one_size(server: str, endpoints: int, cfg: Config, plan_dir: str | None) -> dict:
+    async with fresh_database(server, "reservation") as dsn:
+        conn = await asyncpg.connect(dsn)
+        try:
+            filled = await fill(conn, endpoints, cfg)
+            timing = await time_reserve(conn, cfg)
+            if plan_dir:
+                path = Path(plan_dir) / f"reserve-plan-{endpoints}.txt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(await explain(conn, cfg) + "\n")
+        finally:
+            await conn.close()
+    return {"endpoints": endpoints, **filled, **timing}
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    cfg = PRESETS[args.preset]
+    if args.sizes:
+        cfg = replace(cfg, sizes=tuple(args.sizes))
+    if args.pending:
+        cfg = replace(cfg, pending=args.pending)
+    results = []
+    with postgres_server(args.dsn) as server:
+        for n in cfg.sizes:
+            r = await one_size(server, n, cfg, args.plan_dir)
+            print(f"{n:7d} endpoints: reserve median {r['median_ms']:.2f} ms "
+                  f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}", flush=True)
+            results.append(r)
+    small, large = results[0], results[-1]
+    ratio = large["median_ms"] / small["median_ms"]
+    return {
+        "preset": args.preset,
+        "config": asdict(cfg),
+        "machine": machine(),
+        "sizes": results,
+        "ratio_largest_over_smallest": ratio,
+        "target_at_most_2x": ratio <= 2.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="cost of the reserve statement by endpoint count")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    parser.add_argument("--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)")
+    parser.add_argument("--sizes", type=int, action="append", help="endpoint counts (repeatable)")
+    parser.add_argument("--pending", type=int, help="pending deliveries in all, overriding the preset")
+    parser.add_argument("--plan-dir", help="write EXPLAIN ANALYZE of reserve per size here")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args))
+    print(json.dumps(result, indent=2, default=str))
+    if args.json:
+        write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()

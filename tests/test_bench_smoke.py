@@ -1,0 +1,61 @@
+"""Each benchmark's smoke preset, run as the README runs it (a subprocess),
+so that bench/ cannot rot. A few seconds each, on the session's Postgres."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def server_dsn(pg_server) -> str:
+    """The benchmarks create (and drop) their own databases on this server."""
+    return f"postgresql://{pg_server.user}@{pg_server.host}:{pg_server.port}/postgres"
+
+
+def run_bench(module: str, tmp_path: Path, *args: str, timeout: float = 60) -> dict:
+    out = tmp_path / f"{module}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--preset", "smoke", "--json", str(out), *args],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
+    plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
+    result = run_bench("incident", tmp_path, "--dsn", server_dsn, "--plot-dir", plots)
+    runs = {r["system"]: r for r in result["runs"]}
+    assert runs["hooklane"]["healthy_delivered"] > 0
+    assert runs["baseline"]["healthy_delivered"] > 0
+    # The one property that holds even for a few seconds of load.
+    assert runs["hooklane"]["slow_peak_in_flight"] <= result["config"]["max_concurrency"]
+    if plots:
+        assert (tmp_path / "incident-smoke-16.png").stat().st_size > 0
+
+
+def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("throughput", tmp_path, "--dsn", server_dsn)
+    assert result["drains"][0]["delivered"] == result["config"]["backlog"]
+    assert result["ceiling"][0]["per_second"] > 0
+    assert result["verdict"]["peak_rss_mb"] > 0
+
+
+def test_latency_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("latency", tmp_path, "--dsn", server_dsn)
+    assert result["latency_ms"]["n"] == result["config"]["events"]
+
+
+def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("reservation", tmp_path, "--dsn", server_dsn)
+    assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
+    assert all(s["reserved"] > 0 for s in result["sizes"])
