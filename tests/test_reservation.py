@@ -72,12 +72,26 @@ async def test_only_due_active_unpaused_signed_endpoints(db):
         "UPDATE deliveries SET next_attempt_at = now() + interval '1 minute' WHERE endpoint_id = $1", later
     )
     assert [r["endpoint_id"] for r in await _reserve(db)] == [ok]
-    # pausing ends: the circuit's endpoint and the due delivery come back
-    await db.execute("UPDATE endpoints SET paused_until = now() WHERE id = $1", circuit)
-    await db.execute("UPDATE deliveries SET next_attempt_at = now() WHERE endpoint_id = $1", later)
+    # a minute passes: the pause ends and the retry is due
+    await _time_passes(db, 61)
     assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([circuit, later])
     pending = await db.fetch("SELECT endpoint_id FROM deliveries WHERE state = 'pending'")
     assert sorted(r["endpoint_id"] for r in pending) == sorted([manual, gone, unsigned])
+    # unpausing, signing and reactivating wake the endpoints up
+    await add_endpoint(db, "manual", "http://127.0.0.1:1/m", paused=False)
+    await add_endpoint(db, "unsigned", "http://127.0.0.1:1/u")
+    from hooklane import store
+
+    await store.reactivate_endpoint(db, "default", "gone")
+    assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([manual, gone, unsigned])
+
+
+async def _time_passes(db, seconds: float) -> None:
+    """Move every scheduled time back, as if ``seconds`` had gone by."""
+    shift = f"interval '{seconds} seconds'"
+    await db.execute(f"UPDATE endpoints SET paused_until = paused_until - {shift}")
+    await db.execute(f"UPDATE deliveries SET next_attempt_at = next_attempt_at - {shift}")
+    await db.execute(f"UPDATE ready_endpoints SET ready_at = ready_at - {shift} WHERE ready_at <> 'infinity'")
 
 
 async def test_only_owned_partitions(db):

@@ -12,10 +12,13 @@ SELECT partition_count FROM hooklane_config;
 -- Create or update an endpoint by its (namespace, name) identity. The
 -- partition is a stable hash of that identity, computed once at creation.
 -- A deactivated endpoint stays deactivated: reactivate_endpoint is explicit.
+-- The endpoint is woken: a change (unpaused, a secret at last) may make its
+-- kept deliveries reservable.
 -- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret (NULL when
 -- the Secret is missing), $6 max_concurrency, $7 event_types, $8
 -- timeout_seconds, $9 paused.
 -- Index: the unique (namespace, name) constraint.
+WITH upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
@@ -30,7 +33,12 @@ SET tenant          = EXCLUDED.tenant,
     timeout_seconds = EXCLUDED.timeout_seconds,
     paused          = EXCLUDED.paused,
     updated_at      = now()
-RETURNING id, partition, (xmax = 0) AS created;
+RETURNING id, partition, (xmax = 0) AS created
+),
+woken AS (
+    INSERT INTO wakeups (endpoint_id, partition) SELECT id, partition FROM upserted
+)
+SELECT id, partition, created FROM upserted;
 
 -- name: list_endpoints
 -- Every endpoint with its circuit state, for `hooklane endpoint list`.
@@ -46,30 +54,45 @@ ORDER BY namespace, name;
 -- Bring a deactivated endpoint back and close its circuit; its kept pending
 -- deliveries are sent again from the next reservation on.
 -- Parameters: $1 namespace, $2 name. Index: unique (namespace, name).
-UPDATE endpoints
-SET state = 'active', deactivated_at = NULL, deactivated_reason = NULL,
-    consecutive_failures = 0, failing_since = NULL, paused_until = NULL,
-    updated_at = now()
-WHERE namespace = $1 AND name = $2
-RETURNING id;
+WITH reactivated AS (
+    UPDATE endpoints
+    SET state = 'active', deactivated_at = NULL, deactivated_reason = NULL,
+        consecutive_failures = 0, failing_since = NULL, paused_until = NULL,
+        updated_at = now()
+    WHERE namespace = $1 AND name = $2
+    RETURNING id, partition
+),
+woken AS (
+    INSERT INTO wakeups (endpoint_id, partition) SELECT id, partition FROM reactivated
+)
+SELECT id FROM reactivated;
 
 -- name: delete_endpoint
 -- Remove an endpoint. Its deliveries, pending and dead alike, go with it (the
 -- foreign key cascades); the events stay, listable for reconciliation until
 -- retention drops them.
 -- Parameters: $1 namespace, $2 name. Index: unique (namespace, name);
--- deliveries_queue for the cascade.
-DELETE FROM endpoints
-WHERE namespace = $1 AND name = $2
-RETURNING id;
+-- deliveries_queue for the cascade; primary key of ready_endpoints.
+WITH deleted AS (
+    DELETE FROM endpoints
+    WHERE namespace = $1 AND name = $2
+    RETURNING id
+),
+unready AS (
+    DELETE FROM ready_endpoints r USING deleted d WHERE r.endpoint_id = d.id
+)
+SELECT id FROM deleted;
 
 -- name: publish
 -- The outbox write: the event and one delivery per active endpoint of the
 -- tenant whose event types match, in the caller's transaction. An id already
 -- stored is not stored again and fans out to nothing. A coalesce key replaces
 -- the still-pending delivery of the same key to the same endpoint. Each
--- partition that got work is notified once (Postgres delivers NOTIFY at
--- commit, and folds duplicates within a transaction).
+-- endpoint that got work gets a wakeup row, and each partition that got work
+-- is notified once (Postgres delivers NOTIFY at commit, and folds duplicates
+-- within a transaction). Nothing here updates a row that exists already,
+-- but for a coalesced pending delivery: a long application transaction never
+-- holds a lock a worker waits on.
 -- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5 coalesce_key.
 -- Index: endpoints_tenant; deliveries_coalesce for the ON CONFLICT.
 WITH matched AS (
@@ -98,6 +121,10 @@ queued AS (
         WHERE state = 'pending' AND coalesce_key IS NOT NULL
     DO UPDATE SET event_id = EXCLUDED.event_id
     RETURNING endpoint_id
+),
+woken AS (
+    INSERT INTO wakeups (endpoint_id, partition)
+    SELECT m.id, m.partition FROM matched m JOIN queued q ON q.endpoint_id = m.id
 )
 SELECT (SELECT fanout FROM event) AS fanout,
        (SELECT count(pg_notify('hooklane_ready', p.partition::text))
@@ -110,50 +137,89 @@ SELECT (SELECT fanout FROM event) AS fanout,
 -- deadline, so the call has certainly ended; the receiver may still have got
 -- it (at least once). Runs only under the partitions' advisory locks.
 -- Parameters: $1 owned partitions. Index: deliveries_lease.
-UPDATE deliveries d
-SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
-    last_error = 'lease expired: the worker lost the delivery'
-FROM endpoints ep
-WHERE d.state = 'sending'
-  AND d.lease_expires_at < now()
-  AND ep.id = d.endpoint_id
-  AND ep.partition = ANY($1::int[])
-RETURNING d.id;
+WITH rescued AS (
+    UPDATE deliveries d
+    SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
+        last_error = 'lease expired: the worker lost the delivery'
+    FROM endpoints ep
+    WHERE d.state = 'sending'
+      AND d.lease_expires_at < now()
+      AND ep.id = d.endpoint_id
+      AND ep.partition = ANY($1::int[])
+    RETURNING d.id, ep.id AS endpoint_id, ep.partition
+),
+ready AS (
+    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+    SELECT DISTINCT endpoint_id, partition, now() FROM rescued
+    ON CONFLICT (endpoint_id) DO UPDATE
+    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at)
+)
+SELECT id FROM rescued;
+
+-- name: absorb_wakeups
+-- Turn the wakeups of the owned partitions into ready endpoints. First step
+-- of a reservation, in its transaction and under the partitions' locks.
+-- Parameters: $1 owned partitions.
+-- Index: wakeups_partition; primary key of ready_endpoints.
+WITH taken AS (
+    DELETE FROM wakeups
+    WHERE partition = ANY($1::int[])
+    RETURNING endpoint_id, partition
+)
+INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+SELECT DISTINCT endpoint_id, partition, now() FROM taken
+ON CONFLICT (endpoint_id) DO UPDATE
+SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
+
+-- name: ready_candidates
+-- The endpoints of the owned partitions that have waited longest, locked
+-- until the reservation commits so that a result recorded meanwhile (which
+-- makes its endpoint ready again) waits for the reservation's verdict instead
+-- of being overwritten by it. Rows a result is updating right now are
+-- skipped: they will be ready on the next round.
+-- Parameters: $1 owned partitions, $2 how many.
+-- Index: ready_endpoints_ready_at.
+SELECT endpoint_id
+FROM ready_endpoints
+WHERE ready_at <= now()
+  AND partition = ANY($1::int[])
+ORDER BY ready_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
 
 -- name: reserve
--- Reserve due deliveries of the owned partitions, never more per endpoint
+-- Reserve due deliveries of the candidate endpoints, never more per endpoint
 -- than its free concurrency, ordered by position within each endpoint's queue
 -- so that endpoints interleave: the first of each before the second of any.
 -- Runs only under the partitions' advisory locks, which is what makes the
 -- count of in-flight deliveries and the reservation one exact step.
--- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
+-- Parameters: $1 candidate endpoint ids, $2 how many at most, $3 lease grace
 -- seconds beyond the endpoint's timeout.
--- Index: endpoints_partition; deliveries_in_flight for the count;
+-- Index: primary key of endpoints; deliveries_in_flight for the count;
 -- deliveries_queue for the first rows of each endpoint's queue.
-WITH in_flight AS (
-    SELECT d.endpoint_id, count(*) AS n
-    FROM deliveries d
-    WHERE d.state = 'sending'
-    GROUP BY d.endpoint_id
-),
-candidates AS (
-    SELECT c.id, c.pos
+WITH slots AS (
+    SELECT ep.id,
+           ep.max_concurrency - (SELECT count(*) FROM deliveries f
+                                 WHERE f.endpoint_id = ep.id AND f.state = 'sending') AS free
     FROM endpoints ep
-    LEFT JOIN in_flight f ON f.endpoint_id = ep.id
-    CROSS JOIN LATERAL (
-        SELECT d.id, row_number() OVER (ORDER BY d.next_attempt_at, d.id) AS pos
-        FROM deliveries d
-        WHERE d.endpoint_id = ep.id
-          AND d.state = 'pending'
-          AND d.next_attempt_at <= now()
-        ORDER BY d.next_attempt_at, d.id
-        LIMIT greatest(ep.max_concurrency - coalesce(f.n, 0), 0)
-    ) c
-    WHERE ep.partition = ANY($1::int[])
+    WHERE ep.id = ANY($1::bigint[])
       AND ep.state = 'active'
       AND NOT ep.paused
       AND ep.secret IS NOT NULL
       AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+),
+candidates AS (
+    SELECT c.id, c.pos
+    FROM slots s
+    CROSS JOIN LATERAL (
+        SELECT d.id, row_number() OVER (ORDER BY d.next_attempt_at, d.id) AS pos
+        FROM deliveries d
+        WHERE d.endpoint_id = s.id
+          AND d.state = 'pending'
+          AND d.next_attempt_at <= now()
+        ORDER BY d.next_attempt_at, d.id
+        LIMIT greatest(s.free, 0)
+    ) c
 ),
 chosen AS (
     SELECT id FROM candidates ORDER BY pos, id LIMIT $2
@@ -172,18 +238,55 @@ RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
           e.id AS event_id, e.type, e.data::text AS data,
           e.created_at AS event_created_at;
 
+-- name: rerate_ready
+-- After a reservation, when may each candidate have work again: now, at the
+-- back of the line, if it still has due deliveries and free slots (round
+-- robin between endpoints); at its next retry; at the end of its circuit
+-- pause; never ('infinity') while all its slots are taken, until a result
+-- frees one; and not at all when it has nothing pending or cannot be
+-- delivered to (paused by hand, unsigned, deactivated, deleted), until a
+-- wakeup. The candidates' rows are still locked by this transaction.
+-- Parameters: $1 candidate endpoint ids.
+-- Index: deliveries_queue for the head, deliveries_in_flight for the count.
+WITH verdict AS (
+    SELECT c.endpoint_id,
+           CASE
+               WHEN ep.id IS NULL OR ep.state <> 'active' OR ep.paused
+                    OR ep.secret IS NULL OR h.head IS NULL THEN NULL
+               WHEN ep.paused_until > now() THEN greatest(ep.paused_until, h.head)
+               WHEN f.n >= ep.max_concurrency THEN 'infinity'::timestamptz
+               ELSE greatest(h.head, now())
+           END AS ready_at
+    FROM unnest($1::bigint[]) AS c(endpoint_id)
+    LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
+    CROSS JOIN LATERAL (SELECT min(d.next_attempt_at) AS head FROM deliveries d
+                        WHERE d.endpoint_id = c.endpoint_id AND d.state = 'pending') h
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM deliveries d
+                        WHERE d.endpoint_id = c.endpoint_id AND d.state = 'sending') f
+),
+idle AS (
+    DELETE FROM ready_endpoints r
+    USING verdict v
+    WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NULL
+)
+UPDATE ready_endpoints r
+SET ready_at = v.ready_at
+FROM verdict v
+WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
+
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each
 -- endpoint's circuit. Each row is fenced by (state, attempts): a late result
 -- from a worker whose delivery was rescued and reserved again changes
 -- nothing. A success closes the circuit; failures add up, and from the
 -- threshold on every failure (re)opens it for step x (failures past the
--- threshold + 1), capped. A 410 deactivates the endpoint.
+-- threshold + 1), capped. A 410 deactivates the endpoint. Every endpoint
+-- touched is ready again: a slot is free, or a retry is queued.
 -- Parameters: $1 ids, $2 attempts (the fence), $3 outcomes ('delivered',
 -- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
 -- no response), $6 errors, $7 failures that open the circuit, $8 pause step
 -- seconds, $9 pause cap seconds.
--- Index: primary keys of deliveries and endpoints.
+-- Index: primary keys of deliveries, endpoints and ready_endpoints.
 WITH result AS (
     SELECT *
     FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[])
@@ -214,7 +317,8 @@ per_endpoint AS (
               FILTER (WHERE outcome <> 'delivered'))[1] AS error
     FROM recorded
     GROUP BY endpoint_id
-)
+),
+touched AS (
 UPDATE endpoints ep
 SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
                                 ELSE ep.consecutive_failures + pe.failures END,
@@ -237,8 +341,16 @@ SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
                               ELSE ep.deactivated_reason END
 FROM per_endpoint pe
 WHERE ep.id = pe.endpoint_id
-RETURNING ep.id, ep.namespace, ep.name, ep.state, ep.paused_until,
-          ep.consecutive_failures;
+RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
+          ep.consecutive_failures
+),
+ready AS (
+    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+    SELECT id, partition, now() FROM touched
+    ON CONFLICT (endpoint_id) DO UPDATE
+    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at)
+)
+SELECT id, namespace, name, state, paused_until, consecutive_failures FROM touched;
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -276,15 +388,22 @@ WHERE id IN (
 -- given ids): they start a new life, attempts and age from zero.
 -- Parameters: $1 namespace, $2 name, $3 delivery ids or NULL for all.
 -- Index: deliveries_dead.
-UPDATE deliveries d
-SET state = 'pending', attempts = 0, next_attempt_at = now(),
-    created_at = now(), last_error = NULL, last_status = NULL
-FROM endpoints ep
-WHERE ep.namespace = $1 AND ep.name = $2
-  AND d.endpoint_id = ep.id
-  AND d.state = 'dead'
-  AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
-RETURNING d.id;
+WITH resent AS (
+    UPDATE deliveries d
+    SET state = 'pending', attempts = 0, next_attempt_at = now(),
+        created_at = now(), last_error = NULL, last_status = NULL
+    FROM endpoints ep
+    WHERE ep.namespace = $1 AND ep.name = $2
+      AND d.endpoint_id = ep.id
+      AND d.state = 'dead'
+      AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
+    RETURNING d.id, ep.id AS endpoint_id, ep.partition
+),
+woken AS (
+    INSERT INTO wakeups (endpoint_id, partition)
+    SELECT DISTINCT endpoint_id, partition FROM resent
+)
+SELECT id FROM resent;
 
 -- name: list_events
 -- Events of a tenant in a time range, for reconciliation.
