@@ -102,6 +102,22 @@ async def create_endpoints(
     return ids
 
 
+async def wake_bulk_loaded(conn: asyncpg.Connection) -> None:
+    """Deliveries bulk-inserted behind publish's back get what publish would
+    have added for them. Today that is nothing; a core that keeps derived
+    reservation state (a ``wakeups`` table) needs its rows, or a bulk-loaded
+    backlog would never be reserved."""
+    if await conn.fetchval("SELECT to_regclass('wakeups') IS NOT NULL"):
+        await conn.execute(
+            """
+            INSERT INTO wakeups (endpoint_id, partition)
+            SELECT ep.id, ep.partition FROM endpoints ep
+            WHERE EXISTS (SELECT 1 FROM deliveries d
+                          WHERE d.endpoint_id = ep.id AND d.state IN ('pending', 'sending'))
+            """
+        )
+
+
 # --------------------------------------------------------------------------
 # Processes
 

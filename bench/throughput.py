@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ import psutil
 from bench import nginx
 from bench.common import (
     create_endpoints, free_ports, fresh_database, machine, postgres_server, start_module,
-    start_worker, stop_process, wait_workers_ready, write_json,
+    start_worker, stop_process, wait_workers_ready, wake_bulk_loaded, write_json,
 )
 
 
@@ -157,6 +158,7 @@ async def load_backlog(dsn: str, base: str, cfg: Config) -> None:
         await create_endpoints(conn, [f"{base}/h/{i}" for i in range(cfg.endpoints)])
         await conn.execute(BACKLOG_EVENTS, cfg.backlog, cfg.endpoints)
         await conn.execute(BACKLOG_DELIVERIES)
+        await wake_bulk_loaded(conn)
         await conn.execute("VACUUM ANALYZE")
     finally:
         await conn.close()
@@ -177,7 +179,7 @@ async def drain(server_dsn: str, base: str, receiver_pids: list[int], cfg: Confi
             usage = Usage({"worker": [p.pid for p in procs], "postgres": postgres_pids(pg_port),
                            "receiver": receiver_pids})
             usage.start()
-            if profile_dir:
+            if profile_dir and workers == 1:
                 spy = start_py_spy(procs[0].pid, Path(profile_dir) / f"worker-{workers}w.txt")
             done_at, delivered = await wait_drained(conn, usage, cfg, ready)
             cpu = usage.stop()
@@ -189,7 +191,9 @@ async def drain(server_dsn: str, base: str, receiver_pids: list[int], cfg: Confi
         finally:
             await conn.close()
             if spy is not None:
-                stop_process(spy, grace=10)
+                # py-spy writes its output on SIGINT (not on SIGTERM).
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
             for p in procs:
                 stop_process(p)
     elapsed = done_at - ready
@@ -282,7 +286,7 @@ def main() -> None:
     parser.add_argument("--receiver", choices=("auto", "nginx", "aiohttp"), default="auto")
     parser.add_argument("--backlog", type=int, help="deliveries to drain, overriding the preset")
     parser.add_argument("--workers", type=int, action="append", help="worker processes (repeatable)")
-    parser.add_argument("--profile-dir", help="record the first worker with py-spy into this folder")
+    parser.add_argument("--profile-dir", help="record the one-worker drain with py-spy into this folder (slows it a little)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
