@@ -69,6 +69,9 @@ class Tracked:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     synced: reflect.Synced | None = None
+    # A Secret it uses changed and the upsert has not succeeded yet. kopf
+    # never retries an event handler, so the status timer does.
+    stale: bool = False
 
 
 class Snapshot:
@@ -205,8 +208,15 @@ async def secret_changed(
 ) -> None:
     """Store the new secret (or none, once deleted) in every endpoint that
     references this Secret; their status timers report the outcome."""
-    for endpoint in list(endpoints_by_secret.get((namespace, name), ())):
-        await _sync(memo, endpoints, secrets, namespace, endpoint)
+    referrers = list(endpoints_by_secret.get((namespace, name), ()))
+    for endpoint in referrers:
+        _tracked(memo, (namespace, endpoint)).stale = True
+    for endpoint in referrers:
+        try:
+            await _sync(memo, endpoints, secrets, namespace, endpoint)
+        except kopf.TemporaryError as exc:
+            logger.warning("%s/%s keeps its old secret until the next status pass: %s",
+                           namespace, endpoint, exc, extra={"action": "rotate"})
 
 
 def _referenced(*, namespace: str, name: str, endpoints_by_secret: kopf.Index[Key, str], **_: Any) -> bool:
@@ -247,11 +257,22 @@ async def resend_dead(
 
 
 async def reflect_status(
-    *, namespace: str, name: str, status: kopf.Status, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    *,
+    namespace: str,
+    name: str,
+    status: kopf.Status,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    **_: Any,
 ) -> None:
+    tracked = _tracked(memo, (namespace, name))
+    if tracked.stale:
+        await _sync(memo, endpoints, secrets, namespace, name)
     queues = await memo.snapshot.queues()
-    synced = _tracked(memo, (namespace, name)).synced
-    _write(body, status, patch, queues.get((namespace, name)), synced, memo.config)
+    _write(body, status, patch, queues.get((namespace, name)), tracked.synced, memo.config)
 
 
 async def _sync(
@@ -273,6 +294,7 @@ async def _sync(
         except InvalidInput as exc:
             # The CRD schema should refuse this first; retrying cannot help.
             tracked.synced = reflect.Synced(declared.generation, False, reflect.INVALID_SPEC, str(exc))
+            tracked.stale = False
             return tracked.synced
         values = None
         if spec.secret_ref is not None:
@@ -281,6 +303,7 @@ async def _sync(
         async with _store_errors(), memo.pool.acquire() as conn:
             await store.upsert_endpoint(conn, spec, check.secret)
         tracked.synced = reflect.Synced(declared.generation, spec.paused, check.reason, check.message)
+        tracked.stale = False
         return tracked.synced
 
 
