@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
+import asyncpg
 import pytest
 import yaml
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -118,8 +119,8 @@ class Kube:
         return [e["reason"] for e in json.loads(out)["items"]]
 
     async def columns(self, name: str = "orders-acme") -> dict[str, str]:
-        lines = (await self.run("get", "whe", name)).splitlines()
-        return dict(zip(lines[0].split(), lines[1].split()))
+        lines = (await self.run("get", "webhookendpoints", name)).splitlines()
+        return dict(zip(lines[0].split(), lines[1].split(), strict=True))
 
 
 def example(name: str) -> dict[str, Any]:
@@ -139,11 +140,11 @@ def secret(value: str, name: str = "acme-webhook-secret") -> dict[str, Any]:
     return doc
 
 
-async def row(db, name: str = "orders-acme"):
+async def row(db: asyncpg.Connection, name: str = "orders-acme") -> asyncpg.Record | None:
     return await db.fetchrow("SELECT * FROM endpoints WHERE name = $1", name)
 
 
-async def publish(db, type_: str = "order.created", **data: Any) -> str:
+async def publish(db: asyncpg.Connection, type_: str = "order.created", **data: Any) -> str:
     async with db.transaction():
         return await hooklane.publish(db, tenant="acme", type=type_, data=data)
 
@@ -346,7 +347,7 @@ async def test_publish_reaches_a_receiver_declared_only_in_kubernetes(
     assert len(receiver.at("orders")) == 1
 
 
-async def _with_status(kube: Kube, field: str, value: Any = None, name: str = "orders-acme"):
+async def _with_status(kube: Kube, field: str, value: Any = None, name: str = "orders-acme") -> dict | None:
     body = await kube.get(name)
     got = (body or {}).get("status", {}).get(field)
     if value is None:
@@ -354,24 +355,24 @@ async def _with_status(kube: Kube, field: str, value: Any = None, name: str = "o
     return body if got == value else None
 
 
-async def _condition_reason(kube: Kube, type_: str, reason: str):
+async def _condition_reason(kube: Kube, type_: str, reason: str) -> dict | None:
     condition = await kube.condition(type_)
     return condition if condition and condition["reason"] == reason else None
 
 
-async def _columns_show(kube: Kube, column: str, value: str, phase: str | None = None):
+async def _columns_show(kube: Kube, column: str, value: str, phase: str | None = None) -> dict | None:
     columns = await kube.columns()
     if columns.get(column) != value or (phase and columns.get("PHASE") != phase):
         return None
     return columns
 
 
-async def _events_include(kube: Kube, reason: str):
+async def _events_include(kube: Kube, reason: str) -> list[str] | None:
     reasons = await kube.events()
     return reasons if reason in reasons else None
 
 
-async def _secret_is(db, value: str) -> bool:
+async def _secret_is(db: asyncpg.Connection, value: str) -> bool:
     return (await row(db))["secret"] == value
 
 

@@ -276,13 +276,15 @@ def _condition(
     generation: int | None,
     now: datetime,
 ) -> dict[str, Any]:
-    changed = old is None or old.get("status") != status
+    since = _time(now)
+    if old is not None and old.get("status") == status:
+        since = old.get("lastTransitionTime", since)
     condition: dict[str, Any] = {
         "type": type_,
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": _time(now) if changed else old.get("lastTransitionTime", _time(now)),
+        "lastTransitionTime": since,
     }
     if generation is not None:
         condition["observedGeneration"] = generation
