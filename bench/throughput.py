@@ -254,6 +254,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, backlog=args.backlog)
     if args.workers:
         cfg = replace(cfg, workers=tuple(args.workers))
+    if args.concurrency:
+        cfg = replace(cfg, concurrency=args.concurrency)
     result: dict = {"preset": args.preset, "config": asdict(cfg), "machine": machine()}
     with receiver(args.receiver) as (base, receiver_pids, kind), postgres_server(args.dsn) as server:
         result["receiver"] = kind
@@ -286,6 +288,7 @@ def main() -> None:
     parser.add_argument("--receiver", choices=("auto", "nginx", "aiohttp"), default="auto")
     parser.add_argument("--backlog", type=int, help="deliveries to drain, overriding the preset")
     parser.add_argument("--workers", type=int, action="append", help="worker processes (repeatable)")
+    parser.add_argument("--concurrency", type=int, help="HOOKLANE_WORKER_CONCURRENCY and the raw client's")
     parser.add_argument("--profile-dir", help="record the one-worker drain with py-spy into this folder (slows it a little)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
