@@ -155,3 +155,30 @@ async def test_huge_responses_do_not_grow_the_worker(db, dsn, receiver):
     assert grown < 10 * 1024 * 1024, f"worker grew by {grown / 2**20:.1f} MiB"
     assert 'hooklane_deliveries_total{outcome="delivered"} 50.0' in exposition
     assert "hooklane_reservation_duration_seconds_bucket" in exposition
+
+
+async def test_the_worker_survives_a_postgres_restart(receiver):
+    from hooklane import store
+    from hooklane.dev.postgres import LocalPostgres
+    from tests.conftest import add_endpoint as add
+
+    with LocalPostgres() as pg:
+        conn = await store.connect(pg.dsn)
+        await store.migrate(conn)
+        await add(conn, "a", receiver.on("a", Answer(204)))
+        await hooklane.publish(conn, tenant="acme", type="t", data={"n": 1})
+        worker = worker_process(pg.dsn)
+        try:
+            await wait_for(lambda: len(receiver.at("a")) == 1, timeout=20)
+            await conn.close()
+            await asyncio.get_running_loop().run_in_executor(None, pg.restart)
+            conn = await store.connect(pg.dsn)
+            await hooklane.publish(conn, tenant="acme", type="t", data={"n": 2})
+            await wait_for(lambda: len(receiver.at("a")) == 2, timeout=30)
+            await wait_for(
+                lambda: conn.fetchval("SELECT count(*) = 2 FROM deliveries WHERE state = 'delivered'"), timeout=30
+            )
+            assert worker.poll() is None
+        finally:
+            _stop(worker)
+            await conn.close()

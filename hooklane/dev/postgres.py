@@ -96,6 +96,16 @@ class LocalPostgres:
                 time.sleep(0.1)
         raise RuntimeError(f"PostgreSQL did not start; see {self.dir / 'server.log'}")
 
+    def restart(self) -> None:
+        """Stop and start the server, dropping every connection."""
+        # -l again: without it the new server writes to, and holds open, our
+        # captured stdout.
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"),
+            "-m", "fast", "-w", "restart",
+        )
+        self._wait_ready()
+
     def stop(self) -> None:
         if self.datadir.exists():
             subprocess.run(

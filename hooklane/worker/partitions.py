@@ -63,18 +63,23 @@ class PartitionOwner:
         self.owned: set[int] = set()
 
     async def connect(self) -> None:
-        """Open the lock connection, register as a live worker, listen."""
-        # The application name ties the backend holding the locks to this
-        # process, for operators reading pg_stat_activity and pg_locks.
-        conn = await asyncpg.connect(
-            self._dsn, server_settings={"application_name": f"hooklane-worker:{os.getpid()}"}
-        )
-        while True:
-            member_id = random.randrange(1, 2**31)
-            if await conn.fetchval(QUERIES["try_lock"], MEMBER_CLASS, member_id):
-                break
-        await conn.add_listener("hooklane_ready", self._notified)
-        self._conn, self.member_id, self.owned = conn, member_id, set()
+        """Open the lock connection, register as a live worker, listen. Does
+        nothing while the current connection is alive, so that the loops
+        noticing a lost connection at the same time open only one."""
+        async with self._io:
+            if self._conn is not None and not self._conn.is_closed():
+                return
+            # The application name ties the backend holding the locks to this
+            # process, for operators reading pg_stat_activity and pg_locks.
+            conn = await asyncpg.connect(
+                self._dsn, server_settings={"application_name": f"hooklane-worker:{os.getpid()}"}
+            )
+            while True:
+                member_id = random.randrange(1, 2**31)
+                if await conn.fetchval(QUERIES["try_lock"], MEMBER_CLASS, member_id):
+                    break
+            await conn.add_listener("hooklane_ready", self._notified)
+            self._conn, self.member_id, self.owned = conn, member_id, set()
         logger.info("worker %d joined", member_id, extra={"action": "join", "member": member_id})
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:

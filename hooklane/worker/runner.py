@@ -211,8 +211,13 @@ class Worker:
         self._wake.set()
 
     async def _every(self, seconds: float, job) -> None:
+        """Run ``job`` every ``seconds``. Losing Postgres for a while is
+        survivable and retried; any other error is a bug and stops the worker."""
         while not self._stopping.is_set():
-            await job()
+            try:
+                await job()
+            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+                logger.warning("%s failed, retrying: %s", job.__name__, exc, extra={"action": "retry"})
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
             except asyncio.TimeoutError:
@@ -225,7 +230,7 @@ class Worker:
             try:
                 await self._owner.connect()
                 return
-            except (asyncpg.PostgresConnectionError, OSError) as exc:
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
                 logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
                 await asyncio.sleep(1.0)
 
