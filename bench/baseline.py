@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import asyncpg
+import uvloop
 
 from hooklane.signing import parse_secret
 from hooklane.worker.sender import Sender, event_body
@@ -146,7 +147,8 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.05, help="seconds between polls when idle")
     args = parser.parse_args()
     try:
-        asyncio.run(main_async(args.dsn, args.slots, args.poll))
+        # The worker's own event loop: the comparison is about the queue's shape.
+        uvloop.run(main_async(args.dsn, args.slots, args.poll))
     except KeyboardInterrupt:
         pass
 

@@ -26,6 +26,7 @@ import asyncpg
 
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
+from hooklane.store.queries import QUERIES
 from hooklane.manifest import EndpointSpec
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
 
@@ -116,6 +117,19 @@ async def wake_bulk_loaded(conn: asyncpg.Connection) -> None:
                           WHERE d.endpoint_id = ep.id AND d.state IN ('pending', 'sending'))
             """
         )
+
+
+async def settle_ready(conn: asyncpg.Connection) -> None:
+    """Bring the ready index to the state a running worker keeps it in: every
+    woken endpoint visited once, so that each sits at its next retry, the end
+    of its pause, 'infinity' while full, or out of the index when it cannot
+    be delivered to. A worker gets there after its first rounds over a
+    bulk-loaded backlog; timing reservation before that would time the
+    one-off absorption of every wakeup instead of a reservation."""
+    partitions = list(range(await conn.fetchval(QUERIES["partition_count"])))
+    await conn.execute("SELECT hooklane_absorb_wakeups($1)", partitions)
+    woken = [r["endpoint_id"] for r in await conn.fetch("SELECT endpoint_id FROM ready_endpoints")]
+    await conn.execute("SELECT hooklane_rerate($1)", woken)
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 from datetime import datetime, timezone
 
 import aiohttp
+import uvloop
 
 from bench.common import SECRET
 from hooklane.signing import parse_secret, sign
@@ -67,7 +68,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(blast(args.base, args.endpoints, args.count, args.concurrency))))
+    # The worker's own event loop, so that the ceiling is a like-for-like one.
+    print(json.dumps(uvloop.run(blast(args.base, args.endpoints, args.count, args.concurrency))))
 
 
 if __name__ == "__main__":

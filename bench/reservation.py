@@ -31,7 +31,9 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.common import SECRET, fresh_database, machine, postgres_server, wake_bulk_loaded, write_json
+from bench.common import (
+    SECRET, fresh_database, machine, postgres_server, settle_ready, wake_bulk_loaded, write_json,
+)
 from hooklane.store import deliveries
 from hooklane.store.queries import QUERIES
 
@@ -118,6 +120,7 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     due = await conn.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'")
     await conn.execute(REST, cfg.pending - due)
     await wake_bulk_loaded(conn)
+    await settle_ready(conn)
     await conn.execute("VACUUM ANALYZE")
     counts = await conn.fetchrow(
         """SELECT count(*) FILTER (WHERE state = 'pending') AS pending,

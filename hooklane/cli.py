@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+import uvloop
 import yaml
 
 from hooklane import store
@@ -94,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return operator_main(rest)
         settings = Settings.from_env()
-        return asyncio.run(_COMMANDS[args.command](args, settings))
+        return uvloop.run(_COMMANDS[args.command](args, settings))
     except InvalidInput as exc:
         print(f"hooklane: {exc}", file=sys.stderr)
         return 2

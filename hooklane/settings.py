@@ -27,7 +27,9 @@ class CircuitPolicy:
 class Settings:
     database_url: str = ""
     # Deliveries in flight at once in one worker process, over all endpoints.
-    worker_concurrency: int = 64
+    # Each waits on the network, not on the CPU; enough of them hide the
+    # round trips to Postgres between reservations (docs/benchmarks.md).
+    worker_concurrency: int = 256
     # Deliveries reserved per round trip at most.
     reserve_batch: int = 256
     metrics_port: int = 9100

@@ -10,6 +10,14 @@ import asyncpg
 from hooklane.errors import InvalidInput
 
 
+# Session settings for the worker's connections. Its statements take arrays
+# of ids whose length varies from 1 to hundreds; a cached generic plan
+# assumes a handful and can turn a batch of results into a nested loop over
+# every row in flight, so plan each execution with the real arrays. JIT
+# compilation costs more than these millisecond statements take.
+WORKER_SESSION = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
+
+
 def _require(dsn: str) -> str:
     if not dsn:
         raise InvalidInput("HOOKLANE_DATABASE_URL", "is not set: point it at the PostgreSQL database")

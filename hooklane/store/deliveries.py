@@ -28,14 +28,7 @@ async def reserve(
     """Reserve up to ``limit`` due deliveries of ``partitions``, visiting only
     endpoints that may have work. Call only while this session holds those
     partitions' advisory locks."""
-    async with conn.transaction():
-        await conn.execute(QUERIES["absorb_wakeups"], partitions)
-        candidates = [r["endpoint_id"] for r in await conn.fetch(QUERIES["ready_candidates"], partitions, limit)]
-        if not candidates:
-            return []
-        rows = await conn.fetch(QUERIES["reserve"], candidates, limit, lease_grace_seconds)
-        await conn.execute(QUERIES["rerate_ready"], candidates)
-    return rows
+    return await conn.fetch(QUERIES["reserve"], partitions, limit, lease_grace_seconds)
 
 
 async def complete(

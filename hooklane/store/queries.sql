@@ -136,7 +136,7 @@ SELECT (SELECT fanout FROM event) AS fanout,
 -- died or lost its connection mid-call. The lease outlives the whole-call
 -- deadline, so the call has certainly ended; the receiver may still have got
 -- it (at least once). Runs only under the partitions' advisory locks.
--- Parameters: $1 owned partitions. Index: deliveries_lease.
+-- Parameters: $1 owned partitions. Index: deliveries_in_flight.
 WITH rescued AS (
     UPDATE deliveries d
     SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
@@ -156,123 +156,15 @@ ready AS (
 )
 SELECT id FROM rescued;
 
--- name: absorb_wakeups
--- Turn the wakeups of the owned partitions into ready endpoints. First step
--- of a reservation, in its transaction and under the partitions' locks.
--- Parameters: $1 owned partitions.
--- Index: wakeups_partition; primary key of ready_endpoints.
-WITH taken AS (
-    DELETE FROM wakeups
-    WHERE partition = ANY($1::int[])
-    RETURNING endpoint_id, partition
-)
-INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-SELECT DISTINCT endpoint_id, partition, now() FROM taken
-ON CONFLICT (endpoint_id) DO UPDATE
-SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
-
--- name: ready_candidates
--- The endpoints of the owned partitions that have waited longest, locked
--- until the reservation commits so that a result recorded meanwhile (which
--- makes its endpoint ready again) waits for the reservation's verdict instead
--- of being overwritten by it. Rows a result is updating right now are
--- skipped: they will be ready on the next round.
--- Parameters: $1 owned partitions, $2 how many.
--- Index: ready_endpoints_ready_at.
-SELECT endpoint_id
-FROM ready_endpoints
-WHERE ready_at <= now()
-  AND partition = ANY($1::int[])
-ORDER BY ready_at
-LIMIT $2
-FOR UPDATE SKIP LOCKED;
-
 -- name: reserve
--- Reserve due deliveries of the candidate endpoints, never more per endpoint
--- than its free concurrency, ordered by position within each endpoint's queue
--- so that endpoints interleave: the first of each before the second of any.
--- Runs only under the partitions' advisory locks, which is what makes the
--- count of in-flight deliveries and the reservation one exact step.
--- Parameters: $1 candidate endpoint ids, $2 how many at most, $3 lease grace
+-- Reserve up to $2 due deliveries of the owned partitions, visiting only the
+-- endpoints that may have work: the steps are in hooklane_reserve (migration
+-- 0002), one round trip. Runs only under the partitions' advisory locks.
+-- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
 -- seconds beyond the endpoint's timeout.
--- Index: primary key of endpoints; deliveries_in_flight for the count;
--- deliveries_queue for the first rows of each endpoint's queue.
-WITH slots AS (
-    SELECT ep.id,
-           ep.max_concurrency - (SELECT count(*) FROM deliveries f
-                                 WHERE f.endpoint_id = ep.id AND f.state = 'sending') AS free
-    FROM endpoints ep
-    WHERE ep.id = ANY($1::bigint[])
-      AND ep.state = 'active'
-      AND NOT ep.paused
-      AND ep.secret IS NOT NULL
-      AND (ep.paused_until IS NULL OR ep.paused_until <= now())
-),
-candidates AS (
-    SELECT c.id, c.pos
-    FROM slots s
-    CROSS JOIN LATERAL (
-        SELECT d.id, row_number() OVER (ORDER BY d.next_attempt_at, d.id) AS pos
-        FROM deliveries d
-        WHERE d.endpoint_id = s.id
-          AND d.state = 'pending'
-          AND d.next_attempt_at <= now()
-        ORDER BY d.next_attempt_at, d.id
-        LIMIT greatest(s.free, 0)
-    ) c
-),
-chosen AS (
-    SELECT id FROM candidates ORDER BY pos, id LIMIT $2
-)
-UPDATE deliveries d
-SET state = 'sending',
-    attempts = d.attempts + 1,
-    reserved_at = now(),
-    lease_expires_at = now() + make_interval(secs => ep.timeout_seconds + $3)
-FROM chosen s, endpoints ep, events e
-WHERE d.id = s.id
-  AND ep.id = d.endpoint_id
-  AND e.id = d.event_id
-RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
-          ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
-          e.id AS event_id, e.type, e.data::text AS data,
-          e.created_at AS event_created_at;
-
--- name: rerate_ready
--- After a reservation, when may each candidate have work again: now, at the
--- back of the line, if it still has due deliveries and free slots (round
--- robin between endpoints); at its next retry; at the end of its circuit
--- pause; never ('infinity') while all its slots are taken, until a result
--- frees one; and not at all when it has nothing pending or cannot be
--- delivered to (paused by hand, unsigned, deactivated, deleted), until a
--- wakeup. The candidates' rows are still locked by this transaction.
--- Parameters: $1 candidate endpoint ids.
--- Index: deliveries_queue for the head, deliveries_in_flight for the count.
-WITH verdict AS (
-    SELECT c.endpoint_id,
-           CASE
-               WHEN ep.id IS NULL OR ep.state <> 'active' OR ep.paused
-                    OR ep.secret IS NULL OR h.head IS NULL THEN NULL
-               WHEN ep.paused_until > now() THEN greatest(ep.paused_until, h.head)
-               WHEN f.n >= ep.max_concurrency THEN 'infinity'::timestamptz
-               ELSE greatest(h.head, now())
-           END AS ready_at
-    FROM unnest($1::bigint[]) AS c(endpoint_id)
-    LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
-    CROSS JOIN LATERAL (SELECT min(d.next_attempt_at) AS head FROM deliveries d
-                        WHERE d.endpoint_id = c.endpoint_id AND d.state = 'pending') h
-    CROSS JOIN LATERAL (SELECT count(*) AS n FROM deliveries d
-                        WHERE d.endpoint_id = c.endpoint_id AND d.state = 'sending') f
-),
-idle AS (
-    DELETE FROM ready_endpoints r
-    USING verdict v
-    WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NULL
-)
-UPDATE ready_endpoints r
-SET ready_at = v.ready_at
-FROM verdict v
-WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
+-- Index: wakeups_partition, ready_endpoints_ready_at, deliveries_in_flight,
+-- deliveries_queue (see the function).
+SELECT * FROM hooklane_reserve($1::int[], $2, $3);
 
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each

@@ -22,6 +22,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import asyncpg
 
+from hooklane.store.connection import WORKER_SESSION
 from hooklane.store.queries import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ class PartitionOwner:
             # The application name ties the backend holding the locks to this
             # process, for operators reading pg_stat_activity and pg_locks.
             conn = await asyncpg.connect(
-                self._dsn, server_settings={"application_name": f"hooklane-worker:{os.getpid()}"}
+                self._dsn,
+                server_settings={**WORKER_SESSION, "application_name": f"hooklane-worker:{os.getpid()}"},
             )
             while True:
                 member_id = random.randrange(1, 2**31)

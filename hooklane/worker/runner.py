@@ -23,6 +23,7 @@ from hooklane import metrics, store
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.store import deliveries
+from hooklane.store.connection import WORKER_SESSION
 from hooklane.store.deliveries import Result
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.rules import Attempt, Dead, Delivered, Retry, classify
@@ -55,7 +56,9 @@ class Worker:
 
     async def run(self) -> None:
         s = self.settings
-        self._pool = await store.create_pool(s.database_url, min_size=1, max_size=4)
+        self._pool = await store.create_pool(
+            s.database_url, min_size=1, max_size=4, server_settings=WORKER_SESSION
+        )
         async with self._pool.acquire() as conn:
             partition_count = await deliveries.partition_count(conn)
         self._owner = PartitionOwner(s.database_url, partition_count, lambda _p: self._wake.set())

@@ -92,14 +92,12 @@ CREATE INDEX deliveries_queue
     ON deliveries (endpoint_id, next_attempt_at, id)
     WHERE state = 'pending';
 
--- reserve: deliveries in flight, to count each endpoint's concurrency
+-- reserve: deliveries in flight, to count each endpoint's concurrency;
+-- rescue_expired: all of them, a set bounded by the workers' concurrency.
+-- (A second partial index on the same rows tempts the planner into scanning
+-- every in-flight row to count one endpoint's.)
 CREATE INDEX deliveries_in_flight
     ON deliveries (endpoint_id)
-    WHERE state = 'sending';
-
--- rescue_expired: leases that ran out
-CREATE INDEX deliveries_lease
-    ON deliveries (lease_expires_at)
     WHERE state = 'sending';
 
 -- publish: at most one pending delivery per entity and endpoint (coalescing)
