@@ -38,6 +38,7 @@ from bench.common import (
     DOCS, SECRET, create_endpoints, fresh_database, free_ports, machine, postgres_server,
     start_module, start_worker, stop_process, summary, wait_workers_ready, write_json,
 )
+from hooklane.settings import Settings
 
 SLOW = 0  # the index of the slow endpoint; every other one is healthy
 EVENT_TYPE = "order.updated"
@@ -61,11 +62,14 @@ class Config:
     publishers: int = 4  # concurrent publishing connections
 
 
+# The seed's 16 slots, then a worker's default.
+DEFAULT_SLOTS = Settings().worker_concurrency
+
 PRESETS = {
     "full": Config(endpoints=1800, rate=100, slow_rate=12, slow_delay=28, duration=120, grace=5,
-                   slots=(16, 64), receivers=2),
+                   slots=(16, DEFAULT_SLOTS), receivers=2),
     "quick": Config(endpoints=300, rate=60, slow_rate=12, slow_delay=8, duration=45, grace=3,
-                    slots=(16, 64), receivers=1),
+                    slots=(16, DEFAULT_SLOTS), receivers=1),
     "smoke": Config(endpoints=20, rate=30, slow_rate=6, slow_delay=1, duration=3, grace=1,
                     slots=(16,), receivers=1),
 }

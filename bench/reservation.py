@@ -35,7 +35,6 @@ from bench.common import (
     SECRET, fresh_database, machine, postgres_server, settle_ready, wake_bulk_loaded, write_json,
 )
 from hooklane.store import deliveries
-from hooklane.store.queries import QUERIES
 
 
 @dataclass(frozen=True)
@@ -155,17 +154,25 @@ async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
 
 
 async def explain(conn: asyncpg.Connection, cfg: Config) -> str:
-    """The plan of the ``reserve`` statement as it takes the owned partitions
-    (the core as first committed; a later core may give it other inputs)."""
+    """The plans of every statement inside one reservation (``reserve`` is a
+    function call, so EXPLAIN on it shows nothing): auto_explain, at NOTICE
+    level so that the plans come back to this client."""
     partitions = list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
+    plans: list[str] = []
+    conn.add_log_listener(lambda _conn, message: plans.append(message.message))
     tx = conn.transaction()
     await tx.start()
     try:
-        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["reserve"], partitions, cfg.limit,
-                                cfg.lease_grace)
+        await conn.execute(
+            "LOAD 'auto_explain'; SET LOCAL auto_explain.log_min_duration = 0;"
+            " SET LOCAL auto_explain.log_nested_statements = on; SET LOCAL auto_explain.log_analyze = on;"
+            " SET LOCAL auto_explain.log_buffers = on; SET LOCAL auto_explain.log_level = notice;"
+            " SET LOCAL client_min_messages = notice"
+        )
+        await deliveries.reserve(conn, partitions, cfg.limit, cfg.lease_grace)
     finally:
         await tx.rollback()
-    return "\n".join(r[0] for r in rows)
+    return "\n\n".join(plans)
 
 
 async def one_size(server: str, endpoints: int, cfg: Config, plan_dir: str | None) -> dict:

@@ -12,12 +12,14 @@ SELECT partition_count FROM hooklane_config;
 -- Create or update an endpoint by its (namespace, name) identity. The
 -- partition is a stable hash of that identity, computed once at creation.
 -- A deactivated endpoint stays deactivated: reactivate_endpoint is explicit.
--- The endpoint is woken: a change (unpaused, a secret at last) may make its
--- kept deliveries reservable.
+-- An endpoint with pending deliveries is woken: a change (unpaused, a secret
+-- at last) may make them reservable. One without has nothing to wake for,
+-- and creating thousands of endpoints must not fill the ready index.
 -- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret (NULL when
 -- the Secret is missing), $6 max_concurrency, $7 event_types, $8
 -- timeout_seconds, $9 paused.
--- Index: the unique (namespace, name) constraint.
+-- Index: the unique (namespace, name) constraint; deliveries_queue for the
+-- pending check.
 WITH upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition)
@@ -36,7 +38,9 @@ SET tenant          = EXCLUDED.tenant,
 RETURNING id, partition, (xmax = 0) AS created
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition) SELECT id, partition FROM upserted
+    INSERT INTO wakeups (endpoint_id, partition)
+    SELECT u.id, u.partition FROM upserted u
+    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = u.id AND d.state = 'pending')
 )
 SELECT id, partition, created FROM upserted;
 
@@ -63,7 +67,9 @@ WITH reactivated AS (
     RETURNING id, partition
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition) SELECT id, partition FROM reactivated
+    INSERT INTO wakeups (endpoint_id, partition)
+    SELECT r.id, r.partition FROM reactivated r
+    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = r.id AND d.state = 'pending')
 )
 SELECT id FROM reactivated;
 
