@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
 
@@ -34,7 +35,6 @@ def test_kubectl_reaches_a_stamped_apiserver(control_plane: ControlPlane) -> Non
 
 
 def test_kubeconfig_works_for_the_python_client(kubeconfig: Path) -> None:
-    kubernetes = pytest.importorskip("kubernetes")
     api = kubernetes.client.ApiextensionsV1Api(
         kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
     )

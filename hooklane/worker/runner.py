@@ -32,6 +32,14 @@ from hooklane.worker.sender import Sender, event_body
 logger = logging.getLogger(__name__)
 
 _RECORD_BATCH = 500
+# Errors that say "try again": Postgres out of reach for a while, or a
+# deadlock or serialization failure it resolved by aborting our statement.
+_TRANSIENT = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.TransactionRollbackError,
+    OSError,
+)
 # Housekeeping that needs doing by one worker only runs on the owner of
 # partition 0, so that replicas do not repeat it.
 _HOUSEKEEPER_PARTITION = 0
@@ -112,6 +120,9 @@ class Worker:
                 except LostOwnership:
                     rows = []
                     await self._reconnect()
+                except asyncpg.TransactionRollbackError as exc:
+                    rows = []
+                    logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
                     task = asyncio.create_task(self._deliver(row))
@@ -184,16 +195,16 @@ class Worker:
                 self._results.put_nowait(None)
 
     async def _record(self, batch: list[Result]) -> None:
-        """Write a batch of results, retrying while Postgres is unreachable: a
-        result is never dropped while the worker lives (and if it dies, the
-        lease runs out and the delivery is sent again)."""
+        """Write a batch of results, retrying while Postgres is unreachable or
+        aborts the statement: a result is never dropped while the worker lives
+        (and if it dies, the lease runs out and the delivery is sent again)."""
         delay = 0.1
         while True:
             try:
                 async with self._pool.acquire() as conn:
                     touched = await deliveries.complete(conn, batch, self.settings.circuit)
                 break
-            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+            except _TRANSIENT as exc:
                 logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -219,7 +230,7 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 await job()
-            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+            except _TRANSIENT as exc:
                 logger.warning("%s failed, retrying: %s", job.__name__, exc, extra={"action": "retry"})
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
