@@ -46,6 +46,9 @@ class Settings:
     gauges_seconds: float = 10.0
     # How often maintenance runs (rescue, deactivation, retention).
     maintenance_seconds: float = 5.0
+    # How often a worker checks that every endpoint of its partitions with
+    # pending deliveries is in the ready index (a safety net: see sweep_ready).
+    sweep_seconds: float = 60.0
     deactivate_after_seconds: float = 5 * 24 * 3600.0
     event_retention_seconds: float = 30 * 24 * 3600.0
     drain_seconds: float = 70.0

@@ -153,3 +153,14 @@ def _bursts(times: list[float], gap: float) -> list[list[float]]:
         else:
             bursts.append([t])
     return bursts
+
+
+async def test_a_delivery_that_cannot_even_be_attempted_is_recorded_as_failed(db, receiver, start_worker):
+    await add_endpoint(db, "broken", receiver.on("broken", Answer(204)))
+    # a malformed secret written behind the store's checks
+    await db.execute("UPDATE endpoints SET secret = 'whsec_broken'")
+    await _publish(db)
+    start_worker()
+    row = await wait_for(lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'"))
+    assert row["last_error"].startswith("InvalidInput") and receiver.at("broken") == []
+    assert row["next_attempt_at"] > datetime.now(timezone.utc)

@@ -237,3 +237,39 @@ async def test_events_are_purged_after_retention_unless_still_needed(db):
     assert await store.purge_events(db, 30 * 24 * 3600, batch=1) == 2
     assert sorted(await db.fetchval("SELECT array_agg(id) FROM events")) == sorted([dead, fresh])
     assert await db.fetchval("SELECT count(*) FROM deliveries") == 2
+
+
+async def test_a_coalescing_publish_held_open_does_not_block_reservation(db, dsn):
+    import asyncio
+
+    import asyncpg
+
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", tenant="a")
+    await add_endpoint(db, "b", "http://127.0.0.1:1/b", tenant="b")
+    await hooklane.publish(db, tenant="a", type="order.updated", data={"v": 1}, coalesce_key="order-1")
+    await hooklane.publish(db, tenant="b", type="order.updated", data={})
+    app = await asyncpg.connect(dsn)
+    try:
+        tx = app.transaction()
+        await tx.start()
+        # the application's transaction now holds a's pending row
+        newer = await hooklane.publish(app, tenant="a", type="order.updated", data={"v": 2}, coalesce_key="order-1")
+        rows = await asyncio.wait_for(_reserve(db), timeout=5)
+        assert [r["name"] for r in rows] == ["b"]
+        await tx.commit()
+    finally:
+        await app.close()
+    (row,) = await _reserve(db)
+    assert (row["name"], row["event_id"]) == ("a", newer)
+
+
+async def test_sweep_makes_ready_what_the_index_lacks(db):
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
+    # written behind publish's back (an older publish, or by hand): no wakeup
+    await db.execute("INSERT INTO events (id, tenant, type, data, fanout) VALUES ('e1', 'acme', 't', '{}', 2)")
+    await db.execute("INSERT INTO deliveries (endpoint_id, event_id) SELECT id, 'e1' FROM endpoints")
+    assert await _reserve(db) == []
+    assert await deliveries.sweep_ready(db, ALL) == 1  # not the paused one
+    assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]
+    assert await deliveries.sweep_ready(db, ALL) == 0

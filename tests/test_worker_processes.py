@@ -182,3 +182,26 @@ async def test_the_worker_survives_a_postgres_restart(receiver):
         finally:
             _stop(worker)
             await conn.close()
+
+
+async def test_the_worker_survives_its_connections_being_terminated(db, dsn, receiver):
+    await add_endpoint(db, "a", receiver.on("a", Answer(204, delay=0.2)), max_concurrency=8)
+    worker = worker_process(dsn)
+    try:
+        for i in range(20):
+            await hooklane.publish(db, tenant="acme", type="t", data={"i": i})
+        await wait_for(lambda: len(receiver.at("a")) >= 3, timeout=20)
+        # what a failover or an administrator does to running statements
+        killed = await db.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert killed >= 2
+        for i in range(20, 30):
+            await hooklane.publish(db, tenant="acme", type="t", data={"i": i})
+        await wait_for(
+            lambda: db.fetchval("SELECT count(*) = 30 FROM deliveries WHERE state = 'delivered'"), timeout=60
+        )
+        assert worker.poll() is None
+    finally:
+        _stop(worker)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -14,8 +15,35 @@ from hooklane.errors import InvalidInput
 # of ids whose length varies from 1 to hundreds; a cached generic plan
 # assumes a handful and can turn a batch of results into a nested loop over
 # every row in flight, so plan each execution with the real arrays. JIT
-# compilation costs more than these millisecond statements take.
-WORKER_SESSION = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
+# compilation costs more than these millisecond statements take. No lock is
+# worth waiting long for: a statement that would is aborted and retried. And
+# the server probes an idle peer, so that a worker cut off without a reset
+# loses its advisory locks (its partitions) in seconds, not hours.
+WORKER_SESSION = {
+    "plan_cache_mode": "force_custom_plan",
+    "jit": "off",
+    "lock_timeout": "10s",
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+}
+
+# The connection is gone or unusable: Postgres out of reach, restarted or
+# failed over (running statements then end with an operator-intervention
+# error), or no answer in time.
+CONNECTION_LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    OSError,
+    asyncio.TimeoutError,
+)
+# Worth trying again: the above, or a statement Postgres aborted (deadlock,
+# serialization failure, lock timeout).
+TRANSIENT = CONNECTION_LOST + (
+    asyncpg.exceptions.TransactionRollbackError,
+    asyncpg.exceptions.LockNotAvailableError,
+)
 
 
 def _require(dsn: str) -> str:

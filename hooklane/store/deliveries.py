@@ -55,6 +55,12 @@ async def rescue_expired(conn: asyncpg.Connection, partitions: list[int]) -> int
     return len(await conn.fetch(QUERIES["rescue_expired"], partitions))
 
 
+async def sweep_ready(conn: asyncpg.Connection, partitions: list[int]) -> int:
+    """Make ready the endpoints with pending deliveries the ready index lacks.
+    Call under the partitions' locks."""
+    return len(await conn.fetch(QUERIES["sweep_ready"], partitions))
+
+
 async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> list[asyncpg.Record]:
     return await conn.fetch(QUERIES["deactivate_failing"], after_seconds)
 

@@ -12,14 +12,15 @@ SELECT partition_count FROM hooklane_config;
 -- Create or update an endpoint by its (namespace, name) identity. The
 -- partition is a stable hash of that identity, computed once at creation.
 -- A deactivated endpoint stays deactivated: reactivate_endpoint is explicit.
--- An endpoint with pending deliveries is woken: a change (unpaused, a secret
--- at last) may make them reservable. One without has nothing to wake for,
--- and creating thousands of endpoints must not fill the ready index.
+-- An updated endpoint is woken: the change (unpaused, a secret at last, a
+-- higher limit) may make its kept deliveries reservable, and the wakeup is
+-- absorbed after this commits, so the worker judges the new row. A new
+-- endpoint has nothing to wake for: creating thousands of them must not fill
+-- the ready index.
 -- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret (NULL when
 -- the Secret is missing), $6 max_concurrency, $7 event_types, $8
 -- timeout_seconds, $9 paused.
--- Index: the unique (namespace, name) constraint; deliveries_queue for the
--- pending check.
+-- Index: the unique (namespace, name) constraint.
 WITH upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition)
@@ -39,8 +40,7 @@ RETURNING id, partition, (xmax = 0) AS created
 ),
 woken AS (
     INSERT INTO wakeups (endpoint_id, partition)
-    SELECT u.id, u.partition FROM upserted u
-    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = u.id AND d.state = 'pending')
+    SELECT u.id, u.partition FROM upserted u WHERE NOT u.created
 )
 SELECT id, partition, created FROM upserted;
 
@@ -67,9 +67,7 @@ WITH reactivated AS (
     RETURNING id, partition
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition)
-    SELECT r.id, r.partition FROM reactivated r
-    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = r.id AND d.state = 'pending')
+    INSERT INTO wakeups (endpoint_id, partition) SELECT id, partition FROM reactivated
 )
 SELECT id FROM reactivated;
 
@@ -96,9 +94,10 @@ SELECT id FROM deleted;
 -- the still-pending delivery of the same key to the same endpoint. Each
 -- endpoint that got work gets a wakeup row, and each partition that got work
 -- is notified once (Postgres delivers NOTIFY at commit, and folds duplicates
--- within a transaction). Nothing here updates a row that exists already,
--- but for a coalesced pending delivery: a long application transaction never
--- holds a lock a worker waits on.
+-- within a transaction). Nothing here updates a row that exists already
+-- but a coalesced pending delivery, which reservation skips while it is
+-- locked: a long application transaction never holds a lock a worker waits
+-- on.
 -- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5 coalesce_key.
 -- Index: endpoints_tenant; deliveries_coalesce for the ON CONFLICT.
 WITH matched AS (
@@ -136,6 +135,25 @@ SELECT (SELECT fanout FROM event) AS fanout,
        (SELECT count(pg_notify('hooklane_ready', p.partition::text))
         FROM (SELECT DISTINCT m.partition
               FROM matched m JOIN queued q ON q.endpoint_id = m.id) AS p) AS notified;
+
+-- name: sweep_ready
+-- Safety net, run now and then: make ready every deliverable endpoint of the
+-- owned partitions that has pending deliveries but neither a ready row nor
+-- a wakeup, whatever left it so (deliveries written by an older publish, or
+-- by hand). Parameters: $1 owned partitions.
+-- Index: endpoints_partition; primary key of ready_endpoints;
+-- deliveries_queue for the pending check.
+INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+SELECT ep.id, ep.partition, now()
+FROM endpoints ep
+WHERE ep.partition = ANY($1::int[])
+  AND ep.state = 'active'
+  AND NOT ep.paused
+  AND ep.secret IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM ready_endpoints r WHERE r.endpoint_id = ep.id)
+  AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending')
+ON CONFLICT (endpoint_id) DO NOTHING
+RETURNING endpoint_id;
 
 -- name: rescue_expired
 -- Give back to the queue the deliveries whose lease ran out: their worker

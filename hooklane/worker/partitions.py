@@ -22,7 +22,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import asyncpg
 
-from hooklane.store.connection import WORKER_SESSION
+from hooklane.store.connection import CONNECTION_LOST, WORKER_SESSION
 from hooklane.store.queries import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 # number or the worker's member id. Both read "hl" + a letter in hex.
 PARTITION_CLASS = 0x686C70  # "hlp"
 MEMBER_CLASS = 0x686C6D  # "hlm"
+
+# Reservation, rescue and rebalancing take milliseconds; far longer means the
+# server or the network is gone.
+_CALL_TIMEOUT_SECONDS = 30.0
 
 T = TypeVar("T")
 
@@ -74,6 +78,9 @@ class PartitionOwner:
             # process, for operators reading pg_stat_activity and pg_locks.
             conn = await asyncpg.connect(
                 self._dsn,
+                # A call that gets no answer means a connection that cannot
+                # be trusted with ownership any more: it is dropped.
+                command_timeout=_CALL_TIMEOUT_SECONDS,
                 server_settings={**WORKER_SESSION, "application_name": f"hooklane-worker:{os.getpid()}"},
             )
             while True:
@@ -94,7 +101,7 @@ class PartitionOwner:
             conn = self._require()
             try:
                 return await fn(conn, sorted(self.owned))
-            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+            except CONNECTION_LOST as exc:
                 self._drop(exc)
                 raise LostOwnership(str(exc)) from exc
 
@@ -105,7 +112,7 @@ class PartitionOwner:
             conn = self._require()
             try:
                 return await self._rebalance(conn)
-            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+            except CONNECTION_LOST as exc:
                 self._drop(exc)
                 raise LostOwnership(str(exc)) from exc
 

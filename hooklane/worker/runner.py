@@ -23,7 +23,7 @@ from hooklane import metrics, store
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.store import deliveries
-from hooklane.store.connection import WORKER_SESSION
+from hooklane.store.connection import TRANSIENT, WORKER_SESSION
 from hooklane.store.deliveries import Result
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.rules import Attempt, Dead, Delivered, Retry, classify
@@ -32,14 +32,6 @@ from hooklane.worker.sender import Sender, event_body
 logger = logging.getLogger(__name__)
 
 _RECORD_BATCH = 500
-# Errors that say "try again": Postgres out of reach for a while, or a
-# deadlock or serialization failure it resolved by aborting our statement.
-_TRANSIENT = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.TransactionRollbackError,
-    OSError,
-)
 # Housekeeping that needs doing by one worker only runs on the owner of
 # partition 0, so that replicas do not repeat it.
 _HOUSEKEEPER_PARTITION = 0
@@ -77,6 +69,7 @@ class Worker:
         background = [
             asyncio.create_task(self._every(s.rebalance_seconds, self._rebalance), name="rebalancer"),
             asyncio.create_task(self._every(s.maintenance_seconds, self._maintain), name="maintenance"),
+            asyncio.create_task(self._every(s.sweep_seconds, self._sweep), name="sweep"),
             asyncio.create_task(self._every(s.gauges_seconds, self._refresh_gauges), name="gauges"),
         ]
         try:
@@ -120,7 +113,7 @@ class Worker:
                 except LostOwnership:
                     rows = []
                     await self._reconnect()
-                except asyncpg.TransactionRollbackError as exc:
+                except TRANSIENT as exc:
                     rows = []
                     logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
@@ -146,11 +139,19 @@ class Worker:
 
     async def _deliver(self, row: asyncpg.Record) -> None:
         s = self.settings
-        body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
         started = time.perf_counter()
-        attempt = await self._sender.send(
-            row["url"], self._key(row["secret"]), row["event_id"], body, row["timeout_seconds"]
-        )
+        try:
+            body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
+            attempt = await self._sender.send(
+                row["url"], self._key(row["secret"]), row["event_id"], body, row["timeout_seconds"]
+            )
+        except Exception as exc:
+            # Whatever went wrong before or around the call (a secret or URL
+            # that got into Postgres malformed), it is a failed attempt like
+            # any other: recorded, backed off, dead after the limit. Left
+            # unrecorded it would be rescued and retried for ever.
+            logger.exception("delivery %d could not be attempted", row["id"], extra={"action": "deliver"})
+            attempt = Attempt(None, error=f"{type(exc).__name__}: {exc}"[:500])
         metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
         now = datetime.now(timezone.utc)
         outcome = classify(
@@ -204,7 +205,7 @@ class Worker:
                 async with self._pool.acquire() as conn:
                     touched = await deliveries.complete(conn, batch, self.settings.circuit)
                 break
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -230,7 +231,7 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 await job()
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 logger.warning("%s failed, retrying: %s", job.__name__, exc, extra={"action": "retry"})
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
@@ -244,7 +245,7 @@ class Worker:
             try:
                 await self._owner.connect()
                 return
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            except (asyncpg.PostgresError, *TRANSIENT) as exc:
                 logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
                 await asyncio.sleep(1.0)
 
@@ -282,6 +283,19 @@ class Worker:
                     extra={"action": "deactivate", "endpoint": ep["id"]},
                 )
             await store.purge_events(conn, s.event_retention_seconds)
+
+    async def _sweep(self) -> None:
+        try:
+            found = await self._owner.run(deliveries.sweep_ready)
+        except LostOwnership:
+            return
+        if found:
+            logger.warning(
+                "%d endpoints had pending deliveries but were not ready; made ready",
+                found,
+                extra={"action": "sweep"},
+            )
+            self._wake.set()
 
     async def _refresh_gauges(self) -> None:
         owned = sorted(self._owner.owned)

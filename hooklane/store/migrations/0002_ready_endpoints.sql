@@ -143,16 +143,21 @@ BEGIN
           AND (ep.paused_until IS NULL OR ep.paused_until <= now())
     ),
     queued AS (
-        SELECT c.id, c.pos
+        SELECT c.id, row_number() OVER (PARTITION BY s.id ORDER BY c.next_attempt_at, c.id) AS pos
         FROM slots s
         CROSS JOIN LATERAL (
-            SELECT d.id, row_number() OVER (ORDER BY d.next_attempt_at, d.id) AS pos
+            -- SKIP LOCKED: a pending row is locked by a publish coalescing
+            -- into it, in an application transaction that may stay open
+            -- for long; the reservation takes the next one rather than
+            -- wait (and hold up the worker) until it commits.
+            SELECT d.id, d.next_attempt_at
             FROM deliveries d
             WHERE d.endpoint_id = s.id
               AND d.state = 'pending'
               AND d.next_attempt_at <= now()
             ORDER BY d.next_attempt_at, d.id
             LIMIT greatest(s.free, 0)
+            FOR UPDATE SKIP LOCKED
         ) c
     ),
     chosen AS (
@@ -165,6 +170,7 @@ BEGIN
         lease_expires_at = now() + make_interval(secs => ep.timeout_seconds + lease_grace)
     FROM chosen s, endpoints ep, events e
     WHERE d.id = s.id
+      AND d.state = 'pending'
       AND ep.id = d.endpoint_id
       AND e.id = d.event_id
     RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
