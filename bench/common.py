@@ -7,6 +7,7 @@ as --dsn) and dropped at the end, so runs never see each other's rows.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -17,9 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Iterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -242,6 +242,19 @@ def machine() -> dict[str, str]:
         "postgres": run(str(find_bindir() / "postgres"), "--version"),
         "kernel": platform.release(),
     }
+
+
+def run_and_report(
+    main_async: Callable[[argparse.Namespace], Awaitable[dict]],
+    args: argparse.Namespace,
+    brief: Callable[[dict], dict] = lambda result: result,
+) -> None:
+    """Run a benchmark, print (the brief part of) its result as JSON, and
+    keep the whole of it in ``--json`` if asked."""
+    result = asyncio.run(main_async(args))
+    print(json.dumps(brief(result), indent=2, default=str))
+    if args.json:
+        write_json(args.json, result)
 
 
 def write_json(path: str, data: object) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import time
 import uuid
@@ -36,7 +35,7 @@ import hooklane
 from bench import baseline
 from bench.common import (
     DOCS, SECRET, create_endpoints, fresh_database, free_ports, machine, postgres_server,
-    start_module, start_worker, stop_process, summary, wait_workers_ready, write_json,
+    start_module, start_worker, stop_process, summary, wait_workers_ready, run_and_report,
 )
 from hooklane.settings import Settings
 
@@ -375,12 +374,13 @@ def main() -> None:
     parser.add_argument("--plot-dir", default=str(DOCS / "img"), help="'' for no plot")
     parser.add_argument("--json", help="write the full results here")
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
-    brief = {k: v for k, v in result.items() if k != "runs"}
-    brief["runs"] = [{k: v for k, v in r.items() if k not in ("series", "slow_in_flight")} for r in result["runs"]]
-    print(json.dumps(brief, indent=2, default=str))
-    if args.json:
-        write_json(args.json, result)
+    run_and_report(main_async, args, _brief)
+
+
+def _brief(result: dict) -> dict:
+    """The result without the per-second series."""
+    runs = [{k: v for k, v in r.items() if k not in ("series", "slow_in_flight")} for r in result["runs"]]
+    return {**{k: v for k, v in result.items() if k != "runs"}, "runs": runs}
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from aiohttp import web
 import hooklane
 from bench.common import (
     create_endpoints, free_ports, fresh_database, machine, postgres_server, start_worker,
-    stop_process, summary, wait_workers_ready, write_json,
+    stop_process, summary, wait_workers_ready, run_and_report,
 )
 
 
@@ -121,10 +121,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, help="events to time, overriding the preset")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
-    print(json.dumps({k: v for k, v in result.items() if k != "latencies_ms"}, indent=2))
-    if args.json:
-        write_json(args.json, result)
+    run_and_report(main_async, args, lambda result: {k: v for k, v in result.items() if k != "latencies_ms"})
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ Run: ``python -m bench.reservation --preset full``
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -32,7 +30,7 @@ from pathlib import Path
 import asyncpg
 
 from bench.common import (
-    SECRET, fresh_database, machine, postgres_server, settle_ready, wake_bulk_loaded, write_json,
+    SECRET, fresh_database, machine, postgres_server, settle_ready, wake_bulk_loaded, run_and_report,
 )
 from hooklane.store import deliveries
 
@@ -224,10 +222,7 @@ def main() -> None:
     parser.add_argument("--plan-dir", help="write EXPLAIN ANALYZE of reserve per size here")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
-    print(json.dumps(result, indent=2, default=str))
-    if args.json:
-        write_json(args.json, result)
+    run_and_report(main_async, args)
 
 
 if __name__ == "__main__":

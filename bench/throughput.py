@@ -35,7 +35,7 @@ import psutil
 from bench import nginx
 from bench.common import (
     create_endpoints, free_ports, fresh_database, machine, postgres_server, start_module,
-    start_worker, stop_process, wait_workers_ready, wake_bulk_loaded, write_json,
+    start_worker, stop_process, wait_workers_ready, wake_bulk_loaded, run_and_report,
 )
 from hooklane.settings import Settings
 
@@ -301,10 +301,7 @@ def main() -> None:
     parser.add_argument("--profile-dir", help="record the one-worker drain with py-spy into this folder (slows it a little)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
-    print(json.dumps(result, indent=2, default=str))
-    if args.json:
-        write_json(args.json, result)
+    run_and_report(main_async, args)
 
 
 if __name__ == "__main__":

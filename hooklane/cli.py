@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply the database migrations (idempotent)")
     sub.add_parser("worker", help="deliver: reserve, send, record; SIGTERM drains then exits")
     sub.add_parser("status", help="per-endpoint queue, in flight, oldest pending age, circuit")
-    operator = sub.add_parser(
+    sub.add_parser(
         "operator",
         help="run the Kubernetes operator (kopf); `hooklane operator --help` for its options",
         add_help=False,

@@ -4,7 +4,6 @@ dying, draining and memory."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import urllib.request
 
