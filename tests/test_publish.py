@@ -6,6 +6,7 @@ import pytest
 
 import hooklane
 from hooklane.errors import InvalidInput
+from hooklane.store import deliveries
 from tests.conftest import add_endpoint
 
 
@@ -72,8 +73,6 @@ async def test_unmatched_event_is_kept_and_counted(db):
     event_id = await hooklane.publish(db, tenant="nobody", type="order.created", data={"x": 1})
     row = await db.fetchrow("SELECT tenant, fanout, data FROM events WHERE id = $1", event_id)
     assert (row["tenant"], row["fanout"]) == ("nobody", 0)
-    from hooklane.store import deliveries
-
     assert await deliveries.unrouted_events(db) == 1
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
+
 import hooklane
+from hooklane import store
 from hooklane.settings import CircuitPolicy
 from hooklane.store import deliveries
 from hooklane.store.deliveries import Result
@@ -80,8 +85,6 @@ async def test_only_due_active_unpaused_signed_endpoints(db):
     # unpausing, signing and reactivating wake the endpoints up
     await add_endpoint(db, "manual", "http://127.0.0.1:1/m", paused=False)
     await add_endpoint(db, "unsigned", "http://127.0.0.1:1/u")
-    from hooklane import store
-
     await store.reactivate_endpoint(db, "default", "gone")
     assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([manual, gone, unsigned])
 
@@ -215,15 +218,11 @@ async def test_failing_for_five_days_deactivates_and_keeps_pending(db):
     assert await db.fetchval(
         "SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id WHERE e.name = 'old' AND d.state = 'pending'"
     ) == 2
-    from hooklane import store
-
     assert await store.reactivate_endpoint(db, "default", "old")
     assert await db.fetchval("SELECT state FROM endpoints WHERE name = 'old'") == "active"
 
 
 async def test_events_are_purged_after_retention_unless_still_needed(db):
-    from hooklane import store
-
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     done = await hooklane.publish(db, tenant="acme", type="t", data={})
     dead = await hooklane.publish(db, tenant="acme", type="t", data={})
@@ -240,10 +239,6 @@ async def test_events_are_purged_after_retention_unless_still_needed(db):
 
 
 async def test_a_coalescing_publish_held_open_does_not_block_reservation(db, dsn):
-    import asyncio
-
-    import asyncpg
-
     await add_endpoint(db, "a", "http://127.0.0.1:1/a", tenant="a")
     await add_endpoint(db, "b", "http://127.0.0.1:1/b", tenant="b")
     await hooklane.publish(db, tenant="a", type="order.updated", data={"v": 1}, coalesce_key="order-1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
+from datetime import datetime, timezone
 
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -20,8 +21,6 @@ def _headers(msg_id: str, ts: int, signature: str) -> dict[str, str]:
 
 
 def test_standardwebhooks_verifier_accepts_our_signature():
-    from datetime import datetime, timezone
-
     body = event_body("msg_1", "order.created", datetime.now(timezone.utc), '{"a": [1, "é"]}')
     ts = int(time.time())
     signature = sign(parse_secret(SECRET), "msg_1", ts, body)

@@ -8,10 +8,11 @@ from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from tests.conftest import SECRET, add_endpoint, wait_for
+from tests.receivers import Answer
 
 
 async def test_publish_is_delivered_signed(db, receiver, start_worker):
-    await add_endpoint(db, "orders", receiver.on("orders", _ok()))
+    await add_endpoint(db, "orders", receiver.on("orders", Answer(204)))
     async with db.transaction():
         event_id = await hooklane.publish(db, tenant="acme", type="order.created", data={"order": 1})
     start_worker()
@@ -26,9 +27,3 @@ async def test_publish_is_delivered_signed(db, receiver, start_worker):
         lambda: db.fetchval("SELECT state FROM deliveries WHERE state = 'delivered'")
     )
     assert state == "delivered"
-
-
-def _ok():
-    from tests.receivers import Answer
-
-    return Answer(204)

@@ -10,7 +10,8 @@ import urllib.request
 import psutil
 
 import hooklane
-from hooklane.dev.postgres import free_port
+from hooklane import store
+from hooklane.dev.postgres import LocalPostgres, free_port
 from tests.conftest import add_endpoint, wait_for, worker_process
 from tests.receivers import Answer
 
@@ -157,14 +158,10 @@ async def test_huge_responses_do_not_grow_the_worker(db, dsn, receiver):
 
 
 async def test_the_worker_survives_a_postgres_restart(receiver):
-    from hooklane import store
-    from hooklane.dev.postgres import LocalPostgres
-    from tests.conftest import add_endpoint as add
-
     with LocalPostgres() as pg:
         conn = await store.connect(pg.dsn)
         await store.migrate(conn)
-        await add(conn, "a", receiver.on("a", Answer(204)))
+        await add_endpoint(conn, "a", receiver.on("a", Answer(204)))
         await hooklane.publish(conn, tenant="acme", type="t", data={"n": 1})
         worker = worker_process(pg.dsn)
         try:
