@@ -162,5 +162,5 @@ async def test_a_delivery_that_cannot_even_be_attempted_is_recorded_as_failed(db
     await _publish(db)
     start_worker()
     row = await wait_for(lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'"))
-    assert row["last_error"].startswith("InvalidInput") and receiver.at("broken") == []
+    assert row["last_error"].startswith("invalid endpoint: secret:") and receiver.at("broken") == []
     assert row["next_attempt_at"] > datetime.now(timezone.utc)

@@ -7,11 +7,13 @@ import asyncio
 import signal
 import urllib.request
 
+import asyncpg
 import psutil
 
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres, free_port
+from hooklane.store.connection import CONNECTION_LOST
 from tests.conftest import add_endpoint, wait_for, worker_process
 from tests.receivers import Answer
 
@@ -199,5 +201,81 @@ async def test_the_worker_survives_its_connections_being_terminated(db, dsn, rec
             lambda: db.fetchval("SELECT count(*) = 30 FROM deliveries WHERE state = 'delivered'"), timeout=60
         )
         assert worker.poll() is None
+    finally:
+        _stop(worker)
+
+
+async def _publish_steadily(dsn: str, published: list[int], stop: asyncio.Event) -> None:
+    """Publish one event every few milliseconds through restarts; an event
+    counts once its transaction committed."""
+    while not stop.is_set():
+        try:
+            conn = await store.connect(dsn, timeout=2)
+        except (*CONNECTION_LOST, asyncpg.PostgresError):
+            await asyncio.sleep(0.1)
+            continue
+        try:
+            while not stop.is_set():
+                n = len(published)
+                await hooklane.publish(conn, tenant="acme", type="t", data={"n": n}, id=f"evt-{n}")
+                published.append(n)
+                await asyncio.sleep(0.01)
+        except (*CONNECTION_LOST, asyncpg.PostgresError):
+            await asyncio.sleep(0.1)
+        finally:
+            conn.terminate()
+
+
+async def test_the_worker_rides_through_repeated_postgres_restarts_under_load(receiver):
+    # Durable: an immediate shutdown is a crash, and only flushed commits
+    # survive it; the test counts what was committed.
+    with LocalPostgres(durable=True) as pg:
+        conn = await store.connect(pg.dsn)
+        await store.migrate(conn)
+        for name in ("a", "b", "c"):
+            await add_endpoint(conn, name, receiver.on(name, Answer(204, delay=0.01)), max_concurrency=2)
+        await conn.close()
+        worker = worker_process(pg.dsn)
+        published: list[int] = []
+        stop = asyncio.Event()
+        publisher = asyncio.create_task(_publish_steadily(pg.dsn, published, stop))
+        loop = asyncio.get_running_loop()
+        try:
+            for mode in ["fast", "immediate"] * 3:
+                await asyncio.sleep(0.7)
+                await loop.run_in_executor(None, pg.restart, mode)
+                assert worker.poll() is None, f"worker exited ({worker.returncode}) after a {mode} restart"
+            stop.set()
+            await publisher
+            expected = {f"evt-{n}" for n in published}
+            for name in ("a", "b", "c"):
+                await wait_for(
+                    lambda: expected <= {r.headers["webhook-id"] for r in receiver.at(name)}, timeout=60
+                )
+                assert receiver.peak["/" + name] <= 2
+            assert worker.poll() is None
+        finally:
+            stop.set()
+            await publisher
+            _stop(worker)
+
+
+async def test_a_worker_started_before_its_database_waits_for_it(receiver):
+    port = free_port()
+    worker = worker_process(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    try:
+        await asyncio.sleep(1.5)
+        assert worker.poll() is None, "the worker gave up on an unreachable database"
+        with LocalPostgres(port=port) as pg:
+            conn = await store.connect(pg.dsn)
+            try:
+                await asyncio.sleep(1.0)  # reachable, not migrated: still waiting
+                assert worker.poll() is None, "the worker gave up on an unmigrated database"
+                await store.migrate(conn)
+                await add_endpoint(conn, "a", receiver.on("a", Answer(204)))
+                await hooklane.publish(conn, tenant="acme", type="t", data={})
+                await wait_for(lambda: len(receiver.at("a")) == 1, timeout=30)
+            finally:
+                await conn.close()
     finally:
         _stop(worker)

@@ -17,12 +17,15 @@ import time
 from pathlib import Path
 
 _SERVER_OPTIONS = [
-    # Durability is not the point of a throwaway server; speed is.
+    "-c", "max_connections=200",
+    "-c", "shared_buffers=256MB",
+]
+# Durability is not the point of a throwaway server, speed is; unless a test
+# crashes the server on purpose and counts what survived.
+_FAST_OPTIONS = [
     "-c", "fsync=off",
     "-c", "synchronous_commit=off",
     "-c", "full_page_writes=off",
-    "-c", "max_connections=200",
-    "-c", "shared_buffers=256MB",
 ]
 
 
@@ -50,8 +53,9 @@ class LocalPostgres:
     """``with LocalPostgres() as pg: pg.dsn`` — a server on 127.0.0.1 that is
     gone, data and all, when the block ends."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, durable: bool = False) -> None:
         self.port = port or free_port()
+        self.durable = durable
         self.bindir = find_bindir()
         self.dir = Path(tempfile.mkdtemp(prefix="hooklane-pg-"))
         self.datadir = self.dir / "data"
@@ -77,7 +81,8 @@ class LocalPostgres:
             "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
         )
         options = " ".join(
-            [f"-p {self.port}", "-h 127.0.0.1", f"-k {self.dir}", *_SERVER_OPTIONS]
+            [f"-p {self.port}", "-h 127.0.0.1", f"-k {self.dir}", *_SERVER_OPTIONS,
+             *([] if self.durable else _FAST_OPTIONS)]
         )
         self._run(
             str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"),
@@ -96,13 +101,15 @@ class LocalPostgres:
                 time.sleep(0.1)
         raise RuntimeError(f"PostgreSQL did not start; see {self.dir / 'server.log'}")
 
-    def restart(self) -> None:
-        """Stop and start the server, dropping every connection."""
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start the server, dropping every connection. ``mode`` is
+        pg_ctl's shutdown mode: ``fast`` (clean), or ``immediate`` (a crash:
+        recovery replays the WAL on start)."""
         # -l again: without it the new server writes to, and holds open, our
         # captured stdout.
         self._run(
             str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"),
-            "-m", "fast", "-w", "restart",
+            "-m", mode, "-w", "restart",
         )
         self._wait_ready()
 

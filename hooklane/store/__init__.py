@@ -4,7 +4,7 @@ The worker, the operator, the CLI and the publish call all go through here;
 the SQL itself lives in ``queries.sql`` and the schema in ``migrations/``.
 """
 
-from hooklane.store.connection import connect, connection, create_pool
+from hooklane.store.connection import acquire, connect, connection, create_pool
 from hooklane.store.endpoints import (
     delete_endpoint,
     endpoint_queues,
@@ -16,6 +16,7 @@ from hooklane.store.events import insert_event, list_events, purge_events
 from hooklane.store.migrations import migrate
 
 __all__ = [
+    "acquire",
     "connect",
     "connection",
     "create_pool",

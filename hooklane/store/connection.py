@@ -30,10 +30,14 @@ WORKER_SESSION = {
 
 # The connection is gone or unusable: Postgres out of reach, restarted or
 # failed over (running statements then end with an operator-intervention
-# error), or no answer in time.
+# error), or no answer in time. asyncpg raises InternalClientError ("cannot
+# switch to state ...") when the server vanished in the middle of a
+# statement and the connection is used again, such as by the reset a pool
+# runs on release.
 CONNECTION_LOST = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
     OSError,
     asyncio.TimeoutError,
@@ -58,6 +62,26 @@ async def connect(dsn: str, **kwargs) -> asyncpg.Connection:
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs) -> asyncpg.Pool:
     return await asyncpg.create_pool(_require(dsn), min_size=min_size, max_size=max_size, **kwargs)
+
+
+@asynccontextmanager
+async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection that is never handed out again once it failed.
+
+    asyncpg's own ``pool.acquire()`` resets a connection on release; after
+    the server went away mid-statement that reset fails, and its error
+    replaces the one the caller was ready to handle.
+    """
+    conn = await pool.acquire()
+    try:
+        yield conn
+    finally:
+        try:
+            await pool.release(conn)
+        except CONNECTION_LOST:
+            # The reset failed and asyncpg terminated the connection; the
+            # pool opens a new one when needed.
+            pass
 
 
 @asynccontextmanager

@@ -140,9 +140,11 @@ SELECT (SELECT fanout FROM event) AS fanout,
 -- Safety net, run now and then: make ready every deliverable endpoint of the
 -- owned partitions that has pending deliveries but neither a ready row nor
 -- a wakeup, whatever left it so (deliveries written by an older publish, or
--- by hand). Parameters: $1 owned partitions.
+-- by hand). An endpoint with a wakeup not yet absorbed is not missing: the
+-- next reservation makes it ready. Parameters: $1 owned partitions.
 -- Index: endpoints_partition; primary key of ready_endpoints;
--- deliveries_queue for the pending check.
+-- deliveries_queue for the pending check; wakeups is read whole (an
+-- anti-join), as it only holds what publishes added since the last round.
 INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
 SELECT ep.id, ep.partition, now()
 FROM endpoints ep
@@ -151,6 +153,7 @@ WHERE ep.partition = ANY($1::int[])
   AND NOT ep.paused
   AND ep.secret IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM ready_endpoints r WHERE r.endpoint_id = ep.id)
+  AND NOT EXISTS (SELECT 1 FROM wakeups w WHERE w.endpoint_id = ep.id)
   AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending')
 ON CONFLICT (endpoint_id) DO NOTHING
 RETURNING endpoint_id;
@@ -319,7 +322,7 @@ woken AS (
     INSERT INTO wakeups (endpoint_id, partition)
     SELECT DISTINCT endpoint_id, partition FROM resent
 )
-SELECT id FROM resent;
+SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint;
 
 -- name: list_events
 -- Events of a tenant in a time range, for reconciliation.

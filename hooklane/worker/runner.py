@@ -20,13 +20,14 @@ from datetime import datetime, timezone
 import asyncpg
 
 from hooklane import metrics, store
+from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.store import deliveries
 from hooklane.store.connection import TRANSIENT, WORKER_SESSION
 from hooklane.store.deliveries import Result
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
-from hooklane.worker.rules import Attempt, Dead, Delivered, Retry, classify
+from hooklane.worker.rules import Attempt, Dead, Delivered, Outcome, Retry, classify
 from hooklane.worker.sender import Sender, event_body
 
 logger = logging.getLogger(__name__)
@@ -56,13 +57,9 @@ class Worker:
 
     async def run(self) -> None:
         s = self.settings
-        self._pool = await store.create_pool(
-            s.database_url, min_size=1, max_size=4, server_settings=WORKER_SESSION
-        )
-        async with self._pool.acquire() as conn:
-            partition_count = await deliveries.partition_count(conn)
-        self._owner = PartitionOwner(s.database_url, partition_count, lambda _p: self._wake.set())
-        await self._owner.connect()
+        if not await self._start():
+            await self._close_pool()
+            return
         self._sender = Sender()
         reserve = asyncio.create_task(self._reserve_loop(), name="reservation")
         recorder = asyncio.create_task(self._record_loop(), name="recorder")
@@ -85,8 +82,42 @@ class Worker:
             await asyncio.gather(reserve, recorder, *background, return_exceptions=True)
             await self._owner.close()
             await self._sender.close()
-            await self._pool.close()
+            await self._close_pool()
             logger.info("worker stopped", extra={"action": "stopped"})
+
+    async def _start(self) -> bool:
+        """Open the pool and the lock connection, waiting as long as it takes
+        for Postgres to be reachable and migrated: a worker that exits instead
+        crash-loops through every database restart. False if stopped first."""
+        s = self.settings
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                # No floor of idle connections: asyncpg restores a floor in
+                # the background and logs a traceback for each failed try
+                # while the server is down.
+                self._pool = self._pool or await store.create_pool(
+                    s.database_url, min_size=0, max_size=4, server_settings=WORKER_SESSION
+                )
+                async with store.acquire(self._pool) as conn:
+                    partition_count = await deliveries.partition_count(conn)
+                self._owner = PartitionOwner(s.database_url, partition_count, lambda _p: self._wake.set())
+                await self._owner.connect()
+                return True
+            except TRANSIENT as exc:
+                logger.warning("waiting for the database: %s", exc, extra={"action": "start"})
+            except asyncpg.UndefinedTableError:
+                logger.warning("waiting for the database schema: run `hooklane migrate`", extra={"action": "start"})
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+            delay = min(delay * 2, 5.0)
+        return False
+
+    async def _close_pool(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
 
     async def _drain(self, recorder: asyncio.Task) -> None:
         """Let in-flight deliveries finish, then record every result."""
@@ -138,25 +169,26 @@ class Worker:
         self._wake.set()
 
     async def _deliver(self, row: asyncpg.Record) -> None:
-        s = self.settings
         started = time.perf_counter()
         try:
             body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
             attempt = await self._sender.send(
                 row["url"], self._key(row["secret"]), row["event_id"], body, row["timeout_seconds"]
             )
+            outcome = self._classify(row, attempt)
         except Exception as exc:
-            # Whatever went wrong before or around the call (a secret or URL
-            # that got into Postgres malformed), it is a failed attempt like
-            # any other: recorded, backed off, dead after the limit. Left
-            # unrecorded it would be rescued and retried for ever.
+            # Whatever went wrong before, around or after the call (a secret
+            # or URL that got into Postgres malformed, a response no rule
+            # foresaw), it is a failed attempt like any other: recorded,
+            # backed off, dead after the limit. Left unrecorded it would be
+            # rescued and sent again for ever, without backoff. Only our own
+            # refusals are worded for the endpoint's owner; the rest is in
+            # the log.
             logger.exception("delivery %d could not be attempted", row["id"], extra={"action": "deliver"})
-            attempt = Attempt(None, error=f"{type(exc).__name__}: {exc}"[:500])
+            error = f"invalid endpoint: {exc}" if isinstance(exc, InvalidInput) else "internal error"
+            attempt = Attempt(None, error=error)
+            outcome = self._classify(row, attempt)
         metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
-        now = datetime.now(timezone.utc)
-        outcome = classify(
-            attempt, row["attempts"], (now - row["created_at"]).total_seconds(), s.retry, now
-        )
         self._results.put_nowait(_result(row, attempt, outcome))
         if isinstance(outcome, Dead):
             logger.warning(
@@ -167,6 +199,11 @@ class Worker:
                 outcome.error,
                 extra={"action": "dead", "delivery": row["id"], "event": row["event_id"]},
             )
+
+    def _classify(self, row: asyncpg.Record, attempt: Attempt) -> Outcome:
+        now = datetime.now(timezone.utc)
+        age = (now - row["created_at"]).total_seconds()
+        return classify(attempt, row["attempts"], age, self.settings.retry, now)
 
     def _key(self, secret: str) -> bytes:
         key = self._keys.get(secret)
@@ -202,7 +239,7 @@ class Worker:
         delay = 0.1
         while True:
             try:
-                async with self._pool.acquire() as conn:
+                async with store.acquire(self._pool) as conn:
                     touched = await deliveries.complete(conn, batch, self.settings.circuit)
                 break
             except TRANSIENT as exc:
@@ -273,7 +310,7 @@ class Worker:
             self._wake.set()
         if _HOUSEKEEPER_PARTITION not in self._owner.owned:
             return
-        async with self._pool.acquire() as conn:
+        async with store.acquire(self._pool) as conn:
             for ep in await deliveries.deactivate_failing(conn, s.deactivate_after_seconds):
                 logger.warning(
                     "endpoint %s/%s deactivated after failing for %d s; its pending deliveries are kept",
@@ -299,7 +336,7 @@ class Worker:
 
     async def _refresh_gauges(self) -> None:
         owned = sorted(self._owner.owned)
-        async with self._pool.acquire() as conn:
+        async with store.acquire(self._pool) as conn:
             queues = await store.endpoint_queues(conn, owned)
             dead = await deliveries.dead_counts(conn, owned)
             unrouted = (
