@@ -268,3 +268,12 @@ async def test_sweep_makes_ready_what_the_index_lacks(db):
     assert await deliveries.sweep_ready(db, ALL) == 1  # not the paused one
     assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]
     assert await deliveries.sweep_ready(db, ALL) == 0
+
+
+async def test_sweep_leaves_alone_what_a_wakeup_will_make_ready(db):
+    # A worker starting on a backlog runs the sweep before its first
+    # reservation has absorbed the publishers' wakeups: nothing is missing.
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await hooklane.publish(db, tenant="acme", type="t", data={})
+    assert await deliveries.sweep_ready(db, ALL) == 0
+    assert len(await _reserve(db)) == 1
