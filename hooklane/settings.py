@@ -1,26 +1,28 @@
-"""Configuration: one typed object, read from the environment once."""
+"""Configuration: one typed object, read from the environment once and
+checked whole at start, so that a bad value stops the process with its
+variable named instead of making a worker that silently does nothing."""
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass, field, fields
-from typing import Mapping
+from dataclasses import field, fields
+from typing import Annotated, Any, Mapping
+
+from pydantic import Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from hooklane.errors import InvalidInput
-from hooklane.worker.rules import RetryPolicy
+from hooklane.policies import CircuitPolicy, Count, RetryPolicy, Seconds
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = "HOOKLANE_"
+# The policies are read from HOOKLANE_RETRY_* and HOOKLANE_CIRCUIT_*.
+_NESTED = {"retry": RetryPolicy, "circuit": CircuitPolicy}
 
-
-@dataclass(frozen=True)
-class CircuitPolicy:
-    """Consecutive failures that pause an endpoint, and for how long: each
-    failure from the threshold on pauses it ``step`` x (failures past the
-    threshold + 1), up to ``cap``."""
-
-    threshold: int = 20
-    step_seconds: float = 60.0
-    cap_seconds: float = 3600.0
+# 0 turns the metrics endpoint off.
+Port = Annotated[int, Field(ge=0, le=65535)]
 
 
 @dataclass(frozen=True)
@@ -29,57 +31,75 @@ class Settings:
     # Deliveries in flight at once in one worker process, over all endpoints.
     # Each waits on the network, not on the CPU; enough of them hide the
     # round trips to Postgres between reservations (docs/benchmarks.md).
-    worker_concurrency: int = 256
+    worker_concurrency: Count = 256
     # Deliveries reserved per round trip at most.
-    reserve_batch: int = 256
-    metrics_port: int = 9100
-    metrics_host: str = "0.0.0.0"
+    reserve_batch: Count = 256
+    metrics_port: Port = 9100
+    metrics_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"
     # A lease outlives the endpoint's whole-call deadline by this much before
     # rescue may hand the delivery to another worker.
-    lease_grace_seconds: float = 10.0
+    lease_grace_seconds: Seconds = 10.0
     # Polling interval when no notification arrives: due retries, unpaused
     # endpoints and ownership changes are noticed this often.
-    poll_seconds: float = 1.0
+    poll_seconds: Seconds = 1.0
     # How often a worker re-checks the live workers and rebalances partitions.
-    rebalance_seconds: float = 1.0
+    rebalance_seconds: Seconds = 1.0
     # How often per-endpoint gauges are refreshed from Postgres.
-    gauges_seconds: float = 10.0
+    gauges_seconds: Seconds = 10.0
     # How often maintenance runs (rescue, deactivation, retention).
-    maintenance_seconds: float = 5.0
+    maintenance_seconds: Seconds = 5.0
     # How often a worker checks that every endpoint of its partitions with
     # pending deliveries is in the ready index (a safety net: see sweep_ready).
-    sweep_seconds: float = 60.0
-    deactivate_after_seconds: float = 5 * 24 * 3600.0
-    event_retention_seconds: float = 30 * 24 * 3600.0
-    drain_seconds: float = 70.0
+    sweep_seconds: Seconds = 60.0
+    deactivate_after_seconds: Seconds = 5 * 24 * 3600.0
+    event_retention_seconds: Seconds = 30 * 24 * 3600.0
+    # How long SIGTERM waits for deliveries in flight; 0 records them as
+    # they are, without waiting.
+    drain_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 70.0
     # How often the operator writes queue health back onto each
     # WebhookEndpoint's status; one query serves all endpoints per interval.
-    operator_status_seconds: float = 10.0
+    operator_status_seconds: Seconds = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """``HOOKLANE_<FIELD>`` for each plain field; ``HOOKLANE_RETRY_<FIELD>``
-        and ``HOOKLANE_CIRCUIT_<FIELD>`` for the policies."""
+        and ``HOOKLANE_CIRCUIT_<FIELD>`` for the policies. ``InvalidInput``
+        names the first variable at fault."""
         env = os.environ if environ is None else environ
-        values = _read(cls, env, _PREFIX, skip={"retry", "circuit"})
-        values["retry"] = RetryPolicy(**_read(RetryPolicy, env, _PREFIX + "RETRY_"))
-        values["circuit"] = CircuitPolicy(**_read(CircuitPolicy, env, _PREFIX + "CIRCUIT_"))
-        return cls(**values)
-
-
-def _read(cls: type, env: Mapping[str, str], prefix: str, skip: frozenset[str] | set[str] = frozenset()) -> dict:
-    values: dict = {}
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        raw = env.get(prefix + f.name.upper())
-        if raw is None:
-            continue
-        kind = type(f.default)
+        values: dict[str, Any] = {}
+        known: set[str] = set()
+        for f in fields(cls):
+            nested = _NESTED.get(f.name)
+            if nested is None:
+                known.add(_variable(f.name))
+                if _variable(f.name) in env:
+                    values[f.name] = env[_variable(f.name)]
+                continue
+            inner = {g.name: env[_variable(f.name, g.name)] for g in fields(nested) if _variable(f.name, g.name) in env}
+            known.update(_variable(f.name, g.name) for g in fields(nested))
+            if inner:
+                values[f.name] = inner
+        for name in sorted(set(env) - known):
+            if name.startswith(_PREFIX):
+                logger.warning("%s is not a Hooklane setting; ignored", name)
         try:
-            values[f.name] = kind(raw)
-        except ValueError:
-            raise InvalidInput(prefix + f.name.upper(), f"must be a {kind.__name__}, not {raw!r}") from None
-    return values
+            return cls(**values)
+        except ValidationError as exc:
+            raise _invalid(exc.errors()[0]) from None
+
+
+def _invalid(error: Any) -> InvalidInput:
+    path = [str(part) for part in error["loc"]]
+    if path and path[-1] in _NESTED:
+        # a rule between two fields of a policy
+        return InvalidInput(_variable(*path) + "_*", error["msg"].removeprefix("Value error, "))
+    shown = repr(error["input"])
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return InvalidInput(_variable(*path), f"{error['msg'].lower()}, not {shown}")
+
+
+def _variable(*path: str) -> str:
+    return _PREFIX + "_".join(path).upper()

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import hooklane
 from hooklane import metrics
-from hooklane.settings import CircuitPolicy
+from hooklane.policies import CircuitPolicy
 from tests.conftest import add_endpoint, wait_for
 from tests.receivers import Answer
 

@@ -23,8 +23,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import hooklane
 from hooklane.dev.controlplane import ControlPlane
-from hooklane.settings import CircuitPolicy
-from hooklane.worker.rules import RetryPolicy
+from hooklane.policies import CircuitPolicy
+from hooklane.policies import RetryPolicy
 from tests.conftest import SECRET, wait_for
 from tests.receivers import Answer
 

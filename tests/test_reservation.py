@@ -8,7 +8,7 @@ import asyncpg
 
 import hooklane
 from hooklane import store
-from hooklane.settings import CircuitPolicy
+from hooklane.policies import CircuitPolicy
 from hooklane.store import deliveries
 from hooklane.store.deliveries import Result
 from tests.conftest import add_endpoint

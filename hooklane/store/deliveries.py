@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from hooklane.settings import CircuitPolicy
+from hooklane.policies import CircuitPolicy
 from hooklane.store.queries import QUERIES
 
 

@@ -10,13 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    base_seconds: float = 30.0
-    cap_seconds: float = 6 * 3600.0
-    max_attempts: int = 20
-    max_age_seconds: float = 72 * 3600.0
+from hooklane.policies import RetryPolicy
 
 
 @dataclass(frozen=True)
