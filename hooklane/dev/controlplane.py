@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import json
 import os
 import shutil
@@ -39,6 +38,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hooklane.dev.watchdog import Watchdog
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "envtest" / "build"
 CRD_DIR = REPO_ROOT / "crds"
@@ -47,8 +48,6 @@ CRD_DIR = REPO_ROOT / "crds"
 # reads cold binaries from disk; envtest's 20 s default is not enough here.
 DEFAULT_START_TIMEOUT = 120.0
 STOP_GRACE = 10.0
-
-_PR_SET_PDEATHSIG = 1
 
 
 class ControlPlaneError(RuntimeError):
@@ -133,24 +132,14 @@ def _write_pki(pki: Path) -> None:
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
 
-def _die_with_parent() -> None:
-    # An aborted pytest run must not leave an apiserver eating a CI core.
-    # Linux delivers this when the *thread* that forked exits, hence the note
-    # on ControlPlane.start.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _b64file(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
 class ControlPlane:
     """etcd and kube-apiserver on free loopback ports, in a temporary folder.
-
-    Start from a thread that outlives the control plane (normally the main
-    thread): the child processes are told to exit when that thread ends.
-    """
+    If this process is killed before ``stop()``, a watchdog kills them and
+    removes the folder."""
 
     def __init__(
         self,
@@ -165,6 +154,7 @@ class ControlPlane:
         self.kubeconfig = Path()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
+        self._watchdog: Watchdog | None = None
 
     def __enter__(self) -> ControlPlane:
         return self.start()
@@ -180,6 +170,8 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         binaries = find_binaries()
         self.dir = Path(tempfile.mkdtemp(prefix="hooklane-controlplane-"))
+        # An aborted pytest run must not leave an apiserver eating a CI core.
+        self._watchdog = Watchdog('kill -KILL $(cat "$0/pids") 2>/dev/null; rm -rf "$0"', str(self.dir))
         try:
             self._start(binaries, self.dir)
         except BaseException:
@@ -254,8 +246,9 @@ class ControlPlane:
                 # Own session: a terminal's Ctrl-C reaches only us, and stop()
                 # shuts the children down in order.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
+        with open(self.dir / "pids", "a") as pids:
+            print(self._procs[name].pid, file=pids)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         assert self.dir is not None
@@ -374,6 +367,9 @@ class ControlPlane:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._watchdog is not None:
+            self._watchdog.disarm()
+            self._watchdog = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

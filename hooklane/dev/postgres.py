@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hooklane.dev.watchdog import Watchdog
+
 _SERVER_OPTIONS = [
     "-c", "max_connections=200",
     "-c", "shared_buffers=256MB",
@@ -60,6 +62,7 @@ class LocalPostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="hooklane-pg-"))
         self.datadir = self.dir / "data"
         self._as_user: list[str] = []
+        self._watchdog: Watchdog | None = None
         if os.geteuid() == 0:
             postgres = pwd.getpwnam("postgres")
             os.chown(self.dir, postgres.pw_uid, postgres.pw_gid)
@@ -89,6 +92,12 @@ class LocalPostgres:
             "-o", options, "-w", "-t", "60", "start",
         )
         self._wait_ready()
+        # pg_ctl runs the server detached from us: if we are killed, the
+        # watchdog stops it and removes its files.
+        self._watchdog = Watchdog(
+            'dir=$1; shift; "$@" -D "$0" -m immediate stop; rm -rf "$dir"',
+            str(self.datadir), str(self.dir), *self._as_user, str(self.bindir / "pg_ctl"),
+        )
         return self
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
@@ -114,6 +123,9 @@ class LocalPostgres:
         self._wait_ready()
 
     def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.disarm()
+            self._watchdog = None
         if self.datadir.exists():
             subprocess.run(
                 [*self._as_user, str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "stop"],
