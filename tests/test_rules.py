@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hooklane.worker.rules import (
     Attempt,
@@ -16,6 +19,7 @@ from hooklane.worker.rules import (
     RetryPolicy,
     backoff_seconds,
     classify,
+    clean_error,
     parse_retry_after,
 )
 
@@ -104,3 +108,170 @@ def test_gives_up_after_20_attempts():
 def test_gives_up_at_72_hours():
     assert isinstance(outcome(500, age=72 * 3600 - 1), Retry)
     assert isinstance(outcome(500, age=72 * 3600), Dead)
+
+
+# What a receiver controls, and what aiohttp makes of it: header values are
+# decoded as UTF-8 with surrogateescape, so any bytes arrive as some str.
+_any_text = st.text(st.characters(exclude_categories=()))
+_header_values = st.one_of(
+    _any_text,
+    st.binary().map(lambda b: b.decode("utf-8", "surrogateescape")),
+    st.binary().map(lambda b: b.decode("latin-1")),
+    st.text(st.characters(categories=["Nd", "No"])),
+    st.integers(min_value=-(10**400), max_value=10**400).map(str),
+    st.floats().map(str),
+    st.builds(
+        "{}, {:02d} {} {:04d} {:02d}:{:02d}:{:02d} {}".format,
+        st.sampled_from(["Sun", "Mon", "Sunday", "Xyz"]),
+        st.integers(-1, 100),
+        st.sampled_from(["Jan", "Nov", "Dec", "Foo"]),
+        st.integers(-1, 10**6),
+        st.integers(-1, 100),
+        st.integers(-1, 100),
+        st.integers(-1, 100),
+        st.one_of(st.sampled_from(["GMT", "UTC", "-0000", "EST"]), st.integers(-(10**30), 10**30).map("{:+d}".format)),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "\u0663",  # Arabic-Indic three: the defect of issue 7
+        "\u00b2",
+        "\u0663\u0660",
+        "\uff15",  # fullwidth five
+        "1\u0663",
+        "-1",
+        "+30",
+        "1.5",
+        "1e9",
+        "inf",
+        "nan",
+        "0x10",
+        "\udc80\udcff",
+        "5\x00",
+        "Sun, 06 Nov 99999 08:49:37 GMT",
+        "Sun, 06 Nov 1994 08:49:37 +9999",
+        "Sun, 06 Nov 1994 08:49:37 +" + "9" * 40,
+        "Mon, 99 Foo 2024 99:99:99 GMT",
+        "9" * 5000 + "x",
+    ],
+)
+def test_retry_after_that_is_neither_ascii_digits_nor_a_date_is_ignored(value):
+    assert parse_retry_after(value, NOW) is None
+    result = outcome(503, attempts=3, retry_after=value)
+    assert isinstance(result, Retry) and 60 <= result.delay_seconds <= 120
+
+
+def test_retry_after_too_large_for_any_number_is_capped():
+    assert outcome(503, retry_after="9" * 5000).delay_seconds == 6 * 3600
+    assert outcome(503, retry_after="0" * 5000 + "600").delay_seconds == 600
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        ("Fri, 31 Dec 9999 23:59:59 GMT", 6 * 3600),
+        ("Sun, 06 Nov 1994 08:49:37 GMT", None),  # past: the backoff stands
+        ("Sunday, 29-Nov-26 12:10:00 GMT", 600),  # RFC 850, obsolete but allowed
+        ("Sun Nov 29 12:10:00 2026", 600),  # asctime
+        (" \t600\t ", 600),
+    ],
+)
+def test_retry_after_dates_far_and_past_and_obsolete_forms(value, seconds):
+    result = outcome(503, retry_after=value)
+    if seconds is None:
+        assert 15 <= result.delay_seconds <= 30
+    else:
+        assert result.delay_seconds == seconds
+
+
+@pytest.mark.parametrize(
+    "status",
+    [-1, 0, 1, 99, 600, 999, 1000, 2**31, -(2**63), pytest.param(10**5000, id="5001-digits")],
+)
+def test_statuses_outside_http_are_failures(status):
+    result = outcome(status)
+    assert result == Retry(result.delay_seconds, "invalid response: status out of range")
+    assert 15 <= result.delay_seconds <= 30
+
+
+@pytest.mark.parametrize("status", [100, 101, 199, 300, 599])
+def test_statuses_inside_http_but_not_2xx_retry_with_their_number(status):
+    assert outcome(status).error == f"HTTP {status}"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("timeout: no response within 2 s", "timeout: no response within 2 s"),
+        ("line one\nline two\r\n\tthree", "line one line two three"),
+        ("nul\x00here", "nul?here"),
+        ("lone \udc80 surrogate", "lone ? surrogate"),
+        ("escape \x1b[31m red", "escape ?[31m red"),
+        ("bidi \u202egnp.exe", "bidi ?gnp.exe"),
+        ("   ", ""),
+    ],
+)
+def test_errors_are_cleaned_to_one_printable_line(text, expected):
+    assert clean_error(text) == expected
+
+
+def test_errors_are_bounded():
+    cleaned = clean_error("x" * 100_000)
+    assert len(cleaned) == 200 and cleaned.endswith("...")
+
+
+def test_an_error_that_cleans_to_nothing_falls_back_to_the_status():
+    assert outcome(None, error="\n\n").error == "no response"
+    assert outcome(503, error=" ").error == "HTTP 503"
+
+
+def test_backoff_survives_an_attempt_limit_beyond_float_range():
+    policy = RetryPolicy(max_attempts=10**9)
+    result = classify(Attempt(500), 5000, 0.0, policy, NOW, random.Random(7))
+    assert isinstance(result, Retry) and 3 * 3600 <= result.delay_seconds <= 6 * 3600
+
+
+def _clean(error: str) -> bool:
+    return (
+        error.isprintable()
+        and len(error) <= 260
+        and error.encode("utf-8")  # no lone surrogates: Postgres would refuse them
+        and "\x00" not in error
+    )
+
+
+@settings(deadline=None, max_examples=500)
+@given(
+    status=st.one_of(st.none(), st.integers(), st.integers(0, 999)),
+    retry_after=st.one_of(st.none(), _header_values),
+    error=st.one_of(st.none(), _any_text),
+    attempts=st.integers(0, 10**6),
+    age=st.floats(0, 10**9),
+)
+def test_classify_is_total(status, retry_after, error, attempts, age):
+    policy = RetryPolicy(max_attempts=10**9, max_age_seconds=10**10)
+    result = classify(Attempt(status, retry_after, error), attempts, age, policy, NOW)
+    if status is not None and 200 <= status < 300:
+        assert result == Delivered(status)
+        return
+    assert isinstance(result, (Retry, Dead))
+    assert _clean(result.error)
+    if isinstance(result, Retry):
+        assert math.isfinite(result.delay_seconds)
+        assert 0 < result.delay_seconds <= policy.cap_seconds
+
+
+@settings(deadline=None, max_examples=500)
+@given(_header_values)
+def test_parse_retry_after_is_total(value):
+    seconds = parse_retry_after(value, NOW)
+    assert seconds is None or seconds >= 0  # never NaN; inf is capped by classify
+
+
+@settings(deadline=None)
+@given(_any_text)
+def test_clean_error_is_total(text):
+    assert clean_error(text) == "" or _clean(clean_error(text))

@@ -7,6 +7,8 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from hooklane.errors import InvalidInput
@@ -56,3 +58,22 @@ def test_known_vector():
 def test_malformed_secrets_are_refused(secret, reason):
     with pytest.raises(InvalidInput, match=reason):
         parse_secret(secret)
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    key=st.binary(min_size=24, max_size=64),
+    # the ids publish accepts
+    msg_id=st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", min_size=1, max_size=255),
+    # the verifier refuses timestamps more than 5 minutes from its clock
+    skew=st.integers(-240, 240),
+    body=st.text(),
+)
+def test_any_delivery_we_sign_verifies(key, msg_id, skew, body):
+    secret = "whsec_" + base64.b64encode(key).decode()
+    ts = int(time.time()) + skew
+    data = body.encode()
+    signature = sign(parse_secret(secret), msg_id, ts, data)
+    Webhook(secret).verify(data, _headers(msg_id, ts, signature), json_parse=False)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(data + b" ", _headers(msg_id, ts, signature), json_parse=False)

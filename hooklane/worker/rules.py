@@ -40,6 +40,9 @@ class Dead:
 
 Outcome = Delivered | Retry | Dead
 
+_MAX_DOUBLINGS = 1000
+_ERROR_CHARS = 200
+
 
 def backoff_seconds(
     attempts: int, policy: RetryPolicy, rng: random.Random | None = None
@@ -47,24 +50,50 @@ def backoff_seconds(
     """Delay after the ``attempts``-th failure: exponential from the base,
     capped, half of it fixed and half random so that deliveries that failed
     together do not come back together. Never zero."""
-    exp = min(policy.cap_seconds, policy.base_seconds * 2 ** max(attempts - 1, 0))
+    # The exponent is clipped so that a large attempt limit from the
+    # environment cannot overflow a float; the cap is reached long before.
+    doublings = min(max(attempts - 1, 0), _MAX_DOUBLINGS)
+    exp = min(policy.cap_seconds, policy.base_seconds * 2.0**doublings)
     return exp / 2 + (rng or random).random() * (exp / 2)
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (delta or HTTP date)."""
+    """Seconds a ``Retry-After`` header asks for: delay-seconds (ASCII digits
+    only, RFC 9110) or an HTTP-date; ``None`` for anything else. The header
+    is the receiver's to write, so nothing in it makes this raise. A number
+    too large for a float asks for ``inf``; the caller caps it."""
     if not value:
         return None
-    value = value.strip()
+    value = value.strip(" \t")
+    # Only ASCII is HTTP: this also rules out the Unicode digits that
+    # ``isdigit`` accepts and ``float`` does not, and the lone surrogates
+    # aiohttp makes of bytes that are not UTF-8.
+    if not value.isascii():
+        return None
     if value.isdigit():
         return float(value)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (ValueError, OverflowError):
+        # a date the datetime type cannot hold (year 0 or past 9999, an
+        # offset of days) is as meaningless as one that does not parse
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return max(0.0, (when - now).total_seconds())
+
+
+def clean_error(text: str) -> str:
+    """``text`` as a single printable line of bounded length. Errors are
+    stored in Postgres text columns and read by tenants: a NUL or a lone
+    surrogate would make the statement that records a whole batch fail, and
+    a receiver's bytes have no business in either."""
+    line = " ".join(text.split())
+    if len(line) > _ERROR_CHARS:
+        line = line[: _ERROR_CHARS - 3] + "..."
+    # Also replaced: format characters such as bidi overrides, which could
+    # make a stored error read as something it is not.
+    return "".join(c if c.isprintable() else "?" for c in line)
 
 
 def classify(
@@ -75,11 +104,13 @@ def classify(
     now: datetime,
     rng: random.Random | None = None,
 ) -> Outcome:
-    """The outcome of one call, by the contract's table of responses."""
+    """The outcome of one call, by the contract's table of responses. Total:
+    any status, header or error text gives an outcome, whose error is clean
+    to store and whose delay is finite and at most the cap."""
     status = attempt.status
     if status is not None and 200 <= status < 300:
         return Delivered(status)
-    error = attempt.error or f"HTTP {status}"
+    error = _failure(attempt)
     if status == 410:
         return Dead(error + ": endpoint gone, deactivated")
     if status == 413:
@@ -93,3 +124,16 @@ def classify(
     if asked is not None:
         delay = max(delay, min(asked, policy.cap_seconds))
     return Retry(delay, error)
+
+
+def _failure(attempt: Attempt) -> str:
+    error = clean_error(attempt.error or "")
+    if error:
+        return error
+    if attempt.status is None:
+        return "no response"
+    if 100 <= attempt.status <= 599:
+        return f"HTTP {attempt.status}"
+    # RFC 9110 defines 100-599 only; a number beyond is not an HTTP answer
+    # (and a big enough one would not even format).
+    return "invalid response: status out of range"

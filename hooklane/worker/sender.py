@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import ssl
 import time
 from datetime import datetime, timezone
 
@@ -11,6 +13,8 @@ import aiohttp
 
 from hooklane.signing import sign
 from hooklane.worker.rules import Attempt
+
+logger = logging.getLogger(__name__)
 
 USER_AGENT = "Hooklane/0.1 (+https://www.standardwebhooks.com/)"
 # Bytes of a response the client may buffer before it stops reading the
@@ -26,6 +30,25 @@ def event_body(event_id: str, event_type: str, created_at: datetime, data_json: 
         '{"id":%s,"type":%s,"timestamp":%s,"data":%s}'
         % (json.dumps(event_id), json.dumps(event_type), json.dumps(timestamp), data_json)
     ).encode()
+
+
+def failure_class(exc: Exception, timeout_seconds: float) -> str:
+    """What a tenant may read about a call that got no HTTP answer: one of a
+    few classes, never the exception's text. aiohttp quotes the bytes it
+    could not parse, and telling refused from reset from closed (or a name
+    that does not resolve) would make the delivery log a port scanner."""
+    # First: TimeoutError is an OSError, and aiohttp's are ClientErrors too.
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"timeout: no response within {timeout_seconds:g} s"
+    if isinstance(exc, (ssl.SSLError, aiohttp.ClientSSLError)):
+        return "TLS error"
+    # A status line or headers that do not parse, and everything else the
+    # receiver answered that is not HTTP.
+    if isinstance(exc, (aiohttp.ClientResponseError, aiohttp.ClientPayloadError)):
+        return "invalid response"
+    if isinstance(exc, (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError)):
+        return "invalid URL"
+    return "connection failed"
 
 
 class Sender:
@@ -68,12 +91,22 @@ class Sender:
                 if not response.content.is_eof():
                     response.close()
                 return Attempt(status, retry_after)
-        except asyncio.TimeoutError:
-            return Attempt(None, error=f"timeout: no response within {timeout_seconds:g} s")
-        except aiohttp.ClientError as exc:
-            return Attempt(None, error=f"{type(exc).__name__}: {exc}"[:500])
-        except OSError as exc:
-            return Attempt(None, error=f"{type(exc).__name__}: {exc}"[:500])
+        except (aiohttp.ClientError, OSError) as exc:  # OSError includes TimeoutError
+            failure = failure_class(exc, timeout_seconds)
+            # The detail is for operators only. A response error's text would
+            # repeat the request, signature and URL (whose query may hold the
+            # receiver's token); its message is what did not parse. repr keeps
+            # a receiver's control bytes from forging log lines.
+            detail = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+            logger.info(
+                "call for event %s failed, recorded as %r: %s %.500r",
+                msg_id,
+                failure,
+                type(exc).__name__,
+                detail,
+                extra={"action": "send", "event": msg_id},
+            )
+            return Attempt(None, error=failure)
 
     async def close(self) -> None:
         await self._session.close()
