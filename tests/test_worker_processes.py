@@ -255,9 +255,9 @@ async def test_the_worker_rides_through_repeated_postgres_restarts_under_load(re
                 assert receiver.peak["/" + name] <= 2
             assert worker.poll() is None
         finally:
+            _stop(worker)
             stop.set()
             await publisher
-            _stop(worker)
 
 
 async def test_a_worker_started_before_its_database_waits_for_it(receiver):

@@ -171,6 +171,7 @@ class PartitionOwner:
         """Release every lock by closing the session."""
         async with self._io:
             if self._conn is not None and not self._conn.is_closed():
-                await self._conn.close()
+                # bounded: a server that stopped answering must not hold up the exit
+                await self._conn.close(timeout=5.0)
             self._conn = None
             self.owned = set()
