@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+
 import asyncpg
 import uvloop
 
+from hooklane.guard import parse_networks
 from hooklane.signing import parse_secret
 from hooklane.worker.sender import Sender, event_body
 
@@ -86,7 +89,9 @@ class BaselineWorker:
         self.pool = pool
         self.slots = slots
         self.poll = poll
-        self.sender = Sender()
+        # The same destination guard as Hooklane's worker, loopback allowed
+        # by bench.common for the benchmark's receivers.
+        self.sender = Sender(parse_networks(os.environ.get("HOOKLANE_ALLOWED_NETWORKS", "")))
         self.in_flight: set[asyncio.Task] = set()
         self.freed = asyncio.Event()
         self.keys: dict[str, bytes] = {}

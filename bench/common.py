@@ -35,6 +35,9 @@ DOCS = REPO / "docs"
 # A valid Standard Webhooks secret (24 bytes); signing cost is part of what
 # we measure, so every endpoint gets one.
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+# Every receiver a benchmark starts listens on loopback, which the
+# destination guard refuses unless allowed (HOOKLANE_ALLOWED_NETWORKS).
+ALLOWED_NETWORKS = "127.0.0.0/8,::1/128"
 
 
 # --------------------------------------------------------------------------
@@ -138,8 +141,13 @@ async def settle_ready(conn: asyncpg.Connection) -> None:
 
 def worker_env(dsn: str, **overrides: str) -> dict[str, str]:
     """Environment of a ``hooklane worker``: contract defaults, metrics off
-    unless a port is given."""
-    env = {**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_METRICS_PORT": "0"}
+    unless a port is given, loopback allowed."""
+    env = {
+        **os.environ,
+        "HOOKLANE_DATABASE_URL": dsn,
+        "HOOKLANE_METRICS_PORT": "0",
+        "HOOKLANE_ALLOWED_NETWORKS": ALLOWED_NETWORKS,
+    }
     env.update({f"HOOKLANE_{k.upper()}": str(v) for k, v in overrides.items()})
     return env
 
@@ -154,8 +162,10 @@ def start_worker(dsn: str, **overrides: str) -> subprocess.Popen:
 
 def start_module(module: str, *args: str, **popen: object) -> subprocess.Popen:
     """A bench helper (``python -m bench.X``) as a process of its own, so it
-    competes for the two cores like a real deployment would."""
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, **popen)
+    competes for the two cores like a real deployment would. Loopback is
+    allowed, as for the workers: the baseline sends with Hooklane's Sender."""
+    env = {**os.environ, "HOOKLANE_ALLOWED_NETWORKS": ALLOWED_NETWORKS}
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, **popen)
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 3.0) -> None:

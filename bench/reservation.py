@@ -80,14 +80,14 @@ SELECT 'evt_' || g, 't0', 'order.updated', jsonb_build_object('n', g), 1
 FROM generate_series(0, 999) g
 """
 DUE = """
-INSERT INTO deliveries (endpoint_id, event_id, next_attempt_at)
-SELECT r.id, 'evt_' || (g % 1000), now() - g * interval '1 second'
+INSERT INTO deliveries (endpoint_id, event_tenant, event_id, next_attempt_at)
+SELECT r.id, 't0', 'evt_' || (g % 1000), now() - g * interval '1 second'
 FROM roles r, generate_series(1, $1) g
 WHERE r.role = 'due'
 """
 IN_FLIGHT = """
-INSERT INTO deliveries (endpoint_id, event_id, state, attempts, reserved_at, lease_expires_at)
-SELECT r.id, 'evt_' || g, 'sending', 1, now(), now() + interval '15 seconds'
+INSERT INTO deliveries (endpoint_id, event_tenant, event_id, state, attempts, reserved_at, lease_expires_at)
+SELECT r.id, 't0', 'evt_' || g, 'sending', 1, now(), now() + interval '15 seconds'
 FROM roles r, generate_series(1, 4) g
 WHERE r.role = 'full'
 """
@@ -97,8 +97,8 @@ REST = """
 WITH others AS (
     SELECT id, role, row_number() OVER (ORDER BY id) - 1 AS k FROM roles WHERE role <> 'due'
 ), n AS (SELECT count(*) AS c FROM others)
-INSERT INTO deliveries (endpoint_id, event_id, next_attempt_at, attempts)
-SELECT o.id, 'evt_' || (g % 1000),
+INSERT INTO deliveries (endpoint_id, event_tenant, event_id, next_attempt_at, attempts)
+SELECT o.id, 't0', 'evt_' || (g % 1000),
        CASE WHEN o.role = 'later' THEN now() + (60 + g % 21600) * interval '1 second'
             ELSE now() - interval '1 minute' END,
        CASE WHEN o.role = 'later' THEN 1 ELSE 0 END

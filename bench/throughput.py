@@ -66,8 +66,8 @@ SELECT 'evt_' || g, 't' || (g % $2), 'order.updated',
 FROM generate_series(1, $1) g
 """
 BACKLOG_DELIVERIES = """
-INSERT INTO deliveries (endpoint_id, event_id)
-SELECT ep.id, e.id FROM events e JOIN endpoints ep ON ep.tenant = e.tenant
+INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
+SELECT ep.id, e.tenant, e.id FROM events e JOIN endpoints ep ON ep.tenant = e.tenant
 """
 
 

@@ -6,24 +6,34 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import re
 import signal
 import sys
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, AsyncIterator, Sequence
+from urllib.parse import urlsplit
 
+import asyncpg
 import uvloop
-import yaml
 
 from hooklane import store
-from hooklane.errors import InvalidInput
-from hooklane.manifest import parse_manifest
-from hooklane.publish import publish
+from hooklane.errors import DatabaseUnreachable, InvalidInput, printable, shown
+from hooklane.guard import literal_never_allowed
+from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, load_manifest
+from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.store import deliveries
 
 logger = logging.getLogger("hooklane")
+
+# A whsec_ secret is well under 100 bytes; the limit only bounds a wrong file.
+MAX_SECRET_BYTES = 4096
+# Room for indentation around the event's data, itself at most MAX_DATA_BYTES.
+MAX_DATA_INPUT_BYTES = 4 * MAX_DATA_BYTES
+_DELIVERY_ID = re.compile(r"[0-9]{1,19}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="hooklane",
         description="Webhook delivery with a queue per endpoint. The database is HOOKLANE_DATABASE_URL.",
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="DEBUG, INFO, WARNING or ERROR",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("migrate", help="apply the database migrations (idempotent)")
@@ -46,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="publish one event")
     pub.add_argument("--tenant", required=True)
     pub.add_argument("--type", required=True, help="dotted event type, e.g. order.updated")
-    pub.add_argument("--data", required=True, help="the event's data: a JSON object")
+    pub.add_argument(
+        "--data", required=True, help="the event's data: a JSON object, @FILE to read it from FILE, or - for stdin"
+    )
     pub.add_argument("--id", help="event id; publishing the same id twice stores it once")
     pub.add_argument("--coalesce-key", help="replaces a still-pending delivery with the same key")
 
@@ -63,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         p = esub.add_parser(action, help=text)
         p.add_argument("endpoint", help="NAMESPACE/NAME, or NAME in namespace default")
         if action == "resend":
-            p.add_argument("--delivery", type=int, action="append", help="only this delivery id (repeatable)")
+            p.add_argument("--delivery", type=_delivery_id, action="append", help="only this delivery id (repeatable)")
 
     dev = sub.add_parser("dev", help="local tooling: throwaway PostgreSQL, test control plane")
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
@@ -78,12 +93,26 @@ _PASS_THROUGH = {("operator", None), ("dev", "demo")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        # Flushed here rather than at exit, where a closed pipe could not be handled.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`hooklane status | head -1`): stop quietly with
+        # the status of a process killed by SIGPIPE, as other command-line
+        # tools do. stdout now leads nowhere, so the final flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if rest and (args.command, getattr(args, "dev_command", None)) not in _PASS_THROUGH:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -99,14 +128,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInput as exc:
         print(f"hooklane: {exc}", file=sys.stderr)
         return 2
+    except DatabaseUnreachable as exc:
+        print(f"hooklane: cannot reach the database: {exc}", file=sys.stderr)
+        return 1
+    except asyncpg.UndefinedTableError:
+        print("hooklane: the database has no Hooklane schema: run `hooklane migrate` first", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
 
+@asynccontextmanager
+async def _database(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
+    """The command's connection; a database out of reach is a one-line error."""
+    try:
+        conn = await store.connect(settings.database_url)
+    except InvalidInput:
+        raise
+    except ValueError as exc:
+        # asyncpg refusing a malformed URL; the message never quotes the URL,
+        # which may hold a password.
+        raise InvalidInput("HOOKLANE_DATABASE_URL", f"is not a valid PostgreSQL URL: {exc}") from None
+    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnreachable(str(exc) or type(exc).__name__) from None
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    async with store.connection(settings.database_url) as conn:
+    async with _database(settings) as conn:
         applied = await store.migrate(conn)
-    print(f"applied {len(applied)} migration(s)" if applied else "database is up to date")
+        print(f"applied {len(applied)} migration(s)" if applied else "database is up to date")
+        if settings.encryption_key is not None:
+            resealed = await store.reseal_secrets(conn, settings.encryption_key)
+            print(f"{resealed} endpoint(s) with signing secrets sealed with key {settings.encryption_key.active}")
     return 0
 
 
@@ -116,7 +173,14 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
     if settings.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.metrics_port, settings.metrics_host)
+        try:
+            start_http_server(settings.metrics_port, settings.metrics_host)
+        except (OSError, OverflowError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise InvalidInput(
+                "HOOKLANE_METRICS_PORT",
+                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {reason}",
+            ) from None
     worker = Worker(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -126,11 +190,8 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _publish(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        data = json.loads(args.data)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("--data", f"is not valid JSON: {exc}") from None
-    async with store.connection(settings.database_url) as conn, conn.transaction():
+    data = _data(args.data)
+    async with _database(settings) as conn, conn.transaction():
         event_id = await publish(
             conn, tenant=args.tenant, type=args.type, data=data, id=args.id, coalesce_key=args.coalesce_key
         )
@@ -142,44 +203,57 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
     action = args.endpoint_command
     if action == "apply":
         return await _endpoint_apply(args, settings)
-    async with store.connection(settings.database_url) as conn:
-        if action == "list":
-            _print_table(
-                ["NAMESPACE", "NAME", "TENANT", "URL", "MAX", "STATE", "FAILURES", "PAUSED UNTIL"],
-                [
-                    [r["namespace"], r["name"], r["tenant"], r["url"], r["max_concurrency"],
-                     _state(r), r["consecutive_failures"], _time(r["paused_until"])]
-                    for r in await store.list_endpoints(conn)
-                ],
-            )
-            return 0
-        namespace, name = _endpoint_name(args.endpoint)
+    if action == "list":
+        async with _database(settings) as conn:
+            rows = await store.list_endpoints(conn)
+        _print_table(
+            ["NAMESPACE", "NAME", "TENANT", "URL", "MAX", "STATE", "FAILURES", "PAUSED UNTIL"],
+            [
+                [r["namespace"], r["name"], r["tenant"], r["url"], r["max_concurrency"],
+                 _state(r), r["consecutive_failures"], _time(r["paused_until"])]
+                for r in rows
+            ],
+        )
+        return 0
+    namespace, name = _endpoint_name(args.endpoint)
+    async with _database(settings) as conn:
         if action == "reactivate":
             found = await store.reactivate_endpoint(conn, namespace, name)
-            print(f"{namespace}/{name} reactivated" if found else f"{namespace}/{name} not found")
-            return 0 if found else 1
-        count = await deliveries.resend_dead(conn, namespace, name, args.delivery)
-        print(f"{count} dead deliveries of {namespace}/{name} queued again")
-        return 0
+            done = f"{namespace}/{name} reactivated" if found else None
+        else:
+            count = await deliveries.resend_dead(conn, namespace, name, args.delivery)
+            done = None if count is None else f"{count} dead deliveries of {namespace}/{name} queued again"
+    if done is None:
+        print(f"{namespace}/{name} not found", file=sys.stderr)
+        return 1
+    print(done)
+    return 0
 
 
 async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
-    text = sys.stdin.read() if args.filename == "-" else _read_file(args.filename, "--filename")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInput("--filename", f"is not valid YAML: {exc}") from None
-    spec = parse_manifest(doc)
-    secret = _read_file(args.secret_file, "--secret-file").strip()
+    spec = load_manifest(_read_input(args.filename, "--filename", MAX_MANIFEST_BYTES), "--filename")
+    refusal = literal_never_allowed(urlsplit(spec.url).hostname or "", settings.allowed_networks)
+    if refusal is not None:
+        raise InvalidInput("spec.url", f"{refusal} (HOOKLANE_ALLOWED_NETWORKS does not list it)")
+    secret = _text(_read_input(args.secret_file, "--secret-file", MAX_SECRET_BYTES), "--secret-file").strip()
     parse_secret(secret)
-    async with store.connection(settings.database_url) as conn:
-        result = await store.upsert_endpoint(conn, spec, secret)
+    async with _database(settings) as conn:
+        result = await store.upsert_endpoint(
+            conn, spec, secret, keyring=settings.encryption_key, grace_seconds=settings.secret_grace_seconds
+        )
     print(f"webhookendpoint {spec.namespace}/{spec.name} {'created' if result.created else 'configured'}")
+    if result.previous_tenant is not None:
+        print(
+            f"tenant changed from {printable(result.previous_tenant)} to {printable(spec.tenant)}: "
+            f"{result.discarded} pending or dead deliveries of the old tenant's events discarded"
+        )
+    if result.rotated:
+        print(f"signing secret rotated: the previous one also signs for {settings.secret_grace_seconds:g} s")
     return 0
 
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
-    async with store.connection(settings.database_url) as conn:
+    async with _database(settings) as conn:
         rows = await store.endpoint_queues(conn)
     _print_table(
         ["ENDPOINT", "TENANT", "STATE", "PENDING", "IN FLIGHT", "MAX", "OLDEST PENDING", "FAILURES", "PAUSED UNTIL", "LAST ERROR"],
@@ -221,16 +295,59 @@ def _dev(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _read_file(path: str, option: str) -> str:
+def _read_input(path: str, option: str, limit: int) -> bytes:
+    """The bytes of a file, or of stdin for "-"; refused past ``limit``
+    without reading further."""
     try:
-        return Path(path).read_text()
+        if path == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as file:
+                raw = file.read(limit + 1)
     except OSError as exc:
-        raise InvalidInput(option, f"cannot read {path}: {exc.strerror}") from None
+        raise InvalidInput(option, f"cannot read {printable(path)}: {exc.strerror}") from None
+    if len(raw) > limit:
+        raise InvalidInput(option, f"is larger than {limit} bytes")
+    return raw
+
+
+def _text(raw: bytes, option: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(option, f"is not UTF-8 (byte {exc.start})") from None
+
+
+def _data(value: str) -> Any:
+    """``--data``: inline JSON, @FILE, or - for stdin (no shell argument
+    limit on those)."""
+    if value == "-" or value.startswith("@"):
+        text = _text(_read_input(value.removeprefix("@"), "--data", MAX_DATA_INPUT_BYTES), "--data")
+    else:
+        # Arguments that are not UTF-8 reach Python as lone surrogates.
+        text = _text(value.encode("utf-8", "surrogatepass"), "--data")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InvalidInput("--data", "nests too deeply") from None
+    except ValueError as exc:
+        raise InvalidInput("--data", f"is not valid JSON: {exc}") from None
+
+
+def _delivery_id(text: str) -> int:
+    if not _DELIVERY_ID.fullmatch(text) or not 1 <= int(text) < 2**63:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a delivery id")
+    return int(text)
 
 
 def _endpoint_name(value: str) -> tuple[str, str]:
-    namespace, _, name = value.rpartition("/")
-    return namespace or "default", name
+    namespace, slash, name = value.rpartition("/")
+    try:
+        return (check_namespace(namespace, "endpoint") if slash else "default"), check_name(name, "endpoint")
+    except InvalidInput:
+        raise InvalidInput(
+            "endpoint", f"must be NAMESPACE/NAME or NAME, lowercase DNS-style names, not {shown(value)}"
+        ) from None
 
 
 def _state(row: Any) -> str:
@@ -259,7 +376,8 @@ def _time(value: datetime | None) -> str:
 
 
 def _print_table(headers: list[str], rows: list[list[Any]]) -> None:
-    cells = [headers, *[[str(c) for c in row] for row in rows]]
+    # Names, URLs and errors may hold escape sequences meant for the terminal.
+    cells = [headers, *[[printable(str(c)) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

@@ -50,3 +50,8 @@ EVENTS_UNROUTED = Gauge(
 )
 
 PER_ENDPOINT = (ENDPOINT_PENDING, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_PENDING_AGE, ENDPOINT_DEAD)
+
+DESTINATIONS_DENIED = Counter(
+    "hooklane_destinations_denied_total",
+    "Delivery attempts refused before connecting: the address is not allowed (HOOKLANE_ALLOWED_NETWORKS).",
+)

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from typing import Any
 
 import asyncpg
 
-from hooklane.errors import InvalidInput
-from hooklane.manifest import EVENT_TYPE
+from hooklane.errors import InvalidInput, shown
+from hooklane.manifest import EVENT_TYPE, check_tenant, check_text, walk
 from hooklane.store.events import insert_event
 
-_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 MAX_DATA_BYTES = 256 * 1024
+# Integers every receiver can read back exactly: 64 bits, signed or unsigned.
+# Most JSON parsers lose digits beyond that, or fail.
+_INT_RANGE = (-(2**63), 2**64 - 1)
 
 
 def new_event_id() -> str:
@@ -24,17 +28,20 @@ def new_event_id() -> str:
 def check_event(
     *, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_key: Any = None
 ) -> str:
-    """Check publish arguments; return ``data`` as JSON text."""
-    if not isinstance(tenant, str) or not 1 <= len(tenant) <= 253:
-        raise InvalidInput("tenant", "is required: a string of 1 to 253 characters")
-    if not isinstance(type, str) or len(type) > 255 or not EVENT_TYPE.match(type):
-        raise InvalidInput("type", f"must be a dotted event type like 'order.updated', not {type!r}")
+    """Check publish arguments; return ``data`` as JSON text.
+
+    Everything is checked before any SQL: a statement Postgres refuses would
+    abort the caller's transaction, and the caller's own writes with it."""
+    check_tenant(tenant, "tenant")
+    if not isinstance(type, str) or len(type) > 255 or not EVENT_TYPE.fullmatch(type):
+        raise InvalidInput("type", f"must be a dotted event type like 'order.updated', not {shown(type)}")
     if not isinstance(data, dict):
         raise InvalidInput("data", "must be a JSON object")
-    if id is not None and (not isinstance(id, str) or not _ID.match(id)):
+    if id is not None and (not isinstance(id, str) or not _ID.fullmatch(id)):
         raise InvalidInput("id", "must be 1 to 255 characters of letters, digits and _.:-")
-    if coalesce_key is not None and (not isinstance(coalesce_key, str) or not 1 <= len(coalesce_key) <= 255):
-        raise InvalidInput("coalesce_key", "must be a string of 1 to 255 characters")
+    if coalesce_key is not None:
+        check_text(coalesce_key, "coalesce_key", 255)
+    _check_data(data)
     try:
         data_json = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -42,6 +49,30 @@ def check_event(
     if len(data_json.encode()) > MAX_DATA_BYTES:
         raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
     return data_json
+
+
+def _check_data(data: dict[str, Any]) -> None:
+    """Refuse what JSON or jsonb cannot hold, before serialising. The walk
+    stops once a lower bound on the size (a byte per value, key character and
+    string character) passes the limit, so a huge or self-repeating tree costs
+    no more to refuse than ``MAX_DATA_BYTES`` values."""
+    budget = MAX_DATA_BYTES
+    for path, node in walk(data, "data", field="data"):
+        budget -= 1 + (len(node) if isinstance(node, str) else 0)
+        if isinstance(node, dict):
+            budget -= sum(len(key) for key in node)
+        if budget < 0:
+            raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
+        if node is None or isinstance(node, (str, bool, dict, list, tuple)):
+            continue
+        if isinstance(node, int):
+            if not _INT_RANGE[0] <= node <= _INT_RANGE[1]:
+                raise InvalidInput("data", f"has an integer outside the 64-bit range at {path}")
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                raise InvalidInput("data", f"has {node} at {path}: JSON has no NaN or infinity")
+        else:
+            raise InvalidInput("data", f"has a {node.__class__.__name__} at {path}, which is not JSON")
 
 
 async def publish(
@@ -56,8 +87,11 @@ async def publish(
     """Publish an event inside the caller's transaction on ``conn``.
 
     The event and one delivery per matching endpoint commit or roll back with
-    the caller's own writes. Returns the event id; publishing an id that is
-    already stored stores nothing more and returns it again. An event that
+    the caller's own writes. Returns the event id. An event is identified by
+    (tenant, id): publishing the same event again (same id, type, data and
+    coalesce_key) stores nothing more and returns the id again; the same id
+    with other content raises ``EventConflict`` (an ``InvalidInput`` for
+    ``id``), storing nothing and leaving the transaction usable. An event that
     matches no endpoint is kept and counted, never dropped. ``coalesce_key``
     replaces a still-pending delivery of the same key to the same endpoint.
     """

@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import field, fields
+from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated, Any, Mapping
 
-from pydantic import Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 from hooklane.errors import InvalidInput
+from hooklane.guard import parse_networks
 from hooklane.policies import CircuitPolicy, Count, RetryPolicy, Seconds
+from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +26,34 @@ _NESTED = {"retry": RetryPolicy, "circuit": CircuitPolicy}
 
 # 0 turns the metrics endpoint off.
 Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+def _networks(value: Any) -> Any:
+    # From the environment: comma-separated text, read the one way
+    # `parse_networks` reads it; from code, networks already.
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse_networks(value)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
+Networks = Annotated[tuple[IPv4Network | IPv6Network, ...], BeforeValidator(_networks)]
+
+
+def _keyring(value: Any) -> Any:
+    # From the environment: the key ids and keys, read by `Keyring.parse`,
+    # whose messages never quote a key; from code, a Keyring already.
+    if not isinstance(value, str):
+        return value
+    try:
+        return Keyring.parse(value)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
+EncryptionKey = Annotated[Keyring, BeforeValidator(_keyring)]
 
 
 @dataclass(frozen=True)
@@ -59,6 +90,15 @@ class Settings:
     # How often the operator writes queue health back onto each
     # WebhookEndpoint's status; one query serves all endpoints per interval.
     operator_status_seconds: Seconds = 10.0
+    # Networks deliveries may reach beyond globally routable addresses
+    # (hooklane/guard.py): receivers inside the cluster, loopback for tests.
+    # Empty by default, so that nothing private is reachable by accident.
+    allowed_networks: Networks = ()
+    # Seals signing secrets in Postgres (hooklane/secrets.py): unset, they
+    # are stored as they are. Its repr shows key ids only.
+    encryption_key: EncryptionKey | None = None
+    # How long a replaced signing secret still signs next to the new one.
+    secret_grace_seconds: Seconds = DEFAULT_GRACE_SECONDS
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 
@@ -95,6 +135,9 @@ def _invalid(error: Any) -> InvalidInput:
     if path and path[-1] in _NESTED:
         # a rule between two fields of a policy
         return InvalidInput(_variable(*path) + "_*", error["msg"].removeprefix("Value error, "))
+    if error["type"] == "value_error":
+        # our own validator's words, which quote the value already
+        return InvalidInput(_variable(*path), error["msg"].removeprefix("Value error, "))
     shown = repr(error["input"])
     if len(shown) > 40:
         shown = shown[:37] + "..."

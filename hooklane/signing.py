@@ -11,6 +11,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Sequence
 
 from hooklane.errors import InvalidInput
 
@@ -36,8 +37,12 @@ def parse_secret(secret: str) -> bytes:
     return key
 
 
-def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The ``webhook-signature`` header value for one delivery."""
+def sign(key: bytes | Sequence[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header value for one delivery: with several
+    keys (a secret being rotated), one signature per key, space-separated,
+    of which a receiver's verifier accepts any."""
+    keys = [key] if isinstance(key, bytes) else key
     content = b"%s.%d.%s" % (msg_id.encode(), timestamp, body)
-    digest = hmac.new(key, content, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
+    return " ".join(
+        "v1," + base64.b64encode(hmac.new(k, content, hashlib.sha256).digest()).decode() for k in keys
+    )

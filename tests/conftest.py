@@ -17,6 +17,7 @@ from pytest_postgresql import factories
 
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
+from hooklane.guard import parse_networks
 from hooklane.manifest import EndpointSpec
 from hooklane.settings import Settings
 from hooklane.worker.runner import Worker
@@ -25,6 +26,9 @@ from tests.receivers import Receiver
 pytest_plugins = ["tests.kube_fixtures"]
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+# Every receiver a test starts listens on loopback, which the destination
+# guard refuses unless allowed: each worker a test starts allows it, explicitly.
+LOOPBACK = "127.0.0.0/8,::1/128"
 
 
 @dataclass(frozen=True)
@@ -90,9 +94,11 @@ async def db(dsn: str) -> AsyncIterator[asyncpg.Connection]:
 
 @pytest.fixture
 def settings(dsn: str) -> Settings:
-    """Contract defaults, with short polling so tests do not wait on timers."""
+    """Contract defaults, with short polling so tests do not wait on timers,
+    and loopback (where the receivers are) allowed."""
     return Settings(
         database_url=dsn,
+        allowed_networks=parse_networks(LOOPBACK),
         metrics_port=0,
         poll_seconds=0.1,
         rebalance_seconds=0.2,
@@ -160,6 +166,7 @@ def worker_process(dsn: str, **env: str) -> subprocess.Popen:
         "HOOKLANE_REBALANCE_SECONDS": "0.2",
         "HOOKLANE_MAINTENANCE_SECONDS": "0.3",
         "HOOKLANE_LEASE_GRACE_SECONDS": "1",
+        "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK,
         **env,
     }
     return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "worker"], env=environ)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import SECRET
+from tests.conftest import LOOPBACK, SECRET, add_endpoint
+from tests.test_manifest import LAUGHS
 
 MANIFEST = textwrap.dedent(
     """\
@@ -28,10 +31,10 @@ MANIFEST = textwrap.dedent(
 )
 
 
-def hooklane(dsn: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def hooklane(dsn: str, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hooklane.cli", *args],
-        env={**os.environ, "HOOKLANE_DATABASE_URL": dsn},
+        env={**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK, **env},
         input=stdin,
         capture_output=True,
         text=True,
@@ -122,3 +125,230 @@ def test_publish_refuses_bad_input_and_stores_nothing(dsn, db_sync, args, messag
 def test_missing_database_url_is_explained():
     result = hooklane("", "status")
     assert result.returncode == 2 and "HOOKLANE_DATABASE_URL: is not set" in result.stderr
+
+
+def _apply(dsn: str, files, manifest: str = "endpoint.yaml", secret: str = "secret") -> subprocess.CompletedProcess:
+    return hooklane(dsn, "endpoint", "apply", "-f", str(files / manifest), "--secret-file", str(files / secret))
+
+
+def _refused(result: subprocess.CompletedProcess, message: str) -> bool:
+    """Exit 2, with one short line naming the field."""
+    return (
+        result.returncode == 2
+        and result.stderr.startswith("hooklane: ")
+        and message in result.stderr
+        and result.stderr.count("\n") == 1
+        and len(result.stderr) < 400
+    )
+
+
+MANIFEST_BYTES = MANIFEST.encode()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\xff\xfe" + MANIFEST_BYTES, "--filename: is not UTF-8"),
+        (MANIFEST_BYTES.replace(b"acme\n", b"ac\x00me\n"), "--filename: contains a NUL character"),
+        (MANIFEST_BYTES + b"#" * (1 << 20), "--filename: is larger than 1048576 bytes"),
+        (LAUGHS, "--filename: uses a YAML alias (line 2): aliases are not supported"),
+        (b"[" * 200_000, "--filename: nests deeper than 64 levels"),
+        (b'{"a":' * 100_000, "--filename: nests deeper than 64 levels"),
+        (MANIFEST_BYTES + b"---\n" + MANIFEST_BYTES, "--filename: holds more than one YAML document"),
+        (MANIFEST_BYTES.replace(b"spec:", b"sepc:"), "manifest: unknown field(s): sepc"),
+        (MANIFEST_BYTES.replace(b"  name: orders-acme", b"  nmae: orders-acme"), "metadata: unknown field(s): nmae"),
+        (MANIFEST_BYTES.replace(b":9000", b":99999"), "spec.url: has an invalid port '99999'"),
+        (MANIFEST_BYTES.replace(b":9000", b":abc"), "spec.url: has an invalid port 'abc'"),
+        (MANIFEST_BYTES.replace(b"127.0.0.1:9000", b"[::1"), "spec.url: has a malformed host"),
+        (MANIFEST_BYTES.replace(b"127.0.0.1", b"127.1"), "spec.url: host '127.1' must be a DNS name or four"),
+        (MANIFEST_BYTES.replace(b"http://", b"http://admin:hunter2@"), "spec.url: must not hold user:password@"),
+        (MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: 99999999999999999999999"),
+         "spec.maxConcurrency: must be between 1 and 256"),
+        (MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: 1e400"),
+         "spec.maxConcurrency: must be an integer, not '1e400'"),
+        (MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: " + b"7" * 5000),
+         "--filename: has an integer longer than 64 characters"),
+        (MANIFEST_BYTES.replace(b"tenant: acme", b"tenant: 2024-13-45"), "--filename: holds a value YAML cannot read"),
+        (MANIFEST_BYTES.replace(b"tenant: acme", b'tenant: "acme\\e[2J"'), "spec.tenant: must not contain control"),
+        (MANIFEST_BYTES.replace(b"key: secret", b"key: secret/x"), "spec.secretRef.key: must be 1 to 253"),
+    ],
+)
+def test_hostile_manifests_exit_2_naming_the_field(dsn, db_sync, files, content, message):
+    (files / "endpoint.yaml").write_bytes(content)
+    result = _apply(dsn, files)
+    assert _refused(result, message), result.stderr[:2000]
+    assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"whsec_\xff" + SECRET.encode(), "--secret-file: is not UTF-8"),
+        (SECRET.encode() + b"\n" * 5000, "--secret-file: is larger than 4096 bytes"),
+        (SECRET.encode().replace(b"_", b"_\x00"), "secret: the part after whsec_ is not valid base64"),
+    ],
+)
+def test_hostile_secret_files_exit_2(dsn, db_sync, files, content, message):
+    (files / "secret").write_bytes(content)
+    assert _refused(_apply(dsn, files), message)
+    assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
+
+
+def test_manifest_from_stdin_is_limited_too(dsn, db_sync, files):
+    args = ["endpoint", "apply", "-f", "-", "--secret-file", str(files / "secret")]
+    assert _refused(hooklane(dsn, *args, stdin=MANIFEST + "#" * (1 << 20)), "--filename: is larger than")
+    assert _refused(hooklane(dsn, "endpoint", "apply", "-f", str(files), "--secret-file", str(files / "secret")),
+                    "--filename: cannot read")
+    assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
+    assert hooklane(dsn, *args, stdin=MANIFEST).returncode == 0
+
+
+@pytest.mark.parametrize("args", [["status"], ["endpoint", "list"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly(dsn, files, args):
+    assert _apply(dsn, files).returncode == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hooklane.cli", *args],
+        env={**os.environ, "HOOKLANE_DATABASE_URL": dsn},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.stderr.close()
+    # 141 = 128 + SIGPIPE: what a shell reports for a tool the pipe killed.
+    assert process.wait(timeout=60) == 141
+    assert stderr == b""
+
+
+def test_resend_and_reactivate_of_an_unknown_endpoint_fail(dsn, files):
+    assert _apply(dsn, files).returncode == 0
+    for action in ("resend", "reactivate"):
+        result = hooklane(dsn, "endpoint", action, "shop/nope")
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", "shop/nope not found\n")
+    known = hooklane(dsn, "endpoint", "resend", "shop/orders-acme")
+    assert known.returncode == 0 and known.stdout == "0 dead deliveries of shop/orders-acme queued again\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["resend", ""], "endpoint: must be NAMESPACE/NAME or NAME"),
+        (["resend", "shop/"], "endpoint: must be NAMESPACE/NAME or NAME"),
+        (["resend", "/x"], "endpoint: must be NAMESPACE/NAME or NAME"),
+        (["reactivate", "Shop/x"], "endpoint: must be NAMESPACE/NAME or NAME"),
+        (["reactivate", "a/b/c"], "endpoint: must be NAMESPACE/NAME or NAME"),
+        (["reactivate", "x\n"], "endpoint: must be NAMESPACE/NAME or NAME, lowercase DNS-style names, not 'x\\n'"),
+        (["resend", "x", "--delivery", "99999999999999999999"], "is not a delivery id"),
+        (["resend", "x", "--delivery", "-1"], "is not a delivery id"),
+    ],
+)
+def test_endpoint_names_are_checked(dsn, args, message):
+    result = hooklane(dsn, "endpoint", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_status_and_list_escape_control_characters(dsn, db):
+    await add_endpoint(db, "evil", "http://127.0.0.1:1/a")
+    await db.execute(
+        """UPDATE endpoints SET tenant = E'ac\\x1b[2Jme', url = E'http://x/\\x1b]0;owned\\x07',
+                  last_error = E'boom\\r\\x1b[31mred\\u202e', consecutive_failures = 1"""
+    )
+    status = hooklane(dsn, "status")
+    listing = hooklane(dsn, "endpoint", "list")
+    for result in (status, listing):
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\r" not in result.stdout and "\x07" not in result.stdout
+        assert "ac\\x1b[2Jme" in result.stdout
+    assert "boom\\r\\x1b[31mred\\u202e" in status.stdout
+    assert "http://x/\\x1b]0;owned\\x07" in listing.stdout
+
+
+def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
+    big = {"blob": "x" * 200_000}  # over the shell's 128 KiB limit for one argument
+    (tmp_path / "data.json").write_text(json.dumps(big, indent=2))
+    base = ["publish", "--tenant", "acme", "--type", "order.updated"]
+    from_file = hooklane(dsn, *base, "--data", f"@{tmp_path / 'data.json'}", "--id", "from-file")
+    from_stdin = hooklane(dsn, *base, "--data", "-", "--id", "from-stdin", stdin='{"id": 8}')
+    assert (from_file.returncode, from_stdin.returncode) == (0, 0), from_file.stderr + from_stdin.stderr
+    assert db_sync("SELECT id, length(data->>'blob') FROM events ORDER BY id") == [
+        ("from-file", 200_000), ("from-stdin", None)
+    ]
+
+
+@pytest.mark.parametrize(
+    "data, content, message",
+    [
+        ("@{path}", b'{"a": "\xff"}', "--data: is not UTF-8 (byte 7)"),
+        ("@{path}", b'{"a": ', "--data: is not valid JSON: Expecting value: line 1 column 7"),
+        ("@{path}", b"[" * 100_000, "--data: nests too deeply"),
+        ("@{path}", b'{"a": ' + b"9" * 5000 + b"}", "--data: is not valid JSON: Exceeds the limit (4300 digits)"),
+        ("@{path}", b" " * (1 << 20) + b"{}", "--data: is larger than 1048576 bytes"),
+        ("@{path}.missing", b"", "--data: cannot read"),
+        (os.fsdecode(b'{"a": "\xff"}'), b"", "--data: is not UTF-8"),
+        ('{"a": ' * 100 + "1" + "}" * 100, b"", "data: nests deeper than 64 levels"),
+        ('{"a": "\\u0000"}', b"", "data: contains a NUL character at data.a"),
+        ('{"a": NaN}', b"", "data: has nan at data.a"),
+    ],
+)
+def test_publish_refuses_bad_data_files_and_stores_nothing(dsn, db_sync, tmp_path, data, content, message):
+    (tmp_path / "data.json").write_bytes(content)
+    data = data.replace("{path}", str(tmp_path / "data.json"))
+    result = hooklane(dsn, "publish", "--tenant", "acme", "--type", "order.updated", "--data", data)
+    assert _refused(result, message), result.stderr[:2000]
+    assert db_sync("SELECT count(*) FROM events") == [(0,)]
+
+
+def test_a_busy_metrics_port_is_a_clear_error(dsn):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = hooklane(dsn, "worker", HOOKLANE_METRICS_PORT=str(port), HOOKLANE_METRICS_HOST="127.0.0.1")
+    assert _refused(result, f"HOOKLANE_METRICS_PORT: cannot serve metrics on 127.0.0.1:{port}: Address already in use")
+
+
+def test_an_unreachable_database_is_one_line(dsn):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    for args in (["status"], ["endpoint", "list"], ["migrate"]):
+        result = hooklane(f"postgresql://postgres@127.0.0.1:{port}/hooklane", *args)
+        assert result.returncode == 1 and result.stderr.startswith("hooklane: cannot reach the database: ")
+        assert result.stderr.count("\n") == 1
+    missing = hooklane(dsn.rsplit("/", 1)[0] + "/no_such_database", "status")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("hooklane: cannot reach the database: ") and "no_such_database" in missing.stderr
+    malformed = hooklane("postgresql://postgres:s3cret@127.0.0.1:notaport/x", "status")
+    assert malformed.returncode == 2 and "HOOKLANE_DATABASE_URL" in malformed.stderr
+    assert "s3cret" not in malformed.stderr and "Traceback" not in malformed.stderr
+
+
+def test_a_bad_log_level_is_a_usage_error(dsn):
+    result = hooklane(dsn, "--log-level", "LOUD", "status")
+    assert result.returncode == 2 and "invalid choice: 'LOUD'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_apply_refuses_an_address_the_worker_would_never_dial(dsn, files, db_sync):
+    manifest = files / "endpoint.yaml"
+    manifest.write_text(MANIFEST.replace("127.0.0.1:9000", "10.1.2.3:9000"))
+    args = ("endpoint", "apply", "-f", str(manifest), "--secret-file", str(files / "secret"))
+    refused = hooklane(dsn, *args, HOOKLANE_ALLOWED_NETWORKS="")
+    assert _refused(refused, "spec.url: destination 10.1.2.3 is not allowed")
+    assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
+    # allow-listed for a receiver inside the cluster, it is accepted
+    assert hooklane(dsn, *args, HOOKLANE_ALLOWED_NETWORKS="10.0.0.0/8").returncode == 0
+    # a name is judged at each connection, after DNS, not here
+    manifest.write_text(MANIFEST.replace("127.0.0.1:9000", "receiver.example:9000"))
+    assert hooklane(dsn, *args, HOOKLANE_ALLOWED_NETWORKS="").returncode == 0
+
+
+def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
+    info = postgresql.info
+    postgresql.autocommit = True
+    with postgresql.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {info.dbname}_empty")
+    empty = f"postgresql://{info.user}@{info.host}:{info.port}/{info.dbname}_empty"
+    for args in (("status",), ("endpoint", "list"), ("publish", "--tenant", "a", "--type", "t", "--data", "{}")):
+        result = hooklane(empty, *args)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr == "hooklane: the database has no Hooklane schema: run `hooklane migrate` first\n"

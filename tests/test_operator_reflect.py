@@ -142,6 +142,19 @@ def test_an_open_circuit_is_paused_until_a_success_closes_it():
     assert probing.events == []
 
 
+def test_a_refused_destination_says_what_to_change():
+    refused = replace(IDLE, consecutive_failures=3, last_error="destination 10.0.0.1 is not allowed")
+    delivering = condition(run(settled(), refused).patch, reflect.DELIVERING)
+    assert (delivering["status"], delivering["reason"]) == ("False", reflect.DESTINATION_DENIED)
+    assert delivering["message"].startswith("destination 10.0.0.1 is not allowed: change spec.url")
+    # even once the circuit opened over it: the address is what to fix
+    opened = replace(refused, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60))
+    assert condition(run(settled(), opened).patch, reflect.DELIVERING)["reason"] == reflect.DESTINATION_DENIED
+    # a receiver's own failure is not a refusal
+    failing = replace(IDLE, consecutive_failures=3, last_error="connection failed")
+    assert "conditions" not in run(settled(), failing).patch  # still Delivering
+
+
 def test_manual_pause_and_deactivation_set_the_phase():
     assert run({}, replace(IDLE, paused=True)).patch["phase"] == reflect.PAUSED
     assert condition(run({}, replace(IDLE, paused=True)).patch, reflect.DELIVERING)["reason"] == reflect.MANUALLY_PAUSED

@@ -77,9 +77,10 @@ async def test_unmatched_event_is_kept_and_counted(db):
 
 
 async def test_same_id_twice_is_stored_once(db):
+    # With other content it is refused: tests/test_tenancy.py.
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     first = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 1}, id="evt-42")
-    again = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 2}, id="evt-42")
+    again = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 1}, id="evt-42")
     assert first == again == "evt-42"
     assert await db.fetchval("SELECT count(*) FROM events") == 1
     assert await db.fetchval("SELECT data->>'v' FROM events") == "1"
@@ -154,3 +155,86 @@ async def test_a_bad_publish_keeps_what_was_already_accepted(db):
     with pytest.raises(InvalidInput):
         await hooklane.publish(db, tenant="acme", type="bad type", data={})
     assert await db.fetchval("SELECT array_agg(id) FROM events") == [kept]
+
+
+def _deep(levels: int) -> dict:
+    data: dict | str = "leaf"
+    for _ in range(levels):
+        data = {"a": data}
+    return data
+
+
+def _shared(levels: int) -> dict:
+    # 2**levels paths through a handful of objects.
+    data: dict = {}
+    for _ in range(levels):
+        data = {"a": data, "b": data}
+    return data
+
+
+def _cycle() -> dict:
+    data: dict = {}
+    data["self"] = data
+    return data
+
+
+REFUSED = [
+    ({"data": {"note": "a\x00b"}}, "data"),
+    ({"data": {"no\x00te": 1}}, "data"),
+    ({"data": {"a": [{"b": ["\x00"]}]}}, "data"),
+    ({"data": {"a": "\ud800"}}, "data"),
+    ({"data": {"\udfff": 1}}, "data"),
+    ({"data": _deep(100_000)}, "data"),
+    ({"data": _deep(65)}, "data"),
+    ({"data": _shared(60)}, "data"),
+    ({"data": _cycle()}, "data"),
+    ({"data": {"n": 2**64}}, "data"),
+    ({"data": {"n": -(2**63) - 1}}, "data"),
+    ({"data": {"n": 10**5000}}, "data"),
+    ({"data": {"x": float("inf")}}, "data"),
+    ({"data": {"x": [float("-inf")]}}, "data"),
+    ({"data": {1: "one"}}, "data"),
+    ({"data": {None: "none"}}, "data"),
+    ({"data": {"s": {1, 2}}}, "data"),
+    ({"data": {"b": b"bytes"}}, "data"),
+    ({"tenant": "ac\x00me"}, "tenant"),
+    ({"tenant": "acme\n"}, "tenant"),
+    ({"tenant": "ac\x1b[31mme"}, "tenant"),
+    ({"tenant": "ac\x7fme"}, "tenant"),
+    ({"tenant": "ac\x9bme"}, "tenant"),
+    ({"tenant": "\ud800"}, "tenant"),
+    ({"type": "order.created\x00"}, "type"),
+    ({"type": "order.created\n"}, "type"),
+    ({"type": "x" * 256}, "type"),
+    ({"id": "evt-1\x00"}, "id"),
+    ({"id": "evt-1\n"}, "id"),
+    ({"coalesce_key": "k\x00"}, "coalesce_key"),
+    ({"coalesce_key": "k\n"}, "coalesce_key"),
+    ({"coalesce_key": "k\t1"}, "coalesce_key"),
+    ({"coalesce_key": "\udc80"}, "coalesce_key"),
+    ({"coalesce_key": 7}, "coalesce_key"),
+]
+
+
+@pytest.mark.parametrize("kwargs, field", REFUSED, ids=[f"{f}-{i}" for i, (_, f) in enumerate(REFUSED)])
+async def test_a_refused_publish_leaves_the_callers_transaction_usable(db, kwargs, field):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await db.execute("CREATE TABLE orders (id int)")
+    async with db.transaction():
+        await db.execute("INSERT INTO orders VALUES (1)")
+        with pytest.raises(InvalidInput) as info:
+            await hooklane.publish(db, **{"tenant": "acme", "type": "order.created", "data": {}, **kwargs})
+        await db.execute("INSERT INTO orders VALUES (2)")
+    assert info.value.field == field
+    assert len(str(info.value)) < 1000
+    assert await db.fetchval("SELECT count(*) FROM orders") == 2
+    assert await db.fetchval("SELECT count(*) FROM events") == 0
+
+
+async def test_the_limits_themselves_are_accepted(db):
+    data = {"deep": _deep(63), "max": 2**64 - 1, "min": -(2**63), "text": "tab\tnew\nline\x1b ok", "t": (1, 2)}
+    event_id = await hooklane.publish(
+        db, tenant="a" * 253, type="order.created", data=data, id="i" * 255, coalesce_key="k" * 255
+    )
+    stored = await db.fetchval("SELECT data FROM events WHERE id = $1", event_id)
+    assert '"max": 18446744073709551615' in stored and "\\u001b" in stored

@@ -263,7 +263,7 @@ async def test_sweep_makes_ready_what_the_index_lacks(db):
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
     # written behind publish's back (an older publish, or by hand): no wakeup
     await db.execute("INSERT INTO events (id, tenant, type, data, fanout) VALUES ('e1', 'acme', 't', '{}', 2)")
-    await db.execute("INSERT INTO deliveries (endpoint_id, event_id) SELECT id, 'e1' FROM endpoints")
+    await db.execute("INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints")
     assert await _reserve(db) == []
     assert await deliveries.sweep_ready(db, ALL) == 1  # not the paused one
     assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+from ipaddress import ip_network
+
 import pytest
 
 from hooklane.errors import InvalidInput
@@ -21,6 +23,8 @@ def test_defaults_are_the_contracts():
     assert settings.retry == RetryPolicy(30.0, 6 * 3600.0, 20, 72 * 3600.0)
     assert settings.circuit == CircuitPolicy(20, 60.0, 3600.0)
     assert settings.worker_concurrency == 256 and settings.metrics_port == 9100
+    # nothing beyond globally routable addresses unless allowed
+    assert settings.allowed_networks == ()
 
 
 def test_values_are_read_and_typed():
@@ -32,11 +36,13 @@ def test_values_are_read_and_typed():
             "HOOKLANE_METRICS_PORT": "0",
             "HOOKLANE_RETRY_MAX_ATTEMPTS": "5",
             "HOOKLANE_CIRCUIT_STEP_SECONDS": "10",
+            "HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8, ::1/128,10.20.0.0/16",
         }
     )
     assert settings.database_url == "postgresql://db/hooklane"
     assert (settings.worker_concurrency, settings.poll_seconds, settings.metrics_port) == (32, 0.25, 0)
     assert settings.retry.max_attempts == 5 and settings.circuit.step_seconds == 10.0
+    assert settings.allowed_networks == (ip_network("127.0.0.0/8"), ip_network("::1/128"), ip_network("10.20.0.0/16"))
 
 
 @pytest.mark.parametrize(
@@ -62,6 +68,10 @@ def test_values_are_read_and_typed():
         ("HOOKLANE_RETRY_MAX_ATTEMPTS", "0"),
         ("HOOKLANE_CIRCUIT_THRESHOLD", "0"),
         ("HOOKLANE_CIRCUIT_CAP_SECONDS", "nan"),
+        ("HOOKLANE_ALLOWED_NETWORKS", "10.0.0.1/8"),
+        ("HOOKLANE_ALLOWED_NETWORKS", "localhost"),
+        ("HOOKLANE_ALLOWED_NETWORKS", "127.0.0.0/8 ::1/128"),
+        ("HOOKLANE_ALLOWED_NETWORKS", "10.0.0.0/8," + "9" * 5000),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_variable(variable, value):
@@ -78,6 +88,12 @@ def test_a_rule_between_two_values_names_both():
     assert "cap_seconds (10) must be at least base_seconds (30)" in refused.value.message
 
 
+def test_a_bad_network_is_named_as_written():
+    with pytest.raises(InvalidInput) as refused:
+        Settings.from_env({"HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8,10.0.0.1/8"})
+    assert str(refused.value) == "HOOKLANE_ALLOWED_NETWORKS: '10.0.0.1/8' has host bits set: the network is 10.0.0.0/8"
+
+
 def test_settings_built_in_code_are_checked_too():
     with pytest.raises(ValueError):
         Settings(poll_seconds=0)
@@ -85,6 +101,8 @@ def test_settings_built_in_code_are_checked_too():
         dataclasses.replace(Settings(), worker_concurrency=0)
     with pytest.raises(ValueError):
         CircuitPolicy(threshold=0)
+    with pytest.raises(ValueError):
+        Settings(allowed_networks="10.0.0.1/8")
 
 
 def test_an_unknown_variable_is_named_in_a_warning(caplog):

@@ -77,3 +77,16 @@ def test_any_delivery_we_sign_verifies(key, msg_id, skew, body):
     Webhook(secret).verify(data, _headers(msg_id, ts, signature), json_parse=False)
     with pytest.raises(WebhookVerificationError):
         Webhook(secret).verify(data + b" ", _headers(msg_id, ts, signature), json_parse=False)
+
+
+def test_two_keys_give_two_signatures_either_verifier_accepts():
+    # A secret being rotated: the new key and the replaced one both sign.
+    new = "whsec_" + base64.b64encode(b"n" * 32).decode()
+    body = b'{"x":1}'
+    ts = int(time.time())
+    signature = sign([parse_secret(new), parse_secret(SECRET)], "msg_1", ts, body)
+    assert signature.split(" ") == [sign(parse_secret(s), "msg_1", ts, body) for s in (new, SECRET)]
+    for secret in (new, SECRET):
+        Webhook(secret).verify(body, _headers("msg_1", ts, signature), json_parse=False)
+    with pytest.raises(WebhookVerificationError):
+        Webhook("whsec_" + base64.b64encode(b"o" * 32).decode()).verify(body, _headers("msg_1", ts, signature))

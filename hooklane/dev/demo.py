@@ -86,8 +86,10 @@ async def run(endpoints: int, seconds: float, rate: float, slow_seconds: float) 
         print(f"PostgreSQL at {pg.dsn}; {endpoints} endpoints; /slow answers in {slow_seconds:g} s", flush=True)
         worker = subprocess.Popen(
             [sys.executable, "-m", "hooklane.cli", "worker"],
+            # The demo's receiver is on loopback, which only an explicit
+            # allow-list opens to deliveries.
             env={**os.environ, "HOOKLANE_DATABASE_URL": pg.dsn, "HOOKLANE_WORKER_CONCURRENCY": "16",
-                 "HOOKLANE_METRICS_PORT": "0"},
+                 "HOOKLANE_METRICS_PORT": "0", "HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8"},
         )
         try:
             await _publish_for(conn, pg.dsn, names, seconds, rate)

@@ -37,6 +37,7 @@ from hooklane.manifest import parse_spec
 from hooklane.operator import reflect
 from hooklane.settings import Settings
 from hooklane.store import deliveries
+from hooklane.store.connection import CONNECTION_LOST
 
 GROUP = "hooklane.io"
 VERSION = "v1alpha1"
@@ -46,6 +47,8 @@ STATUS_TIMER = "reflect_status"
 
 # A database outage is waited out, not reported as a broken resource.
 RETRY_DELAY_SECONDS = 5.0
+# See startup(): how often a deletion checks that the status timer exited.
+TIMER_EXIT_POLL_SECONDS = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,13 @@ class Tracked:
     # A Secret it uses changed and the upsert has not succeeded yet. kopf
     # never retries an event handler, so the status timer does.
     stale: bool = False
+    # What the last upsert stored (in Snapshot.stored's terms) and the loop
+    # time Postgres acknowledged it at.
+    written: tuple[Any, ...] | None = None
+    written_at: float | None = None
+    # Events a sync decided on, for the next handler that has the body to
+    # post them on (a Secret's handler does not).
+    events: list[reflect.Event] = field(default_factory=list)
 
 
 class Snapshot:
@@ -84,20 +94,40 @@ class Snapshot:
         self._lock = asyncio.Lock()
         self._taken: float | None = None
         self._queues: dict[Key, reflect.Queue] = {}
+        self._stored: dict[Key, tuple[Any, ...]] = {}
 
     async def queues(self) -> dict[Key, reflect.Queue]:
         async with self._lock:
             clock = asyncio.get_running_loop().time()
             if self._taken is None or clock - self._taken >= self._max_age:
-                async with _store_errors(), self._pool.acquire() as conn:
+                async with _store_errors(), store.acquire(self._pool) as conn:
                     rows = await store.endpoint_queues(conn)
                     dead = {(r["namespace"], r["name"]): r["dead"] for r in await deliveries.dead_counts(conn, None)}
                 self._queues = {
                     (r["namespace"], r["name"]): reflect.Queue.from_row(r, dead.get((r["namespace"], r["name"]), 0))
                     for r in rows
                 }
+                self._stored = {(r["namespace"], r["name"]): stored(r) for r in rows}
                 self._taken = clock
         return self._queues
+
+    def forgot(self, key: Key, tracked: Tracked) -> bool:
+        """Postgres no longer holds what the last upsert of ``key`` stored,
+        although Postgres acknowledged it before this snapshot began."""
+        if tracked.written is None or tracked.written_at is None or self._taken is None:
+            return False
+        # The clock is read before the query: a write acknowledged later
+        # may be missing from this snapshot without being lost.
+        if self._taken <= tracked.written_at:
+            return False
+        return self._stored.get(key) != tracked.written
+
+
+def stored(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The spec fields endpoint_queues returns: enough to tell that a row is
+    gone, or older than the last write (a failover to a replica that lagged,
+    a restore from backup)."""
+    return (row["tenant"], row["url"], row["paused"], row["max_concurrency"])
 
 
 def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
@@ -136,6 +166,12 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
 async def startup(*, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: Settings = memo.config
     settings.persistence.finalizer = FINALIZER
+    # A deletion stops the resource's status timer before the finalizer
+    # goes. When the timer is mid-run (waiting on Postgres or the API, as
+    # during any outage or lock), kopf looks again only every
+    # cancellation_polling, 60 s by default, and the resource stays
+    # Terminating that long. A status pass takes milliseconds.
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
     # kopf would post an Event for every handler run; the resource's Events
     # are the ones this module posts, plus handler failures.
     settings.posting.level = logging.WARNING
@@ -151,7 +187,7 @@ async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:
 
 async def database(*, memo: kopf.Memo, **_: Any) -> bool:
     """Liveness: an operator that cannot reach Postgres is not working."""
-    async with memo.pool.acquire() as conn:
+    async with store.acquire(memo.pool) as conn:
         await deliveries.partition_count(conn)
     return True
 
@@ -194,6 +230,7 @@ async def sync(
     synced = await _sync(memo, endpoints, secrets, namespace, name)
     queues = await memo.snapshot.queues()
     _write(body, status, patch, queues.get((namespace, name)), synced, memo.config)
+    _post(body, _tracked(memo, (namespace, name)))
 
 
 async def secret_changed(
@@ -227,7 +264,7 @@ async def delete(*, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Log
     """The endpoint and its deliveries (pending and dead) go; events stay
     listable for reconciliation. See docs/operator.md."""
     async with _tracked(memo, (namespace, name)).lock:
-        async with _store_errors(), memo.pool.acquire() as conn:
+        async with _store_errors(), store.acquire(memo.pool) as conn:
             found = await store.delete_endpoint(conn, namespace, name)
     memo.tracked.pop((namespace, name), None)
     logger.info("removed from Postgres with its deliveries" if found else "was not in Postgres")
@@ -238,7 +275,7 @@ async def reactivate(
 ) -> None:
     if not new:
         return
-    async with _store_errors(), memo.pool.acquire() as conn:
+    async with _store_errors(), store.acquire(memo.pool) as conn:
         found = await store.reactivate_endpoint(conn, namespace, name)
     if found:
         kopf.event(body, type=reflect.NORMAL, reason="ReactivateRequested",
@@ -250,8 +287,11 @@ async def resend_dead(
 ) -> None:
     if not new:
         return
-    async with _store_errors(), memo.pool.acquire() as conn:
+    async with _store_errors(), store.acquire(memo.pool) as conn:
         count = await deliveries.resend_dead(conn, namespace, name)
+    if count is None:
+        # created a moment ago, and its sync has not stored it yet
+        raise kopf.TemporaryError("the endpoint is not stored yet", delay=5)
     kopf.event(body, type=reflect.NORMAL, reason="ResendRequested",
                message=f"{reflect.RESEND_DEAD_ANNOTATION}={new}: {count} dead deliveries queued again")
 
@@ -272,7 +312,13 @@ async def reflect_status(
     if tracked.stale:
         await _sync(memo, endpoints, secrets, namespace, name)
     queues = await memo.snapshot.queues()
+    if memo.snapshot.forgot((namespace, name), tracked) and endpoints.get((namespace, name)):
+        # The resource is the source of truth: store it again.
+        logger.warning("%s/%s: Postgres no longer holds what was stored there; storing it again",
+                       namespace, name, extra={"action": "resync"})
+        await _sync(memo, endpoints, secrets, namespace, name)
     _write(body, status, patch, queues.get((namespace, name)), tracked.synced, memo.config)
+    _post(body, tracked)
 
 
 async def _sync(
@@ -300,8 +346,19 @@ async def _sync(
         if spec.secret_ref is not None:
             values = _first(secrets.get((namespace, spec.secret_ref.name), ()))
         check = reflect.check_secret(namespace, spec.secret_ref, values)
-        async with _store_errors(), memo.pool.acquire() as conn:
-            await store.upsert_endpoint(conn, spec, check.secret)
+        config: Settings = memo.config
+        async with _store_errors(), store.acquire(memo.pool) as conn:
+            upserted = await store.upsert_endpoint(
+                conn, spec, check.secret,
+                keyring=config.encryption_key, grace_seconds=config.secret_grace_seconds,
+            )
+            # Before the release awaits: a status pass in between must not
+            # take the previous write for this one.
+            tracked.written = stored({"tenant": spec.tenant, "url": spec.url, "paused": spec.paused,
+                                      "max_concurrency": spec.max_concurrency})
+            tracked.written_at = asyncio.get_running_loop().time()
+        if upserted.previous_tenant is not None:
+            tracked.events.append(reflect.tenant_changed(upserted.previous_tenant, spec.tenant, upserted.discarded))
         tracked.synced = reflect.Synced(declared.generation, spec.paused, check.reason, check.message)
         tracked.stale = False
         return tracked.synced
@@ -328,6 +385,12 @@ def _write(
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
+def _post(body: kopf.Body, tracked: Tracked) -> None:
+    for event in tracked.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    tracked.events.clear()
+
+
 def _tracked(memo: kopf.Memo, key: Key) -> Tracked:
     return memo.tracked.setdefault(key, Tracked())
 
@@ -340,5 +403,5 @@ def _first(values: Iterable[_V]) -> _V | None:
 async def _store_errors() -> AsyncIterator[None]:
     try:
         yield
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (*CONNECTION_LOST, asyncpg.PostgresError) as exc:
         raise kopf.TemporaryError(f"Postgres: {exc}", delay=RETRY_DELAY_SECONDS) from exc

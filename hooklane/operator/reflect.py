@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from hooklane.errors import InvalidInput
+from hooklane.guard import is_refusal
 from hooklane.manifest import SecretRef
 from hooklane.signing import SECRET_PREFIX, parse_secret
 
@@ -39,9 +40,15 @@ MANUALLY_PAUSED = "ManuallyPaused"
 CIRCUIT_OPEN = "CircuitOpen"
 DEACTIVATED_REASON = "Deactivated"
 UNSIGNED = "NoSigningSecret"
+# The URL leads to an address the destination guard refuses (hooklane/guard.py).
+DESTINATION_DENIED = "DestinationNotAllowed"
 
 NORMAL = "Normal"
 WARNING = "Warning"
+
+# Event reason: spec.tenant changed, and deliveries of the old tenant's
+# events were discarded rather than sent to the new tenant's receiver.
+TENANT_CHANGED = "TenantChanged"
 
 REACTIVATE_ANNOTATION = "hooklane.io/reactivate"
 RESEND_DEAD_ANNOTATION = "hooklane.io/resend-dead"
@@ -252,6 +259,12 @@ def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tu
         )
     if queue.paused:
         return "False", MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept"
+    if queue.consecutive_failures and is_refusal(queue.last_error):
+        return (
+            "False", DESTINATION_DENIED,
+            f"{queue.last_error}: change spec.url, or allow its network in "
+            "HOOKLANE_ALLOWED_NETWORKS if the receiver is inside the cluster",
+        )
     if queue.paused_until is not None:
         when = (
             f"paused until {_time(queue.paused_until)}" if queue.paused_until > now
@@ -327,6 +340,14 @@ def _events(
                 f"annotation {RESEND_DEAD_ANNOTATION} to a new value to send them again",
             ))
     return events
+
+
+def tenant_changed(previous: str, tenant: str, discarded: int) -> Event:
+    return Event(
+        WARNING, TENANT_CHANGED,
+        f"spec.tenant changed from {previous} to {tenant}: {discarded} pending or dead deliveries "
+        f"of {previous}'s events discarded, never to be sent to this endpoint",
+    )
 
 
 def _time(value: datetime | None) -> str | None:

@@ -4,12 +4,13 @@ The worker, the operator, the CLI and the publish call all go through here;
 the SQL itself lives in ``queries.sql`` and the schema in ``migrations/``.
 """
 
-from hooklane.store.connection import acquire, connect, connection, create_pool
+from hooklane.store.connection import acquire, connect, create_pool
 from hooklane.store.endpoints import (
     delete_endpoint,
     endpoint_queues,
     list_endpoints,
     reactivate_endpoint,
+    reseal_secrets,
     upsert_endpoint,
 )
 from hooklane.store.events import insert_event, list_events, purge_events
@@ -18,7 +19,6 @@ from hooklane.store.migrations import migrate
 __all__ = [
     "acquire",
     "connect",
-    "connection",
     "create_pool",
     "delete_endpoint",
     "endpoint_queues",
@@ -28,5 +28,6 @@ __all__ = [
     "migrate",
     "purge_events",
     "reactivate_endpoint",
+    "reseal_secrets",
     "upsert_endpoint",
 ]

@@ -82,13 +82,3 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
             # The reset failed and asyncpg terminated the connection; the
             # pool opens a new one when needed.
             pass
-
-
-@asynccontextmanager
-async def connection(dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    """One connection for the length of a block (a CLI command)."""
-    conn = await connect(dsn)
-    try:
-        yield conn
-    finally:
-        await conn.close()

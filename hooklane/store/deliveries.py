@@ -67,8 +67,9 @@ async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> 
 
 async def resend_dead(
     conn: asyncpg.Connection, namespace: str, name: str, ids: list[int] | None = None
-) -> int:
-    return len(await conn.fetch(QUERIES["resend_dead"], namespace, name, ids))
+) -> int | None:
+    """How many dead deliveries were queued again; None if there is no such endpoint."""
+    return await conn.fetchval(QUERIES["resend_dead"], namespace, name, ids)
 
 
 async def dead_counts(conn: asyncpg.Connection, partitions: list[int] | None) -> list[asyncpg.Record]:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import asyncpg
 
+from hooklane.errors import InvalidInput
 from hooklane.manifest import EndpointSpec
+from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, unseal
 from hooklane.store.queries import QUERIES
+
+logger = logging.getLogger(__name__)
+
+_RESEAL_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -15,25 +22,107 @@ class Upserted:
     id: int
     partition: int
     created: bool
+    # The tenant the endpoint belonged to until this update, when it changed;
+    # ``discarded`` of that tenant's pending and dead deliveries were then
+    # discarded, never to be sent to the endpoint's new owner.
+    previous_tenant: str | None
+    discarded: int
+    # The signing secret changed: the replaced one signs too for the grace.
+    rotated: bool
 
 
-async def upsert_endpoint(conn: asyncpg.Connection, spec: EndpointSpec, secret: str | None) -> Upserted:
+async def upsert_endpoint(
+    conn: asyncpg.Connection,
+    spec: EndpointSpec,
+    secret: str | None,
+    *,
+    keyring: Keyring | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> Upserted:
     """Create or update the endpoint named by the spec. ``secret`` is the
     ``whsec_`` signing secret, or None while it cannot be read: the endpoint
-    then receives deliveries but none is sent until a secret arrives."""
-    row = await conn.fetchrow(
-        QUERIES["upsert_endpoint"],
-        spec.namespace,
-        spec.name,
-        spec.tenant,
-        spec.url,
-        secret,
-        spec.max_concurrency,
-        list(spec.event_types),
-        spec.timeout_seconds,
-        spec.paused,
+    then receives deliveries but none is sent until a secret arrives.
+
+    With a ``keyring`` the secret is stored sealed (re-sealed, if it was
+    stored before, with the active key). A secret that replaces another keeps
+    the other one signing for ``grace_seconds``, so that receivers switch
+    keys without refusing a delivery. Moving the endpoint to another tenant
+    discards the pending and dead deliveries of the old one."""
+    bound = owner(spec.namespace, spec.name)
+    async with conn.transaction():
+        stored = await conn.fetchval(QUERIES["lock_endpoint_secret"], spec.namespace, spec.name)
+        replaced = None
+        if stored is not None and secret is not None:
+            try:
+                current = unseal(keyring, stored, bound)
+            except InvalidInput as exc:
+                # Unreadable with the keys at hand, so it could not sign
+                # either: the new secret alone signs from now on.
+                logger.warning("%s: the replaced signing secret is dropped: %s", bound, exc.message,
+                               extra={"action": "rotate"})
+            else:
+                if current != secret:
+                    replaced = seal(keyring, current, bound)
+        row = await conn.fetchrow(
+            QUERIES["upsert_endpoint"],
+            spec.namespace,
+            spec.name,
+            spec.tenant,
+            spec.url,
+            None if secret is None else seal(keyring, secret, bound),
+            spec.max_concurrency,
+            list(spec.event_types),
+            spec.timeout_seconds,
+            spec.paused,
+            replaced,
+            grace_seconds,
+        )
+    upserted = Upserted(
+        row["id"], row["partition"], row["created"], row["previous_tenant"], row["discarded"], replaced is not None
     )
-    return Upserted(row["id"], row["partition"], row["created"])
+    if upserted.previous_tenant is not None:
+        logger.warning(
+            "endpoint %s moved from tenant %s to %s: %d pending or dead deliveries of other tenants discarded",
+            bound, upserted.previous_tenant, spec.tenant, upserted.discarded,
+            extra={"action": "tenant_changed", "endpoint": upserted.id},
+        )
+    return upserted
+
+
+async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
+    """Seal with the active key every signing secret stored in plaintext or
+    with another key, and drop previous secrets past their overlap; returns
+    how many endpoints changed. Raises ``InvalidInput`` for a secret no key
+    of ``keyring`` opens, after resealing the rest: retiring that key would
+    leave its endpoint unable to sign."""
+    changed = 0
+    after = 0
+    unreadable: InvalidInput | None = None
+    while True:
+        rows = await conn.fetch(QUERIES["secrets_to_reseal"], keyring.sealed_prefix, after, _RESEAL_BATCH)
+        if not rows:
+            break
+        after = rows[-1]["id"]
+        batch: list[tuple[int, str | None, str | None, str | None, str | None]] = []
+        for r in rows:
+            bound = owner(r["namespace"], r["name"])
+            try:
+                secret = r["secret"] and keyring.seal(unseal(keyring, r["secret"], bound), bound)
+                previous = (
+                    keyring.seal(unseal(keyring, r["previous_secret"], bound), bound)
+                    if r["previous_valid"]
+                    else None
+                )
+            except InvalidInput as exc:
+                unreadable = exc
+                continue
+            batch.append((r["id"], r["secret"], secret, r["previous_secret"], previous))
+        if batch:
+            status = await conn.execute(QUERIES["reseal_secrets"], *map(list, zip(*batch)))
+            changed += int(status.split()[-1])
+    if unreadable is not None:
+        raise unreadable
+    return changed
 
 
 async def list_endpoints(conn: asyncpg.Connection) -> list[asyncpg.Record]:

@@ -6,6 +6,7 @@ from datetime import datetime
 
 import asyncpg
 
+from hooklane.errors import EventConflict
 from hooklane.store.queries import QUERIES
 
 
@@ -20,8 +21,19 @@ async def insert_event(
 ) -> int | None:
     """Store the event and its deliveries on ``conn``, in whatever
     transaction it is in. Returns the fan-out (0: no endpoint matched), or
-    None when an event with this id was already stored."""
-    return await conn.fetchval(QUERIES["publish"], id, tenant, type, data_json, coalesce_key)
+    None when the tenant already stored this very event under this id.
+    ``EventConflict`` when the tenant stored a different one under it:
+    nothing is stored, and the transaction is still usable."""
+    args = (id, tenant, type, data_json, coalesce_key)
+    row = await conn.fetchrow(QUERIES["publish"], *args)
+    if row["fanout"] is not None:
+        return row["fanout"]
+    conflict = row["conflict"]
+    if conflict is None:
+        conflict = await conn.fetchval(QUERIES["event_conflict"], *args)
+    if conflict:
+        raise EventConflict(id, tenant)
+    return None
 
 
 async def list_events(

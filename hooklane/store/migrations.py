@@ -34,8 +34,10 @@ def available() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-async def migrate(conn: asyncpg.Connection) -> list[Migration]:
-    """Apply the migrations the database lacks; return those applied."""
+async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[Migration]:
+    """Apply the migrations the database lacks, up to version ``target``
+    (all by default: an older target is for testing upgrades); return those
+    applied."""
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
     try:
         await conn.execute(
@@ -50,7 +52,7 @@ async def migrate(conn: asyncpg.Connection) -> list[Migration]:
         done = {r["version"] for r in await conn.fetch("SELECT version FROM hooklane_migrations")}
         applied = []
         for migration in available():
-            if migration.version in done:
+            if migration.version in done or (target is not None and migration.version > target):
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql)

@@ -8,6 +8,16 @@
 -- Parameters: none. Index: primary key of the one-row hooklane_config.
 SELECT partition_count FROM hooklane_config;
 
+-- name: lock_endpoint_secret
+-- The stored signing secret of an endpoint, its row locked until the upsert
+-- that follows in the same transaction, so that two concurrent updates
+-- cannot both take the same secret for the previous one. NO KEY: a publish
+-- holds a key-share lock on the endpoints it queued for until its
+-- application's transaction ends, and must not hold this up.
+-- Parameters: $1 namespace, $2 name. Index: the unique (namespace, name)
+-- constraint.
+SELECT secret FROM endpoints WHERE namespace = $1 AND name = $2 FOR NO KEY UPDATE;
+
 -- name: upsert_endpoint
 -- Create or update an endpoint by its (namespace, name) identity. The
 -- partition is a stable hash of that identity, computed once at creation.
@@ -17,11 +27,23 @@ SELECT partition_count FROM hooklane_config;
 -- absorbed after this commits, so the worker judges the new row. A new
 -- endpoint has nothing to wake for: creating thousands of them must not fill
 -- the ready index.
--- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret (NULL when
--- the Secret is missing), $6 max_concurrency, $7 event_types, $8
--- timeout_seconds, $9 paused.
--- Index: the unique (namespace, name) constraint.
-WITH upserted AS (
+-- An endpoint that moves to another tenant must never send the old tenant's
+-- events to whoever now owns the receiver: its pending and dead deliveries
+-- of any other tenant are discarded, with the reason. (Those still in an
+-- open publish, or in flight, are discarded by reservation and by complete.)
+-- Runs after lock_endpoint_secret in the same transaction, so `before` is
+-- the row as it is now.
+-- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret as stored
+-- (NULL when the Secret is missing), $6 max_concurrency, $7 event_types, $8
+-- timeout_seconds, $9 paused, $10 the secret being replaced, as stored (NULL
+-- when the secret did not change: the previous one is kept as it was), $11
+-- seconds the replaced secret still signs.
+-- Index: the unique (namespace, name) constraint; deliveries_queue and
+-- deliveries_dead for the discard.
+WITH before AS (
+    SELECT id, tenant FROM endpoints WHERE namespace = $1 AND name = $2
+),
+upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
@@ -31,18 +53,72 @@ ON CONFLICT (namespace, name) DO UPDATE
 SET tenant          = EXCLUDED.tenant,
     url             = EXCLUDED.url,
     secret          = EXCLUDED.secret,
+    previous_secret = coalesce($10::text, endpoints.previous_secret),
+    previous_secret_until = CASE WHEN $10::text IS NULL THEN endpoints.previous_secret_until
+                                 ELSE now() + make_interval(secs => $11::float8) END,
     max_concurrency = EXCLUDED.max_concurrency,
     event_types     = EXCLUDED.event_types,
     timeout_seconds = EXCLUDED.timeout_seconds,
     paused          = EXCLUDED.paused,
     updated_at      = now()
-RETURNING id, partition, (xmax = 0) AS created
+RETURNING id, partition, tenant, (xmax = 0) AS created
+),
+discarded AS (
+    UPDATE deliveries d
+    SET state = 'discarded',
+        last_error = format('discarded: the endpoint''s tenant changed from %s to %s',
+                            d.event_tenant, u.tenant)
+    FROM upserted u, before b
+    WHERE b.id = u.id
+      AND b.tenant <> u.tenant
+      AND d.endpoint_id = u.id
+      AND d.state IN ('pending', 'dead')
+      AND d.event_tenant <> u.tenant
+    RETURNING d.id
 ),
 woken AS (
     INSERT INTO wakeups (endpoint_id, partition)
     SELECT u.id, u.partition FROM upserted u WHERE NOT u.created
 )
-SELECT id, partition, created FROM upserted;
+SELECT u.id, u.partition, u.created,
+       (SELECT b.tenant FROM before b WHERE b.tenant <> u.tenant) AS previous_tenant,
+       (SELECT count(*) FROM discarded) AS discarded
+FROM upserted u;
+
+-- name: secrets_to_reseal
+-- Endpoints with a secret not sealed with the active key: plaintext from
+-- before a key was set, or sealed with a key being retired; and previous
+-- secrets past their overlap, which are dropped. A batch after a given id.
+-- Parameters: $1 the prefix of a value sealed with the active key
+-- ('enc:v1:<key id>:'), $2 the last id of the previous batch (0 first), $3
+-- batch size.
+-- Index: primary key of endpoints, walked in order (the filter is checked
+-- on every row: a full pass, run by `hooklane migrate` only).
+SELECT id, namespace, name, secret, previous_secret,
+       previous_secret_until > now() AS previous_valid
+FROM endpoints
+WHERE id > $2
+  AND (NOT starts_with(secret, $1)
+       OR NOT starts_with(previous_secret, $1)
+       OR previous_secret_until <= now())
+ORDER BY id
+LIMIT $3;
+
+-- name: reseal_secrets
+-- Store re-sealed secrets, each only if the row still holds what was read
+-- (an upsert meanwhile sealed its own).
+-- Parameters: $1 ids, $2 secrets as read, $3 secrets re-sealed, $4 previous
+-- secrets as read, $5 previous secrets re-sealed (NULL: dropped).
+-- Index: primary key of endpoints.
+UPDATE endpoints ep
+SET secret = r.secret,
+    previous_secret = r.previous_secret,
+    previous_secret_until = CASE WHEN r.previous_secret IS NOT NULL THEN ep.previous_secret_until END
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
+     AS r(id, read_secret, secret, read_previous, previous_secret)
+WHERE ep.id = r.id
+  AND ep.secret IS NOT DISTINCT FROM r.read_secret
+  AND ep.previous_secret IS NOT DISTINCT FROM r.read_previous;
 
 -- name: list_endpoints
 -- Every endpoint with its circuit state, for `hooklane endpoint list`.
@@ -89,8 +165,15 @@ SELECT id FROM deleted;
 
 -- name: publish
 -- The outbox write: the event and one delivery per active endpoint of the
--- tenant whose event types match, in the caller's transaction. An id already
--- stored is not stored again and fans out to nothing. A coalesce key replaces
+-- tenant whose event types match, in the caller's transaction. An event is
+-- (tenant, id): another tenant's id is another event. An id the tenant
+-- already stored is not stored again and fans out to nothing; `conflict`
+-- says whether the stored one differs (type, data as jsonb, coalesce key),
+-- so that a different event under a reused id is refused rather than
+-- silently dropped, without an SQL error that would abort the caller's
+-- transaction. `conflict` is NULL when nothing was stored and the stored
+-- event is not in this statement's snapshot (another transaction committed
+-- it while this one waited on it): event_conflict then tells. A coalesce key replaces
 -- the still-pending delivery of the same key to the same endpoint. Each
 -- endpoint that got work gets a wakeup row, and each partition that got work
 -- is notified once (Postgres delivers NOTIFY at commit, and folds duplicates
@@ -99,8 +182,12 @@ SELECT id FROM deleted;
 -- locked: a long application transaction never holds a lock a worker waits
 -- on.
 -- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5 coalesce_key.
--- Index: endpoints_tenant; deliveries_coalesce for the ON CONFLICT.
-WITH matched AS (
+-- Index: endpoints_tenant; primary key of events; deliveries_coalesce for the
+-- ON CONFLICT.
+WITH existing AS (
+    SELECT type, data, coalesce_key FROM events WHERE tenant = $2 AND id = $1
+),
+matched AS (
     SELECT ep.id, ep.partition
     FROM endpoints ep
     WHERE ep.tenant = $2
@@ -116,15 +203,15 @@ WITH matched AS (
 event AS (
     INSERT INTO events (id, tenant, type, data, coalesce_key, fanout)
     SELECT $1, $2, $3, $4::jsonb, $5, count(*) FROM matched
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (tenant, id) DO NOTHING
     RETURNING id, fanout
 ),
 queued AS (
-    INSERT INTO deliveries (endpoint_id, event_id, coalesce_key)
-    SELECT m.id, event.id, $5 FROM matched m CROSS JOIN event
+    INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
+    SELECT m.id, $2, event.id, $5 FROM matched m CROSS JOIN event
     ON CONFLICT (endpoint_id, coalesce_key)
         WHERE state = 'pending' AND coalesce_key IS NOT NULL
-    DO UPDATE SET event_id = EXCLUDED.event_id
+    DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
     RETURNING endpoint_id
 ),
 woken AS (
@@ -132,9 +219,21 @@ woken AS (
     SELECT m.id, m.partition FROM matched m JOIN queued q ON q.endpoint_id = m.id
 )
 SELECT (SELECT fanout FROM event) AS fanout,
+       (SELECT NOT (x.type = $3 AND x.data = $4::jsonb
+                    AND x.coalesce_key IS NOT DISTINCT FROM $5)
+        FROM existing x) AS conflict,
        (SELECT count(pg_notify('hooklane_ready', p.partition::text))
         FROM (SELECT DISTINCT m.partition
               FROM matched m JOIN queued q ON q.endpoint_id = m.id) AS p) AS notified;
+
+-- name: event_conflict
+-- Whether the event a tenant stored under an id differs from this one;
+-- publish's answer when the stored event committed while publish waited.
+-- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5
+-- coalesce_key. Index: primary key of events.
+SELECT NOT (type = $3 AND data = $4::jsonb AND coalesce_key IS NOT DISTINCT FROM $5)
+FROM events
+WHERE tenant = $2 AND id = $1;
 
 -- name: sweep_ready
 -- Safety net, run now and then: make ready every deliverable endpoint of the
@@ -186,11 +285,14 @@ SELECT id FROM rescued;
 -- name: reserve
 -- Reserve up to $2 due deliveries of the owned partitions, visiting only the
 -- endpoints that may have work: the steps are in hooklane_reserve (migration
--- 0002), one round trip. Runs only under the partitions' advisory locks.
+-- 0003), one round trip. Runs only under the partitions' advisory locks. A
+-- due delivery of another tenant's event than its endpoint's is discarded,
+-- never returned. `previous_secret` is the replaced signing secret while it
+-- still signs, else NULL.
 -- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
 -- seconds beyond the endpoint's timeout.
 -- Index: wakeups_partition, ready_endpoints_ready_at, deliveries_in_flight,
--- deliveries_queue (see the function).
+-- deliveries_queue, primary key of events (see the function).
 SELECT * FROM hooklane_reserve($1::int[], $2, $3);
 
 -- name: complete
@@ -200,7 +302,10 @@ SELECT * FROM hooklane_reserve($1::int[], $2, $3);
 -- nothing. A success closes the circuit; failures add up, and from the
 -- threshold on every failure (re)opens it for step x (failures past the
 -- threshold + 1), capped. A 410 deactivates the endpoint. Every endpoint
--- touched is ready again: a slot is free, or a retry is queued.
+-- touched is ready again: a slot is free, or a retry is queued. A failure of
+-- a delivery whose endpoint moved to another tenant while it was in flight
+-- is discarded rather than retried or dead: it was reserved under the old
+-- tenant, and must never be sent or resent under the new one.
 -- Parameters: $1 ids, $2 attempts (the fence), $3 outcomes ('delivered',
 -- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
 -- no response), $6 errors, $7 failures that open the circuit, $8 pause step
@@ -213,18 +318,24 @@ WITH result AS (
 ),
 recorded AS (
     UPDATE deliveries d
-    SET state = CASE r.outcome WHEN 'retry' THEN 'pending' ELSE r.outcome END,
+    SET state = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant THEN 'discarded'
+                     WHEN r.outcome = 'retry' THEN 'pending'
+                     ELSE r.outcome END,
         next_attempt_at = CASE WHEN r.outcome = 'retry'
                                THEN now() + make_interval(secs => r.retry_in)
                                ELSE d.next_attempt_at END,
         delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
         lease_expires_at = NULL,
         last_status = r.status,
-        last_error = r.error
-    FROM result r
+        last_error = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant
+                          THEN format('discarded: the endpoint''s tenant changed from %s to %s (%s)',
+                                      d.event_tenant, ep.tenant, r.error)
+                          ELSE r.error END
+    FROM result r, endpoints ep
     WHERE d.id = r.id
       AND d.state = 'sending'
       AND d.attempts = r.attempts
+      AND ep.id = d.endpoint_id
     RETURNING d.id, d.endpoint_id, r.outcome, r.status, r.error
 ),
 per_endpoint AS (
@@ -291,12 +402,13 @@ RETURNING id, namespace, name, tenant, url;
 -- Parameters: $1 retention seconds, $2 batch size.
 -- Index: events_created_at; deliveries_event for the check and the cascade.
 DELETE FROM events
-WHERE id IN (
-    SELECT e.id
+WHERE (tenant, id) IN (
+    SELECT e.tenant, e.id
     FROM events e
     WHERE e.created_at < now() - make_interval(secs => $1)
       AND NOT EXISTS (SELECT 1 FROM deliveries d
-                      WHERE d.event_id = e.id
+                      WHERE d.event_tenant = e.tenant
+                        AND d.event_id = e.id
                         AND d.state IN ('pending', 'sending', 'dead'))
     ORDER BY e.created_at
     LIMIT $2
@@ -304,17 +416,23 @@ WHERE id IN (
 
 -- name: resend_dead
 -- Explicit resend of dead deliveries of one endpoint (all of them, or the
--- given ids): they start a new life, attempts and age from zero.
+-- given ids): they start a new life, attempts and age from zero. One row,
+-- how many were resent, if the endpoint exists; none if it does not. Only
+-- the endpoint's own tenant's: a worker of version 2 (rolling upgrade)
+-- records a failure after a tenant change as dead, not discarded.
 -- Parameters: $1 namespace, $2 name, $3 delivery ids or NULL for all.
--- Index: deliveries_dead.
-WITH resent AS (
+-- Index: the unique (namespace, name) constraint; deliveries_dead.
+WITH endpoint AS (
+    SELECT id, partition, tenant FROM endpoints WHERE namespace = $1 AND name = $2
+),
+resent AS (
     UPDATE deliveries d
     SET state = 'pending', attempts = 0, next_attempt_at = now(),
         created_at = now(), last_error = NULL, last_status = NULL
-    FROM endpoints ep
-    WHERE ep.namespace = $1 AND ep.name = $2
-      AND d.endpoint_id = ep.id
+    FROM endpoint ep
+    WHERE d.endpoint_id = ep.id
       AND d.state = 'dead'
+      AND d.event_tenant = ep.tenant
       AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),

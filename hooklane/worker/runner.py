@@ -21,6 +21,7 @@ import asyncpg
 
 from hooklane import metrics, store
 from hooklane.errors import InvalidInput
+from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.store import deliveries
@@ -60,7 +61,7 @@ class Worker:
         if not await self._start():
             await self._close_pool()
             return
-        self._sender = Sender()
+        self._sender = Sender(s.allowed_networks)
         reserve = asyncio.create_task(self._reserve_loop(), name="reservation")
         recorder = asyncio.create_task(self._record_loop(), name="recorder")
         background = [
@@ -75,7 +76,7 @@ class Worker:
             )
             for task in done:
                 task.result()  # a background task that died takes the worker down
-            await self._drain(recorder)
+            await self._drain(reserve, recorder)
         finally:
             for task in [reserve, recorder, *background, *self._sending]:
                 task.cancel()
@@ -119,8 +120,17 @@ class Worker:
         if self._pool is not None:
             await self._pool.close()
 
-    async def _drain(self, recorder: asyncio.Task) -> None:
-        """Let in-flight deliveries finish, then record every result."""
+    async def _drain(self, reserve: asyncio.Task, recorder: asyncio.Task) -> None:
+        """Let in-flight deliveries finish, then record every result.
+
+        A reservation round still running hands out its deliveries first:
+        the drain must count them, or they are cancelled unrecorded and sent
+        again after their lease. Then the partitions go, so that other
+        workers serve their endpoints at once instead of after this worker's
+        slowest call; the limits stay exact, as deliveries in flight are
+        counted in Postgres whoever owns the partition."""
+        await reserve
+        await self._owner.close()
         if self._sending:
             logger.info(
                 "draining %d deliveries in flight", len(self._sending), extra={"action": "drain"}
@@ -172,9 +182,11 @@ class Worker:
         started = time.perf_counter()
         try:
             body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
-            attempt = await self._sender.send(
-                row["url"], self._key(row["secret"]), row["event_id"], body, row["timeout_seconds"]
-            )
+            endpoint = owner(row["namespace"], row["name"])
+            keys = [self._key(row["secret"], endpoint)]
+            if row["previous_secret"] is not None:
+                keys.append(self._key(row["previous_secret"], endpoint))
+            attempt = await self._sender.send(row["url"], keys, row["event_id"], body, row["timeout_seconds"])
             outcome = self._classify(row, attempt)
         except Exception as exc:
             # Whatever went wrong before, around or after the call (a secret
@@ -205,12 +217,16 @@ class Worker:
         age = (now - row["created_at"]).total_seconds()
         return classify(attempt, row["attempts"], age, self.settings.retry, now)
 
-    def _key(self, secret: str) -> bytes:
-        key = self._keys.get(secret)
+    def _key(self, stored: str, endpoint: str) -> bytes:
+        """The HMAC key of a secret as stored (sealed or not) for an endpoint.
+        Cached by both: a sealed value opens for its own endpoint only, and a
+        copy on another endpoint's row must fail as it would uncached."""
+        cached = f"{endpoint} {stored}"
+        key = self._keys.get(cached)
         if key is None:
             if len(self._keys) > 10_000:
                 self._keys.clear()
-            key = self._keys[secret] = parse_secret(secret)
+            key = self._keys[cached] = parse_secret(unseal(self.settings.encryption_key, stored, endpoint))
         return key
 
     async def _record_loop(self) -> None:

@@ -5,18 +5,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import ssl
 import time
 from datetime import datetime, timezone
+from typing import Any, Sequence
 
 import aiohttp
+from aiohttp.abc import ResolveResult
+from aiohttp.tracing import Trace
+from aiohappyeyeballs import AddrInfoType
 
+from hooklane import metrics
+from hooklane.guard import DestinationNotAllowed, Network, dialled_address, is_allowed
 from hooklane.signing import sign
 from hooklane.worker.rules import Attempt
 
 logger = logging.getLogger(__name__)
 
-USER_AGENT = "Hooklane/0.1 (+https://www.standardwebhooks.com/)"
+# No version: telling receivers which release runs tells an attacker which
+# known flaws to try.
+USER_AGENT = "Hooklane"
 # Bytes of a response the client may buffer before it stops reading the
 # socket; the body is never read, so this bounds what a huge answer costs.
 _READ_BUFFER = 16 * 1024
@@ -51,14 +60,69 @@ def failure_class(exc: Exception, timeout_seconds: float) -> str:
     return "connection failed"
 
 
+def _check(host: str, allowed_networks: Sequence[Network]) -> None:
+    if not is_allowed(dialled_address(host), allowed_networks):
+        raise DestinationNotAllowed(host)
+
+
+class GuardedConnector(aiohttp.TCPConnector):
+    """A connector that dials only allowed addresses (hooklane/guard.py).
+
+    ``_resolve_host`` is where aiohttp turns a URL's host into the addresses
+    it will dial: IP literals (which never reach a resolver), names through
+    the resolver, and names from its DNS cache alike. Every address there is
+    checked, and one denied address refuses the whole host: a name that
+    answers with a public and a private address is not delivered to at all,
+    and a rebinding name is caught on whichever connection it rebinds for.
+
+    The socket factory checks again, address by address, as each socket is
+    made: ``_resolve_host`` is aiohttp's internal method, and if a release
+    renamed it or added a path around it, deliveries would fail with a
+    vaguer reason rather than reach a denied address."""
+
+    def __init__(self, allowed_networks: Sequence[Network], **kwargs: Any) -> None:
+        super().__init__(socket_factory=lambda info: guarded_socket(info, allowed_networks), **kwargs)
+        self._allowed_networks = allowed_networks
+
+    async def _resolve_host(
+        self, host: str, port: int, traces: Sequence[Trace] | None = None
+    ) -> list[ResolveResult]:
+        resolved = await super()._resolve_host(host, port, traces=traces)
+        for result in resolved:
+            _check(result["host"], self._allowed_networks)
+        return resolved
+
+
+def guarded_socket(info: AddrInfoType, allowed_networks: Sequence[Network]) -> socket.socket:
+    """The socket for one address about to be dialled, if it is allowed."""
+    family, type_, proto, _, address = info
+    _check(address[0], allowed_networks)
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
+def _denied(exc: BaseException | None) -> DestinationNotAllowed | None:
+    """The guard's refusal somewhere in the chain aiohttp wrapped it in."""
+    while exc is not None:
+        if isinstance(exc, DestinationNotAllowed):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class Sender:
-    def __init__(self) -> None:
+    def __init__(self, allowed_networks: Sequence[Network]) -> None:
+        """``allowed_networks``: where deliveries may go beyond globally
+        routable addresses (``HOOKLANE_ALLOWED_NETWORKS``). Required, so that
+        nothing that sends can forget it."""
         # No pool-wide or per-host cap: concurrency is decided by reservation
         # (per endpoint) and by the worker (per process); a connector limit
         # would add a queue whose wait eats into the whole-call deadline.
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        connector = GuardedConnector(allowed_networks, limit=0, limit_per_host=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # Never HTTP(S)_PROXY from the environment: a proxy would dial the
+            # receiver on Hooklane's behalf, out of the guard's sight.
+            trust_env=False,
             auto_decompress=False,
             read_bufsize=_READ_BUFFER,
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -66,10 +130,12 @@ class Sender:
         )
 
     async def send(
-        self, url: str, key: bytes, msg_id: str, body: bytes, timeout_seconds: float
+        self, url: str, key: bytes | Sequence[bytes], msg_id: str, body: bytes, timeout_seconds: float
     ) -> Attempt:
-        """POST one signed delivery. The deadline covers the whole call:
-        connect, TLS, send and the response's status line and headers."""
+        """POST one signed delivery, with a signature per key (the current
+        one, and the replaced one while a rotation overlaps). The deadline
+        covers the whole call: connect, TLS, send and the response's status
+        line and headers."""
         timestamp = int(time.time())
         headers = {
             "webhook-id": msg_id,
@@ -92,6 +158,15 @@ class Sender:
                     response.close()
                 return Attempt(status, retry_after)
         except (aiohttp.ClientError, OSError) as exc:  # OSError includes TimeoutError
+            denied = _denied(exc)
+            if denied is not None:
+                # Our refusal, of the address the tenant's own URL led to:
+                # naming it tells them what to fix, and probes nothing.
+                metrics.DESTINATIONS_DENIED.inc()
+                logger.warning(
+                    "call for event %s refused: %s", msg_id, denied, extra={"action": "send", "event": msg_id}
+                )
+                return Attempt(None, error=str(denied))
             failure = failure_class(exc, timeout_seconds)
             # The detail is for operators only. A response error's text would
             # repeat the request, signature and URL (whose query may hold the
