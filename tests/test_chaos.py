@@ -6,7 +6,6 @@ the whole run that nothing was lost and no endpoint went over its limit
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
 import signal
 import time
@@ -19,10 +18,23 @@ import pytest
 import hooklane
 from hooklane.dev.postgres import LocalPostgres
 from tests.chaos import (
-    HOSTILE_WORKER_ENV, Control, Endpoint, Report, Scenario, Workers, create_database, create_endpoints,
-    drop_database, format_report, in_flight_of, local_postgres, run_scenario, wait_workers_ready,
+    HOSTILE_WORKER_ENV,
+    Control,
+    Endpoint,
+    Report,
+    Scenario,
+    Workers,
+    create_database,
+    create_endpoints,
+    drop_database,
+    format_report,
+    in_flight_of,
+    local_postgres,
+    run_scenario,
+    wait_workers_ready,
 )
 from tests.conftest import wait_for
+from tests.hostile import HostileServer
 from tests.receivers import Answer, Receiver
 
 pytestmark = pytest.mark.chaos
@@ -75,10 +87,7 @@ async def test_backends_terminated_at_random_lose_nothing(chaos_pg: LocalPostgre
     assert report.workers["started"] == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tests.hostile") is None, reason="tests/hostile.py not written yet")
 async def test_healthy_endpoints_receive_everything_next_to_hostile_ones(chaos_pg: LocalPostgres) -> None:
-    from tests.hostile import HostileServer
-
     report = await run_scenario(
         Scenario(
             "hostile", (), workers=2, rate=12, duration=15,
