@@ -69,12 +69,14 @@ async def _balanced(shares_coro, pids):
 async def test_a_killed_worker_loses_nothing_and_its_partitions_move(db, dsn, receiver):
     for i in range(16):
         await add_endpoint(db, f"ep{i}", receiver.on(f"ep{i}", Answer(204, delay=1.0)), timeout_seconds=2)
-    events = [
-        await hooklane.publish(db, tenant="acme", type="order.created", data={"i": i}) for i in range(4)
-    ]
     victim, survivor = worker_process(dsn), worker_process(dsn)
     try:
         await wait_for(lambda: _both_own(db, victim.pid, survivor.pid), timeout=20)
+        # Published once both own partitions, so that each reserves its own
+        # share: published before, the first to start could take them all.
+        events = [
+            await hooklane.publish(db, tenant="acme", type="order.created", data={"i": i}) for i in range(4)
+        ]
         # kill the victim while it has deliveries in flight
         await wait_for(lambda: _in_flight_of(db, victim.pid), timeout=20)
         victim.send_signal(signal.SIGKILL)
