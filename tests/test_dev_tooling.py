@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,29 +44,32 @@ def _wait_gone(pids: list[int], folder: str, timeout: float = 20.0) -> None:
     raise AssertionError(f"still running: {[p for p in pids if _alive(p)]}, folder kept: {Path(folder).exists()}")
 
 
-def _killed_after_it_printed(argv: list[str], last_line: str) -> str:
-    """Run ``argv`` until it prints a line starting with ``last_line``'s
-    prefix, SIGKILL it, and return that line."""
+def _killed_after_it_printed(argv: list[str], folder_of: Callable[[str], str]) -> tuple[str, list[int]]:
+    """Run ``argv`` until it prints the path of its servers' folder (as
+    ``folder_of`` reads it from the first line), note the processes running
+    from that folder, then SIGKILL it. Returns the folder and those pids."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith(last_line), line
+        folder = folder_of(proc.stdout.readline().strip())
+        assert folder.startswith("/"), folder
+        pids = _pids_under(folder)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    return line
+    return folder, pids
 
 
 def test_a_killed_dev_postgres_leaves_no_server_behind():
     script = "from hooklane.dev.postgres import LocalPostgres\nimport time\npg = LocalPostgres().start()\nprint(pg.dir, flush=True)\ntime.sleep(600)"
-    folder = _killed_after_it_printed([sys.executable, "-c", script], "/")
-    _wait_gone(_pids_under(folder), folder)
+    folder, pids = _killed_after_it_printed([sys.executable, "-c", script], str)
+    assert pids, "postgres was running"
+    _wait_gone(pids, folder)
 
 
 @pytest.mark.kube
 def test_a_killed_dev_controlplane_leaves_no_apiserver_behind():
-    kubeconfig = _killed_after_it_printed([sys.executable, "-m", "hooklane.dev.controlplane"], "/")
-    folder = str(Path(kubeconfig).parent)
-    pids = _pids_under(folder)
+    folder, pids = _killed_after_it_printed(
+        [sys.executable, "-m", "hooklane.dev.controlplane"], lambda kubeconfig: str(Path(kubeconfig).parent)
+    )
     assert pids, "etcd and kube-apiserver were running"
     _wait_gone(pids, folder)
