@@ -26,8 +26,8 @@ import asyncpg
 
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
-from hooklane.store.queries import QUERIES
 from hooklane.manifest import EndpointSpec
+from hooklane.store.queries import QUERIES
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,14 +60,20 @@ def _with_database(dsn: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
-@contextlib.asynccontextmanager
-async def fresh_database(server_dsn: str, label: str) -> AsyncIterator[str]:
-    """Create an empty, migrated database on the server; drop it afterwards
-    (FORCE, because a killed worker may still hold a connection)."""
-    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"
+async def create_database(server_dsn: str, label: str, *, durable: bool = False) -> str:
+    """A new, migrated database on the server; returns its DSN.
+
+    ``durable``: every session on it commits with synchronous_commit on,
+    whatever the server's command line says (a per-database setting outranks
+    it). A throwaway LocalPostgres runs with it off, under which an immediate
+    shutdown forgets commits it already acknowledged: a run that crashes the
+    server on purpose and counts what survived needs it on."""
+    name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(server_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
+        if durable:
+            await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
     finally:
         await admin.close()
     dsn = _with_database(server_dsn, name)
@@ -76,14 +82,28 @@ async def fresh_database(server_dsn: str, label: str) -> AsyncIterator[str]:
         await store.migrate(conn)
     finally:
         await conn.close()
+    return dsn
+
+
+async def drop_database(server_dsn: str, dsn: str) -> None:
+    """Drop a database create_database made (FORCE, because a killed worker
+    may still hold a connection)."""
+    name = urlsplit(dsn).path.lstrip("/")
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(server_dsn: str, label: str) -> AsyncIterator[str]:
+    """An empty, migrated database on the server for the block; dropped after."""
+    dsn = await create_database(server_dsn, label)
     try:
         yield dsn
     finally:
-        admin = await asyncpg.connect(server_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_database(server_dsn, dsn)
 
 
 async def create_endpoints(

@@ -34,12 +34,12 @@ from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psutil
 
 import hooklane
+from bench.common import create_database, drop_database
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.manifest import EndpointSpec
@@ -168,45 +168,6 @@ def restart_postgres(pg: LocalPostgres, mode: str, timeout: float = 120.0) -> No
         ],
         check=True, cwd=pg.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
     )
-
-
-def with_database(dsn: str, name: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-
-
-async def create_database(server_dsn: str, label: str) -> str:
-    """A new migrated database on the server; returns its DSN.
-
-    A throwaway LocalPostgres runs with synchronous_commit=off, under which
-    an immediate shutdown forgets commits it already acknowledged: published
-    events and reservations would vanish for reasons that are Postgres's, not
-    Hooklane's. A per-database setting outranks the server's command line,
-    so every session here commits durably, as a production server does,
-    whatever server it is given."""
-    name = f"chaos_{label.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-    finally:
-        await admin.close()
-    dsn = with_database(server_dsn, name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await store.migrate(conn)
-    finally:
-        await conn.close()
-    return dsn
-
-
-async def drop_database(server_dsn: str, dsn: str) -> None:
-    name = urlsplit(dsn).path.lstrip("/")
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 class Control:
@@ -719,7 +680,7 @@ async def run_scenario(scenario: Scenario, pg: LocalPostgres, logdir: Path | Non
     """Run one scenario on a database of its own on ``pg`` (dropped after)."""
     own_logdir = logdir is None
     logdir = logdir or Path(tempfile.mkdtemp(prefix="hooklane-chaos-"))
-    dsn = await create_database(pg.dsn, scenario.name)
+    dsn = await create_database(pg.dsn, f"chaos_{scenario.name}", durable=True)
     try:
         async with AsyncExitStack() as stack:
             receiver = await stack.enter_async_context(Receiver())
@@ -751,7 +712,9 @@ async def _receivers(
     urls = {ep.name: receiver.on(ep.name, Answer(204, delay=ep.delay)) for ep in endpoints}
     if not scenario.hostile_modes:
         return urls, endpoints, None
-    from tests.hostile import HostileServer  # written alongside; only this scenario needs it
+    from tests.hostile import (
+        HostileServer,  # written alongside; only this scenario needs it
+    )
 
     hostile = await stack.enter_async_context(HostileServer())
     for i, mode in enumerate(scenario.hostile_modes):

@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 import hooklane
+from bench.common import create_database, drop_database
 from hooklane.dev.postgres import LocalPostgres
 from tests.chaos import (
     HOSTILE_WORKER_ENV,
@@ -24,9 +25,7 @@ from tests.chaos import (
     Report,
     Scenario,
     Workers,
-    create_database,
     create_endpoints,
-    drop_database,
     format_report,
     in_flight_of,
     local_postgres,
@@ -108,7 +107,7 @@ async def test_healthy_endpoints_receive_everything_next_to_hostile_ones(chaos_p
 
 @pytest.fixture
 async def one_db(chaos_pg: LocalPostgres, tmp_path: Path) -> AsyncIterator[tuple[str, Control, Workers]]:
-    dsn = await create_database(chaos_pg.dsn, "drain")
+    dsn = await create_database(chaos_pg.dsn, "chaos_drain", durable=True)
     control = Control(dsn)
     workers = Workers(dsn, tmp_path, time.time())
     try:

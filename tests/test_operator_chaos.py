@@ -639,6 +639,22 @@ async def test_operator_sigkilled_while_reconciling(
 APISERVER_RESTARTS = 3
 
 
+async def _settled_population(
+    label: str, api: Api, namespace: str, chaos_pg: ChaosPostgres,
+    operators: Callable[[str], Operator], seed: int,
+) -> tuple[Figures, random.Random, Churn, Operator, Callable[[], None]]:
+    """An operator for ``namespace`` and a population of endpoints it has
+    converged on: the state each fault scenario starts from."""
+    figures = Figures(label, seed)
+    rng = random.Random(seed)
+    churn = Churn(api, namespace, rng, figures)
+    op = operators(namespace)
+    rode_through = _rode_through(op, figures)
+    await churn.populate()
+    await converge(api, chaos_pg.dsn, churn, asyncio.get_running_loop().time(), rode_through)
+    return figures, rng, churn, op, rode_through
+
+
 async def test_apiserver_restarted_under_the_operator(
     api: Api, namespace: str, chaos_pg: ChaosPostgres, restartable_control_plane: RestartableControlPlane,
     operators: Callable[[str], Operator], seed: int, chaos_report: list[Figures],
@@ -654,14 +670,8 @@ async def test_apiserver_restarted_under_the_operator(
     defect test_a_deletion_during_a_database_stall_... pins down directly.
     """
     cp = restartable_control_plane
-    figures = Figures("kube-apiserver restarted", seed)
-    rng = random.Random(seed)
-    churn = Churn(api, namespace, rng, figures)
+    figures, rng, churn, op, rode_through = await _settled_population("kube-apiserver restarted", api, namespace, chaos_pg, operators, seed)
     loop = asyncio.get_running_loop()
-    op = operators(namespace)
-    rode_through = _rode_through(op, figures)
-    await churn.populate()
-    await converge(api, chaos_pg.dsn, churn, loop.time(), rode_through)
 
     def ready() -> Awaitable[bool]:
         if (why := cp.apiserver_exited()) is not None:
@@ -712,14 +722,8 @@ async def test_postgres_restarted_under_the_operator(
     """Postgres restarted (pg_ctl -m fast / immediate) while the operator
     upserts and deletes: every pooled connection breaks, statements in
     flight fail. It must not exit, and must catch up."""
-    figures = Figures("PostgreSQL restarted", seed)
-    rng = random.Random(seed)
-    churn = Churn(api, namespace, rng, figures)
+    figures, rng, churn, op, rode_through = await _settled_population("PostgreSQL restarted", api, namespace, chaos_pg, operators, seed)
     loop = asyncio.get_running_loop()
-    op = operators(namespace)
-    rode_through = _rode_through(op, figures)
-    await churn.populate()
-    await converge(api, chaos_pg.dsn, churn, loop.time(), rode_through)
 
     for mode, down in POSTGRES_FAULTS:
         # The restart lands in the middle of the changes, while handlers
