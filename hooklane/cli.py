@@ -168,24 +168,28 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from hooklane.worker import probes
     from hooklane.worker.runner import Worker
 
+    worker = Worker(settings)
+    probe_server = None
     if settings.metrics_port:
-        from prometheus_client import start_http_server
-
         try:
-            start_http_server(settings.metrics_port, settings.metrics_host)
-        except (OSError, OverflowError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            probe_server = await probes.serve(worker.ready, settings.metrics_host, settings.metrics_port)
+        except OSError as exc:
             raise InvalidInput(
                 "HOOKLANE_METRICS_PORT",
-                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {reason}",
+                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+                f"{os.strerror(exc.errno) if exc.errno else exc}",
             ) from None
-    worker = Worker(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
-    await worker.run()
+    try:
+        await worker.run()
+    finally:
+        if probe_server is not None:
+            await probe_server.cleanup()
     return 0
 
 

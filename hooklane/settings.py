@@ -21,6 +21,9 @@ from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring
 logger = logging.getLogger(__name__)
 
 _PREFIX = "HOOKLANE_"
+# The build and test scripts under hack/ read variables of their own with
+# the same prefix; they are not settings, and not typos.
+_TOOLING = ("HOOKLANE_CLUSTER_", "HOOKLANE_DEBIAN_", "HOOKLANE_ENVTEST_", "HOOKLANE_IMAGE_", "HOOKLANE_TOOLS_")
 # The policies are read from HOOKLANE_RETRY_* and HOOKLANE_CIRCUIT_*.
 _NESTED = {"retry": RetryPolicy, "circuit": CircuitPolicy}
 
@@ -122,7 +125,7 @@ class Settings:
             if inner:
                 values[f.name] = inner
         for name in sorted(set(env) - known):
-            if name.startswith(_PREFIX):
+            if name.startswith(_PREFIX) and not name.startswith(_TOOLING):
                 logger.warning("%s is not a Hooklane setting; ignored", name)
         try:
             return cls(**values)

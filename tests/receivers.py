@@ -35,7 +35,8 @@ Behaviour = Answer | Callable[[int], Answer]
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.received: list[Received] = []
         self.behaviours: dict[str, Behaviour] = {}
         self.in_flight: dict[str, int] = defaultdict(int)
@@ -49,7 +50,7 @@ class Receiver:
         self.port = 0
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+        return f"http://{self.host}:{self.port}/{path.lstrip('/')}"
 
     def on(self, path: str, behaviour: Behaviour) -> str:
         self.behaviours["/" + path.lstrip("/")] = behaviour
@@ -91,7 +92,7 @@ class Receiver:
 
     async def __aenter__(self) -> "Receiver":
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self

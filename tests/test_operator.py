@@ -25,6 +25,7 @@ from hooklane.policies import RetryPolicy
 from tests.kube_fixtures import Operator
 from tests.conftest import SECRET, wait_for
 from tests.receivers import Answer
+from tests.test_chart import CHART, tools  # noqa: F401 (tools: the fixture that builds helm)
 
 pytestmark = pytest.mark.kube
 
@@ -351,13 +352,18 @@ async def _secret_is(db: asyncpg.Connection, value: str) -> bool:
     return (await row(db))["secret"] == value
 
 
-async def test_the_deploy_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path):
-    docs = list(yaml.safe_load_all((ROOT / "deploy" / "operator-rbac.yaml").read_text()))
-    for doc in docs:
-        if doc["kind"] == "ServiceAccount":
-            doc["metadata"]["namespace"] = kube.namespace
-        for subject in doc.get("subjects", ()):
-            subject["namespace"] = kube.namespace
+async def test_the_chart_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path, tools):
+    """The operator, logged in as the chart's ServiceAccount with the chart's
+    RBAC for a watched namespace, syncs, reports, posts Events, deletes, and
+    stays active through the chart's KopfPeering."""
+    rendered = tools.helm(
+        "template", "hooklane", str(CHART), "--namespace", kube.namespace,
+        "--set", "database.existingSecret=unused", "--set", f"operator.watchNamespaces={{{kube.namespace}}}",
+        "--show-only", "templates/serviceaccounts.yaml",
+        "--show-only", "templates/operator-rbac.yaml",
+        "--show-only", "templates/operator-peering.yaml",
+    ).stdout
+    docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
     await kube.apply({"apiVersion": "v1", "kind": "List", "items": docs})
     token = (await kube.run("create", "token", "hooklane-operator")).strip()
     config = yaml.safe_load(Path(control_plane.kubeconfig).read_text())
@@ -365,7 +371,9 @@ async def test_the_deploy_rbac_is_enough(kube, control_plane, db, start_operator
     as_operator = tmp_path / "operator.kubeconfig"
     as_operator.write_text(json.dumps(config))
     port = free_port()
-    op = start_operator("--standalone", "--liveness", f"http://127.0.0.1:{port}/healthz", kubeconfig=as_operator)
+    op = start_operator("--peering", "hooklane", "--liveness", f"http://127.0.0.1:{port}/healthz",
+                        kubeconfig=as_operator)
+    await wait_for(lambda: _active(op), timeout=30)
 
     await kube.apply(endpoint("http://127.0.0.1:9/hooks"))
     await wait_for(lambda: _condition_reason(kube, "Ready", "SecretMissing"))

@@ -107,7 +107,7 @@ def test_settings_built_in_code_are_checked_too():
 
 def test_an_unknown_variable_is_named_in_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="hooklane.settings"):
-        Settings.from_env({"HOOKLANE_WORKER_CONCURENCY": "8", "OTHER": "x"})
+        Settings.from_env({"HOOKLANE_WORKER_CONCURENCY": "8", "OTHER": "x", "HOOKLANE_CLUSTER_DIR": "/tmp/c"})
     assert [r.getMessage() for r in caplog.records] == [
         "HOOKLANE_WORKER_CONCURENCY is not a Hooklane setting; ignored"
     ]

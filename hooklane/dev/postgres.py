@@ -53,11 +53,26 @@ def free_port() -> int:
 
 class LocalPostgres:
     """``with LocalPostgres() as pg: pg.dsn`` — a server on 127.0.0.1 that is
-    gone, data and all, when the block ends."""
+    gone, data and all, when the block ends.
 
-    def __init__(self, port: int | None = None, *, durable: bool = False) -> None:
+    ``remote`` maps extra addresses to listen on to the client networks
+    allowed to connect there with ``password``: pods on a test cluster reach
+    the host only through its node address, never through loopback."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        durable: bool = False,
+        remote: dict[str, str] | None = None,
+        password: str = "",
+    ) -> None:
+        if remote and not password:
+            raise ValueError("remote clients need a password")
         self.port = port or free_port()
         self.durable = durable
+        self.remote = remote or {}
+        self.password = password
         self.bindir = find_bindir()
         self.dir = Path(tempfile.mkdtemp(prefix="hooklane-pg-"))
         self.datadir = self.dir / "data"
@@ -83,8 +98,12 @@ class LocalPostgres:
             str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres",
             "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
         )
+        if self.remote:
+            with open(self.datadir / "pg_hba.conf", "a") as hba:
+                hba.writelines(f"host all all {network} scram-sha-256\n" for network in self.remote.values())
+        listen = ",".join(["127.0.0.1", *self.remote])
         options = " ".join(
-            [f"-p {self.port}", "-h 127.0.0.1", f"-k {self.dir}", *_SERVER_OPTIONS,
+            [f"-p {self.port}", f"-h {listen}", f"-k {self.dir}", *_SERVER_OPTIONS,
              *([] if self.durable else _FAST_OPTIONS)]
         )
         self._run(
@@ -92,6 +111,11 @@ class LocalPostgres:
             "-o", options, "-w", "-t", "60", "start",
         )
         self._wait_ready()
+        if self.password:
+            self._run(
+                str(self.bindir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                "-v", "ON_ERROR_STOP=1", "-c", "ALTER ROLE postgres PASSWORD '{}'".format(self.password.replace("'", "''")),
+            )
         # pg_ctl runs the server detached from us: if we are killed, the
         # watchdog stops it and removes its files.
         self._watchdog = Watchdog(

@@ -21,7 +21,10 @@ Decisions live in :mod:`hooklane.operator.reflect`, SQL in the store.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib.util
 import logging
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -130,13 +133,32 @@ def stored(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return (row["tenant"], row["url"], row["paused"], row["max_concurrency"])
 
 
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a Pod, the ServiceAccount; elsewhere KUBECONFIG. The image ships no
+    API client library (it would be a third of its size), so kopf's own
+    logins serve there; where the ``kubernetes`` package is installed, its
+    login also understands kubeconfig exec plugins (EKS, GKE) and is used."""
+    if importlib.util.find_spec("kubernetes") is not None:
+        return kopf.login_via_client(**kwargs)
+    in_cluster = kopf.login_with_service_account(**kwargs)
+    if in_cluster is None:
+        return kopf.login_with_kubeconfig(**kwargs)
+    # kopf names the API server kubernetes.default.svc; like client-go's
+    # in-cluster config, take the address kubelet puts in every container's
+    # environment, so the operator needs no cluster DNS to start.
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return in_cluster
+    host = f"[{host}]" if ":" in host else host
+    return dataclasses.replace(in_cluster, server=f"https://{host}:{port}")
+
+
 def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     """Wire the handlers into ``registry``. Done here rather than with
     decorators at import because the status interval is a setting."""
     resource = (GROUP, VERSION, PLURAL)
-    # kopf's default registry brings this login; an explicit one starts
-    # empty. In a Pod it uses the service account, elsewhere KUBECONFIG.
-    kopf.on.login(registry=registry)(kopf.login_via_client)
+    # An explicit registry starts without kopf's default logins.
+    kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.probe(id="database", registry=registry)(database)

@@ -66,6 +66,10 @@ class PartitionOwner:
         self._io = asyncio.Lock()
         self.member_id = 0
         self.owned: set[int] = set()
+        # True once a rebalance on the current lock connection has taken this
+        # worker's fair share, or every partition it could: the worker then
+        # owns what it should (possibly nothing) and is ready.
+        self.settled = False
 
     async def connect(self) -> None:
         """Open the lock connection, register as a live worker, listen. Does
@@ -88,7 +92,7 @@ class PartitionOwner:
                 if await conn.fetchval(QUERIES["try_lock"], MEMBER_CLASS, member_id):
                     break
             await conn.add_listener("hooklane_ready", self._notified)
-            self._conn, self.member_id, self.owned = conn, member_id, set()
+            self._conn, self.member_id, self.owned, self.settled = conn, member_id, set(), False
         logger.info("worker %d joined", member_id, extra={"action": "join", "member": member_id})
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
@@ -140,6 +144,7 @@ class PartitionOwner:
                 ):
                     self.owned.add(partition)
                     taken.add(partition)
+        self.settled = True
         if taken or released:
             logger.info(
                 "partitions rebalanced: %d owned of %d, %d live workers",
@@ -162,7 +167,7 @@ class PartitionOwner:
             exc,
             extra={"action": "lost_ownership"},
         )
-        self.owned = set()
+        self.owned, self.settled = set(), False
         if self._conn is not None:
             self._conn.terminate()
         self._conn = None
@@ -174,4 +179,4 @@ class PartitionOwner:
                 # bounded: a server that stopped answering must not hold up the exit
                 await self._conn.close(timeout=5.0)
             self._conn = None
-            self.owned = set()
+            self.owned, self.settled = set(), False

@@ -51,6 +51,11 @@ class Worker:
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
 
+    def ready(self) -> bool:
+        """Connected, holding its share of the partitions (or knowing there
+        is none left to take), and not draining: the readiness probe."""
+        return not self._stopping.is_set() and self._owner is not None and self._owner.settled
+
     def stop(self) -> None:
         """Stop reserving; in-flight deliveries finish, then ``run`` returns."""
         self._stopping.set()
@@ -379,8 +384,9 @@ class Worker:
             metrics.ENDPOINT_DEAD.labels(d["namespace"], d["name"]).set(d["dead"])
         for reason, count in paused.items():
             metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
-        if unrouted is not None:
-            metrics.EVENTS_UNROUTED.set(unrouted)
+        # Only the owner of partition 0 counts; the others show 0, not the
+        # count from when they last owned it, which would hide a later rise.
+        metrics.EVENTS_UNROUTED.set(unrouted or 0)
 
 
 def _result(row: asyncpg.Record, attempt: Attempt, outcome) -> Result:
