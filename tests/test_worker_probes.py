@@ -59,23 +59,31 @@ async def test_a_worker_is_live_at_once_and_ready_only_on_a_migrated_schema(db, 
         await db.execute("DROP DATABASE probes_unmigrated WITH (FORCE)")
 
 
-async def test_two_workers_are_both_ready_with_every_partition_owned(db, dsn):
+async def test_two_workers_are_both_ready_and_own_every_partition_between_them(db, dsn):
     ports = [free_port(), free_port()]
     workers = [_probed_worker(dsn, p) for p in ports]
     try:
         for port in ports:
             await wait_for(lambda port=port: _is(200, _get(port, "/readyz")), timeout=30)
+        # A worker that joins while the first holds everything is ready with
+        # nothing to take; the partitions change hands at the next rebalance.
         total = await db.fetchval("SELECT partition_count FROM hooklane_config")
-        owned = await db.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int::oid"
-            " AND objsubid = 2 AND granted",
-            0x686C70,
-        )
-        assert owned == total
+        await wait_for(lambda: _owned_is(db, total), timeout=10)
+        for port in ports:
+            assert await _get(port, "/readyz") == 200
     finally:
         for w in workers:
             w.kill()
             w.wait(timeout=10)
+
+
+async def _owned_is(db, total: int) -> bool:
+    owned = await db.fetch(
+        "SELECT pid, count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int::oid"
+        " AND objsubid = 2 AND granted GROUP BY pid",
+        0x686C70,
+    )
+    return len(owned) == 2 and sum(r["n"] for r in owned) == total
 
 
 async def test_a_draining_worker_is_live_but_not_ready(db, dsn, receiver):
