@@ -48,12 +48,12 @@ class Cluster:
     node_ip: str
     pod_cidr: str
     bin_dir: Path
-    helm: Path
+    helm_binary: Path
     env: dict[str, str]
 
     def run(self, tool: str, *args: str, stdin: str | None = None) -> str:
         """kubectl or helm against this cluster; a failure shows its stderr."""
-        argv = [str(self.helm if tool == "helm" else self.bin_dir / tool), *args]
+        argv = [str(self.helm_binary if tool == "helm" else self.bin_dir / tool), *args]
         done = subprocess.run(argv, input=stdin, check=False, capture_output=True, text=True, env=self.env, timeout=900)
         if done.returncode:
             raise AssertionError(f"{' '.join(argv[:4])} … exited {done.returncode}:\n{done.stderr[-4000:]}")
@@ -64,7 +64,7 @@ class Cluster:
         # blocked loop would time deliveries out (and have them sent again).
         return await asyncio.to_thread(self.run, "kubectl", *args, stdin=stdin)
 
-    async def helm_(self, *args: str) -> str:
+    async def helm(self, *args: str) -> str:
         return await asyncio.to_thread(self.run, "helm", *args)
 
 
@@ -116,7 +116,7 @@ def cluster() -> Iterator[Cluster]:
             node_ip=state["HOOKLANE_CLUSTER_NODE_IP"],
             pod_cidr=state["HOOKLANE_CLUSTER_POD_CIDR"],
             bin_dir=Path(state["HOOKLANE_CLUSTER_BIN"]),
-            helm=tools / "helm",
+            helm_binary=tools / "helm",
             env=env,
         )
     finally:
@@ -307,7 +307,7 @@ async def test_scaling_workers_rebalances_partitions_and_keeps_limits_exact(clus
                 await hooklane.publish(db, tenant="scaling", type="stock.changed", data={"i": i})
             await cluster.kubectl("-n", SYSTEM, "scale", "deployment", f"{RELEASE}-worker", "--replicas=3")
             await _until(lambda: _count_is(_ready_pods(cluster, WORKERS), 3), timeout=120)
-            holders = await _until(lambda: _three_holders(db), timeout=60)
+            holders = await _until(lambda: _holders(db, 3), timeout=60)
             total = await db.fetchval("SELECT partition_count FROM hooklane_config")
             assert sum(r["n"] for r in holders) == total
             for i in range(30, 60):
@@ -330,14 +330,14 @@ async def _count_is(items, n: int) -> bool:
     return len(await items) == n
 
 
-async def _three_holders(db):
+async def _holders(db, workers: int):
     rows = await _partition_holders(db)
-    return rows if len(rows) == 3 else None
+    return rows if len(rows) == workers else None
 
 
 async def _holders_are(db, workers: int, total: int) -> bool:
-    rows = await _partition_holders(db)
-    return len(rows) == workers and sum(r["n"] for r in rows) == total
+    rows = await _holders(db, workers)
+    return rows is not None and sum(r["n"] for r in rows) == total
 
 
 async def test_a_deleted_pod_and_a_rollout_drain_without_losing_or_repeating(cluster, release, database):
@@ -373,7 +373,7 @@ async def test_a_deleted_pod_and_a_rollout_drain_without_losing_or_repeating(clu
 
 
 async def test_helm_upgrade_rolls_the_workers_with_the_new_value(cluster, release, database):
-    await cluster.helm_(
+    await cluster.helm(
         "upgrade", RELEASE, str(ROOT / "charts/hooklane"), "--namespace", SYSTEM, "--reuse-values",
         "--set-string=config.HOOKLANE_WORKER_CONCURRENCY=64", "--wait", "--timeout", "5m",
     )
@@ -395,7 +395,7 @@ async def test_helm_upgrade_rolls_the_workers_with_the_new_value(cluster, releas
 
 
 async def test_helm_uninstall_keeps_the_crd_and_the_endpoints(cluster, release, database):
-    await cluster.helm_("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout", "5m")
+    await cluster.helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout", "5m")
     # Helm never deletes what it installed from crds/: deleting the CRD would
     # delete every WebhookEndpoint in the cluster with it.
     await cluster.kubectl("get", "crd", "webhookendpoints.hooklane.io")
