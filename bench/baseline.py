@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 
@@ -110,10 +111,8 @@ class BaselineWorker:
             if rows and len(rows) == free:
                 continue
             self.freed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.freed.wait(), timeout=self.poll)
-            except asyncio.TimeoutError:
-                pass
 
     def _done(self, task: asyncio.Task) -> None:
         self.in_flight.discard(task)
@@ -125,13 +124,17 @@ class BaselineWorker:
         attempt = await self.sender.send(row["url"], key, row["event_id"], body, row["timeout_seconds"])
         async with self.pool.acquire() as conn:
             if attempt.status is not None and 200 <= attempt.status < 300:
-                await conn.execute("UPDATE baseline_deliveries SET status = 'delivered' WHERE id = $1", row["id"])
+                await conn.execute(
+                    "UPDATE baseline_deliveries SET status = 'delivered' WHERE id = $1", row["id"]
+                )
             else:
                 # The seed's backoff: 30 s doubling.
                 await conn.execute(
                     "UPDATE baseline_deliveries SET status = 'pending', last_error = $2,"
                     " next_attempt_at = now() + make_interval(secs => 30 * 2 ^ ($3 - 1)) WHERE id = $1",
-                    row["id"], attempt.error or f"HTTP {attempt.status}", row["attempts"],
+                    row["id"],
+                    attempt.error or f"HTTP {attempt.status}",
+                    row["attempts"],
                 )
 
 
@@ -151,11 +154,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16, help="deliveries in flight at once")
     parser.add_argument("--poll", type=float, default=0.05, help="seconds between polls when idle")
     args = parser.parse_args()
-    try:
-        # The worker's own event loop: the comparison is about the queue's shape.
+    # The worker's own event loop: the comparison is about the queue's shape.
+    with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(main_async(args.dsn, args.slots, args.poll))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -17,13 +17,19 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from bench.common import DOCS, machine, write_json
 from tests.chaos import (
-    HOSTILE_WORKER_ENV, Report, Scenario, format_report, local_postgres, run_scenario,
+    HOSTILE_WORKER_ENV,
+    Report,
+    Scenario,
+    format_report,
+    local_postgres,
+    run_scenario,
 )
 
 SCENARIOS = ("kill", "term", "pg-fast", "pg-immediate", "terminate", "hostile")
@@ -49,7 +55,8 @@ def scenario(name: str, args: argparse.Namespace, run: int) -> Scenario:
     if args.faults is not None and faults:
         faults = (faults[0],) * args.faults
     s = Scenario(
-        name, faults,
+        name,
+        faults,
         workers=args.workers or workers,
         rate=args.rate or rate,
         duration=args.duration or duration,
@@ -121,7 +128,7 @@ def _peaks(reports: Sequence[Report]) -> dict[str, str]:
     names = {n for r in reports for n in r.peaks}
     return {
         n: f"{max(r.peaks[n]['peak'] for r in reports if n in r.peaks)}/"
-           f"{max(r.peaks[n]['limit'] for r in reports if n in r.peaks)}"
+        f"{max(r.peaks[n]['limit'] for r in reports if n in r.peaks)}"
         for n in sorted(names)
     }
 
@@ -141,20 +148,45 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
 
 
 def table(summaries: dict[str, dict[str, Any]]) -> str:
-    head = ("scenario", "runs ok", "faults", "events", "owed", "lost", "dead", "dup",
-            "in flight", "recover p50/max s", "drain p50/max s", "settled p50/max s",
-            "RSS start/peak/end MiB", "worker deaths")
+    head = (
+        "scenario",
+        "runs ok",
+        "faults",
+        "events",
+        "owed",
+        "lost",
+        "dead",
+        "dup",
+        "in flight",
+        "recover p50/max s",
+        "drain p50/max s",
+        "settled p50/max s",
+        "RSS start/peak/end MiB",
+        "worker deaths",
+    )
     rows = [head]
     for name, s in summaries.items():
         rss = s["worker_rss_mib"]
-        rows.append((
-            name, f"{s['ok_runs']}/{s['runs']}", str(s["faults"]), str(s["events"]),
-            str(s["deliveries_owed"]), str(s["lost"]), str(s["dead"]), str(s["duplicates"]),
-            _limits(s), _pair(s["recover_s"]), _pair(s["drain_s"]), _pair(s["settled_s"]),
-            f"{rss['start']}/{rss['peak']}/{rss['end']}", str(s["worker_deaths"]),
-        ))
+        rows.append(
+            (
+                name,
+                f"{s['ok_runs']}/{s['runs']}",
+                str(s["faults"]),
+                str(s["events"]),
+                str(s["deliveries_owed"]),
+                str(s["lost"]),
+                str(s["dead"]),
+                str(s["duplicates"]),
+                _limits(s),
+                _pair(s["recover_s"]),
+                _pair(s["drain_s"]),
+                _pair(s["settled_s"]),
+                f"{rss['start']}/{rss['peak']}/{rss['end']}",
+                str(s["worker_deaths"]),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) for r in rows)
 
 
 def _limits(s: dict[str, Any]) -> str:
@@ -174,15 +206,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="chaos runs: faults under load, nothing lost, limits exact")
     parser.add_argument("--scenario", choices=[*SCENARIOS, *ALIASES], default="all")
     parser.add_argument("--runs", type=int, default=1, help="runs of each scenario (fresh database each)")
-    parser.add_argument("--faults", type=int, help="faults per run (default: 10 kills/terms, 20 restarts, 30 terminations)")
+    parser.add_argument(
+        "--faults", type=int, help="faults per run (default: 10 kills/terms, 20 restarts, 30 terminations)"
+    )
     parser.add_argument("--duration", type=float, help="seconds of publishing per run, at least")
     parser.add_argument("--rate", type=float, help="events published per second")
     parser.add_argument("--workers", type=int, help="worker processes")
-    parser.add_argument("--gap", type=float, nargs=2, default=(0.5, 3.0), metavar=("MIN", "MAX"),
-                        help="seconds between a fault's recovery and the next fault")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        nargs=2,
+        default=(0.5, 3.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between a fault's recovery and the next fault",
+    )
     parser.add_argument("--seed", type=int, help="seed of the first run (the next runs add 1 each)")
-    parser.add_argument("--json-dir", default=str(DOCS / "bench-results"),
-                        help="where chaos-<scenario>.json goes ('' for nowhere)")
+    parser.add_argument(
+        "--json-dir",
+        default=str(DOCS / "bench-results"),
+        help="where chaos-<scenario>.json goes ('' for nowhere)",
+    )
     parser.add_argument("--keep-logs", help="keep each worker's log under this folder")
     args = parser.parse_args(argv)
     names = ALIASES.get(args.scenario, (args.scenario,))
@@ -193,8 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, rs in reports.items():
             write_json(
                 str(Path(args.json_dir) / f"chaos-{name}.json"),
-                {"scenario": name, "argv": sys.argv[1:], "machine": about,
-                 "summary": summaries[name], "runs": [r.to_dict() for r in rs]},
+                {
+                    "scenario": name,
+                    "argv": sys.argv[1:],
+                    "machine": about,
+                    "summary": summaries[name],
+                    "runs": [r.to_dict() for r in rs],
+                },
             )
     print(table(summaries))
     print(json.dumps({n: s["problems"] for n, s in summaries.items() if s["problems"]}, indent=1))

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -107,7 +107,11 @@ async def fresh_database(server_dsn: str, label: str) -> AsyncIterator[str]:
 
 
 async def create_endpoints(
-    conn: asyncpg.Connection, urls: Sequence[str], *, max_concurrency: int = 4, timeout_seconds: int = 5,
+    conn: asyncpg.Connection,
+    urls: Sequence[str],
+    *,
+    max_concurrency: int = 4,
+    timeout_seconds: int = 5,
     slow: dict[int, tuple[int, int]] | None = None,
 ) -> list[int]:
     """One endpoint per URL, endpoint i in tenant ``t<i>``, created through
@@ -119,8 +123,12 @@ async def create_endpoints(
         for i, url in enumerate(urls):
             mc, to = slow.get(i, (max_concurrency, timeout_seconds))
             spec = EndpointSpec(
-                namespace="bench", name=f"ep-{i}", url=url, tenant=f"t{i}",
-                max_concurrency=mc, timeout_seconds=to,
+                namespace="bench",
+                name=f"ep-{i}",
+                url=url,
+                tenant=f"t{i}",
+                max_concurrency=mc,
+                timeout_seconds=to,
             )
             ids.append((await store.upsert_endpoint(conn, spec, SECRET)).id)
     return ids
@@ -237,7 +245,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
     return ordered[rank]
 
 
@@ -252,16 +260,14 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 
 def machine() -> dict[str, str]:
     """What the numbers were measured on."""
+
     def run(*cmd: str) -> str:
         try:
             return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
         except OSError:
             return ""
 
-    lscpu = {
-        k.strip(): v.strip()
-        for k, _, v in (line.partition(":") for line in run("lscpu").splitlines())
-    }
+    lscpu = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in run("lscpu").splitlines())}
     from hooklane.dev.postgres import find_bindir
 
     return {

@@ -34,8 +34,19 @@ import asyncpg
 import hooklane
 from bench import baseline
 from bench.common import (
-    DOCS, SECRET, create_endpoints, fresh_database, free_ports, machine, postgres_server,
-    start_module, start_worker, stop_process, summary, wait_workers_ready, run_and_report,
+    DOCS,
+    SECRET,
+    create_endpoints,
+    free_ports,
+    fresh_database,
+    machine,
+    postgres_server,
+    run_and_report,
+    start_module,
+    start_worker,
+    stop_process,
+    summary,
+    wait_workers_ready,
 )
 from hooklane.settings import Settings
 
@@ -65,12 +76,29 @@ class Config:
 DEFAULT_SLOTS = Settings().worker_concurrency
 
 PRESETS = {
-    "full": Config(endpoints=1800, rate=100, slow_rate=12, slow_delay=28, duration=120, grace=5,
-                   slots=(16, DEFAULT_SLOTS), receivers=2),
-    "quick": Config(endpoints=300, rate=60, slow_rate=12, slow_delay=8, duration=45, grace=3,
-                    slots=(16, DEFAULT_SLOTS), receivers=1),
-    "smoke": Config(endpoints=20, rate=30, slow_rate=6, slow_delay=1, duration=3, grace=1,
-                    slots=(16,), receivers=1),
+    "full": Config(
+        endpoints=1800,
+        rate=100,
+        slow_rate=12,
+        slow_delay=28,
+        duration=120,
+        grace=5,
+        slots=(16, DEFAULT_SLOTS),
+        receivers=2,
+    ),
+    "quick": Config(
+        endpoints=300,
+        rate=60,
+        slow_rate=12,
+        slow_delay=8,
+        duration=45,
+        grace=3,
+        slots=(16, DEFAULT_SLOTS),
+        receivers=1,
+    ),
+    "smoke": Config(
+        endpoints=20, rate=30, slow_rate=6, slow_delay=1, duration=3, grace=1, slots=(16,), receivers=1
+    ),
 }
 
 
@@ -145,7 +173,9 @@ async def setup_baseline(dsn: str, urls: list[str], cfg: Config, slots: int):
     conn = await asyncpg.connect(dsn)
     try:
         timeouts = [cfg.slow_timeout if i == SLOW else 5 for i in range(len(urls))]
-        await baseline.install(conn, [(i, u, t) for i, (u, t) in enumerate(zip(urls, timeouts))], SECRET)
+        await baseline.install(
+            conn, [(i, u, t) for i, (u, t) in enumerate(zip(urls, timeouts, strict=False))], SECRET
+        )
     finally:
         await conn.close()
     worker = start_module("bench.baseline", "--dsn", dsn, "--slots", str(slots))
@@ -157,7 +187,7 @@ async def setup_baseline(dsn: str, urls: list[str], cfg: Config, slots: int):
 # check of the receiver's count (reserved versus actually on the wire).
 SLOW_SENDING = {
     "hooklane": "SELECT count(*) FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id"
-                " WHERE ep.name = 'ep-0' AND d.state = 'sending'",
+    " WHERE ep.name = 'ep-0' AND d.state = 'sending'",
     "baseline": "SELECT count(*) FROM baseline_deliveries WHERE endpoint_id = 0 AND status = 'sending'",
 }
 
@@ -194,7 +224,9 @@ BACKLOG = {
 
 
 async def run_once(server_dsn: str, system: str, slots: int, cfg: Config, receivers: list[str]) -> dict:
-    urls = [f"{receivers[i % len(receivers)]}/{'slow' if i == SLOW else 'h'}/{i}" for i in range(cfg.endpoints)]
+    urls = [
+        f"{receivers[i % len(receivers)]}/{'slow' if i == SLOW else 'h'}/{i}" for i in range(cfg.endpoints)
+    ]
     async with fresh_database(server_dsn, f"incident_{system}") as dsn:
         setup = setup_hooklane if system == "hooklane" else setup_baseline
         worker = await setup(dsn, urls, cfg, slots)
@@ -218,18 +250,27 @@ async def run_once(server_dsn: str, system: str, slots: int, cfg: Config, receiv
                 await conn.close()
         finally:
             stop_process(worker, grace=1.0)
-    return {**analyse(system, slots, cfg, started, ended, behind, stats, backlog), "slow_peak_sending_in_db": db_peak}
+    return {
+        **analyse(system, slots, cfg, started, ended, behind, stats, backlog),
+        "slow_peak_sending_in_db": db_peak,
+    }
 
 
 def analyse(
-    system: str, slots: int, cfg: Config, started: float, ended: float, behind: float,
-    stats: list[dict], backlog: dict,
+    system: str,
+    slots: int,
+    cfg: Config,
+    started: float,
+    ended: float,
+    behind: float,
+    stats: list[dict],
+    backlog: dict,
 ) -> dict:
     arrivals = sorted(a for s in stats for a in s["arrivals"])
     healthy = [(t - started, lag) for t, lag, slow in arrivals if not slow and not math.isnan(lag)]
     per_second: dict[int, list[float]] = defaultdict(list)
     delivered_per_second: dict[int, int] = defaultdict(int)
-    for t, lag, _slow in arrivals:
+    for t, _lag, _slow in arrivals:
         delivered_per_second[int(t - started)] += 1
     for t, lag in healthy:
         per_second[int(t)].append(lag)
@@ -276,7 +317,7 @@ def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
         s, c = r["series"], colours[r["system"]]
         lag_ax.plot(s["second"], s["healthy_p99"], color=c, label=f"{r['system']} p99")
         lag_ax.plot(s["second"], s["healthy_max"], color=c, linestyle=":", label=f"{r['system']} max")
-        t, n = zip(*r["slow_in_flight"]) if r["slow_in_flight"] else ((), ())
+        t, n = zip(*r["slow_in_flight"], strict=False) if r["slow_in_flight"] else ((), ())
         slow_ax.step(t, n, where="post", color=c, label=r["system"])
         rate_ax.plot(s["second"], s["deliveries"], color=c, label=r["system"])
     lag_ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="1 s target")
@@ -318,7 +359,9 @@ def verdict(results: list[dict], cfg: Config) -> dict:
 
 async def main_async(args: argparse.Namespace) -> dict:
     cfg = PRESETS[args.preset]
-    cfg = replace(cfg, **{k: v for k, v in (("duration", args.duration), ("slow_delay", args.slow_delay)) if v})
+    cfg = replace(
+        cfg, **{k: v for k, v in (("duration", args.duration), ("slow_delay", args.slow_delay)) if v}
+    )
     if args.slots:
         cfg = replace(cfg, slots=tuple(args.slots))
     ports = free_ports(cfg.receivers)
@@ -341,13 +384,22 @@ async def main_async(args: argparse.Namespace) -> dict:
                     )
                     results.append(r)
                 if args.plot_dir:
-                    plot([r for r in results if r["slots"] == slots], cfg, slots,
-                         Path(args.plot_dir) / f"incident-{args.preset}-{slots}.png")
+                    plot(
+                        [r for r in results if r["slots"] == slots],
+                        cfg,
+                        slots,
+                        Path(args.plot_dir) / f"incident-{args.preset}-{slots}.png",
+                    )
     finally:
         for p in procs:
             stop_process(p)
-    return {"preset": args.preset, "config": asdict(cfg), "machine": machine(),
-            "verdict": verdict(results, cfg), "runs": results}
+    return {
+        "preset": args.preset,
+        "config": asdict(cfg),
+        "machine": machine(),
+        "verdict": verdict(results, cfg),
+        "runs": results,
+    }
 
 
 async def wait_http(urls: list[str], timeout: float = 20.0) -> None:
@@ -367,10 +419,14 @@ async def wait_http(urls: list[str], timeout: float = 20.0) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="seed 000's incident: Hooklane vs the naive FIFO")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument("--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)")
+    parser.add_argument(
+        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
+    )
     parser.add_argument("--slots", type=int, action="append", help="in-flight slots (repeatable)")
     parser.add_argument("--duration", type=float, help="seconds of publishing, overriding the preset")
-    parser.add_argument("--slow-delay", type=float, help="the slow endpoint's answer time, overriding the preset")
+    parser.add_argument(
+        "--slow-delay", type=float, help="the slow endpoint's answer time, overriding the preset"
+    )
     parser.add_argument("--plot-dir", default=str(DOCS / "img"), help="'' for no plot")
     parser.add_argument("--json", help="write the full results here")
     args = parser.parse_args()

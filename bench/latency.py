@@ -24,8 +24,16 @@ from aiohttp import web
 
 import hooklane
 from bench.common import (
-    create_endpoints, free_ports, fresh_database, machine, postgres_server, start_worker,
-    stop_process, summary, wait_workers_ready, run_and_report,
+    create_endpoints,
+    free_ports,
+    fresh_database,
+    machine,
+    postgres_server,
+    run_and_report,
+    start_worker,
+    stop_process,
+    summary,
+    wait_workers_ready,
 )
 
 

@@ -55,15 +55,24 @@ class Nginx:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Nginx":
+    def start(self) -> Nginx:
         # As root, nginx's workers drop to www-data (Debian's nginx user).
         user = "user www-data;" if os.geteuid() == 0 else ""
         (self.dir / "nginx.conf").write_text(CONFIG.format(dir=self.dir, port=self.port, user=user))
         os.chmod(self.dir, 0o755)
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         self.proc = subprocess.Popen(
-            [binary, "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir), "-e", str(self.dir / "error.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                binary,
+                "-c",
+                str(self.dir / "nginx.conf"),
+                "-p",
+                str(self.dir),
+                "-e",
+                str(self.dir / "error.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -72,7 +81,7 @@ class Nginx:
                     return self
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"nginx exited: {self.proc.stderr.read().decode()}")
+                    raise RuntimeError(f"nginx exited: {self.proc.stderr.read().decode()}") from None
                 time.sleep(0.05)
         raise RuntimeError("nginx did not start listening")
 
@@ -94,7 +103,7 @@ class Nginx:
                 self.proc.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "Nginx":
+    def __enter__(self) -> Nginx:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import aiohttp
 import uvloop
@@ -28,14 +28,22 @@ DATA = '{"n":%d,"order":{"id":%d,"status":"paid","note":"%s"}}'
 
 def bodies(count: int) -> list[tuple[bytes, dict[str, str]]]:
     key = parse_secret(SECRET)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     out = []
     for n in range(count):
         msg_id = f"evt_{n}"
         body = event_body(msg_id, "order.updated", now, DATA % (n, n, "x" * 160))
         ts = int(time.time())
-        out.append((body, {"webhook-id": msg_id, "webhook-timestamp": str(ts),
-                           "webhook-signature": sign(key, msg_id, ts, body)}))
+        out.append(
+            (
+                body,
+                {
+                    "webhook-id": msg_id,
+                    "webhook-timestamp": str(ts),
+                    "webhook-signature": sign(key, msg_id, ts, body),
+                },
+            )
+        )
     return out
 
 
@@ -43,7 +51,9 @@ async def blast(base: str, endpoints: int, count: int, concurrency: int) -> dict
     work = bodies(count)
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     statuses: dict[int, int] = {}
-    async with aiohttp.ClientSession(connector=connector, headers={"Content-Type": "application/json"}) as http:
+    async with aiohttp.ClientSession(
+        connector=connector, headers={"Content-Type": "application/json"}
+    ) as http:
         next_index = 0
 
         async def run() -> None:

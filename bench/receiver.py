@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections import defaultdict
@@ -107,10 +108,8 @@ def main() -> None:
     parser.add_argument("--slow-delay", type=float, default=28.0, help="seconds a /slow/ path takes")
     parser.add_argument("--sample-seconds", type=float, default=0.1)
     args = parser.parse_args()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.port, args.slow_delay, args.sample_seconds))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

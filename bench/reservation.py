@@ -30,7 +30,13 @@ from pathlib import Path
 import asyncpg
 
 from bench.common import (
-    SECRET, fresh_database, machine, postgres_server, settle_ready, wake_bulk_loaded, run_and_report,
+    SECRET,
+    fresh_database,
+    machine,
+    postgres_server,
+    run_and_report,
+    settle_ready,
+    wake_bulk_loaded,
 )
 from hooklane.store import deliveries
 
@@ -198,8 +204,11 @@ async def main_async(args: argparse.Namespace) -> dict:
     with postgres_server(args.dsn) as server:
         for n in cfg.sizes:
             r = await one_size(server, n, cfg, args.plan_dir)
-            print(f"{n:7d} endpoints: reserve median {r['median_ms']:.2f} ms "
-                  f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}", flush=True)
+            print(
+                f"{n:7d} endpoints: reserve median {r['median_ms']:.2f} ms "
+                f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}",
+                flush=True,
+            )
             results.append(r)
     small, large = results[0], results[-1]
     ratio = large["median_ms"] / small["median_ms"]
@@ -216,7 +225,9 @@ async def main_async(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description="cost of the reserve statement by endpoint count")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
-    parser.add_argument("--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)")
+    parser.add_argument(
+        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
+    )
     parser.add_argument("--sizes", type=int, action="append", help="endpoint counts (repeatable)")
     parser.add_argument("--pending", type=int, help="pending deliveries in all, overriding the preset")
     parser.add_argument("--plan-dir", help="write EXPLAIN ANALYZE of reserve per size here")

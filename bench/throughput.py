@@ -25,17 +25,26 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 import asyncpg
 import psutil
 
 from bench import nginx
 from bench.common import (
-    create_endpoints, free_ports, fresh_database, machine, postgres_server, start_module,
-    start_worker, stop_process, wait_workers_ready, wake_bulk_loaded, run_and_report,
+    create_endpoints,
+    free_ports,
+    fresh_database,
+    machine,
+    postgres_server,
+    run_and_report,
+    start_module,
+    start_worker,
+    stop_process,
+    wait_workers_ready,
+    wake_bulk_loaded,
 )
 from hooklane.settings import Settings
 
@@ -165,20 +174,30 @@ async def load_backlog(dsn: str, base: str, cfg: Config) -> None:
         await conn.close()
 
 
-async def drain(server_dsn: str, base: str, receiver_pids: list[int], cfg: Config, workers: int,
-                profile_dir: str | None) -> dict:
+async def drain(
+    server_dsn: str, base: str, receiver_pids: list[int], cfg: Config, workers: int, profile_dir: str | None
+) -> dict:
     async with fresh_database(server_dsn, "throughput") as dsn:
         await load_backlog(dsn, base, cfg)
         ports = free_ports(workers)
-        procs = [start_worker(dsn, worker_concurrency=str(cfg.concurrency), metrics_port=str(p),
-                              metrics_host="127.0.0.1") for p in ports]
+        procs = [
+            start_worker(
+                dsn, worker_concurrency=str(cfg.concurrency), metrics_port=str(p), metrics_host="127.0.0.1"
+            )
+            for p in ports
+        ]
         spy = None
         conn = await asyncpg.connect(dsn)
         try:
             pg_port = int(await conn.fetchval("SHOW port"))
             ready = await wait_workers_ready(dsn, workers)
-            usage = Usage({"worker": [p.pid for p in procs], "postgres": postgres_pids(pg_port),
-                           "receiver": receiver_pids})
+            usage = Usage(
+                {
+                    "worker": [p.pid for p in procs],
+                    "postgres": postgres_pids(pg_port),
+                    "receiver": receiver_pids,
+                }
+            )
             usage.start()
             if profile_dir and workers == 1:
                 spy = start_py_spy(procs[0].pid, Path(profile_dir) / f"worker-{workers}w.txt")
@@ -210,7 +229,9 @@ async def drain(server_dsn: str, base: str, receiver_pids: list[int], cfg: Confi
     }
 
 
-async def wait_drained(conn: asyncpg.Connection, usage: Usage, cfg: Config, ready: float) -> tuple[float, int]:
+async def wait_drained(
+    conn: asyncpg.Connection, usage: Usage, cfg: Config, ready: float
+) -> tuple[float, int]:
     """Poll until every delivery is recorded; a count every 0.25 s costs the
     database little next to the drain itself."""
     delivered = 0
@@ -227,9 +248,21 @@ def start_py_spy(pid: int, out: Path) -> subprocess.Popen:
     """Sample the worker (collapsed stacks, idle frames excluded) while it drains."""
     out.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
-         "--output", str(out), "--nonblocking"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "py-spy",
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "200",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -245,16 +278,32 @@ def raw_ceiling(base: str, cfg: Config, processes: int = 1) -> dict:
 def _raw_run(base: str, cfg: Config, processes: int, concurrency: int) -> dict:
     count = min(cfg.backlog, 40_000) // processes
     procs = [
-        start_module("bench.rawclient", "--base", base, "--endpoints", str(cfg.endpoints),
-                     "--count", str(count), "--concurrency", str(concurrency), stdout=subprocess.PIPE)
+        start_module(
+            "bench.rawclient",
+            "--base",
+            base,
+            "--endpoints",
+            str(cfg.endpoints),
+            "--count",
+            str(count),
+            "--concurrency",
+            str(concurrency),
+            stdout=subprocess.PIPE,
+        )
         for _ in range(processes)
     ]
     results = [json.loads(p.communicate()[0]) for p in procs]
     # Together: all requests over the slowest process's time (they start together).
     total = sum(r["count"] for r in results)
     seconds = max(r["seconds"] for r in results)
-    return {"processes": processes, "concurrency": concurrency, "count": total, "seconds": round(seconds, 2),
-            "per_second": total / seconds, "statuses": [r["statuses"] for r in results]}
+    return {
+        "processes": processes,
+        "concurrency": concurrency,
+        "count": total,
+        "seconds": round(seconds, 2),
+        "per_second": total / seconds,
+        "statuses": [r["statuses"] for r in results],
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -273,8 +322,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         result["drains"] = []
         for workers in cfg.workers:
             d = await drain(server, base, receiver_pids, cfg, workers, args.profile_dir)
-            print(f"{workers} worker(s): {d['per_second']:.0f}/s, rss {d['peak_rss_mb']}, cpu {d['cpu_seconds']}",
-                  flush=True)
+            print(
+                f"{workers} worker(s): {d['per_second']:.0f}/s, rss {d['peak_rss_mb']}, cpu {d['cpu_seconds']}",
+                flush=True,
+            )
             result["drains"].append(d)
     one = next(d for d in result["drains"] if d["workers"] == 1)
     ceiling = result["ceiling"][0]["per_second"]
@@ -293,12 +344,16 @@ async def main_async(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description="drain throughput against a bare aiohttp client")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument("--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)")
+    parser.add_argument(
+        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
+    )
     parser.add_argument("--receiver", choices=("auto", "nginx", "aiohttp"), default="auto")
     parser.add_argument("--backlog", type=int, help="deliveries to drain, overriding the preset")
     parser.add_argument("--workers", type=int, action="append", help="worker processes (repeatable)")
     parser.add_argument("--concurrency", type=int, help="HOOKLANE_WORKER_CONCURRENCY and the raw client's")
-    parser.add_argument("--profile-dir", help="record the one-worker drain with py-spy into this folder (slows it a little)")
+    parser.add_argument(
+        "--profile-dir", help="record the one-worker drain with py-spy into this folder (slows it a little)"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     run_and_report(main_async, args)

@@ -10,9 +10,10 @@ import os
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -42,7 +43,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Webhook delivery with a queue per endpoint. The database is HOOKLANE_DATABASE_URL.",
     )
     parser.add_argument(
-        "--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="DEBUG, INFO, WARNING or ERROR",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -60,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--tenant", required=True)
     pub.add_argument("--type", required=True, help="dotted event type, e.g. order.updated")
     pub.add_argument(
-        "--data", required=True, help="the event's data: a JSON object, @FILE to read it from FILE, or - for stdin"
+        "--data",
+        required=True,
+        help="the event's data: a JSON object, @FILE to read it from FILE, or - for stdin",
     )
     pub.add_argument("--id", help="event id; publishing the same id twice stores it once")
     pub.add_argument("--coalesce-key", help="replaces a still-pending delivery with the same key")
@@ -78,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         p = esub.add_parser(action, help=text)
         p.add_argument("endpoint", help="NAMESPACE/NAME, or NAME in namespace default")
         if action == "resend":
-            p.add_argument("--delivery", type=_delivery_id, action="append", help="only this delivery id (repeatable)")
+            p.add_argument(
+                "--delivery", type=_delivery_id, action="append", help="only this delivery id (repeatable)"
+            )
 
     dev = sub.add_parser("dev", help="local tooling: throwaway PostgreSQL, test control plane")
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
@@ -149,7 +157,7 @@ async def _database(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
         # asyncpg refusing a malformed URL; the message never quotes the URL,
         # which may hold a password.
         raise InvalidInput("HOOKLANE_DATABASE_URL", f"is not a valid PostgreSQL URL: {exc}") from None
-    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnreachable(str(exc) or type(exc).__name__) from None
     try:
         yield conn
@@ -163,7 +171,9 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
         print(f"applied {len(applied)} migration(s)" if applied else "database is up to date")
         if settings.encryption_key is not None:
             resealed = await store.reseal_secrets(conn, settings.encryption_key)
-            print(f"{resealed} endpoint(s) with signing secrets sealed with key {settings.encryption_key.active}")
+            print(
+                f"{resealed} endpoint(s) with signing secrets sealed with key {settings.encryption_key.active}"
+            )
     return 0
 
 
@@ -213,8 +223,16 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
         _print_table(
             ["NAMESPACE", "NAME", "TENANT", "URL", "MAX", "STATE", "FAILURES", "PAUSED UNTIL"],
             [
-                [r["namespace"], r["name"], r["tenant"], r["url"], r["max_concurrency"],
-                 _state(r), r["consecutive_failures"], _time(r["paused_until"])]
+                [
+                    r["namespace"],
+                    r["name"],
+                    r["tenant"],
+                    r["url"],
+                    r["max_concurrency"],
+                    _state(r),
+                    r["consecutive_failures"],
+                    _time(r["paused_until"]),
+                ]
                 for r in rows
             ],
         )
@@ -260,11 +278,31 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     async with _database(settings) as conn:
         rows = await store.endpoint_queues(conn)
     _print_table(
-        ["ENDPOINT", "TENANT", "STATE", "PENDING", "IN FLIGHT", "MAX", "OLDEST PENDING", "FAILURES", "PAUSED UNTIL", "LAST ERROR"],
         [
-            [f"{r['namespace']}/{r['name']}", r["tenant"], _state(r), r["pending"], r["in_flight"],
-             r["max_concurrency"], _age(r["oldest_pending_age"]), r["consecutive_failures"],
-             _time(r["paused_until"]), (r["last_error"] or "")[:60]]
+            "ENDPOINT",
+            "TENANT",
+            "STATE",
+            "PENDING",
+            "IN FLIGHT",
+            "MAX",
+            "OLDEST PENDING",
+            "FAILURES",
+            "PAUSED UNTIL",
+            "LAST ERROR",
+        ],
+        [
+            [
+                f"{r['namespace']}/{r['name']}",
+                r["tenant"],
+                _state(r),
+                r["pending"],
+                r["in_flight"],
+                r["max_concurrency"],
+                _age(r["oldest_pending_age"]),
+                r["consecutive_failures"],
+                _time(r["paused_until"]),
+                (r["last_error"] or "")[:60],
+            ]
             for r in rows
         ],
     )
@@ -359,7 +397,7 @@ def _state(row: Any) -> str:
         return "Deactivated"
     if row["paused"]:
         return "Paused (manual)"
-    if row["paused_until"] is not None and row["paused_until"] > datetime.now(timezone.utc):
+    if row["paused_until"] is not None and row["paused_until"] > datetime.now(UTC):
         return "Paused (circuit)"
     return "Active"
 
@@ -376,7 +414,7 @@ def _age(seconds: float | None) -> str:
 
 
 def _time(value: datetime | None) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if value else "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else "-"
 
 
 def _print_table(headers: list[str], rows: list[list[Any]]) -> None:
@@ -384,7 +422,7 @@ def _print_table(headers: list[str], rows: list[list[Any]]) -> None:
     cells = [headers, *[[printable(str(c)) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for row in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
-from typing import Sequence
 
 from hooklane.errors import InvalidInput, printable, shown
 
@@ -85,7 +85,9 @@ _MAPPED = IPv6Network("::ffff:0:0/96")  # IPv4-mapped: RFC 4291 2.5.5.2
 _COMPATIBLE = IPv6Network("::/96")  # IPv4-compatible, deprecated: RFC 4291 2.5.5.1
 _NAT64 = IPv6Network("64:ff9b::/96")  # NAT64 well-known prefix: RFC 6052 2.1
 _SIX_TO_FOUR = IPv6Network("2002::/16")  # 6to4, the IPv4 address in bits 16-47: RFC 3056 2
-_TEREDO = IPv6Network("2001::/32")  # Teredo, the client's IPv4 address bit-inverted in bits 96-127: RFC 4380 4
+_TEREDO = IPv6Network(
+    "2001::/32"
+)  # Teredo, the client's IPv4 address bit-inverted in bits 96-127: RFC 4380 4
 
 _LOW_32 = 0xFFFFFFFF
 # What the C library's inet_aton may read as an IPv4 address: 127.1,
@@ -193,7 +195,9 @@ def parse_networks(text: str) -> tuple[Network, ...]:
         if not entry:
             continue
         if "%" in entry:
-            raise InvalidInput(ALLOWED_NETWORKS_VARIABLE, f"{shown(entry)}: a zone id means nothing in a network")
+            raise InvalidInput(
+                ALLOWED_NETWORKS_VARIABLE, f"{shown(entry)}: a zone id means nothing in a network"
+            )
         try:
             networks.append(ip_network(entry))
             continue
@@ -205,5 +209,7 @@ def parse_networks(text: str) -> tuple[Network, ...]:
             raise InvalidInput(
                 ALLOWED_NETWORKS_VARIABLE, f"{shown(entry)} is not a network like 10.20.0.0/16 or ::1/128"
             ) from None
-        raise InvalidInput(ALLOWED_NETWORKS_VARIABLE, f"{shown(entry)} has host bits set: the network is {loose}")
+        raise InvalidInput(
+            ALLOWED_NETWORKS_VARIABLE, f"{shown(entry)} has host bits set: the network is {loose}"
+        )
     return tuple(networks)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -66,11 +67,25 @@ _TOP_LEVEL = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
 # Every field of Kubernetes' ObjectMeta: a manifest saved with `kubectl get -o
 # yaml` carries the server's (uid, resourceVersion, managedFields, ...) and must
 # apply as it is. Only name and namespace are read; anything else is a typo.
-_METADATA = frozenset({
-    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
-    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
-    "annotations", "ownerReferences", "finalizers", "managedFields",
-})
+_METADATA = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
 _SPEC = frozenset({"url", "tenant", "secretRef", "maxConcurrency", "eventTypes", "timeoutSeconds", "paused"})
 _SECRET_REF = frozenset({"name", "key"})
 
@@ -129,7 +144,9 @@ def _unstorable(text: str) -> str | None:
     found = _UNSTORABLE.search(text)
     if found is None:
         return None
-    return "contains a NUL character" if found.group() == "\x00" else "contains a lone surrogate (not Unicode)"
+    return (
+        "contains a NUL character" if found.group() == "\x00" else "contains a lone surrogate (not Unicode)"
+    )
 
 
 def _child(path: str, key: str) -> str:
@@ -190,7 +207,9 @@ def check_url(url: Any) -> str:
     except ValueError:
         raise InvalidInput("spec.url", f"has a malformed host: {shown(url)}") from None
     if parts.scheme not in ("http", "https") or not url.lower().startswith(f"{parts.scheme}://"):
-        raise InvalidInput("spec.url", f"must be an http or https URL like https://host/path, not {shown(url)}")
+        raise InvalidInput(
+            "spec.url", f"must be an http or https URL like https://host/path, not {shown(url)}"
+        )
     if "#" in url:
         raise InvalidInput("spec.url", "must not have a #fragment: it is never sent")
     if "@" in parts.netloc:
@@ -274,8 +293,11 @@ def _event_types(value: Any) -> tuple[str, ...]:
     if len(value) > MAX_EVENT_TYPES:
         raise InvalidInput("spec.eventTypes", f"has more than {MAX_EVENT_TYPES} patterns")
     for pattern in value:
-        if (not isinstance(pattern, str) or len(pattern) > MAX_EVENT_TYPE_LENGTH
-                or not EVENT_TYPE_PATTERN.fullmatch(pattern)):
+        if (
+            not isinstance(pattern, str)
+            or len(pattern) > MAX_EVENT_TYPE_LENGTH
+            or not EVENT_TYPE_PATTERN.fullmatch(pattern)
+        ):
             raise InvalidInput(
                 "spec.eventTypes",
                 f"{shown(pattern)} is not a pattern like 'order.created', 'order.*' or '*'"

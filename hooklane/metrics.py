@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-DELIVERIES = Counter(
-    "hooklane_deliveries_total", "Delivery attempts by outcome.", ["outcome"]
-)
+DELIVERIES = Counter("hooklane_deliveries_total", "Delivery attempts by outcome.", ["outcome"])
 DELIVERY_DURATION = Histogram(
     "hooklane_delivery_duration_seconds",
     "Whole-call duration of delivery attempts.",
@@ -22,9 +20,7 @@ RESERVATION_DURATION = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 PARTITIONS_OWNED = Gauge("hooklane_worker_partitions_owned", "Partitions this worker owns.")
-RESCUED = Counter(
-    "hooklane_deliveries_rescued_total", "Deliveries requeued after their worker lost them."
-)
+RESCUED = Counter("hooklane_deliveries_rescued_total", "Deliveries requeued after their worker lost them.")
 
 ENDPOINT_PENDING = Gauge(
     "hooklane_endpoint_pending", "Pending deliveries per endpoint.", ["namespace", "name"]
@@ -45,9 +41,7 @@ ENDPOINTS_PAUSED = Gauge(
     "Endpoints not receiving: circuit open, paused by hand, or deactivated.",
     ["reason"],
 )
-EVENTS_UNROUTED = Gauge(
-    "hooklane_events_unrouted", "Events kept although they matched no endpoint."
-)
+EVENTS_UNROUTED = Gauge("hooklane_events_unrouted", "Events kept although they matched no endpoint.")
 
 PER_ENDPOINT = (ENDPOINT_PENDING, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_PENDING_AGE, ENDPOINT_DEAD)
 

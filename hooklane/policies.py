@@ -28,7 +28,9 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.cap_seconds < self.base_seconds:
-            raise ValueError(f"cap_seconds ({self.cap_seconds:g}) must be at least base_seconds ({self.base_seconds:g})")
+            raise ValueError(
+                f"cap_seconds ({self.cap_seconds:g}) must be at least base_seconds ({self.base_seconds:g})"
+            )
 
 
 @dataclass(frozen=True)
@@ -43,4 +45,6 @@ class CircuitPolicy:
 
     def __post_init__(self) -> None:
         if self.cap_seconds < self.step_seconds:
-            raise ValueError(f"cap_seconds ({self.cap_seconds:g}) must be at least step_seconds ({self.step_seconds:g})")
+            raise ValueError(
+                f"cap_seconds ({self.cap_seconds:g}) must be at least step_seconds ({self.step_seconds:g})"
+            )

@@ -25,9 +25,7 @@ def new_event_id() -> str:
     return "msg_" + uuid.uuid4().hex
 
 
-def check_event(
-    *, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_key: Any = None
-) -> str:
+def check_event(*, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_key: Any = None) -> str:
     """Check publish arguments; return ``data`` as JSON text.
 
     Everything is checked before any SQL: a statement Postgres refuses would

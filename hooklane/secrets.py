@@ -90,12 +90,16 @@ def unseal(keyring: Keyring | None, stored: str, owner: str) -> str:
     pass through as they are, until `hooklane migrate` seals them."""
     if not stored.startswith(_PREFIX):
         return stored
-    kid, _, encoded = stored[len(_PREFIX):].partition(":")
+    kid, _, encoded = stored[len(_PREFIX) :].partition(":")
     if keyring is None:
-        raise InvalidInput(VARIABLE, f"is not set, but the signing secret of {owner} is encrypted (key id {kid})")
+        raise InvalidInput(
+            VARIABLE, f"is not set, but the signing secret of {owner} is encrypted (key id {kid})"
+        )
     key = keyring.keys.get(kid)
     if key is None:
-        raise InvalidInput(VARIABLE, f"has no key id {kid}, which the signing secret of {owner} is encrypted with")
+        raise InvalidInput(
+            VARIABLE, f"has no key id {kid}, which the signing secret of {owner} is encrypted with"
+        )
     try:
         raw = base64.b64decode(encoded, validate=True)
         return AESGCM(key).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _aad(owner)).decode()

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import field, fields
 from ipaddress import IPv4Network, IPv6Network
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
@@ -23,7 +24,13 @@ logger = logging.getLogger(__name__)
 _PREFIX = "HOOKLANE_"
 # The build and test scripts under hack/ read variables of their own with
 # the same prefix; they are not settings, and not typos.
-_TOOLING = ("HOOKLANE_CLUSTER_", "HOOKLANE_DEBIAN_", "HOOKLANE_ENVTEST_", "HOOKLANE_IMAGE_", "HOOKLANE_TOOLS_")
+_TOOLING = (
+    "HOOKLANE_CLUSTER_",
+    "HOOKLANE_DEBIAN_",
+    "HOOKLANE_ENVTEST_",
+    "HOOKLANE_IMAGE_",
+    "HOOKLANE_TOOLS_",
+)
 # The policies are read from HOOKLANE_RETRY_* and HOOKLANE_CIRCUIT_*.
 _NESTED = {"retry": RetryPolicy, "circuit": CircuitPolicy}
 
@@ -120,7 +127,11 @@ class Settings:
                 if _variable(f.name) in env:
                     values[f.name] = env[_variable(f.name)]
                 continue
-            inner = {g.name: env[_variable(f.name, g.name)] for g in fields(nested) if _variable(f.name, g.name) in env}
+            inner = {
+                g.name: env[_variable(f.name, g.name)]
+                for g in fields(nested)
+                if _variable(f.name, g.name) in env
+            }
             known.update(_variable(f.name, g.name) for g in fields(nested))
             if inner:
                 values[f.name] = inner

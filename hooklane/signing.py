@@ -27,7 +27,7 @@ def parse_secret(secret: str) -> bytes:
     if not secret.startswith(SECRET_PREFIX):
         raise InvalidInput("secret", f"must start with {SECRET_PREFIX!r}")
     try:
-        key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
     except binascii.Error:
         raise InvalidInput("secret", "the part after whsec_ is not valid base64") from None
     if not _MIN_KEY_BYTES <= len(key) <= _MAX_KEY_BYTES:

@@ -30,10 +30,11 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 import asyncpg
 import psutil
@@ -59,7 +60,7 @@ FAULT_KINDS = ("kill", "term", "pg-fast", "pg-immediate", "terminate")
 # InternalClientError ("cannot switch to state 15; another operation (2) is
 # in progress", MagicStack/asyncpg#784) about as often as a proper
 # connection error: any application publishing through asyncpg sees it.
-LOST = TRANSIENT + (asyncpg.PostgresConnectionError, asyncpg.exceptions.InternalClientError)
+LOST = (*TRANSIENT, asyncpg.PostgresConnectionError, asyncpg.exceptions.InternalClientError)
 
 
 # --------------------------------------------------------------------------
@@ -95,7 +96,9 @@ HEALTHY = (
     Endpoint("a-orders", "acme", max_concurrency=2, delay=0.05, event_types=("order.*",)),
     Endpoint("a-created", "acme", max_concurrency=1, delay=0.02, event_types=("order.created",)),
     Endpoint("g-wide", "globex", max_concurrency=8, delay=0.005),
-    Endpoint("g-invoices", "globex", max_concurrency=3, delay=0.05, event_types=("invoice.paid", "invoice.*")),
+    Endpoint(
+        "g-invoices", "globex", max_concurrency=3, delay=0.05, event_types=("invoice.paid", "invoice.*")
+    ),
     # Slow answers keep calls in flight most of the time, so a killed worker
     # leaves deliveries behind for the lease to rescue.
     Endpoint("g-slow", "globex", max_concurrency=4, delay=0.3, event_types=("invoice.paid",)),
@@ -108,8 +111,12 @@ def hostile_endpoint(mode: str, tenant: str) -> Endpoint:
     traffic: with a 1 s deadline and 8 slots even a receiver that never
     answers gets through its share within a run (see HOSTILE_WORKER_ENV)."""
     return Endpoint(
-        "hostile-" + mode.replace("_", "-"), tenant, max_concurrency=8,
-        event_types=("invoice.paid",), timeout_seconds=1, hostile=mode,
+        "hostile-" + mode.replace("_", "-"),
+        tenant,
+        max_concurrency=8,
+        event_types=("invoice.paid",),
+        timeout_seconds=1,
+        hostile=mode,
     )
 
 
@@ -161,12 +168,26 @@ def restart_postgres(pg: LocalPostgres, mode: str, timeout: float = 120.0) -> No
     crash recovery."""
     subprocess.run(
         [
-            *_as_postgres(), str(pg.bindir / "pg_ctl"), "-D", str(pg.datadir),
+            *_as_postgres(),
+            str(pg.bindir / "pg_ctl"),
+            "-D",
+            str(pg.datadir),
             # -l again: without it the new postmaster writes to, and holds
             # open, our stdout.
-            "-l", str(pg.dir / "server.log"), "-m", mode, "-w", "-t", "90", "restart",
+            "-l",
+            str(pg.dir / "server.log"),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            "90",
+            "restart",
         ],
-        check=True, cwd=pg.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+        check=True,
+        cwd=pg.dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
     )
 
 
@@ -184,7 +205,9 @@ class Control:
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await asyncpg.connect(
-                        self.dsn, timeout=5, command_timeout=10,
+                        self.dsn,
+                        timeout=5,
+                        command_timeout=10,
                         server_settings={"application_name": "chaos-control"},
                     )
                 return await fn(self._conn)
@@ -211,11 +234,17 @@ class Control:
         self._conn = None
 
 
-async def create_endpoints(conn: asyncpg.Connection, endpoints: Sequence[Endpoint], urls: dict[str, str]) -> None:
+async def create_endpoints(
+    conn: asyncpg.Connection, endpoints: Sequence[Endpoint], urls: dict[str, str]
+) -> None:
     for ep in endpoints:
         spec = EndpointSpec(
-            namespace=NAMESPACE, name=ep.name, url=urls[ep.name], tenant=ep.tenant,
-            max_concurrency=ep.max_concurrency, event_types=ep.event_types,
+            namespace=NAMESPACE,
+            name=ep.name,
+            url=urls[ep.name],
+            tenant=ep.tenant,
+            max_concurrency=ep.max_concurrency,
+            event_types=ep.event_types,
             timeout_seconds=ep.timeout_seconds,
         )
         await store.upsert_endpoint(conn, spec, SECRET)
@@ -300,7 +329,10 @@ class Workers:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hooklane.cli", "worker"],
-                env=self._env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                env=self._env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         run = WorkerRun(proc, log, time.time())
         self.all.append(run)
@@ -330,17 +362,17 @@ class Workers:
                 self._fail(w, "SIGTERM drain did not exit cleanly")
 
     def _fail(self, w: WorkerRun, why: str) -> None:
-        self.failures.append(WorkerFailure(w.pid, w.exit_code, round(w.exited_at - self._t0, 2), why, tail(w.log)))
+        self.failures.append(
+            WorkerFailure(w.pid, w.exit_code, round(w.exited_at - self._t0, 2), why, tail(w.log))
+        )
 
     def sample_memory(self) -> None:
         now = time.time()
         for w in self.all:
             # Not while it is still importing: its size then says nothing.
             if w.exit_code is None and now - w.started > 3:
-                try:
+                with suppress(psutil.Error):
                     w.rss.append((now, psutil.Process(w.pid).memory_info().rss))
-                except psutil.Error:
-                    pass
 
     async def stop_all_async(self, grace: float = 15.0) -> None:
         """stop_all off the event loop, which must go on serving the
@@ -393,8 +425,9 @@ async def wait_workers_ready(control: Control, workers: int, timeout: float = 30
     """Until ``workers`` workers are live and every partition is owned."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = (await control.fetch(
-            """
+        row = (
+            await control.fetch(
+                """
             SELECT count(*) FILTER (WHERE classid = $1::int::oid AND objsubid = 2) AS members,
                    count(*) FILTER (WHERE classid = $2::int::oid AND objsubid = 2) AS owned,
                    (SELECT partition_count FROM hooklane_config) AS partitions
@@ -402,8 +435,10 @@ async def wait_workers_ready(control: Control, workers: int, timeout: float = 30
             WHERE locktype = 'advisory' AND granted
               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
             """,
-            MEMBER_CLASS, PARTITION_CLASS,
-        ))[0]
+                MEMBER_CLASS,
+                PARTITION_CLASS,
+            )
+        )[0]
         if row["members"] >= workers and row["owned"] >= row["partitions"]:
             return
         await asyncio.sleep(0.1)
@@ -418,7 +453,8 @@ async def in_flight_of(control: Control, pid: int) -> int:
                 AND l.objid = e.partition::oid AND l.objsubid = 2 AND l.granted
            JOIN pg_stat_activity a ON a.pid = l.pid
            WHERE d.state = 'sending' AND a.application_name = $2""",
-        PARTITION_CLASS, f"hooklane-worker:{pid}",
+        PARTITION_CLASS,
+        f"hooklane-worker:{pid}",
     )
 
 
@@ -457,7 +493,7 @@ class Ledger:
 
     def absorb(self) -> None:
         received = self._receiver.received
-        for r in received[self._cursor:]:
+        for r in received[self._cursor :]:
             key = (r.path, r.headers.get("webhook-id", ""))
             self.receipts[key] += 1
             if key in self.first:
@@ -489,7 +525,9 @@ class Publisher:
     say), the event is looked up by id after reconnecting, and published
     again under the same id if it is not there."""
 
-    def __init__(self, dsn: str, rate: float, rng: random.Random, ledger: Ledger, give_up_after: float = 120.0) -> None:
+    def __init__(
+        self, dsn: str, rate: float, rng: random.Random, ledger: Ledger, give_up_after: float = 120.0
+    ) -> None:
         self._dsn = dsn
         self._rate = rate
         self._rng = rng
@@ -504,7 +542,9 @@ class Publisher:
         seq = 0
         try:
             while not stop.is_set():
-                await self._publish(f"evt_{self._tag}_{seq}", self._rng.choice(TENANTS), self._rng.choice(TYPES), seq)
+                await self._publish(
+                    f"evt_{self._tag}_{seq}", self._rng.choice(TENANTS), self._rng.choice(TYPES), seq
+                )
                 seq += 1
                 # A steady rate, without a burst to catch up after an outage:
                 # the requests an application could not serve meanwhile are
@@ -521,7 +561,9 @@ class Publisher:
             try:
                 conn = await self._connection()
                 async with conn.transaction():
-                    await hooklane.publish(conn, tenant=tenant, type=event_type, data={"seq": seq}, id=event_id)
+                    await hooklane.publish(
+                        conn, tenant=tenant, type=event_type, data={"seq": seq}, id=event_id
+                    )
                 self._ledger.commit(event_id, tenant, event_type, time.time())
                 self.stats["committed"] += 1
                 return
@@ -545,7 +587,9 @@ class Publisher:
         while time.monotonic() < deadline:
             try:
                 conn = await self._connection()
-                return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE id = $1)", event_id))
+                return bool(
+                    await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE id = $1)", event_id)
+                )
             except LOST:
                 await self._drop()
                 await asyncio.sleep(0.2)
@@ -554,7 +598,9 @@ class Publisher:
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(
-                self._dsn, timeout=5, command_timeout=10,
+                self._dsn,
+                timeout=5,
+                command_timeout=10,
                 server_settings={"application_name": "chaos-publisher"},
             )
         return self._conn
@@ -568,10 +614,8 @@ class Publisher:
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
     if seconds <= 0:
         return
-    try:
+    with suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
-        pass
 
 
 # --------------------------------------------------------------------------
@@ -652,8 +696,16 @@ class Report:
 class _Run:
     """The moving parts of one scenario run."""
 
-    def __init__(self, scenario: Scenario, pg: LocalPostgres, dsn: str, receiver: Receiver,
-                 endpoints: Sequence[Endpoint], hostile: Any, logdir: Path) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        pg: LocalPostgres,
+        dsn: str,
+        receiver: Receiver,
+        endpoints: Sequence[Endpoint],
+        hostile: Any,
+        logdir: Path,
+    ) -> None:
         self.scenario = scenario
         self.pg = pg
         self.dsn = dsn
@@ -767,7 +819,9 @@ async def _monitor(run: _Run, stop: asyncio.Event) -> None:
 async def _inject_all(run: _Run, publisher: asyncio.Task) -> None:
     for n, kind in enumerate(run.scenario.faults):
         if run.workers.failures or publisher.done():
-            run.problems.append(f"faults stopped after {n} of {len(run.scenario.faults)}: a worker died or the publisher stopped")
+            run.problems.append(
+                f"faults stopped after {n} of {len(run.scenario.faults)}: a worker died or the publisher stopped"
+            )
             return
         await asyncio.sleep(run.rng.uniform(*run.scenario.gap))
         start = time.time()
@@ -789,23 +843,31 @@ async def _await_recovery(run: _Run, fault: Fault, n: int) -> None:
     deadline = time.monotonic() + s.recover_timeout
     while not run.ledger.delivering_since(fault.end):
         if time.monotonic() > deadline or _all_workers_gone(run):
-            run.problems.append(f"fault {n + 1} ({fault.kind}): nothing delivered within {s.recover_timeout:g} s after it")
+            run.problems.append(
+                f"fault {n + 1} ({fault.kind}): nothing delivered within {s.recover_timeout:g} s after it"
+            )
             return
         await asyncio.sleep(0.05)
     while not run.ledger.drained_until(fault.end):
         if time.monotonic() > deadline or _all_workers_gone(run):
-            run.problems.append(f"fault {n + 1} ({fault.kind}): backlog not drained within {s.recover_timeout:g} s")
+            run.problems.append(
+                f"fault {n + 1} ({fault.kind}): backlog not drained within {s.recover_timeout:g} s"
+            )
             return
         await asyncio.sleep(0.05)
     while await _in_flight_since(run.control, fault.end):
         if time.monotonic() > deadline or _all_workers_gone(run):
-            run.problems.append(f"fault {n + 1} ({fault.kind}): deliveries in flight at the fault not finished within {s.recover_timeout:g} s")
+            run.problems.append(
+                f"fault {n + 1} ({fault.kind}): deliveries in flight at the fault not finished within {s.recover_timeout:g} s"
+            )
             return
         await asyncio.sleep(0.1)
     fault.settled_s = round(time.time() - fault.end, 3)
     if "replacement" in fault.detail:
         if not await _joined(run, fault.detail["replacement"], deadline):
-            run.problems.append(f"fault {n + 1} ({fault.kind}): the replacement worker did not join within {s.recover_timeout:g} s")
+            run.problems.append(
+                f"fault {n + 1} ({fault.kind}): the replacement worker did not join within {s.recover_timeout:g} s"
+            )
             return
         fault.detail["replaced_s"] = round(time.time() - fault.end, 3)
 
@@ -820,14 +882,17 @@ async def _joined(run: _Run, pid: int, deadline: float) -> bool:
     """Until the worker holds its lock connection and every partition is
     owned again (the victim's, released at its exit, taken by the others)."""
     while time.monotonic() < deadline and not _all_workers_gone(run):
-        row = (await run.control.fetch(
-            """SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1) AS joined,
+        row = (
+            await run.control.fetch(
+                """SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1) AS joined,
                       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
                          AND classid = $2::int::oid AND objsubid = 2
                          AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
                       >= (SELECT partition_count FROM hooklane_config) AS covered""",
-            f"hooklane-worker:{pid}", PARTITION_CLASS,
-        ))[0]
+                f"hooklane-worker:{pid}",
+                PARTITION_CLASS,
+            )
+        )[0]
         if row["joined"] and row["covered"]:
             return True
         await asyncio.sleep(0.05)
@@ -851,9 +916,12 @@ async def _victim(run: _Run) -> WorkerRun:
     while True:
         joined = {
             int(name.split(":")[1])
-            for name in [r["application_name"] for r in await run.control.fetch(
-                "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE 'hooklane-worker:%'"
-            )]
+            for name in [
+                r["application_name"]
+                for r in await run.control.fetch(
+                    "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE 'hooklane-worker:%'"
+                )
+            ]
         }
         candidates = [w for w in run.workers.live() if w.pid in joined]
         if candidates or time.monotonic() > deadline:
@@ -971,7 +1039,8 @@ async def _hostile_settled(run: _Run) -> bool:
              AND (d.state = 'sending'
                   OR (d.state = 'pending'
                       AND (d.attempts = 0 OR d.next_attempt_at < now() + interval '10 seconds')))""",
-        NAMESPACE, names,
+        NAMESPACE,
+        names,
     )
 
 
@@ -983,7 +1052,9 @@ async def _states(control: Control, keys: list[tuple[str, str]]) -> dict[tuple[s
            FROM unnest($1::text[], $2::text[]) AS k(name, event_id)
            JOIN endpoints ep ON ep.namespace = $3 AND ep.name = k.name
            JOIN deliveries d ON d.endpoint_id = ep.id AND d.event_id = k.event_id""",
-        [p.lstrip("/") for p, _ in keys], [e for _, e in keys], NAMESPACE,
+        [p.lstrip("/") for p, _ in keys],
+        [e for _, e in keys],
+        NAMESPACE,
     )
     return {(r["path"], r["event_id"]): r for r in rows}
 
@@ -1034,12 +1105,14 @@ async def _account_healthy(run: _Run, r: Report) -> None:
     r.unexpected_receipts = sum(
         n for k, n in ledger.receipts.items() if k not in owed_set and k[0] in healthy_paths
     )
-    latencies = sorted(max(0.0, ledger.first[k] - ledger.committed[k[1]][0]) for k in owed if k in ledger.first)
+    latencies = sorted(
+        max(0.0, ledger.first[k] - ledger.committed[k[1]][0]) for k in owed if k in ledger.first
+    )
     r.latency_ms = _percentiles([x * 1000 for x in latencies])
 
 
 def _lost_sample(run: _Run, key: tuple[str, str], row: asyncpg.Record | None) -> dict[str, Any]:
-    at, tenant, event_type = run.ledger.committed[key[1]]
+    at, _tenant, event_type = run.ledger.committed[key[1]]
     sample = {"endpoint": key[0], "event": key[1], "committed_at_s": run.at(at), "type": event_type}
     if row is None:
         sample["delivery"] = "no row"
@@ -1060,7 +1133,8 @@ async def _account_hostile(run: _Run, r: Report) -> None:
                   d.event_id, d.state, d.attempts, d.last_error, d.last_status
            FROM endpoints ep LEFT JOIN deliveries d ON d.endpoint_id = ep.id
            WHERE ep.namespace = $1 AND ep.name = ANY($2::text[])""",
-        NAMESPACE, [ep.name for ep in ledger.hostile],
+        NAMESPACE,
+        [ep.name for ep in ledger.hostile],
     )
     by_key = {(row["name"], row["event_id"]): row for row in rows if row["event_id"]}
     endpoint_rows = {row["name"]: row for row in rows}
@@ -1125,9 +1199,7 @@ def _recovery(run: _Run, r: Report) -> None:
     published before it had arrived."""
     ledger = run.ledger
     done = sorted(
-        (ledger.committed[eid][0], at)
-        for (path, eid), at in ledger.first.items()
-        if eid in ledger.committed
+        (ledger.committed[eid][0], at) for (path, eid), at in ledger.first.items() if eid in ledger.committed
     )
     commits = [c for c, _ in done]
     suffix_min = _running(reversed([a for _, a in done]), min)[::-1]
@@ -1139,10 +1211,17 @@ def _recovery(run: _Run, r: Report) -> None:
         j = bisect_left(commits, f.end + 1e-9)
         if j:
             f.drain_s = round(max(0.0, prefix_max[j - 1] - f.end), 3)
-        r.faults.append({
-            "kind": f.kind, "at_s": run.at(f.start), "took_s": round(f.end - f.start, 2),
-            "recover_s": f.recover_s, "drain_s": f.drain_s, "settled_s": f.settled_s, **f.detail,
-        })
+        r.faults.append(
+            {
+                "kind": f.kind,
+                "at_s": run.at(f.start),
+                "took_s": round(f.end - f.start, 2),
+                "recover_s": f.recover_s,
+                "drain_s": f.drain_s,
+                "settled_s": f.settled_s,
+                **f.detail,
+            }
+        )
     for kind in sorted({f.kind for f in run.faults}):
         of = [f for f in run.faults if f.kind == kind]
         r.recovery[kind] = {
@@ -1192,7 +1271,9 @@ def _problems(r: Report) -> list[str]:
     if r.events == 0:
         problems.append("nothing was published")
     if r.publisher.get("abandoned"):
-        problems.append(f"{r.publisher['abandoned']} events could not be published within the publisher's patience")
+        problems.append(
+            f"{r.publisher['abandoned']} events could not be published within the publisher's patience"
+        )
     if r.hostile and r.dead:
         problems.append(f"{r.dead} deliveries to healthy endpoints died next to hostile ones")
     return problems
@@ -1203,7 +1284,12 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
         return {}
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "p50": round(pick(0.5), 3), "p99": round(pick(0.99), 3), "max": round(ordered[-1], 3)}
+    return {
+        "n": len(ordered),
+        "p50": round(pick(0.5), 3),
+        "p99": round(pick(0.99), 3),
+        "max": round(ordered[-1], 3),
+    }
 
 
 def format_report(r: Report) -> str:

@@ -8,8 +8,8 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
-from typing import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -50,9 +50,13 @@ def pg_server() -> Iterator[Server]:
         yield Server(host="127.0.0.1", port=pg.port)
 
 
-def _migrate_template(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: object) -> None:
+def _migrate_template(
+    host: str, port: int, user: str, dbname: str, password: str | None = None, **_: object
+) -> None:
     async def run() -> None:
-        conn = await asyncpg.connect(host=host, port=port, user=user, database=dbname, password=password or None)
+        conn = await asyncpg.connect(
+            host=host, port=port, user=user, database=dbname, password=password or None
+        )
         try:
             await store.migrate(conn)
         finally:
@@ -61,7 +65,9 @@ def _migrate_template(host: str, port: int, user: str, dbname: str, password: st
     asyncio.run(run())
 
 
-postgresql_noproc = factories.postgresql_noproc(depends_on="pg_server", dbname="hooklane", load=[_migrate_template])
+postgresql_noproc = factories.postgresql_noproc(
+    depends_on="pg_server", dbname="hooklane", load=[_migrate_template]
+)
 postgresql = factories.postgresql("postgresql_noproc")
 
 

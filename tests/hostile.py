@@ -107,7 +107,7 @@ class HostileServer:
             raise ValueError(f"unknown mode {mode!r}")
         return f"http://127.0.0.1:{self.port}/{mode}"
 
-    async def __aenter__(self) -> "HostileServer":
+    async def __aenter__(self) -> HostileServer:
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -144,23 +144,19 @@ class HostileServer:
             writer.close()
             try:
                 await asyncio.wait_for(writer.wait_closed(), timeout=5)
-            except (ConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, ConnectionError):
                 pass
             finally:
                 # what a client that stopped reading left unsent
                 writer.transport.abort()
                 self._connections.discard(task)
 
-    async def _hang(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int
-    ) -> None:
+    async def _hang(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         # Until the client gives up: the connection is not left behind.
         while await reader.read(_CHUNK):
             pass
 
-    async def _trickle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int
-    ) -> None:
+    async def _trickle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Trickle: "
         # then the last header's value grows for ever
         while True:
@@ -199,9 +195,7 @@ class HostileServer:
         writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 1000\r\n\r\npartial")
         await writer.drain()
 
-    async def _reset(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int
-    ) -> None:
+    async def _reset(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         # Linger on with a zero timeout: close() sends RST instead of FIN.
         writer.get_extra_info("socket").setsockopt(
             socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
@@ -243,16 +237,12 @@ class HostileServer:
         writer.write(line + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
         await writer.drain()
 
-    async def _http09(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int
-    ) -> None:
+    async def _http09(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         # HTTP/0.9: no status line and no headers, only a body, then close.
         writer.write(b'{"ok": true}\n')
         await writer.drain()
 
-    async def _not_http(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int
-    ) -> None:
+    async def _not_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         writer.write(self._random.randbytes(4096))
         await writer.drain()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from aiohttp import web
 
@@ -90,7 +90,7 @@ class Receiver:
         finally:
             self.in_flight[path] -= 1
 
-    async def __aenter__(self) -> "Receiver":
+    async def __aenter__(self) -> Receiver:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0)
         await site.start()

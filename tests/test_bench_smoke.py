@@ -25,7 +25,11 @@ def run_bench(module: str, tmp_path: Path, *args: str, timeout: float = 60) -> d
     out = tmp_path / f"{module}.json"
     proc = subprocess.run(
         [sys.executable, "-m", f"bench.{module}", "--preset", "smoke", "--json", str(out), *args],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())

@@ -9,8 +9,8 @@ import asyncio
 import random
 import signal
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -89,8 +89,13 @@ async def test_backends_terminated_at_random_lose_nothing(chaos_pg: LocalPostgre
 async def test_healthy_endpoints_receive_everything_next_to_hostile_ones(chaos_pg: LocalPostgres) -> None:
     report = await run_scenario(
         Scenario(
-            "hostile", (), workers=2, rate=12, duration=15,
-            hostile_modes=tuple(HostileServer.MODES), worker_env=HOSTILE_WORKER_ENV,
+            "hostile",
+            (),
+            workers=2,
+            rate=12,
+            duration=15,
+            hostile_modes=tuple(HostileServer.MODES),
+            worker_env=HOSTILE_WORKER_ENV,
         ),
         chaos_pg,
     )
@@ -120,11 +125,20 @@ async def one_db(chaos_pg: LocalPostgres, tmp_path: Path) -> AsyncIterator[tuple
 
 async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receiver: Receiver) -> None:
     dsn, control, workers = one_db
-    urls = {"slow": receiver.on("slow", Answer(204, delay=3.0)), "late": receiver.on("late", Answer(204, delay=5.0))}
+    urls = {
+        "slow": receiver.on("slow", Answer(204, delay=3.0)),
+        "late": receiver.on("late", Answer(204, delay=5.0)),
+    }
     conn = await asyncpg.connect(dsn)
     try:
-        await create_endpoints(conn, [Endpoint("slow", "slow", 1, timeout_seconds=10),
-                                      Endpoint("late", "late", 1, timeout_seconds=10)], urls)
+        await create_endpoints(
+            conn,
+            [
+                Endpoint("slow", "slow", 1, timeout_seconds=10),
+                Endpoint("late", "late", 1, timeout_seconds=10),
+            ],
+            urls,
+        )
         worker = workers.start()
         await wait_workers_ready(control, 1)
         await hooklane.publish(conn, tenant="slow", type="x.y", data={})
@@ -143,8 +157,11 @@ async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receive
         await tx.commit()
         await locker.close()
         code = await asyncio.get_running_loop().run_in_executor(None, worker.proc.wait, 30)
-        states = dict(await conn.fetch(
-            "SELECT ep.name, d.state FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id"))
+        states = dict(
+            await conn.fetch(
+                "SELECT ep.name, d.state FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id"
+            )
+        )
     finally:
         await conn.close()
     assert code == 0
@@ -166,7 +183,7 @@ async def test_a_draining_worker_does_not_hold_up_other_endpoints(one_db, receiv
         await asyncio.sleep(1.5)  # the split settles
         await hooklane.publish(conn, tenant="slow", type="x.y", data={})
         await wait_for(lambda: receiver.at("slow"), timeout=20)
-        owner = [w for w in pair if await in_flight_of(control, w.pid)][0]
+        owner = next(w for w in pair if await in_flight_of(control, w.pid))
         workers.signal(owner, signal.SIGTERM)  # it drains the 8 s call
         await asyncio.sleep(0.2)
         published = time.time()

@@ -91,7 +91,9 @@ def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[st
 
 def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {
-        d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] in ("Deployment", "Job")
     }
 
 
@@ -158,7 +160,10 @@ def test_defaults_render_the_operator_workers_and_migration(tools):
     operator = one(docs, "Deployment", "-operator")
     assert operator["spec"]["replicas"] == 1
     assert operator["spec"]["template"]["spec"]["containers"][0]["args"] == [
-        "operator", "--all-namespaces", "--peering=hooklane", "--liveness=http://0.0.0.0:8080/healthz",
+        "operator",
+        "--all-namespaces",
+        "--peering=hooklane",
+        "--liveness=http://0.0.0.0:8080/healthz",
     ]
     assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "hooklane"
     worker = one(docs, "Deployment", "-worker")
@@ -220,11 +225,17 @@ def test_every_option_renders(tools):
         "Job": 1,
     }
     assert {d["metadata"]["name"] for d in docs} <= {
-        "hooklane-e2e", "hooklane-e2e-operator", "hooklane-e2e-worker", "hooklane-e2e-worker-metrics",
+        "hooklane-e2e",
+        "hooklane-e2e-operator",
+        "hooklane-e2e-worker",
+        "hooklane-e2e-worker-metrics",
         "hooklane-e2e-migrate",
     }
-    assert {d["metadata"]["namespace"] for d in docs if d["kind"] in ("Role", "RoleBinding", "KopfPeering")} == {
-        "shop", "billing",
+    assert {
+        d["metadata"]["namespace"] for d in docs if d["kind"] in ("Role", "RoleBinding", "KopfPeering")
+    } == {
+        "shop",
+        "billing",
     }
     worker = one(docs, "Deployment", "-worker")
     assert "replicas" not in worker["spec"]  # the HPA's
@@ -232,7 +243,10 @@ def test_every_option_renders(tools):
     assert spec["terminationGracePeriodSeconds"] == 136  # ceil(120.5) + 15
     env = {e["name"]: e for e in spec["containers"][0]["env"]}
     assert env["HOOKLANE_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "pg-app", "key": "uri"}
-    assert env["HOOKLANE_ENCRYPTION_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "hooklane-keys", "key": "ring"}
+    assert env["HOOKLANE_ENCRYPTION_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "hooklane-keys",
+        "key": "ring",
+    }
     assert env["HOOKLANE_ALLOWED_NETWORKS"]["value"] == "10.0.0.0/8,fd00::/8"
     assert env["HOOKLANE_EVENT_RETENTION_SECONDS"]["value"] == "2592000"
     assert env["HOOKLANE_METRICS_PORT"]["value"] == "9200"
@@ -258,7 +272,10 @@ def test_without_a_database_secret_nothing_renders(tools):
     [
         ("worker.replicas=two", "at '/worker/replicas': got string, want integer"),
         ("operator.replicas=true", "at '/operator/replicas': got boolean, want integer"),
-        ("metrics.serviceMonitor.enabled=yes", "at '/metrics/serviceMonitor/enabled': got string, want boolean"),
+        (
+            "metrics.serviceMonitor.enabled=yes",
+            "at '/metrics/serviceMonitor/enabled': got string, want boolean",
+        ),
         ("worker.replica=3", "at '/worker': additional properties 'replica' not allowed"),
         ("workers.replicas=3", "at '': additional properties 'workers' not allowed"),
         ("metrics.prometheusRule.threshold=60", "additional properties 'threshold' not allowed"),
@@ -295,9 +312,7 @@ def test_settings_the_chart_owns_are_refused_elsewhere(tools, setting, value):
 def test_helm_unittest_suites_pass_and_cover_every_template(tools):
     suites = sorted((CHART / "tests").glob("*_test.yaml"))
     covered = {t for s in suites for t in yaml.safe_load(s.read_text())["templates"]}
-    templates = {
-        f"templates/{p.name}" for p in (CHART / "templates").iterdir() if not p.name.startswith("_")
-    }
+    templates = {f"templates/{p.name}" for p in (CHART / "templates").iterdir() if not p.name.startswith("_")}
     assert templates - covered == set()
     done = tools.helm("unittest", "--strict", str(CHART))
     assert f"Test Suites: {len(suites)} passed, {len(suites)} total" in done.stdout, done.stdout
@@ -311,7 +326,11 @@ def rules_dir(tools, tmp_path) -> Path:
     """The chart's rules as promtool reads them, beside copies of the
     promtool tests, which name them rules.yaml."""
     (rule,) = tools.render(
-        "--show-only", "templates/prometheusrule.yaml", "--set", "metrics.prometheusRule.enabled=true", *REQUIRED
+        "--show-only",
+        "templates/prometheusrule.yaml",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        *REQUIRED,
     )
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
     for test in PROMTOOL_TESTS.glob("*_test.yaml"):
@@ -325,7 +344,11 @@ def test_promtool_accepts_the_rules(tools, rules_dir):
 
 
 def test_every_alert_is_shown_to_fire_and_to_stay_quiet(tools, rules_dir):
-    alerts = {r["alert"] for g in yaml.safe_load((rules_dir / "rules.yaml").read_text())["groups"] for r in g["rules"]}
+    alerts = {
+        r["alert"]
+        for g in yaml.safe_load((rules_dir / "rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
     fires, quiet = set(), set()
     for test_file in PROMTOOL_TESTS.glob("*_test.yaml"):
         for test in yaml.safe_load(test_file.read_text())["tests"]:
@@ -335,7 +358,11 @@ def test_every_alert_is_shown_to_fire_and_to_stay_quiet(tools, rules_dir):
     tests = sorted(p.name for p in rules_dir.glob("*_test.yaml"))
     done = subprocess.run(
         [str(tools.folder / "promtool"), "test", "rules", *tests],
-        cwd=rules_dir, env=tools.env, capture_output=True, text=True, timeout=120,
+        cwd=rules_dir,
+        env=tools.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -368,26 +395,39 @@ def grants(*roles: dict[str, Any]) -> dict[str, set[str]]:
 def test_operator_rbac_across_the_cluster(tools):
     docs = tools.render("--show-only", "templates/operator-rbac.yaml", *REQUIRED)
     assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding"]
-    assert grants(docs[0]) == {k: v for k, v in ALLOWED_VERBS.items() if k not in ("kopfpeerings", "namespaces")}
-    assert docs[1]["subjects"] == [{"kind": "ServiceAccount", "name": "hooklane-operator", "namespace": "hooklane"}]
+    assert grants(docs[0]) == {
+        k: v for k, v in ALLOWED_VERBS.items() if k not in ("kopfpeerings", "namespaces")
+    }
+    assert docs[1]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "hooklane-operator", "namespace": "hooklane"}
+    ]
 
 
 def test_operator_rbac_for_some_namespaces(tools):
     docs = tools.render(
-        "--show-only", "templates/operator-rbac.yaml", "--set", "operator.watchNamespaces={shop,billing}", *REQUIRED
+        "--show-only",
+        "templates/operator-rbac.yaml",
+        "--set",
+        "operator.watchNamespaces={shop,billing}",
+        *REQUIRED,
     )
     cluster_role = one(docs, "ClusterRole")
-    assert grants(cluster_role) == {"customresourcedefinitions": {"list", "watch"}, "namespaces": {"list", "watch"}}
+    assert grants(cluster_role) == {
+        "customresourcedefinitions": {"list", "watch"},
+        "namespaces": {"list", "watch"},
+    }
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["billing", "shop"]
     for role in roles:
         assert grants(role) == {
-            k: v for k, v in ALLOWED_VERBS.items()
+            k: v
+            for k, v in ALLOWED_VERBS.items()
             if k not in ("clusterkopfpeerings", "customresourcedefinitions", "namespaces")
         }
     bindings = [d for d in docs if d["kind"] == "RoleBinding"]
     assert {(b["metadata"]["namespace"], b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings} == {
-        ("shop", "Role", "hooklane-operator"), ("billing", "Role", "hooklane-operator"),
+        ("shop", "Role", "hooklane-operator"),
+        ("billing", "Role", "hooklane-operator"),
     }
 
 
@@ -410,21 +450,46 @@ def test_helm_installs_the_chart_with_its_crds(tools, bare_control_plane):
     # No hooks: no controller manager runs here, so the migration Job would
     # never finish. Its objects are checked by the dry run below.
     done = subprocess.run(
-        [str(tools.folder / "helm"), "install", "hooklane", str(CHART), "--namespace", namespace, "--no-hooks",
-         *REQUIRED],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            str(tools.folder / "helm"),
+            "install",
+            "hooklane",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--no-hooks",
+            *REQUIRED,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert f'kubectl -n "$NS" get whe' in done.stdout  # the NOTES
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-               "crd/webhookendpoints.hooklane.io", "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+    assert 'kubectl -n "$NS" get whe' in done.stdout  # the NOTES
+    cp.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/webhookendpoints.hooklane.io",
+        "crd/clusterkopfpeerings.kopf.dev",
+        "crd/kopfpeerings.kopf.dev",
+    )
     assert cp.kubectl("get", "clusterkopfpeering", "hooklane", "-o", "name").stdout.strip()
     deployments = cp.kubectl("-n", namespace, "get", "deployments", "-o", "name").stdout.split()
     assert sorted(deployments) == ["deployment.apps/hooklane-operator", "deployment.apps/hooklane-worker"]
     # The example endpoint passes the installed CRD's validation.
     cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(ROOT / "examples" / "endpoint.yaml"))
-    hooks = tools.helm("template", "hooklane", str(CHART), "--namespace", namespace,
-                       "--show-only", "templates/migration-job.yaml", *REQUIRED).stdout
+    hooks = tools.helm(
+        "template",
+        "hooklane",
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--show-only",
+        "templates/migration-job.yaml",
+        *REQUIRED,
+    ).stdout
     cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", "-", stdin=hooks)
 
 
@@ -440,6 +505,10 @@ def test_the_api_server_accepts_every_option(tools, bare_control_plane):
             cp.create_namespace(namespace)
     # The Prometheus Operator's CRDs are not in this control plane; their two
     # objects are checked by promtool and the unit tests instead.
-    docs = [d for d in tools.render("-f", str(EVERYTHING)) if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    docs = [
+        d
+        for d in tools.render("-f", str(EVERYTHING))
+        if not d["apiVersion"].startswith("monitoring.coreos.com/")
+    ]
     done = cp.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(docs))
     assert done.stdout.count("(server dry run)") == len(docs), done.stdout

@@ -55,11 +55,17 @@ def test_migrate_is_idempotent(dsn):
 
 
 def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
-    first = hooklane(dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret"))
+    first = hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == "webhookendpoint shop/orders-acme created"
-    (files / "endpoint.yaml").write_text(MANIFEST.replace("maxConcurrency: 4", "maxConcurrency: 9").replace("9000", "9001"))
-    second = hooklane(dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret"))
+    (files / "endpoint.yaml").write_text(
+        MANIFEST.replace("maxConcurrency: 4", "maxConcurrency: 9").replace("9000", "9001")
+    )
+    second = hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
     assert second.stdout.strip() == "webhookendpoint shop/orders-acme configured"
     row = db_sync("SELECT max_concurrency, url, secret, event_types FROM endpoints")
     assert row == [(9, "http://127.0.0.1:9001/hooks/acme", SECRET, ["order.*"])]
@@ -80,7 +86,9 @@ def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
 )
 def test_bad_manifests_get_a_clear_error_and_store_nothing(dsn, db_sync, files, change, message):
     (files / "endpoint.yaml").write_text(MANIFEST.replace(*change))
-    result = hooklane(dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret"))
+    result = hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -89,16 +97,24 @@ def test_bad_manifests_get_a_clear_error_and_store_nothing(dsn, db_sync, files, 
 
 def test_bad_secret_file_is_refused(dsn, db_sync, files):
     (files / "secret").write_text("hunter2")
-    result = hooklane(dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret"))
+    result = hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
     assert result.returncode == 2 and "secret: must start with 'whsec_'" in result.stderr
-    missing = hooklane(dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "nope"))
+    missing = hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "nope")
+    )
     assert missing.returncode == 2 and "--secret-file: cannot read" in missing.stderr
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
 def test_publish_and_status(dsn, db_sync, files):
-    hooklane(dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret"))
-    result = hooklane(dsn, "publish", "--tenant", "acme", "--type", "order.updated", "--data", '{"id": 7}', "--id", "evt-7")
+    hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
+    result = hooklane(
+        dsn, "publish", "--tenant", "acme", "--type", "order.updated", "--data", '{"id": 7}', "--id", "evt-7"
+    )
     assert result.returncode == 0 and result.stdout.strip() == "evt-7"
     status = hooklane(dsn, "status").stdout.splitlines()
     assert status[0].split()[:4] == ["ENDPOINT", "TENANT", "STATE", "PENDING"]
@@ -115,7 +131,7 @@ def test_publish_and_status(dsn, db_sync, files):
 )
 def test_publish_refuses_bad_input_and_stores_nothing(dsn, db_sync, args, message):
     base = {"--tenant": "acme", "--type": "order.updated"}
-    for flag, value in zip(args[::2], args[1::2]):
+    for flag, value in zip(args[::2], args[1::2], strict=False):
         base[flag] = value
     result = hooklane(dsn, "publish", *[x for pair in base.items() for x in pair])
     assert result.returncode == 2 and message in result.stderr
@@ -127,8 +143,12 @@ def test_missing_database_url_is_explained():
     assert result.returncode == 2 and "HOOKLANE_DATABASE_URL: is not set" in result.stderr
 
 
-def _apply(dsn: str, files, manifest: str = "endpoint.yaml", secret: str = "secret") -> subprocess.CompletedProcess:
-    return hooklane(dsn, "endpoint", "apply", "-f", str(files / manifest), "--secret-file", str(files / secret))
+def _apply(
+    dsn: str, files, manifest: str = "endpoint.yaml", secret: str = "secret"
+) -> subprocess.CompletedProcess:
+    return hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / manifest), "--secret-file", str(files / secret)
+    )
 
 
 def _refused(result: subprocess.CompletedProcess, message: str) -> bool:
@@ -156,20 +176,38 @@ MANIFEST_BYTES = MANIFEST.encode()
         (b'{"a":' * 100_000, "--filename: nests deeper than 64 levels"),
         (MANIFEST_BYTES + b"---\n" + MANIFEST_BYTES, "--filename: holds more than one YAML document"),
         (MANIFEST_BYTES.replace(b"spec:", b"sepc:"), "manifest: unknown field(s): sepc"),
-        (MANIFEST_BYTES.replace(b"  name: orders-acme", b"  nmae: orders-acme"), "metadata: unknown field(s): nmae"),
+        (
+            MANIFEST_BYTES.replace(b"  name: orders-acme", b"  nmae: orders-acme"),
+            "metadata: unknown field(s): nmae",
+        ),
         (MANIFEST_BYTES.replace(b":9000", b":99999"), "spec.url: has an invalid port '99999'"),
         (MANIFEST_BYTES.replace(b":9000", b":abc"), "spec.url: has an invalid port 'abc'"),
         (MANIFEST_BYTES.replace(b"127.0.0.1:9000", b"[::1"), "spec.url: has a malformed host"),
         (MANIFEST_BYTES.replace(b"127.0.0.1", b"127.1"), "spec.url: host '127.1' must be a DNS name or four"),
-        (MANIFEST_BYTES.replace(b"http://", b"http://admin:hunter2@"), "spec.url: must not hold user:password@"),
-        (MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: 99999999999999999999999"),
-         "spec.maxConcurrency: must be between 1 and 256"),
-        (MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: 1e400"),
-         "spec.maxConcurrency: must be an integer, not '1e400'"),
-        (MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: " + b"7" * 5000),
-         "--filename: has an integer longer than 64 characters"),
-        (MANIFEST_BYTES.replace(b"tenant: acme", b"tenant: 2024-13-45"), "--filename: holds a value YAML cannot read"),
-        (MANIFEST_BYTES.replace(b"tenant: acme", b'tenant: "acme\\e[2J"'), "spec.tenant: must not contain control"),
+        (
+            MANIFEST_BYTES.replace(b"http://", b"http://admin:hunter2@"),
+            "spec.url: must not hold user:password@",
+        ),
+        (
+            MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: 99999999999999999999999"),
+            "spec.maxConcurrency: must be between 1 and 256",
+        ),
+        (
+            MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: 1e400"),
+            "spec.maxConcurrency: must be an integer, not '1e400'",
+        ),
+        (
+            MANIFEST_BYTES.replace(b"maxConcurrency: 4", b"maxConcurrency: " + b"7" * 5000),
+            "--filename: has an integer longer than 64 characters",
+        ),
+        (
+            MANIFEST_BYTES.replace(b"tenant: acme", b"tenant: 2024-13-45"),
+            "--filename: holds a value YAML cannot read",
+        ),
+        (
+            MANIFEST_BYTES.replace(b"tenant: acme", b'tenant: "acme\\e[2J"'),
+            "spec.tenant: must not contain control",
+        ),
         (MANIFEST_BYTES.replace(b"key: secret", b"key: secret/x"), "spec.secretRef.key: must be 1 to 253"),
     ],
 )
@@ -197,8 +235,10 @@ def test_hostile_secret_files_exit_2(dsn, db_sync, files, content, message):
 def test_manifest_from_stdin_is_limited_too(dsn, db_sync, files):
     args = ["endpoint", "apply", "-f", "-", "--secret-file", str(files / "secret")]
     assert _refused(hooklane(dsn, *args, stdin=MANIFEST + "#" * (1 << 20)), "--filename: is larger than")
-    assert _refused(hooklane(dsn, "endpoint", "apply", "-f", str(files), "--secret-file", str(files / "secret")),
-                    "--filename: cannot read")
+    assert _refused(
+        hooklane(dsn, "endpoint", "apply", "-f", str(files), "--secret-file", str(files / "secret")),
+        "--filename: cannot read",
+    )
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
     assert hooklane(dsn, *args, stdin=MANIFEST).returncode == 0
 
@@ -237,7 +277,10 @@ def test_resend_and_reactivate_of_an_unknown_endpoint_fail(dsn, files):
         (["resend", "/x"], "endpoint: must be NAMESPACE/NAME or NAME"),
         (["reactivate", "Shop/x"], "endpoint: must be NAMESPACE/NAME or NAME"),
         (["reactivate", "a/b/c"], "endpoint: must be NAMESPACE/NAME or NAME"),
-        (["reactivate", "x\n"], "endpoint: must be NAMESPACE/NAME or NAME, lowercase DNS-style names, not 'x\\n'"),
+        (
+            ["reactivate", "x\n"],
+            "endpoint: must be NAMESPACE/NAME or NAME, lowercase DNS-style names, not 'x\\n'",
+        ),
         (["resend", "x", "--delivery", "99999999999999999999"], "is not a delivery id"),
         (["resend", "x", "--delivery", "-1"], "is not a delivery id"),
     ],
@@ -271,7 +314,8 @@ def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
     from_stdin = hooklane(dsn, *base, "--data", "-", "--id", "from-stdin", stdin='{"id": 8}')
     assert (from_file.returncode, from_stdin.returncode) == (0, 0), from_file.stderr + from_stdin.stderr
     assert db_sync("SELECT id, length(data->>'blob') FROM events ORDER BY id") == [
-        ("from-file", 200_000), ("from-stdin", None)
+        ("from-file", 200_000),
+        ("from-stdin", None),
     ]
 
 
@@ -281,7 +325,11 @@ def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
         ("@{path}", b'{"a": "\xff"}', "--data: is not UTF-8 (byte 7)"),
         ("@{path}", b'{"a": ', "--data: is not valid JSON: Expecting value: line 1 column 7"),
         ("@{path}", b"[" * 100_000, "--data: nests too deeply"),
-        ("@{path}", b'{"a": ' + b"9" * 5000 + b"}", "--data: is not valid JSON: Exceeds the limit (4300 digits)"),
+        (
+            "@{path}",
+            b'{"a": ' + b"9" * 5000 + b"}",
+            "--data: is not valid JSON: Exceeds the limit (4300 digits)",
+        ),
         ("@{path}", b" " * (1 << 20) + b"{}", "--data: is larger than 1048576 bytes"),
         ("@{path}.missing", b"", "--data: cannot read"),
         (os.fsdecode(b'{"a": "\xff"}'), b"", "--data: is not UTF-8"),
@@ -304,7 +352,9 @@ def test_a_busy_metrics_port_is_a_clear_error(dsn):
         busy.listen()
         port = busy.getsockname()[1]
         result = hooklane(dsn, "worker", HOOKLANE_METRICS_PORT=str(port), HOOKLANE_METRICS_HOST="127.0.0.1")
-    assert _refused(result, f"HOOKLANE_METRICS_PORT: cannot serve metrics on 127.0.0.1:{port}: Address already in use")
+    assert _refused(
+        result, f"HOOKLANE_METRICS_PORT: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    )
 
 
 def test_an_unreachable_database_is_one_line(dsn):
@@ -317,7 +367,10 @@ def test_an_unreachable_database_is_one_line(dsn):
         assert result.stderr.count("\n") == 1
     missing = hooklane(dsn.rsplit("/", 1)[0] + "/no_such_database", "status")
     assert missing.returncode == 1
-    assert missing.stderr.startswith("hooklane: cannot reach the database: ") and "no_such_database" in missing.stderr
+    assert (
+        missing.stderr.startswith("hooklane: cannot reach the database: ")
+        and "no_such_database" in missing.stderr
+    )
     malformed = hooklane("postgresql://postgres:s3cret@127.0.0.1:notaport/x", "status")
     assert malformed.returncode == 2 and "HOOKLANE_DATABASE_URL" in malformed.stderr
     assert "s3cret" not in malformed.stderr and "Traceback" not in malformed.stderr
@@ -325,7 +378,11 @@ def test_an_unreachable_database_is_one_line(dsn):
 
 def test_a_bad_log_level_is_a_usage_error(dsn):
     result = hooklane(dsn, "--log-level", "LOUD", "status")
-    assert result.returncode == 2 and "invalid choice: 'LOUD'" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "invalid choice: 'LOUD'" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 def test_apply_refuses_an_address_the_worker_would_never_dial(dsn, files, db_sync):
@@ -348,7 +405,13 @@ def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
     with postgresql.cursor() as cur:
         cur.execute(f"CREATE DATABASE {info.dbname}_empty")
     empty = f"postgresql://{info.user}@{info.host}:{info.port}/{info.dbname}_empty"
-    for args in (("status",), ("endpoint", "list"), ("publish", "--tenant", "a", "--type", "t", "--data", "{}")):
+    for args in (
+        ("status",),
+        ("endpoint", "list"),
+        ("publish", "--tenant", "a", "--type", "t", "--data", "{}"),
+    ):
         result = hooklane(empty, *args)
         assert result.returncode == 1, result.stderr
-        assert result.stderr == "hooklane: the database has no Hooklane schema: run `hooklane migrate` first\n"
+        assert (
+            result.stderr == "hooklane: the database has no Hooklane schema: run `hooklane migrate` first\n"
+        )

@@ -51,7 +51,14 @@ def test_examples_apply_and_show_the_printer_columns(
 
     table = control_plane.kubectl("get", "whe", "-n", kube_namespace).stdout.splitlines()
     assert table[0].split() == [
-        "NAME", "TENANT", "URL", "MAXCONCURRENCY", "PHASE", "PENDING", "OLDESTPENDINGAGE", "AGE",
+        "NAME",
+        "TENANT",
+        "URL",
+        "MAXCONCURRENCY",
+        "PHASE",
+        "PENDING",
+        "OLDESTPENDINGAGE",
+        "AGE",
     ]
     assert table[1].split()[:4] == ["orders-acme", "acme", "http://127.0.0.1:9000/hooks/acme", "4"]
 
@@ -59,22 +66,40 @@ def test_examples_apply_and_show_the_printer_columns(
 def test_status_subresource_feeds_the_columns_and_keeps_operator_fields(
     control_plane: ControlPlane, kube_namespace: str
 ) -> None:
-    control_plane.kubectl("create", "-n", kube_namespace, "-f", "-",
-                          stdin=json.dumps(endpoint_manifest()))
+    control_plane.kubectl("create", "-n", kube_namespace, "-f", "-", stdin=json.dumps(endpoint_manifest()))
     status = {
-        "phase": "Paused", "pending": 12, "oldestPendingAgeSeconds": 345,
-        "conditions": [{"type": "Ready", "status": "False", "reason": "SecretMissing",
-                        "message": "secret acme-webhook-secret not found", "observedGeneration": 1,
-                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "phase": "Paused",
+        "pending": 12,
+        "oldestPendingAgeSeconds": 345,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "SecretMissing",
+                "message": "secret acme-webhook-secret not found",
+                "observedGeneration": 1,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
         "kopf": {"progress": {}},
     }
-    control_plane.kubectl("patch", "-n", kube_namespace, "whe", "orders-acme",
-                          "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    control_plane.kubectl(
+        "patch",
+        "-n",
+        kube_namespace,
+        "whe",
+        "orders-acme",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
 
     row = control_plane.kubectl("get", "whe", "-n", kube_namespace, "--no-headers").stdout.split()
     assert row[4:7] == ["Paused", "12", "345"]
-    stored = json.loads(control_plane.kubectl(
-        "get", "whe", "-n", kube_namespace, "orders-acme", "-o", "json").stdout)
+    stored = json.loads(
+        control_plane.kubectl("get", "whe", "-n", kube_namespace, "orders-acme", "-o", "json").stdout
+    )
     assert stored["status"]["kopf"] == {"progress": {}}
 
 
@@ -83,8 +108,9 @@ def test_defaults_are_applied(control_plane: ControlPlane, kube_namespace: str) 
     del manifest["spec"]["maxConcurrency"], manifest["spec"]["eventTypes"]
     control_plane.kubectl("create", "-n", kube_namespace, "-f", "-", stdin=json.dumps(manifest))
 
-    stored = json.loads(control_plane.kubectl(
-        "get", "whe", "-n", kube_namespace, "minimal", "-o", "json").stdout)
+    stored = json.loads(
+        control_plane.kubectl("get", "whe", "-n", kube_namespace, "minimal", "-o", "json").stdout
+    )
     assert stored["spec"]["maxConcurrency"] == 4
     assert stored["spec"]["timeoutSeconds"] == 5
     assert stored["spec"]["paused"] is False
@@ -93,20 +119,24 @@ def test_defaults_are_applied(control_plane: ControlPlane, kube_namespace: str) 
 def _without(field: str) -> SpecEdit:
     def edit(spec: dict[str, Any]) -> None:
         del spec[field]
+
     return edit
 
 
 def _with(field: str, value: Any) -> SpecEdit:
     def edit(spec: dict[str, Any]) -> None:
         spec[field] = value
+
     return edit
 
 
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (_with("url", "ftp://example.com/hooks"),
-         'spec.url: Invalid value: "ftp://example.com/hooks": must be an absolute http:// or https:// URL'),
+        (
+            _with("url", "ftp://example.com/hooks"),
+            'spec.url: Invalid value: "ftp://example.com/hooks": must be an absolute http:// or https:// URL',
+        ),
         (_with("url", "not a url"), "spec.url: Invalid value"),
         (_with("maxConcurrency", 0), "spec.maxConcurrency in body should be greater than or equal to 1"),
         (_with("maxConcurrency", 300), "spec.maxConcurrency in body should be less than or equal to 256"),
@@ -117,8 +147,18 @@ def _with(field: str, value: Any) -> SpecEdit:
         (_without("tenant"), "spec.tenant: Required value"),
         (_without("url"), "spec.url: Required value"),
     ],
-    ids=["ftp-url", "not-a-url", "concurrency-0", "concurrency-300", "timeout-61",
-         "empty-event-segment", "inner-wildcard", "secret-key-missing", "tenant-missing", "url-missing"],
+    ids=[
+        "ftp-url",
+        "not-a-url",
+        "concurrency-0",
+        "concurrency-300",
+        "timeout-61",
+        "empty-event-segment",
+        "inner-wildcard",
+        "secret-key-missing",
+        "tenant-missing",
+        "url-missing",
+    ],
 )
 def test_invalid_manifests_are_refused(
     control_plane: ControlPlane, kube_namespace: str, edit: SpecEdit, expected: str
@@ -126,8 +166,9 @@ def test_invalid_manifests_are_refused(
     manifest = endpoint_manifest("invalid")
     edit(manifest["spec"])
 
-    done = control_plane.kubectl("create", "-n", kube_namespace, "-f", "-",
-                                 stdin=json.dumps(manifest), check=False)
+    done = control_plane.kubectl(
+        "create", "-n", kube_namespace, "-f", "-", stdin=json.dumps(manifest), check=False
+    )
 
     assert done.returncode != 0
     assert 'The WebhookEndpoint "invalid" is invalid' in done.stderr

@@ -4,7 +4,7 @@ receivers on loopback."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import hooklane
 from hooklane import metrics
@@ -32,14 +32,16 @@ async def test_a_receiver_that_never_answers_is_cut_at_the_deadline(db, receiver
     )
     assert time.time() - arrived < 2.5
     assert row["last_error"].startswith("timeout") and row["last_status"] is None
-    assert row["next_attempt_at"] > datetime.now(timezone.utc)
+    assert row["next_attempt_at"] > datetime.now(UTC)
 
 
 async def test_a_slow_response_past_the_deadline_fails(db, receiver, start_worker):
     await add_endpoint(db, "slow", receiver.on("slow", Answer(200, delay=2.0)), timeout_seconds=1)
     await _publish(db)
     start_worker()
-    row = await wait_for(lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'"))
+    row = await wait_for(
+        lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'")
+    )
     assert row["last_error"].startswith("timeout")
 
 
@@ -82,8 +84,10 @@ async def test_429_retry_after_is_honoured(db, receiver, start_worker):
     await add_endpoint(db, "busy", receiver.on("busy", Answer(429, headers={"Retry-After": "3600"})))
     await _publish(db)
     start_worker()
-    row = await wait_for(lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'"))
-    wait = (row["next_attempt_at"] - datetime.now(timezone.utc)).total_seconds()
+    row = await wait_for(
+        lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'")
+    )
+    wait = (row["next_attempt_at"] - datetime.now(UTC)).total_seconds()
     assert 3590 < wait <= 3600
     assert row["last_status"] == 429
 
@@ -92,8 +96,10 @@ async def test_failures_back_off_and_are_never_immediate(db, receiver, start_wor
     await add_endpoint(db, "err", receiver.on("err", Answer(500)))
     await _publish(db, 5)
     start_worker()
-    rows = await wait_for(lambda: _all(db, "SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'", 5))
-    now = datetime.now(timezone.utc)
+    rows = await wait_for(
+        lambda: _all(db, "SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'", 5)
+    )
+    now = datetime.now(UTC)
     waits = [(r["next_attempt_at"] - now).total_seconds() for r in rows]
     assert all(13 < w <= 30 for w in waits), waits
     assert len(receiver.at("err")) == 5
@@ -123,7 +129,12 @@ async def test_circuit_opens_after_20_failures_probes_then_closes(db, receiver, 
     assert all(len(burst) <= 4 for burst in rounds), [len(b) for b in rounds]
     assert receiver.peak["/flaky"] <= 4
     answer["now"] = Answer(204)
-    await wait_for(lambda: db.fetchval("SELECT count(*) = 0 FROM deliveries WHERE state <> 'delivered' AND next_attempt_at <= now()"), timeout=20)
+    await wait_for(
+        lambda: db.fetchval(
+            "SELECT count(*) = 0 FROM deliveries WHERE state <> 'delivered' AND next_attempt_at <= now()"
+        ),
+        timeout=20,
+    )
     ep = await db.fetchrow("SELECT consecutive_failures, paused_until, failing_since FROM endpoints")
     assert tuple(ep) == (0, None, None)
 
@@ -161,6 +172,8 @@ async def test_a_delivery_that_cannot_even_be_attempted_is_recorded_as_failed(db
     await db.execute("UPDATE endpoints SET secret = 'whsec_broken'")
     await _publish(db)
     start_worker()
-    row = await wait_for(lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'"))
+    row = await wait_for(
+        lambda: db.fetchrow("SELECT * FROM deliveries WHERE attempts = 1 AND state = 'pending'")
+    )
     assert row["last_error"].startswith("invalid endpoint: secret:") and receiver.at("broken") == []
-    assert row["next_attempt_at"] > datetime.now(timezone.utc)
+    assert row["next_attempt_at"] > datetime.now(UTC)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -78,7 +78,7 @@ class Listener:
         finally:
             writer.close()
 
-    async def __aenter__(self) -> "Listener":
+    async def __aenter__(self) -> Listener:
         # The port is free on 127.0.0.1; it almost always is on ::1 too.
         for _ in range(20):
             v4 = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -132,9 +132,15 @@ async def test_loopback_receives_nothing_unless_allowed_whatever_the_spelling(db
     start_worker(allowed_networks=())
     outcomes = await wait_for(lambda: _outcomes(db, len(hosts)))
     assert listener.accepted == 0
-    assert {host: outcomes[host] for host in REFUSED} == {host: ("pending", error) for host, error in REFUSED.items()}
+    assert {host: outcomes[host] for host in REFUSED} == {
+        host: ("pending", error) for host, error in REFUSED.items()
+    }
     for host in NUMERIC:
-        refusals = {"invalid URL", "destination 127.0.0.1 is not allowed", f"destination {host} is not allowed"}
+        refusals = {
+            "invalid URL",
+            "destination 127.0.0.1 is not allowed",
+            f"destination {host} is not allowed",
+        }
         assert outcomes[host][0] == "pending" and outcomes[host][1] in refusals, (host, outcomes[host])
     denied = sum(error.startswith("destination") for _, error in outcomes.values())
     assert denied >= len(REFUSED)
@@ -148,7 +154,7 @@ async def test_allow_listed_loopback_is_delivered_to_and_nothing_more(db, listen
     start_worker()  # the settings fixture allows 127.0.0.0/8 and ::1/128
     outcomes = await wait_for(lambda: _outcomes(db, len(hosts)))
     assert outcomes == {
-        **{host: ("delivered", None) for host in DELIVERED},
+        **dict.fromkeys(DELIVERED, ("delivered", None)),
         **{host: ("pending", error) for host, error in still_refused.items()},
     }
     assert listener.requests == listener.accepted == len(DELIVERED)

@@ -41,7 +41,9 @@ def _wait_gone(pids: list[int], folder: str, timeout: float = 20.0) -> None:
         if not any(_alive(p) for p in pids) and not Path(folder).exists():
             return
         time.sleep(0.2)
-    raise AssertionError(f"still running: {[p for p in pids if _alive(p)]}, folder kept: {Path(folder).exists()}")
+    raise AssertionError(
+        f"still running: {[p for p in pids if _alive(p)]}, folder kept: {Path(folder).exists()}"
+    )
 
 
 def _killed_after_it_printed(argv: list[str], folder_of: Callable[[str], str]) -> tuple[str, list[int]]:

@@ -54,7 +54,9 @@ class Cluster:
     def run(self, tool: str, *args: str, stdin: str | None = None) -> str:
         """kubectl or helm against this cluster; a failure shows its stderr."""
         argv = [str(self.helm_binary if tool == "helm" else self.bin_dir / tool), *args]
-        done = subprocess.run(argv, input=stdin, check=False, capture_output=True, text=True, env=self.env, timeout=900)
+        done = subprocess.run(
+            argv, input=stdin, check=False, capture_output=True, text=True, env=self.env, timeout=900
+        )
         if done.returncode:
             raise AssertionError(f"{' '.join(argv[:4])} … exited {done.returncode}:\n{done.stderr[-4000:]}")
         return done.stdout
@@ -101,7 +103,9 @@ def cluster() -> Iterator[Cluster]:
         pytest.skip(f"no cluster on this machine: {reason}")
     tools = Path(_last_line([str(ROOT / "hack/tools/build")], "hack/tools/build"))
     # A cluster someone brought up (to look at a failure, say) stays up.
-    found_up = subprocess.run([str(ROOT / "hack/cluster/status")], check=False, capture_output=True).returncode == 0
+    found_up = (
+        subprocess.run([str(ROOT / "hack/cluster/status")], check=False, capture_output=True).returncode == 0
+    )
     kubeconfig = _last_line([str(ROOT / "hack/cluster/up")], "hack/cluster/up")
     try:
         state = _env_file(Path(kubeconfig).parent / "env")
@@ -109,7 +113,10 @@ def cluster() -> Iterator[Cluster]:
             **os.environ,
             "KUBECONFIG": kubeconfig,
             "HELM_PLUGINS": str(tools / "helm-plugins"),
-            **{k: str(Path(kubeconfig).parent / "helm" / k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+            **{
+                k: str(Path(kubeconfig).parent / "helm" / k)
+                for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")
+            },
         }
         yield Cluster(
             kubeconfig=kubeconfig,
@@ -137,8 +144,18 @@ def database(cluster: Cluster) -> Iterator[tuple[str, str]]:
     password = secrets.token_hex(12)
     with LocalPostgres(remote={cluster.node_ip: cluster.pod_cidr}, password=password) as pg:
         subprocess.run(
-            [str(pg.bindir / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "hooklane"],
-            check=True, capture_output=True,
+            [
+                str(pg.bindir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(pg.port),
+                "-U",
+                "postgres",
+                "hooklane",
+            ],
+            check=True,
+            capture_output=True,
         )
         yield (
             f"postgresql://postgres:{password}@{cluster.node_ip}:{pg.port}/hooklane",
@@ -154,7 +171,16 @@ def release(cluster: Cluster, image: str, database: tuple[str, str]) -> dict[str
     repository, tag = image.rsplit(":", 1)
     cluster.run("kubectl", "create", "namespace", SYSTEM)
     cluster.run("kubectl", "create", "namespace", SHOP)
-    cluster.run("kubectl", "-n", SYSTEM, "create", "secret", "generic", "hooklane-database", f"--from-literal=url={pods_dsn}")
+    cluster.run(
+        "kubectl",
+        "-n",
+        SYSTEM,
+        "create",
+        "secret",
+        "generic",
+        "hooklane-database",
+        f"--from-literal=url={pods_dsn}",
+    )
     values = {
         "image.repository": repository,
         "image.tag": tag,
@@ -171,8 +197,16 @@ def release(cluster: Cluster, image: str, database: tuple[str, str]) -> dict[str
     }
     started = time.monotonic()
     cluster.run(
-        "helm", "install", RELEASE, str(ROOT / "charts/hooklane"), "--namespace", SYSTEM,
-        *_set(values), "--wait", "--timeout", "6m",
+        "helm",
+        "install",
+        RELEASE,
+        str(ROOT / "charts/hooklane"),
+        "--namespace",
+        SYSTEM,
+        *_set(values),
+        "--wait",
+        "--timeout",
+        "6m",
     )
     print(f"helm install --wait: {time.monotonic() - started:.1f} s")
     return values
@@ -184,7 +218,9 @@ def _set(values: dict[str, str]) -> list[str]:
 
 
 async def _ready_pods(cluster: Cluster, selector: str) -> list[str]:
-    pods = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", selector, "-o", "json"))["items"]
+    pods = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", selector, "-o", "json"))[
+        "items"
+    ]
     return [
         p["metadata"]["name"]
         for p in pods
@@ -201,7 +237,9 @@ async def _connect(database: tuple[str, str]) -> asyncpg.Connection:
     return await store.connect(database[1])
 
 
-async def _apply_endpoint(cluster: Cluster, name: str, url: str, tenant: str, max_concurrency: int = 4) -> None:
+async def _apply_endpoint(
+    cluster: Cluster, name: str, url: str, tenant: str, max_concurrency: int = 4
+) -> None:
     manifest = {
         "apiVersion": "hooklane.io/v1alpha1",
         "kind": "WebhookEndpoint",
@@ -220,7 +258,9 @@ async def _synced(cluster: Cluster, db: asyncpg.Connection, name: str) -> None:
     """The operator stored the endpoint and its secret, and reported it Active."""
     await _until(
         lambda: db.fetchval(
-            "SELECT count(*) = 1 FROM endpoints WHERE namespace = $1 AND name = $2 AND secret IS NOT NULL", SHOP, name
+            "SELECT count(*) = 1 FROM endpoints WHERE namespace = $1 AND name = $2 AND secret IS NOT NULL",
+            SHOP,
+            name,
         ),
         timeout=60,
     )
@@ -260,7 +300,9 @@ async def test_helm_install_migrates_then_runs_the_operator_and_two_workers(clus
         await db.close()
     assert len(await _ready_pods(cluster, OPERATOR)) == 1
     assert len(await _ready_pods(cluster, WORKERS)) == 2
-    operator = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", OPERATOR, "-o", "json"))["items"][0]
+    operator = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", OPERATOR, "-o", "json"))[
+        "items"
+    ][0]
     spec = operator["spec"]
     # Only the chart's RBAC: the operator runs as the chart's ServiceAccount.
     assert spec["serviceAccountName"] == f"{RELEASE}-operator"
@@ -270,7 +312,9 @@ async def test_helm_install_migrates_then_runs_the_operator_and_two_workers(clus
 
 
 async def test_an_endpoint_applied_with_kubectl_gets_signed_deliveries(cluster, release, database):
-    await cluster.kubectl("-n", SHOP, "create", "secret", "generic", "signing", f"--from-literal=secret={SECRET}")
+    await cluster.kubectl(
+        "-n", SHOP, "create", "secret", "generic", "signing", f"--from-literal=secret={SECRET}"
+    )
     db = await _connect(database)
     try:
         async with Receiver(host=cluster.node_ip) as receiver:
@@ -288,7 +332,16 @@ async def test_an_endpoint_applied_with_kubectl_gets_signed_deliveries(cluster, 
         await db.close()
     table = await cluster.kubectl("-n", SHOP, "get", "whe", "orders")
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "TENANT", "URL", "MAXCONCURRENCY", "PHASE", "PENDING", "OLDESTPENDINGAGE", "AGE"]
+    assert header.split() == [
+        "NAME",
+        "TENANT",
+        "URL",
+        "MAXCONCURRENCY",
+        "PHASE",
+        "PENDING",
+        "OLDESTPENDINGAGE",
+        "AGE",
+    ]
     assert row.split()[:5] == ["orders", "acme", receiver.url("orders"), "4", "Active"]
     logs = await cluster.kubectl("-n", SYSTEM, "logs", "-l", OPERATOR, "--tail=-1")
     assert "Forbidden" not in logs and "403" not in logs, logs[-3000:]
@@ -300,7 +353,9 @@ async def test_scaling_workers_rebalances_partitions_and_keeps_limits_exact(clus
         async with Receiver(host=cluster.node_ip) as receiver:
             limits = {f"scale-{i}": 1 + i % 3 for i in range(6)}
             for name, limit in limits.items():
-                await _apply_endpoint(cluster, name, receiver.on(name, Answer(204, delay=0.3)), "scaling", limit)
+                await _apply_endpoint(
+                    cluster, name, receiver.on(name, Answer(204, delay=0.3)), "scaling", limit
+                )
             for name in limits:
                 await _synced(cluster, db, name)
             for i in range(30):
@@ -314,9 +369,7 @@ async def test_scaling_workers_rebalances_partitions_and_keeps_limits_exact(clus
                 await hooklane.publish(db, tenant="scaling", type="stock.changed", data={"i": i})
             await cluster.kubectl("-n", SYSTEM, "scale", "deployment", f"{RELEASE}-worker", "--replicas=2")
             await _until(lambda: _count_is(_ready_pods(cluster, WORKERS), 2), timeout=120)
-            await _until(
-                lambda: all(len(receiver.at(name)) >= 60 for name in limits), timeout=180
-            )
+            await _until(lambda: all(len(receiver.at(name)) >= 60 for name in limits), timeout=180)
             await _until(lambda: _holders_are(db, 2, total), timeout=60)
             for name, limit in limits.items():
                 ids = Counter(r.headers["webhook-id"] for r in receiver.at(name))
@@ -348,11 +401,15 @@ async def test_a_deleted_pod_and_a_rollout_drain_without_losing_or_repeating(clu
             await _synced(cluster, db, "slow")
             for i in range(16):
                 await hooklane.publish(db, tenant="rolling", type="invoice.paid", data={"i": i})
-            await _until(lambda: db.fetchval("SELECT count(*) > 0 FROM deliveries WHERE state = 'sending'"), timeout=60)
+            await _until(
+                lambda: db.fetchval("SELECT count(*) > 0 FROM deliveries WHERE state = 'sending'"), timeout=60
+            )
             victim = (await _ready_pods(cluster, WORKERS))[0]
             await cluster.kubectl("-n", SYSTEM, "delete", "pod", victim, "--wait=false")
             await cluster.kubectl("-n", SYSTEM, "rollout", "restart", f"deployment/{RELEASE}-worker")
-            await cluster.kubectl("-n", SYSTEM, "rollout", "status", f"deployment/{RELEASE}-worker", "--timeout=300s")
+            await cluster.kubectl(
+                "-n", SYSTEM, "rollout", "status", f"deployment/{RELEASE}-worker", "--timeout=300s"
+            )
             await _until(lambda: len(receiver.at("slow")) >= 16, timeout=180)
             await _until(
                 lambda: db.fetchval(
@@ -374,10 +431,20 @@ async def test_a_deleted_pod_and_a_rollout_drain_without_losing_or_repeating(clu
 
 async def test_helm_upgrade_rolls_the_workers_with_the_new_value(cluster, release, database):
     await cluster.helm(
-        "upgrade", RELEASE, str(ROOT / "charts/hooklane"), "--namespace", SYSTEM, "--reuse-values",
-        "--set-string=config.HOOKLANE_WORKER_CONCURRENCY=64", "--wait", "--timeout", "5m",
+        "upgrade",
+        RELEASE,
+        str(ROOT / "charts/hooklane"),
+        "--namespace",
+        SYSTEM,
+        "--reuse-values",
+        "--set-string=config.HOOKLANE_WORKER_CONCURRENCY=64",
+        "--wait",
+        "--timeout",
+        "5m",
     )
-    pods = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", WORKERS, "-o", "json"))["items"]
+    pods = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", WORKERS, "-o", "json"))[
+        "items"
+    ]
     live = [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
     assert len(live) == 2
     for pod in live:
@@ -399,21 +466,39 @@ async def test_helm_uninstall_keeps_the_crd_and_the_endpoints(cluster, release, 
     # Helm never deletes what it installed from crds/: deleting the CRD would
     # delete every WebhookEndpoint in the cluster with it.
     await cluster.kubectl("get", "crd", "webhookendpoints.hooklane.io")
-    names = (await cluster.kubectl("-n", SHOP, "get", "whe", "-o", "jsonpath={.items[*].metadata.name}")).split()
+    names = (
+        await cluster.kubectl("-n", SHOP, "get", "whe", "-o", "jsonpath={.items[*].metadata.name}")
+    ).split()
     assert {"orders", "slow", "after-upgrade"} <= set(names)
     db = await _connect(database)
     try:
         assert await db.fetchval("SELECT count(*) FROM endpoints") == len(names)
-        assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'delivered'") >= 20 + 360 + 16 + 1
+        assert (
+            await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'delivered'")
+            >= 20 + 360 + 16 + 1
+        )
     finally:
         await db.close()
     # Pods go after their Deployments, once drained.
     await cluster.kubectl(
-        "-n", SYSTEM, "wait", "--for=delete", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}", "--timeout=120s"
+        "-n",
+        SYSTEM,
+        "wait",
+        "--for=delete",
+        "pods",
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "--timeout=120s",
     )
     left = await cluster.kubectl(
-        "-n", SYSTEM, "get", "deployments,pods,serviceaccounts,services,jobs,poddisruptionbudgets",
-        "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
+        "-n",
+        SYSTEM,
+        "get",
+        "deployments,pods,serviceaccounts,services,jobs,poddisruptionbudgets",
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "-o",
+        "name",
     )
     assert left.strip() == ""
     cluster_wide = await cluster.kubectl(

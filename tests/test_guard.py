@@ -99,7 +99,9 @@ ALLOWED = [
 ]
 
 
-@pytest.mark.parametrize("what, address", [(what, a) for what, addresses in DENIED.items() for a in addresses])
+@pytest.mark.parametrize(
+    "what, address", [(what, a) for what, addresses in DENIED.items() for a in addresses]
+)
 def test_every_range_that_is_not_globally_routable_is_denied(what, address):
     assert not is_allowed(ip_address(address), ())
 
@@ -141,7 +143,15 @@ def test_the_allow_list_comes_first_and_covers_what_it_names_only():
     allowed = parse_networks("127.0.0.0/8,::1/128,10.20.0.0/16")
     for address in ["127.0.0.1", "127.8.9.10", "::1", "10.20.0.1", "10.20.255.255", "8.8.8.8"]:
         assert is_allowed(ip_address(address), allowed), address
-    for address in ["10.21.0.1", "10.19.255.255", "169.254.169.254", "0.0.0.0", "::", "fe80::1", "192.168.0.1"]:
+    for address in [
+        "10.21.0.1",
+        "10.19.255.255",
+        "169.254.169.254",
+        "0.0.0.0",
+        "::",
+        "fe80::1",
+        "192.168.0.1",
+    ]:
         assert not is_allowed(ip_address(address), allowed), address
 
 
@@ -206,7 +216,9 @@ def test_ip_literals_in_every_notation_are_refused_by_their_address(host, addres
     assert literal_never_allowed(host, ()) == f"destination {address} is not allowed"
 
 
-@pytest.mark.parametrize("host", ["localhost", "example.com", "deadbeef", "cafe.babe", "127.0.0.1.", "[::ffff:127.1]"])
+@pytest.mark.parametrize(
+    "host", ["localhost", "example.com", "deadbeef", "cafe.babe", "127.0.0.1.", "[::ffff:127.1]"]
+)
 def test_names_are_left_to_the_check_at_connect_time(host):
     assert ip_literal(host) is None
     assert literal_never_allowed(host, ()) is None

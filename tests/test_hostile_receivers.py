@@ -10,8 +10,8 @@ import gc
 import socket
 import ssl
 import time
-from datetime import datetime, timedelta, timezone
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import psutil
@@ -97,7 +97,9 @@ async def _recorded(db, n: int):
 
 
 @pytest.mark.parametrize("mode", sorted(EXPECTED))
-async def test_a_hostile_receiver_ends_as_a_recorded_failure(mode, db, hostile, receiver, start_worker, figures):
+async def test_a_hostile_receiver_ends_as_a_recorded_failure(
+    mode, db, hostile, receiver, start_worker, figures
+):
     n = DELIVERIES.get(mode, 3)
     # Every delivery in one round, and fewer than the 20 failures that
     # open the circuit, so that each is sent exactly once.
@@ -111,7 +113,7 @@ async def test_a_hostile_receiver_ends_as_a_recorded_failure(mode, db, hostile, 
     # the deadline, plus the reservation poll and the recorder's round trip
     assert took < TIMEOUT + 2, f"{mode}: recorded {took:.2f} s after the first call"
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for row in rows:
         assert row["state"] == "pending"
         # backed off like any failure: the first retry is 15 to 30 s away,
@@ -139,11 +141,13 @@ async def test_a_hostile_receiver_ends_as_a_recorded_failure(mode, db, hostile, 
 
 async def test_garbage_retry_after_is_ignored_or_capped(db, hostile, start_worker):
     n = len(RETRY_AFTER_VALUES)
-    await add_endpoint(db, "ra", hostile.url("garbage_retry_after"), timeout_seconds=TIMEOUT, max_concurrency=32)
+    await add_endpoint(
+        db, "ra", hostile.url("garbage_retry_after"), timeout_seconds=TIMEOUT, max_concurrency=32
+    )
     await _publish(db, n)
     start_worker()
     rows = await wait_for(lambda: _recorded(db, n))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     waits = sorted((r["next_attempt_at"] - now).total_seconds() for r in rows)
     # Among the values, "9" * 5000 and a date in 9999 ask for more than the
     # cap and get the cap; everything else is ignored and the backoff stands.
@@ -226,11 +230,13 @@ def _key(host: str, port: int) -> ConnectionKey:
 @pytest.mark.parametrize(
     "exc, expected",
     [
-        (asyncio.TimeoutError(), TIMED_OUT),
+        (TimeoutError(), TIMED_OUT),
         (aiohttp.ConnectionTimeoutError("Connection timeout to host"), TIMED_OUT),
         (aiohttp.SocketTimeoutError("Timeout on reading data from socket"), TIMED_OUT),
         (
-            aiohttp.ClientConnectorError(_key("10.0.0.1", 8443), ConnectionRefusedError(errno.ECONNREFUSED, "refused")),
+            aiohttp.ClientConnectorError(
+                _key("10.0.0.1", 8443), ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+            ),
             "connection failed",
         ),
         (aiohttp.ClientOSError(errno.ECONNRESET, "Connection reset by peer"), "connection failed"),
@@ -239,15 +245,22 @@ def _key(host: str, port: int) -> ConnectionKey:
         (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), "connection failed"),
         (OSError(errno.EHOSTUNREACH, "No route to host"), "connection failed"),
         (
-            aiohttp.ClientConnectorDNSError(_key("nx.invalid", 443), OSError(-2, "Name or service not known")),
+            aiohttp.ClientConnectorDNSError(
+                _key("nx.invalid", 443), OSError(-2, "Name or service not known")
+            ),
             "connection failed",
         ),
         (ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"), "TLS error"),
         (
-            aiohttp.ClientConnectorCertificateError(_key("example.com", 443), ssl.SSLCertVerificationError(1, "bad")),
+            aiohttp.ClientConnectorCertificateError(
+                _key("example.com", 443), ssl.SSLCertVerificationError(1, "bad")
+            ),
             "TLS error",
         ),
-        (aiohttp.ClientConnectorSSLError(_key("example.com", 443), ssl.SSLError(1, "wrong version")), "TLS error"),
+        (
+            aiohttp.ClientConnectorSSLError(_key("example.com", 443), ssl.SSLError(1, "wrong version")),
+            "TLS error",
+        ),
         (
             aiohttp.ClientResponseError(None, (), status=400, message="Bad status line 'HTTP/1.1 abc\x00'"),
             "invalid response",
@@ -272,4 +285,4 @@ async def test_a_refused_connection_is_recorded_as_connection_failed(db, start_w
         start_worker()
         rows = await wait_for(lambda: _recorded(db, 1))
     assert rows[0]["last_error"] == "connection failed"
-    assert rows[0]["next_attempt_at"] > datetime.now(timezone.utc) + timedelta(seconds=10)
+    assert rows[0]["next_attempt_at"] > datetime.now(UTC) + timedelta(seconds=10)

@@ -19,8 +19,8 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import asyncpg
 import pytest
@@ -155,7 +155,9 @@ async def test_migrate_then_status(image: str, pg_server) -> None:
     """An empty database: migrate applies every migration read from the
     installed package's data, then finds nothing to do; status prints."""
     name = f"image_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(host=pg_server.host, port=pg_server.port, user="postgres", database="postgres")
+    admin = await asyncpg.connect(
+        host=pg_server.host, port=pg_server.port, user="postgres", database="postgres"
+    )
     await admin.execute(f"CREATE DATABASE {name}")
     try:
         env = {"HOOKLANE_DATABASE_URL": f"postgresql://postgres@{pg_server.host}:{pg_server.port}/{name}"}
@@ -165,9 +167,13 @@ async def test_migrate_then_status(image: str, pg_server) -> None:
         assert first.stdout.strip() == f"applied {len(migrations)} migration(s)"
         conn = await asyncpg.connect(host=pg_server.host, port=pg_server.port, user="postgres", database=name)
         try:
-            versions = [r[0] for r in await conn.fetch("SELECT version FROM hooklane_migrations ORDER BY version")]
+            versions = [
+                r[0] for r in await conn.fetch("SELECT version FROM hooklane_migrations ORDER BY version")
+            ]
             assert versions == [m.version for m in migrations]
-            tables = {r[0] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            tables = {
+                r[0] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            }
             assert {"endpoints", "events", "deliveries"} <= tables
         finally:
             await conn.close()
@@ -228,7 +234,12 @@ def test_the_image_holds_the_code_of_this_tree(image):
     """The tag hashes the tree; the layers must match it too (a build cache
     that ignored a changed wheel once shipped the previous code)."""
     listing = podman(
-        *RUN, "--rm", "--entrypoint", "/opt/hooklane/bin/python", image, "-c",
+        *RUN,
+        "--rm",
+        "--entrypoint",
+        "/opt/hooklane/bin/python",
+        image,
+        "-c",
         "import hashlib, pathlib, hooklane; root = pathlib.Path(hooklane.__file__).parent; "
         "print('\\n'.join(f'{p.relative_to(root)} {hashlib.sha256(p.read_bytes()).hexdigest()}' "
         "for p in sorted(root.rglob('*')) if p.suffix in ('.py', '.sql')))",

@@ -245,8 +245,13 @@ def test_unknown_fields_are_named(path, value, field, named):
 def test_what_kubectl_get_exports_applies():
     doc = copy.deepcopy(GOOD)
     doc["metadata"].update(
-        uid="6f1c", resourceVersion="42", generation=3, creationTimestamp="2024-05-01T00:00:00Z",
-        labels={"team": "shop"}, annotations={"note": "x"}, managedFields=[{"manager": "kubectl"}],
+        uid="6f1c",
+        resourceVersion="42",
+        generation=3,
+        creationTimestamp="2024-05-01T00:00:00Z",
+        labels={"team": "shop"},
+        annotations={"note": "x"},
+        managedFields=[{"manager": "kubectl"}],
     )
     doc["status"] = {"phase": "Active", "pending": 0}
     assert parse_manifest(doc).name == "orders-acme"
@@ -323,7 +328,10 @@ def test_the_example_and_its_json_form_load():
         (MANIFEST.replace(b"acme", b"ac\xc3me"), "is not UTF-8"),
         (MANIFEST.replace(b"tenant: acme", b"tenant: ac\x00me"), "contains a NUL character"),
         (MANIFEST + b"#" * MAX_MANIFEST_BYTES, "is larger than 1048576 bytes"),
-        (MANIFEST.replace(b"maxConcurrency: 4", b"maxConcurrency: " + b"1:" * 300_000 + b"1"), "integer longer than"),
+        (
+            MANIFEST.replace(b"maxConcurrency: 4", b"maxConcurrency: " + b"1:" * 300_000 + b"1"),
+            "integer longer than",
+        ),
         (MANIFEST.replace(b"maxConcurrency: 4", b"maxConcurrency: " + b"9" * 5000), "integer longer than"),
         (MANIFEST.replace(b"tenant: acme", b"tenant: 2024-13-45"), "cannot read: month must be in 1..12"),
         (MANIFEST.replace(b"tenant: acme", b"tenant: !!python/object:os.system x"), "is not valid YAML"),

@@ -4,8 +4,8 @@ deliveries in every state, migrated to the head, then delivered from."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import AsyncIterator
 
 import asyncpg
 import pytest
@@ -49,7 +49,9 @@ INSERT INTO ready_endpoints (endpoint_id, partition, ready_at) SELECT id, partit
 async def fresh_dsn(pg_server: Server) -> AsyncIterator[str]:
     """An empty database, without the migrated template's schema."""
     name = "hooklane_upgrade_" + uuid.uuid4().hex[:8]
-    admin = await asyncpg.connect(host=pg_server.host, port=pg_server.port, user=pg_server.user, database="postgres")
+    admin = await asyncpg.connect(
+        host=pg_server.host, port=pg_server.port, user=pg_server.user, database="postgres"
+    )
     await admin.execute(f'CREATE DATABASE "{name}"')
     try:
         yield f"postgresql://{pg_server.user}@{pg_server.host}:{pg_server.port}/{name}"
@@ -80,9 +82,12 @@ async def test_version_2_data_survives_the_upgrade_and_is_delivered(fresh_dsn, s
             ("acme", "e-sent", "delivered", 1, None),
         ]
         assert await conn.fetchval("SELECT count(*) FROM events") == 6
-        assert await conn.fetchval(
-            "SELECT count(*) FROM endpoints WHERE previous_secret IS NULL AND secret = $1", SECRET
-        ) == 2
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM endpoints WHERE previous_secret IS NULL AND secret = $1", SECRET
+            )
+            == 2
+        )
         # The new identity: another tenant may now use an id, and the
         # deliveries follow their own event only.
         await hooklane.publish(conn, tenant="globex", type="order.paid", data={"n": 6}, id="e-pending")
@@ -99,8 +104,8 @@ async def test_version_2_data_survives_the_upgrade_and_is_delivered(fresh_dsn, s
             await worker.stop()
         got = sorted(Webhook(SECRET).verify(r.body, r.headers)["id"] for r in receiver.at("a"))
         assert got == ["e-dead", "e-lost", "e-pending"]
-        assert await conn.fetchval(
-            "SELECT state FROM deliveries WHERE event_id = 'e-later'"
-        ) == "pending"  # not due yet, untouched
+        assert (
+            await conn.fetchval("SELECT state FROM deliveries WHERE event_id = 'e-later'") == "pending"
+        )  # not due yet, untouched
     finally:
         await conn.close()

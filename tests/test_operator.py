@@ -8,9 +8,9 @@ import base64
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -20,10 +20,9 @@ from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from hooklane.dev.controlplane import ControlPlane
-from hooklane.policies import CircuitPolicy
-from hooklane.policies import RetryPolicy
-from tests.kube_fixtures import Operator
+from hooklane.policies import CircuitPolicy, RetryPolicy
 from tests.conftest import SECRET, wait_for
+from tests.kube_fixtures import Operator
 from tests.receivers import Answer
 from tests.test_chart import CHART, tools  # noqa: F401 (tools: the fixture that builds helm)
 
@@ -37,7 +36,9 @@ FAST_RETRY = RetryPolicy(base_seconds=0.2, cap_seconds=0.5)
 
 
 @pytest.fixture
-def start_operator(kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Path) -> Iterator[Callable[..., Operator]]:
+def start_operator(
+    kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., Operator]]:
     running: list[Operator] = []
     env = {
         **os.environ,
@@ -48,8 +49,11 @@ def start_operator(kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Pa
 
     def start(*argv: str, kubeconfig: Path | None = None) -> Operator:
         run_env = {**env, "KUBECONFIG": str(kubeconfig)} if kubeconfig else env
-        op = Operator(tmp_path / f"operator-{len(running)}.log",
-                      [*(argv or ("--standalone",)), "--namespace", kube_namespace], run_env)
+        op = Operator(
+            tmp_path / f"operator-{len(running)}.log",
+            [*(argv or ("--standalone",)), "--namespace", kube_namespace],
+            run_env,
+        )
         running.append(op)
         return op
 
@@ -61,7 +65,7 @@ def start_operator(kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Pa
 
 
 @pytest.fixture
-def kube(control_plane: ControlPlane, kube_namespace: str) -> "Kube":
+def kube(control_plane: ControlPlane, kube_namespace: str) -> Kube:
     return Kube(control_plane, kube_namespace)
 
 
@@ -130,7 +134,11 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
     await kube.run("apply", "-f", str(EXAMPLES / "endpoint.yaml"))
 
     stored = await wait_for(lambda: row(db))
-    assert (stored["namespace"], stored["tenant"], stored["url"]) == (kube.namespace, "acme", "http://127.0.0.1:9000/hooks/acme")
+    assert (stored["namespace"], stored["tenant"], stored["url"]) == (
+        kube.namespace,
+        "acme",
+        "http://127.0.0.1:9000/hooks/acme",
+    )
     assert (stored["max_concurrency"], stored["event_types"], stored["secret"]) == (4, ["order.*"], SECRET)
     ready = await wait_for(lambda: kube.condition("Ready"))
     assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("True", "Synced", 1)
@@ -194,7 +202,9 @@ async def test_a_rotation_during_a_database_outage_is_stored_once_it_ends(kube, 
     await wait_for(lambda: _secret_is(db, ROTATED), timeout=20)
 
 
-async def test_a_missing_or_malformed_secret_holds_deliveries(kube, db, receiver, start_operator, start_worker):
+async def test_a_missing_or_malformed_secret_holds_deliveries(
+    kube, db, receiver, start_operator, start_worker
+):
     start_operator()
     start_worker()
     await kube.apply(endpoint(receiver.on("hooks", Answer(204))))
@@ -219,8 +229,9 @@ async def test_a_missing_or_malformed_secret_holds_deliveries(kube, db, receiver
     got = (await wait_for(lambda: receiver.at("hooks")))[0]
     Webhook(SECRET).verify(got.body, got.headers)
     await wait_for(lambda: _condition_reason(kube, "Ready", "Synced"))
-    assert {"SecretMissing", "SecretInvalid", "SecretResolved"} <= set(await wait_for(
-        lambda: _events_include(kube, "SecretResolved")))
+    assert {"SecretMissing", "SecretInvalid", "SecretResolved"} <= set(
+        await wait_for(lambda: _events_include(kube, "SecretResolved"))
+    )
 
 
 async def test_deletion_runs_the_finalizer(kube, db, start_operator):
@@ -269,8 +280,9 @@ async def test_a_failing_receiver_pauses_the_endpoint_until_it_recovers(
     assert recovered["status"]["consecutiveFailures"] == 0
     assert recovered["status"]["lastDeliveredAt"]
     assert "pausedUntil" not in recovered["status"]
-    assert {"EndpointPaused", "EndpointResumed"} <= set(await wait_for(
-        lambda: _events_include(kube, "EndpointResumed")))
+    assert {"EndpointPaused", "EndpointResumed"} <= set(
+        await wait_for(lambda: _events_include(kube, "EndpointResumed"))
+    )
 
 
 async def test_deactivated_endpoint_is_reactivated_and_dead_deliveries_resent(
@@ -289,8 +301,9 @@ async def test_deactivated_endpoint_is_reactivated_and_dead_deliveries_resent(
     assert columns["PENDING"] == "0"
     body = await wait_for(lambda: _with_status(kube, "dead", 1))
     assert body["status"]["lastError"]
-    assert {"EndpointDeactivated", "DeliveriesDead"} <= set(await wait_for(
-        lambda: _events_include(kube, "DeliveriesDead")))
+    assert {"EndpointDeactivated", "DeliveriesDead"} <= set(
+        await wait_for(lambda: _events_include(kube, "DeliveriesDead"))
+    )
 
     gone = False
     await kube.run("annotate", "whe", "orders-acme", "hooklane.io/reactivate=1")
@@ -299,8 +312,9 @@ async def test_deactivated_endpoint_is_reactivated_and_dead_deliveries_resent(
     await kube.run("annotate", "whe", "orders-acme", "--overwrite", "hooklane.io/resend-dead=1")
     await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"))
     await wait_for(lambda: _with_status(kube, "dead", 0))
-    assert {"ReactivateRequested", "EndpointReactivated", "ResendRequested"} <= set(await wait_for(
-        lambda: _events_include(kube, "ResendRequested")))
+    assert {"ReactivateRequested", "EndpointReactivated", "ResendRequested"} <= set(
+        await wait_for(lambda: _events_include(kube, "ResendRequested"))
+    )
 
 
 async def test_publish_reaches_a_receiver_declared_only_in_kubernetes(
@@ -352,16 +366,26 @@ async def _secret_is(db: asyncpg.Connection, value: str) -> bool:
     return (await row(db))["secret"] == value
 
 
-async def test_the_chart_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path, tools):
+async def test_the_chart_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path, tools):  # noqa: F811 (the fixture)
     """The operator, logged in as the chart's ServiceAccount with the chart's
     RBAC for a watched namespace, syncs, reports, posts Events, deletes, and
     stays active through the chart's KopfPeering."""
     rendered = tools.helm(
-        "template", "hooklane", str(CHART), "--namespace", kube.namespace,
-        "--set", "database.existingSecret=unused", "--set", f"operator.watchNamespaces={{{kube.namespace}}}",
-        "--show-only", "templates/serviceaccounts.yaml",
-        "--show-only", "templates/operator-rbac.yaml",
-        "--show-only", "templates/operator-peering.yaml",
+        "template",
+        "hooklane",
+        str(CHART),
+        "--namespace",
+        kube.namespace,
+        "--set",
+        "database.existingSecret=unused",
+        "--set",
+        f"operator.watchNamespaces={{{kube.namespace}}}",
+        "--show-only",
+        "templates/serviceaccounts.yaml",
+        "--show-only",
+        "templates/operator-rbac.yaml",
+        "--show-only",
+        "templates/operator-peering.yaml",
     ).stdout
     docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
     await kube.apply({"apiVersion": "v1", "kind": "List", "items": docs})
@@ -371,8 +395,9 @@ async def test_the_chart_rbac_is_enough(kube, control_plane, db, start_operator,
     as_operator = tmp_path / "operator.kubeconfig"
     as_operator.write_text(json.dumps(config))
     port = free_port()
-    op = start_operator("--peering", "hooklane", "--liveness", f"http://127.0.0.1:{port}/healthz",
-                        kubeconfig=as_operator)
+    op = start_operator(
+        "--peering", "hooklane", "--liveness", f"http://127.0.0.1:{port}/healthz", kubeconfig=as_operator
+    )
     await wait_for(lambda: _active(op), timeout=30)
 
     await kube.apply(endpoint("http://127.0.0.1:9/hooks"))

@@ -44,9 +44,8 @@ import yaml
 from hooklane import store
 from hooklane.dev.controlplane import ControlPlaneError
 from hooklane.dev.postgres import LocalPostgres
-from tests.kube_fixtures import Operator
 from tests.conftest import SECRET
-from tests.kube_fixtures import RestartableControlPlane
+from tests.kube_fixtures import Operator, RestartableControlPlane
 
 pytestmark = [pytest.mark.kube, pytest.mark.chaos]
 
@@ -169,8 +168,9 @@ class ChaosPostgres(LocalPostgres):
         super().__init__(durable=True)
 
     def _pg_ctl(self, *args: str) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir),
-                  "-l", str(self.dir / "server.log"), *args)
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"), *args
+        )
 
     def stop_server(self, mode: str) -> None:
         """Stop it, keeping its data (``stop()`` removes everything)."""
@@ -246,13 +246,20 @@ class Api:
         assert self._session is not None
         data = json.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data else {}
-        async with self._session.request(method, self.server + path, data=data, headers=headers,
-                                         ssl=self._ssl) as resp:
+        async with self._session.request(
+            method, self.server + path, data=data, headers=headers, ssl=self._ssl
+        ) as resp:
             return resp.status, await resp.json(content_type=None)
 
     async def until_done(
-        self, method: str, path: str, body: Any = None, *, ok: frozenset[int],
-        content_type: str = "application/json", timeout: float = 120.0,
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        ok: frozenset[int],
+        content_type: str = "application/json",
+        timeout: float = 120.0,
     ) -> Any:
         """Retry through an unreachable or restarting API server. Only for
         idempotent calls (apply, delete, get): a request cut off mid-way may
@@ -265,7 +272,7 @@ class Api:
                     return payload
                 if status not in self.RETRY_STATUSES:
                     raise AssertionError(f"{method} {path}: HTTP {status}: {payload}")
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"{method} {path}: API server unreachable for {timeout:.0f} s")
@@ -273,18 +280,28 @@ class Api:
 
     async def apply_endpoint(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
         """Server-side apply: creates or updates, and sending it twice is a no-op."""
-        doc = {"apiVersion": "hooklane.io/v1alpha1", "kind": "WebhookEndpoint",
-               "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        doc = {
+            "apiVersion": "hooklane.io/v1alpha1",
+            "kind": "WebhookEndpoint",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        }
         await self.until_done(
-            "PATCH", f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints/{name}"
+            "PATCH",
+            f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints/{name}"
             f"?fieldManager={FIELD_MANAGER}&force=true",
-            doc, ok=frozenset({200, 201}), content_type="application/apply-patch+yaml",
+            doc,
+            ok=frozenset({200, 201}),
+            content_type="application/apply-patch+yaml",
         )
 
     async def delete_endpoint(self, namespace: str, name: str) -> None:
         # 404 is success too: a retried delete may find it already finalised.
-        await self.until_done("DELETE", f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints/{name}",
-                              ok=frozenset({200, 202, 404}))
+        await self.until_done(
+            "DELETE",
+            f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints/{name}",
+            ok=frozenset({200, 202, 404}),
+        )
 
     async def endpoints(self, namespace: str) -> list[dict[str, Any]]:
         status, payload = await self.call("GET", f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints")
@@ -293,11 +310,17 @@ class Api:
         return payload["items"]
 
     async def create_secret(self, namespace: str) -> None:
-        doc = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET_NAME},
-               "type": "Opaque", "data": {"secret": base64.b64encode(SECRET.encode()).decode()}}
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SECRET_NAME},
+            "type": "Opaque",
+            "data": {"secret": base64.b64encode(SECRET.encode()).decode()},
+        }
         # 409: a retried create whose first answer was lost.
-        await self.until_done("POST", f"/api/v1/namespaces/{namespace}/secrets", doc,
-                              ok=frozenset({201, 409}))
+        await self.until_done(
+            "POST", f"/api/v1/namespaces/{namespace}/secrets", doc, ok=frozenset({201, 409})
+        )
 
 
 # --------------------------------------------------------------------------
@@ -306,7 +329,9 @@ class Api:
 
 @pytest.fixture
 def operators(
-    restartable_control_plane: RestartableControlPlane, chaos_pg: ChaosPostgres, tmp_path: Path,
+    restartable_control_plane: RestartableControlPlane,
+    chaos_pg: ChaosPostgres,
+    tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[Callable[[str], Operator]]:
     """Start an operator for a namespace; every one started is stopped at
@@ -323,8 +348,9 @@ def operators(
     }
 
     def start(namespace: str) -> Operator:
-        op = Operator(tmp_path / f"operator-{len(started)}.log",
-                             ["--standalone", "--namespace", namespace], env)
+        op = Operator(
+            tmp_path / f"operator-{len(started)}.log", ["--standalone", "--namespace", namespace], env
+        )
         started.append(op)
         return op
 
@@ -442,19 +468,26 @@ class Divergence:
     """Every way the resources, their status and the table disagree with
     the model. Empty everywhere means converged."""
 
-    missing_rows: list[str] = field(default_factory=list)   # resource without its row: lost
-    wrong_rows: list[str] = field(default_factory=list)     # row with a stale spec: lost update
-    orphan_rows: list[str] = field(default_factory=list)    # row without a resource
-    stuck: list[str] = field(default_factory=list)          # resource still Terminating
-    lost_resources: list[str] = field(default_factory=list) # in the model, not in the API
-    unexpected: list[str] = field(default_factory=list)     # in the API, not in the model
-    no_status: list[str] = field(default_factory=list)      # status missing or stale
+    missing_rows: list[str] = field(default_factory=list)  # resource without its row: lost
+    wrong_rows: list[str] = field(default_factory=list)  # row with a stale spec: lost update
+    orphan_rows: list[str] = field(default_factory=list)  # row without a resource
+    stuck: list[str] = field(default_factory=list)  # resource still Terminating
+    lost_resources: list[str] = field(default_factory=list)  # in the model, not in the API
+    unexpected: list[str] = field(default_factory=list)  # in the API, not in the model
+    no_status: list[str] = field(default_factory=list)  # status missing or stale
     unreachable: str | None = None
 
     def empty(self) -> bool:
         return self.unreachable is None and not any(
-            (self.missing_rows, self.wrong_rows, self.orphan_rows, self.stuck,
-             self.lost_resources, self.unexpected, self.no_status)
+            (
+                self.missing_rows,
+                self.wrong_rows,
+                self.orphan_rows,
+                self.stuck,
+                self.lost_resources,
+                self.unexpected,
+                self.no_status,
+            )
         )
 
     def __str__(self) -> str:
@@ -496,7 +529,7 @@ async def divergence(api: Api, dsn: str, namespace: str, model: dict[str, dict[s
     found = Divergence()
     try:
         items = await api.endpoints(namespace)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         found.unreachable = f"API server: {exc!r}"
         return found
     try:
@@ -504,11 +537,13 @@ async def divergence(api: Api, dsn: str, namespace: str, model: dict[str, dict[s
         # not depend on a connection that a restart broke.
         conn = await asyncpg.connect(dsn, timeout=3)
         try:
-            rows = {r["name"]: r for r in await conn.fetch(
-                "SELECT * FROM endpoints WHERE namespace = $1", namespace)}
+            rows = {
+                r["name"]: r
+                for r in await conn.fetch("SELECT * FROM endpoints WHERE namespace = $1", namespace)
+            }
         finally:
             await conn.close()
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         found.unreachable = f"Postgres: {exc!r}"
         return found
 
@@ -537,7 +572,11 @@ async def divergence(api: Api, dsn: str, namespace: str, model: dict[str, dict[s
 
 
 async def converge(
-    api: Api, dsn: str, churn: Churn, since: float, check: Callable[[], None],
+    api: Api,
+    dsn: str,
+    churn: Churn,
+    since: float,
+    check: Callable[[], None],
     timeout: float = CONVERGE_TIMEOUT,
 ) -> float:
     """Poll until the model, the API and Postgres agree; return the seconds
@@ -554,9 +593,7 @@ async def converge(
     churn.figures.lost = len(last.missing_rows) + len(last.wrong_rows) + len(last.lost_resources)
     churn.figures.stuck = len(last.stuck)
     churn.figures.orphans = len(last.orphan_rows)
-    raise AssertionError(
-        f"not converged {timeout:.0f} s after the fault (seed {churn.figures.seed}): {last}"
-    )
+    raise AssertionError(f"not converged {timeout:.0f} s after the fault (seed {churn.figures.seed}): {last}")
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], timeout: float, what: str) -> None:
@@ -578,6 +615,7 @@ def _rode_through(op: Operator, figures: Figures) -> Callable[[], None]:
         if not op.alive():
             figures.operator_exits += 1
             raise AssertionError(f"the operator exited with {op.proc.returncode}:\n{op.output()[-3000:]}")
+
     return check
 
 
@@ -597,8 +635,12 @@ KILLS = 4
 
 
 async def test_operator_sigkilled_while_reconciling(
-    api: Api, namespace: str, chaos_pg: ChaosPostgres,
-    operators: Callable[[str], Operator], seed: int, chaos_report: list[Figures],
+    api: Api,
+    namespace: str,
+    chaos_pg: ChaosPostgres,
+    operators: Callable[[str], Operator],
+    seed: int,
+    chaos_report: list[Figures],
 ) -> None:
     """A Deployment's Pod killed (OOM, node loss) mid-work, KILLS times:
     no cleanup runs, kopf's progress annotations may be half-written, and
@@ -615,7 +657,7 @@ async def test_operator_sigkilled_while_reconciling(
         # Once this incarnation handles resources (its startup alone takes
         # a second or two), changes start, and it dies a random moment into
         # them, with handlers in flight; the changes go on while it is down.
-        await wait_until(lambda: "Handler 'sync'" in op.output(), 60, "operator handling resources")
+        await wait_until(lambda op=op: "Handler 'sync'" in op.output(), 60, "operator handling resources")
         burst = asyncio.create_task(churn.burst(12))
         await asyncio.sleep(rng.uniform(0.1, 0.6))
         op.kill()
@@ -640,8 +682,12 @@ APISERVER_RESTARTS = 3
 
 
 async def _settled_population(
-    label: str, api: Api, namespace: str, chaos_pg: ChaosPostgres,
-    operators: Callable[[str], Operator], seed: int,
+    label: str,
+    api: Api,
+    namespace: str,
+    chaos_pg: ChaosPostgres,
+    operators: Callable[[str], Operator],
+    seed: int,
 ) -> tuple[Figures, random.Random, Churn, Operator, Callable[[], None]]:
     """An operator for ``namespace`` and a population of endpoints it has
     converged on: the state each fault scenario starts from."""
@@ -656,8 +702,13 @@ async def _settled_population(
 
 
 async def test_apiserver_restarted_under_the_operator(
-    api: Api, namespace: str, chaos_pg: ChaosPostgres, restartable_control_plane: RestartableControlPlane,
-    operators: Callable[[str], Operator], seed: int, chaos_report: list[Figures],
+    api: Api,
+    namespace: str,
+    chaos_pg: ChaosPostgres,
+    restartable_control_plane: RestartableControlPlane,
+    operators: Callable[[str], Operator],
+    seed: int,
+    chaos_report: list[Figures],
 ) -> None:
     """kube-apiserver stopped (SIGTERM, then SIGKILL, alternately) and
     started again on the same port and etcd while the operator works. Its
@@ -670,7 +721,9 @@ async def test_apiserver_restarted_under_the_operator(
     defect test_a_deletion_during_a_database_stall_... pins down directly.
     """
     cp = restartable_control_plane
-    figures, rng, churn, op, rode_through = await _settled_population("kube-apiserver restarted", api, namespace, chaos_pg, operators, seed)
+    figures, rng, churn, op, rode_through = await _settled_population(
+        "kube-apiserver restarted", api, namespace, chaos_pg, operators, seed
+    )
     loop = asyncio.get_running_loop()
 
     def ready() -> Awaitable[bool]:
@@ -716,13 +769,19 @@ POSTGRES_FAULTS = [("fast", 0.0), ("immediate", 0.0), ("immediate", 3.0), ("fast
 
 
 async def test_postgres_restarted_under_the_operator(
-    api: Api, namespace: str, chaos_pg: ChaosPostgres,
-    operators: Callable[[str], Operator], seed: int, chaos_report: list[Figures],
+    api: Api,
+    namespace: str,
+    chaos_pg: ChaosPostgres,
+    operators: Callable[[str], Operator],
+    seed: int,
+    chaos_report: list[Figures],
 ) -> None:
     """Postgres restarted (pg_ctl -m fast / immediate) while the operator
     upserts and deletes: every pooled connection breaks, statements in
     flight fail. It must not exit, and must catch up."""
-    figures, rng, churn, op, rode_through = await _settled_population("PostgreSQL restarted", api, namespace, chaos_pg, operators, seed)
+    figures, rng, churn, op, rode_through = await _settled_population(
+        "PostgreSQL restarted", api, namespace, chaos_pg, operators, seed
+    )
     loop = asyncio.get_running_loop()
 
     for mode, down in POSTGRES_FAULTS:
@@ -756,8 +815,11 @@ async def test_postgres_restarted_under_the_operator(
 
 
 async def test_a_deletion_during_a_database_stall_is_not_held_for_a_minute(
-    api: Api, namespace: str, chaos_pg: ChaosPostgres,
-    operators: Callable[[str], Operator], seed: int,
+    api: Api,
+    namespace: str,
+    chaos_pg: ChaosPostgres,
+    operators: Callable[[str], Operator],
+    seed: int,
 ) -> None:
     """Postgres stalls for three seconds (a lock, a slow failover) and a
     resource is deleted meanwhile. Once Postgres answers, the deletion
@@ -786,8 +848,11 @@ async def test_a_deletion_during_a_database_stall_is_not_held_for_a_minute(
 
 
 async def test_rows_postgres_forgot_are_stored_again(
-    api: Api, namespace: str, chaos_pg: ChaosPostgres,
-    operators: Callable[[str], Operator], seed: int,
+    api: Api,
+    namespace: str,
+    chaos_pg: ChaosPostgres,
+    operators: Callable[[str], Operator],
+    seed: int,
 ) -> None:
     """Postgres may lose writes it acknowledged: a failover to a replica
     that lagged, a restore from backup, a crash of a server run with
@@ -807,8 +872,11 @@ async def test_rows_postgres_forgot_are_stored_again(
         # What a lagging replica would not have: one endpoint entirely, and
         # the last edit of another.
         await conn.execute("DELETE FROM endpoints WHERE namespace = $1 AND name = $2", namespace, names[0])
-        await conn.execute("UPDATE endpoints SET url = 'http://127.0.0.1:9/before' "
-                           "WHERE namespace = $1 AND name = $2", namespace, names[1])
+        await conn.execute(
+            "UPDATE endpoints SET url = 'http://127.0.0.1:9/before' WHERE namespace = $1 AND name = $2",
+            namespace,
+            names[1],
+        )
     finally:
         await conn.close()
     await converge(api, chaos_pg.dsn, churn, loop.time(), _rode_through(op, figures), timeout=8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,18 +14,27 @@ from hooklane.operator import reflect
 from hooklane.operator.reflect import Queue, Synced
 from tests.conftest import SECRET
 
-NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = "2026-03-01T11:00:00Z"
 REF = SecretRef("acme-webhook-secret", "secret")
 SYNCED = Synced(generation=3, paused=False, reason=reflect.SYNCED, message="stored")
 IDLE = Queue(
-    state="active", paused=False, consecutive_failures=0, paused_until=None, last_error=None,
-    last_delivered_at=None, pending=0, in_flight=0, oldest_pending_age=None, dead=0,
+    state="active",
+    paused=False,
+    consecutive_failures=0,
+    paused_until=None,
+    last_error=None,
+    last_delivered_at=None,
+    pending=0,
+    in_flight=0,
+    oldest_pending_age=None,
+    dead=0,
 )
 
 
-def run(previous: dict[str, Any], queue: Queue | None = IDLE, synced: Synced | None = SYNCED,
-        now: datetime = NOW) -> reflect.Reflection:
+def run(
+    previous: dict[str, Any], queue: Queue | None = IDLE, synced: Synced | None = SYNCED, now: datetime = NOW
+) -> reflect.Reflection:
     return reflect.reflect(previous=previous, queue=queue, synced=synced, now=now, age_resolution=10)
 
 
@@ -48,11 +57,16 @@ def b64(value: str) -> str:
 
 # --- secrets ---------------------------------------------------------------
 
+
 def test_signing_values_keep_only_what_looks_like_a_signing_secret():
-    values = reflect.signing_values({
-        "secret": b64(SECRET + "\n"), "token": b64("eyJhbGciOi"), "binary": base64.b64encode(b"\xff\xfe").decode(),
-        "huge": b64("whsec_" + "A" * 1000),
-    })
+    values = reflect.signing_values(
+        {
+            "secret": b64(SECRET + "\n"),
+            "token": b64("eyJhbGciOi"),
+            "binary": base64.b64encode(b"\xff\xfe").decode(),
+            "huge": b64("whsec_" + "A" * 1000),
+        }
+    )
     assert values == {"secret": SECRET, "token": None, "binary": None, "huge": None}
     assert reflect.signing_values(None) == {}
 
@@ -86,15 +100,25 @@ def test_no_secret_ref_is_missing():
 
 # --- fields and phase --------------------------------------------------------
 
+
 def test_first_pass_writes_everything_and_ready():
     patch = run({}).patch
     assert patch["phase"] == reflect.ACTIVE
     assert patch["observedGeneration"] == 3
-    assert (patch["pending"], patch["inFlight"], patch["dead"], patch["oldestPendingAgeSeconds"]) == (0, 0, 0, 0)
+    assert (patch["pending"], patch["inFlight"], patch["dead"], patch["oldestPendingAgeSeconds"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
     ready = condition(patch, reflect.READY)
     assert ready == {
-        "type": "Ready", "status": "True", "reason": "Synced", "message": "stored",
-        "lastTransitionTime": "2026-03-01T12:00:00Z", "observedGeneration": 3,
+        "type": "Ready",
+        "status": "True",
+        "reason": "Synced",
+        "message": "stored",
+        "lastTransitionTime": "2026-03-01T12:00:00Z",
+        "observedGeneration": 3,
     }
     assert condition(patch, reflect.DELIVERING)["status"] == "True"
     # Absent values are not written as nulls.
@@ -128,13 +152,18 @@ def test_oldest_pending_age_is_patched_only_when_it_moved_enough():
 
 
 def test_an_open_circuit_is_paused_until_a_success_closes_it():
-    open_ = replace(IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500")
+    open_ = replace(
+        IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500"
+    )
     patch = run(settled(), open_).patch
     assert patch["phase"] == reflect.PAUSED
     assert patch["pausedUntil"] == "2026-03-01T12:01:00Z"
     delivering = condition(patch, reflect.DELIVERING)
     assert (delivering["status"], delivering["reason"]) == ("False", reflect.CIRCUIT_OPEN)
-    assert "20 consecutive failures, paused until 2026-03-01T12:01:00Z; last error: HTTP 500" in delivering["message"]
+    assert (
+        "20 consecutive failures, paused until 2026-03-01T12:01:00Z; last error: HTTP 500"
+        in delivering["message"]
+    )
     # Once the pause ran out, probes go out: still Paused, no flapping.
     probing = run({**settled(), **patch}, open_, now=NOW + timedelta(seconds=90))
     assert "phase" not in probing.patch
@@ -157,7 +186,10 @@ def test_a_refused_destination_says_what_to_change():
 
 def test_manual_pause_and_deactivation_set_the_phase():
     assert run({}, replace(IDLE, paused=True)).patch["phase"] == reflect.PAUSED
-    assert condition(run({}, replace(IDLE, paused=True)).patch, reflect.DELIVERING)["reason"] == reflect.MANUALLY_PAUSED
+    assert (
+        condition(run({}, replace(IDLE, paused=True)).patch, reflect.DELIVERING)["reason"]
+        == reflect.MANUALLY_PAUSED
+    )
     gone = run({}, replace(IDLE, state="deactivated", last_error="HTTP 410")).patch
     assert gone["phase"] == reflect.DEACTIVATED
     assert "hooklane.io/reactivate" in condition(gone, reflect.DELIVERING)["message"]
@@ -178,16 +210,25 @@ def test_a_pass_before_the_first_sync_keeps_ready_as_it_was():
 
 # --- conditions --------------------------------------------------------------
 
+
 def test_transition_time_moves_only_when_the_status_flips():
     previous = settled()
     for c in previous["conditions"]:
         c["lastTransitionTime"] = EARLIER
     edited = run(previous, synced=replace(SYNCED, generation=4, message="stored again")).patch
     ready = condition(edited, reflect.READY)
-    assert (ready["lastTransitionTime"], ready["observedGeneration"], ready["message"]) == (EARLIER, 4, "stored again")
+    assert (ready["lastTransitionTime"], ready["observedGeneration"], ready["message"]) == (
+        EARLIER,
+        4,
+        "stored again",
+    )
     missing = replace(SYNCED, reason=reflect.SECRET_MISSING, message="Secret gone")
     ready = condition(run(previous, synced=missing).patch, reflect.READY)
-    assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == ("False", "SecretMissing", "2026-03-01T12:00:00Z")
+    assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == (
+        "False",
+        "SecretMissing",
+        "2026-03-01T12:00:00Z",
+    )
 
 
 def test_conditions_of_other_types_are_kept():
@@ -207,8 +248,11 @@ def test_without_a_secret_nothing_is_delivering():
 
 # --- events ------------------------------------------------------------------
 
+
 def test_pausing_and_resuming_post_events():
-    open_ = replace(IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500")
+    open_ = replace(
+        IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500"
+    )
     paused = run(settled(), open_)
     assert [(e.type, e.reason) for e in paused.events] == [(reflect.WARNING, "EndpointPaused")]
     resumed = run({**settled(), **paused.patch}, IDLE)
@@ -232,7 +276,9 @@ def test_growing_dead_count_posts_an_event():
 
 
 def test_secret_problems_and_their_fix_post_events():
-    missing = run(settled(), synced=replace(SYNCED, reason=reflect.SECRET_MISSING, message="Secret ns/x not found"))
+    missing = run(
+        settled(), synced=replace(SYNCED, reason=reflect.SECRET_MISSING, message="Secret ns/x not found")
+    )
     assert [(e.type, e.reason, e.message) for e in missing.events] == [
         (reflect.WARNING, "SecretMissing", "Secret ns/x not found")
     ]

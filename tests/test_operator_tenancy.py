@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from standardwebhooks.webhooks import Webhook
@@ -16,8 +16,8 @@ from standardwebhooks.webhooks import Webhook
 import hooklane
 from hooklane.secrets import Keyring, unseal
 from tests.conftest import SECRET, wait_for
-from tests.receivers import Answer
 from tests.kube_fixtures import Operator
+from tests.receivers import Answer
 from tests.test_operator import ROTATED, Kube, endpoint, row, secret
 
 pytestmark = pytest.mark.kube
@@ -62,7 +62,9 @@ async def test_a_tenant_change_discards_the_old_tenants_deliveries_with_an_event
     ] * 2
 
     async def tenant_changed() -> dict | None:
-        out = await kube.run("get", "events", "--field-selector", "involvedObject.name=orders-acme", "-o", "json")
+        out = await kube.run(
+            "get", "events", "--field-selector", "involvedObject.name=orders-acme", "-o", "json"
+        )
         return next((e for e in json.loads(out)["items"] if e["reason"] == "TenantChanged"), None)
 
     event = await wait_for(tenant_changed)

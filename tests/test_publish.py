@@ -232,7 +232,13 @@ async def test_a_refused_publish_leaves_the_callers_transaction_usable(db, kwarg
 
 
 async def test_the_limits_themselves_are_accepted(db):
-    data = {"deep": _deep(63), "max": 2**64 - 1, "min": -(2**63), "text": "tab\tnew\nline\x1b ok", "t": (1, 2)}
+    data = {
+        "deep": _deep(63),
+        "max": 2**64 - 1,
+        "min": -(2**63),
+        "text": "tab\tnew\nline\x1b ok",
+        "t": (1, 2),
+    }
     event_id = await hooklane.publish(
         db, tenant="a" * 253, type="order.created", data=data, id="i" * 255, coalesce_key="k" * 255
     )

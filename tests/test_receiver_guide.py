@@ -47,7 +47,9 @@ async def test_the_python_example_verifies_a_real_delivery(db, start_worker, rec
         verify(got.body, headers, "whsec_" + "A" * 32)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed (hack/setup installs it)")
+@pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="openssl is not installed (hack/setup installs it)"
+)
 async def test_the_shell_example_verifies_a_real_delivery(db, start_worker, receiver, tmp_path):
     got = await _delivery(db, start_worker, receiver)
     script = tmp_path / "verify.sh"
@@ -62,7 +64,9 @@ async def test_the_shell_example_verifies_a_real_delivery(db, start_worker, rece
             "WEBHOOK_TIMESTAMP": timestamp or got.headers["webhook-timestamp"],
             "WEBHOOK_SIGNATURE": got.headers["webhook-signature"],
         }
-        return subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            ["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
+        )
 
     accepted = run(got.body)
     assert (accepted.returncode, accepted.stdout) == (0, "verified\n"), accepted.stderr

@@ -55,7 +55,9 @@ async def test_endpoints_interleave_first_of_each_before_second_of_any(db):
 async def test_interleaving_ignores_queue_depth(db):
     await add_endpoint(db, "deep", "http://127.0.0.1:1/deep", tenant="deep", max_concurrency=256)
     for i in range(50):
-        await add_endpoint(db, f"shallow{i}", f"http://127.0.0.1:1/s{i}", tenant="shallow", max_concurrency=256)
+        await add_endpoint(
+            db, f"shallow{i}", f"http://127.0.0.1:1/s{i}", tenant="shallow", max_concurrency=256
+        )
     await _publish(db, 500, tenant="deep")
     await _publish(db, 1, tenant="shallow")
     rows = await _reserve(db, limit=51)
@@ -121,7 +123,11 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
         db, [Result(lost["id"], lost["attempts"], "retry", 60.0, 500, "HTTP 500")], CircuitPolicy()
     )
     row = await db.fetchrow("SELECT state, attempts, last_error FROM deliveries")
-    assert (row["state"], row["attempts"], row["last_error"]) == ("sending", 2, "lease expired: the worker lost the delivery")
+    assert (row["state"], row["attempts"], row["last_error"]) == (
+        "sending",
+        2,
+        "lease expired: the worker lost the delivery",
+    )
     assert await db.fetchval("SELECT consecutive_failures FROM endpoints") == 0
     await deliveries.complete(
         db, [Result(again["id"], again["attempts"], "delivered", None, 200, None)], CircuitPolicy()
@@ -154,7 +160,9 @@ async def test_dead_stays_dead_until_resent(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await deliveries.complete(db, [Result(row["id"], row["attempts"], "dead", None, 413, "HTTP 413")], CircuitPolicy())
+    await deliveries.complete(
+        db, [Result(row["id"], row["attempts"], "dead", None, 413, "HTTP 413")], CircuitPolicy()
+    )
     assert await _reserve(db) == []
     assert await deliveries.resend_dead(db, "default", "a") == 1
     (again,) = await _reserve(db)
@@ -211,13 +219,18 @@ async def test_failing_for_five_days_deactivates_and_keeps_pending(db):
     await add_endpoint(db, "old", "http://127.0.0.1:1/old")
     await add_endpoint(db, "new", "http://127.0.0.1:1/new")
     await _publish(db, 2)
-    await db.execute("UPDATE endpoints SET failing_since = now() - interval '5 days 1 minute' WHERE name = 'old'")
+    await db.execute(
+        "UPDATE endpoints SET failing_since = now() - interval '5 days 1 minute' WHERE name = 'old'"
+    )
     await db.execute("UPDATE endpoints SET failing_since = now() - interval '4 days' WHERE name = 'new'")
     gone = await deliveries.deactivate_failing(db, 5 * 24 * 3600)
     assert [r["name"] for r in gone] == ["old"]
-    assert await db.fetchval(
-        "SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id WHERE e.name = 'old' AND d.state = 'pending'"
-    ) == 2
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id WHERE e.name = 'old' AND d.state = 'pending'"
+        )
+        == 2
+    )
     assert await store.reactivate_endpoint(db, "default", "old")
     assert await db.fetchval("SELECT state FROM endpoints WHERE name = 'old'") == "active"
 
@@ -248,7 +261,9 @@ async def test_a_coalescing_publish_held_open_does_not_block_reservation(db, dsn
         tx = app.transaction()
         await tx.start()
         # the application's transaction now holds a's pending row
-        newer = await hooklane.publish(app, tenant="a", type="order.updated", data={"v": 2}, coalesce_key="order-1")
+        newer = await hooklane.publish(
+            app, tenant="a", type="order.updated", data={"v": 2}, coalesce_key="order-1"
+        )
         rows = await asyncio.wait_for(_reserve(db), timeout=5)
         assert [r["name"] for r in rows] == ["b"]
         await tx.commit()
@@ -262,8 +277,12 @@ async def test_sweep_makes_ready_what_the_index_lacks(db):
     endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
     # written behind publish's back (an older publish, or by hand): no wakeup
-    await db.execute("INSERT INTO events (id, tenant, type, data, fanout) VALUES ('e1', 'acme', 't', '{}', 2)")
-    await db.execute("INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints")
+    await db.execute(
+        "INSERT INTO events (id, tenant, type, data, fanout) VALUES ('e1', 'acme', 't', '{}', 2)"
+    )
+    await db.execute(
+        "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
+    )
     assert await _reserve(db) == []
     assert await deliveries.sweep_ready(db, ALL) == 1  # not the paused one
     assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]

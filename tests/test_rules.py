@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
@@ -24,7 +24,7 @@ from hooklane.worker.rules import (
 )
 
 POLICY = RetryPolicy()
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def outcome(status=None, attempts=1, age=0.0, retry_after=None, error=None):
@@ -129,7 +129,10 @@ _header_values = st.one_of(
         st.integers(-1, 100),
         st.integers(-1, 100),
         st.integers(-1, 100),
-        st.one_of(st.sampled_from(["GMT", "UTC", "-0000", "EST"]), st.integers(-(10**30), 10**30).map("{:+d}".format)),
+        st.one_of(
+            st.sampled_from(["GMT", "UTC", "-0000", "EST"]),
+            st.integers(-(10**30), 10**30).map("{:+d}".format),
+        ),
     ),
 )
 

@@ -43,7 +43,9 @@ RING21 = Keyring.parse(f"k2:{K2},k1:{K1}")
 RING2 = Keyring.parse(f"k2:{K2}")
 
 
-async def _apply(db, name: str, url: str, secret: str | None, keyring: Keyring | None, grace: float = 86400.0):
+async def _apply(
+    db, name: str, url: str, secret: str | None, keyring: Keyring | None, grace: float = 86400.0
+):
     spec = EndpointSpec(namespace="default", name=name, url=url, tenant="acme")
     return await store.upsert_endpoint(db, spec, secret, keyring=keyring, grace_seconds=grace)
 
@@ -75,7 +77,9 @@ def test_a_bad_key_stops_the_process_naming_the_variable_never_the_key(value, me
 
 
 def test_settings_never_print_the_key():
-    settings = Settings.from_env({"HOOKLANE_ENCRYPTION_KEY": f"k2:{K2},k1:{K1}", "HOOKLANE_SECRET_GRACE_SECONDS": "60"})
+    settings = Settings.from_env(
+        {"HOOKLANE_ENCRYPTION_KEY": f"k2:{K2},k1:{K1}", "HOOKLANE_SECRET_GRACE_SECONDS": "60"}
+    )
     assert settings.encryption_key.active == "k2" and settings.secret_grace_seconds == 60
     for text in (repr(settings), str(settings), repr(settings.encryption_key)):
         assert K1 not in text and K2 not in text and "Keyring(active='k2')" in text
@@ -91,7 +95,12 @@ def test_sealed_secrets_open_only_for_their_own_endpoint_and_key():
     refusals = [
         (RING1, sealed, "default/b", "does not open the signing secret of default/b"),
         (RING2, sealed, "default/a", "has no key id k1"),
-        (None, sealed, "default/a", "is not set, but the signing secret of default/a is encrypted (key id k1)"),
+        (
+            None,
+            sealed,
+            "default/a",
+            "is not set, but the signing secret of default/a is encrypted (key id k1)",
+        ),
         (Keyring.parse(f"k1:{K2}"), sealed, "default/a", "key id k1 does not open"),
         (RING1, sealed[:-6] + "AAAAAA", "default/a", "does not open"),
         (RING1, "enc:v1:k1:%%%", "default/a", "does not open"),
@@ -165,11 +174,17 @@ async def test_secrets_are_stored_sealed_and_plaintext_ones_are_sealed_by_reseal
 async def test_a_sealed_secret_copied_to_another_endpoint_signs_nothing(db, receiver, start_worker):
     await _apply(db, "a", receiver.url("a"), NEW, RING1)
     await _apply(db, "b", receiver.url("b"), OLD, RING1)
-    await db.execute("UPDATE endpoints SET secret = (SELECT secret FROM endpoints WHERE name = 'a') WHERE name = 'b'")
+    await db.execute(
+        "UPDATE endpoints SET secret = (SELECT secret FROM endpoints WHERE name = 'a') WHERE name = 'b'"
+    )
     start_worker(encryption_key=RING1)
     await hooklane.publish(db, tenant="acme", type="order.paid", data={})
     await wait_for(lambda: receiver.at("a"))
-    await wait_for(lambda: db.fetchval("SELECT d.last_error FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id WHERE e.name = 'b'"))
+    await wait_for(
+        lambda: db.fetchval(
+            "SELECT d.last_error FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id WHERE e.name = 'b'"
+        )
+    )
     assert receiver.at("b") == []
     error = await db.fetchval("SELECT last_error FROM endpoints WHERE name = 'b'")
     assert error == (
@@ -209,13 +224,17 @@ async def test_expired_previous_secrets_are_dropped_by_reseal(db):
     await _apply(db, "a", "http://127.0.0.1:1/a", NEW, RING1, grace=0.01)
     await asyncio.sleep(0.05)
     assert await store.reseal_secrets(db, RING1) == 1
-    assert await db.fetchval("SELECT previous_secret IS NULL AND previous_secret_until IS NULL FROM endpoints")
+    assert await db.fetchval(
+        "SELECT previous_secret IS NULL AND previous_secret_until IS NULL FROM endpoints"
+    )
 
 
 # --- never in any output -----------------------------------------------------
 
 
-async def test_secrets_never_appear_in_logs_metrics_or_command_output(db, dsn, receiver, start_worker, caplog):
+async def test_secrets_never_appear_in_logs_metrics_or_command_output(
+    db, dsn, receiver, start_worker, caplog
+):
     """A worker delivering during a rotation, to a receiver that fails, with
     sealed secrets, one of which cannot be opened; then every command that
     prints endpoint state."""
@@ -238,8 +257,13 @@ async def test_secrets_never_appear_in_logs_metrics_or_command_output(db, dsn, r
         prometheus_client.generate_latest().decode(),
     ]
     for command in (["status"], ["endpoint", "list"], ["migrate"]):
-        done = subprocess.run([sys.executable, "-m", "hooklane.cli", *command], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "hooklane.cli", *command],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         outputs += [done.stdout, done.stderr]
     assert "could not be attempted" in caplog.text  # the locked one's failure was logged
     for text in outputs:
@@ -257,15 +281,27 @@ def test_migrate_and_apply_seal_once_a_key_is_set(dsn, db_sync, tmp_path):
     )
 
     def hooklane_cli(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, "-m", "hooklane.cli", *args], env=environ,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "hooklane.cli", *args],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return done
 
     def apply(environ: dict[str, str], secret: str) -> str:
         (tmp_path / "secret").write_text(secret)
-        return hooklane_cli(environ, "endpoint", "apply", "-f", str(tmp_path / "endpoint.yaml"),
-                            "--secret-file", str(tmp_path / "secret")).stdout
+        return hooklane_cli(
+            environ,
+            "endpoint",
+            "apply",
+            "-f",
+            str(tmp_path / "endpoint.yaml"),
+            "--secret-file",
+            str(tmp_path / "secret"),
+        ).stdout
 
     apply(env, OLD)  # before the key: stored as it is
     assert db_sync("SELECT secret FROM endpoints") == [(OLD,)]

@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-
 from ipaddress import ip_network
 
 import pytest
@@ -42,7 +41,11 @@ def test_values_are_read_and_typed():
     assert settings.database_url == "postgresql://db/hooklane"
     assert (settings.worker_concurrency, settings.poll_seconds, settings.metrics_port) == (32, 0.25, 0)
     assert settings.retry.max_attempts == 5 and settings.circuit.step_seconds == 10.0
-    assert settings.allowed_networks == (ip_network("127.0.0.0/8"), ip_network("::1/128"), ip_network("10.20.0.0/16"))
+    assert settings.allowed_networks == (
+        ip_network("127.0.0.0/8"),
+        ip_network("::1/128"),
+        ip_network("10.20.0.0/16"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -91,7 +94,10 @@ def test_a_rule_between_two_values_names_both():
 def test_a_bad_network_is_named_as_written():
     with pytest.raises(InvalidInput) as refused:
         Settings.from_env({"HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8,10.0.0.1/8"})
-    assert str(refused.value) == "HOOKLANE_ALLOWED_NETWORKS: '10.0.0.1/8' has host bits set: the network is 10.0.0.0/8"
+    assert (
+        str(refused.value)
+        == "HOOKLANE_ALLOWED_NETWORKS: '10.0.0.1/8' has host bits set: the network is 10.0.0.0/8"
+    )
 
 
 def test_settings_built_in_code_are_checked_too():
@@ -119,4 +125,7 @@ def test_the_worker_refuses_to_start_on_a_bad_setting():
         [sys.executable, "-m", "hooklane.cli", "worker"], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == "hooklane: HOOKLANE_POLL_SECONDS: input should be greater than 0, not '0'"
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == "hooklane: HOOKLANE_POLL_SECONDS: input should be greater than 0, not '0'"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +23,7 @@ def _headers(msg_id: str, ts: int, signature: str) -> dict[str, str]:
 
 
 def test_standardwebhooks_verifier_accepts_our_signature():
-    body = event_body("msg_1", "order.created", datetime.now(timezone.utc), '{"a": [1, "é"]}')
+    body = event_body("msg_1", "order.created", datetime.now(UTC), '{"a": [1, "é"]}')
     ts = int(time.time())
     signature = sign(parse_secret(SECRET), "msg_1", ts, body)
     assert signature.startswith("v1,")
@@ -64,7 +64,9 @@ def test_malformed_secrets_are_refused(secret, reason):
 @given(
     key=st.binary(min_size=24, max_size=64),
     # the ids publish accepts
-    msg_id=st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", min_size=1, max_size=255),
+    msg_id=st.text(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", min_size=1, max_size=255
+    ),
     # the verifier refuses timestamps more than 5 minutes from its clock
     skew=st.integers(-240, 240),
     body=st.text(),
@@ -89,4 +91,6 @@ def test_two_keys_give_two_signatures_either_verifier_accepts():
     for secret in (new, SECRET):
         Webhook(secret).verify(body, _headers("msg_1", ts, signature), json_parse=False)
     with pytest.raises(WebhookVerificationError):
-        Webhook("whsec_" + base64.b64encode(b"o" * 32).decode()).verify(body, _headers("msg_1", ts, signature))
+        Webhook("whsec_" + base64.b64encode(b"o" * 32).decode()).verify(
+            body, _headers("msg_1", ts, signature)
+        )

@@ -23,7 +23,5 @@ async def test_publish_is_delivered_signed(db, receiver, start_worker):
     assert payload["type"] == "order.created"
     assert payload["data"] == {"order": 1}
     assert json.loads(got.body)["timestamp"].endswith("Z")
-    state = await wait_for(
-        lambda: db.fetchval("SELECT state FROM deliveries WHERE state = 'delivered'")
-    )
+    state = await wait_for(lambda: db.fetchval("SELECT state FROM deliveries WHERE state = 'delivered'"))
     assert state == "delivered"

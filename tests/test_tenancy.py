@@ -10,7 +10,7 @@ import logging
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -52,7 +52,9 @@ async def test_the_same_id_from_two_tenants_is_two_events_each_delivered_to_its_
     await add_endpoint(db, "acme", receiver.url("acme"), tenant="acme")
     await add_endpoint(db, "globex", receiver.url("globex"), tenant="globex")
     first = await hooklane.publish(db, tenant="acme", type="order.paid", data={"who": "acme"}, id="order-1")
-    second = await hooklane.publish(db, tenant="globex", type="order.paid", data={"who": "globex"}, id="order-1")
+    second = await hooklane.publish(
+        db, tenant="globex", type="order.paid", data={"who": "globex"}, id="order-1"
+    )
     assert first == second == "order-1"
     assert sorted(tuple(r) for r in await db.fetch("SELECT tenant, data->>'who' FROM events")) == [
         ("acme", "acme"),
@@ -71,7 +73,7 @@ async def test_listing_and_retention_see_each_tenants_event_apart(db):
     await add_endpoint(db, "globex", "http://127.0.0.1:1/g", tenant="globex")
     for tenant in ("acme", "globex"):
         await hooklane.publish(db, tenant=tenant, type="order.paid", data={"who": tenant}, id="order-1")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     (listed,) = await store.list_events(db, "globex", now - timedelta(minutes=1), now + timedelta(minutes=1))
     assert json.loads(listed["data"]) == {"who": "globex"}
     # Both past retention; acme's was delivered, globex's is still pending:
@@ -89,7 +91,12 @@ async def test_listing_and_retention_see_each_tenants_event_apart(db):
 
 async def test_the_same_event_again_is_stored_once_and_answered_the_same(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    event = dict(tenant="acme", type="order.paid", data={"id": 7, "lines": [1, 2]}, coalesce_key="order-7")
+    event = {
+        "tenant": "acme",
+        "type": "order.paid",
+        "data": {"id": 7, "lines": [1, 2]},
+        "coalesce_key": "order-7",
+    }
     assert await hooklane.publish(db, **event, id="evt-1") == "evt-1"
     # jsonb equality: the order of keys is not content
     again = dict(event, data={"lines": [1, 2], "id": 7})
@@ -105,7 +112,7 @@ async def test_the_same_event_again_is_stored_once_and_answered_the_same(db):
 )
 async def test_the_same_id_with_other_content_is_refused_and_the_transaction_goes_on(db, change):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    event = dict(tenant="acme", type="order.paid", data={"id": 7}, coalesce_key="order-7")
+    event = {"tenant": "acme", "type": "order.paid", "data": {"id": 7}, "coalesce_key": "order-7"}
     await db.execute("CREATE TABLE orders (id int)")
     async with db.transaction():
         await hooklane.publish(db, **event, id="evt-1")
@@ -133,9 +140,11 @@ async def test_a_conflict_is_seen_when_the_first_publish_commits_while_the_secon
         second = asyncio.create_task(
             hooklane.publish(db, tenant="acme", type="order.paid", data={"v": 2}, id="evt-1")
         )
-        await wait_for(lambda: other.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        ))
+        await wait_for(
+            lambda: other.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        )
         await first.commit()
         with pytest.raises(EventConflict):
             await second
@@ -151,9 +160,24 @@ def test_the_cli_exits_2_on_a_conflicting_id(dsn):
 
     def publish(data: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "hooklane.cli", "publish", "--tenant", "acme", "--type", "order.paid",
-             "--data", data, "--id", "evt-1"],
-            env=env, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "hooklane.cli",
+                "publish",
+                "--tenant",
+                "acme",
+                "--type",
+                "order.paid",
+                "--data",
+                data,
+                "--id",
+                "evt-1",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
     assert publish('{"v": 1}').stdout.strip() == "evt-1"
@@ -163,9 +187,24 @@ def test_the_cli_exits_2_on_a_conflicting_id(dsn):
     assert "id: 'evt-1' was already published by tenant 'acme' with different content" in refused.stderr
     # and another tenant may use the id
     other = subprocess.run(
-        [sys.executable, "-m", "hooklane.cli", "publish", "--tenant", "globex", "--type", "order.paid",
-         "--data", '{"v": 2}', "--id", "evt-1"],
-        env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "hooklane.cli",
+            "publish",
+            "--tenant",
+            "globex",
+            "--type",
+            "order.paid",
+            "--data",
+            '{"v": 2}',
+            "--id",
+            "evt-1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert (other.returncode, other.stdout.strip()) == (0, "evt-1")
 
@@ -179,10 +218,14 @@ async def test_a_tenant_change_discards_the_old_tenants_pending_and_dead_deliver
         await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id=f"evt-{n}")
     sent = await _reserve(db)
     done, dead = sent[0], sent[1]
-    await deliveries.complete(db, [
-        Result(done["id"], done["attempts"], "delivered", None, 200, None),
-        Result(dead["id"], dead["attempts"], "dead", None, 413, "HTTP 413"),
-    ], CircuitPolicy())
+    await deliveries.complete(
+        db,
+        [
+            Result(done["id"], done["attempts"], "delivered", None, 200, None),
+            Result(dead["id"], dead["attempts"], "dead", None, 413, "HTTP 413"),
+        ],
+        CircuitPolicy(),
+    )
     await db.execute("UPDATE deliveries SET state = 'pending' WHERE state = 'sending'")
 
     with caplog.at_level(logging.WARNING, logger="hooklane.store.endpoints"):
@@ -248,7 +291,9 @@ async def test_a_success_in_flight_across_a_tenant_change_is_recorded(db):
     await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="evt-1")
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
-    await deliveries.complete(db, [Result(row["id"], row["attempts"], "delivered", None, 200, None)], CircuitPolicy())
+    await deliveries.complete(
+        db, [Result(row["id"], row["attempts"], "delivered", None, 200, None)], CircuitPolicy()
+    )
     assert await _states(db) == [("acme", "evt-1", "delivered", None)]
 
 
@@ -269,8 +314,9 @@ def test_endpoint_apply_says_what_a_tenant_change_discarded(dsn, db_sync, tmp_pa
     (tmp_path / "secret").write_text(SECRET)
 
     def hooklane_cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "hooklane.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "hooklane.cli", *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
     def apply(tenant: str) -> subprocess.CompletedProcess:
         (tmp_path / "endpoint.yaml").write_text(
@@ -278,8 +324,14 @@ def test_endpoint_apply_says_what_a_tenant_change_discarded(dsn, db_sync, tmp_pa
             "metadata: {name: orders, namespace: shop}\n"
             f"spec: {{url: 'http://127.0.0.1:9/hooks', tenant: {tenant}}}\n"
         )
-        return hooklane_cli("endpoint", "apply", "-f", str(tmp_path / "endpoint.yaml"),
-                            "--secret-file", str(tmp_path / "secret"))
+        return hooklane_cli(
+            "endpoint",
+            "apply",
+            "-f",
+            str(tmp_path / "endpoint.yaml"),
+            "--secret-file",
+            str(tmp_path / "secret"),
+        )
 
     assert apply("acme").stdout == "webhookendpoint shop/orders created\n"
     assert hooklane_cli("publish", "--tenant", "acme", "--type", "order.paid", "--data", "{}").returncode == 0

@@ -109,4 +109,3 @@ async def test_a_draining_worker_is_live_but_not_ready(db, dsn, receiver):
 
 async def _is(expected: int, status) -> bool:
     return await status == expected
-

@@ -63,7 +63,9 @@ async def test_three_workers_share_partitions_and_keep_limits_exact(db, dsn, rec
 
 async def _balanced(shares_coro, pids):
     shares = await shares_coro
-    return shares if set(shares) == pids and sum(shares.values()) == 32 and max(shares.values()) <= 11 else None
+    return (
+        shares if set(shares) == pids and sum(shares.values()) == 32 and max(shares.values()) <= 11 else None
+    )
 
 
 async def test_a_killed_worker_loses_nothing_and_its_partitions_move(db, dsn, receiver):
@@ -81,9 +83,7 @@ async def test_a_killed_worker_loses_nothing_and_its_partitions_move(db, dsn, re
         await wait_for(lambda: _in_flight_of(db, victim.pid), timeout=20)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
-        shares = await wait_for(
-            lambda: _owns_all(db, survivor.pid), timeout=10
-        )
+        shares = await wait_for(lambda: _owns_all(db, survivor.pid), timeout=10)
         assert shares == {survivor.pid: 32}
         await wait_for(
             lambda: db.fetchval("SELECT count(*) = 0 FROM deliveries WHERE state <> 'delivered'"), timeout=60
@@ -138,20 +138,27 @@ async def test_sigterm_drains_in_flight_deliveries_then_exits(db, dsn, receiver)
 
 async def test_huge_responses_do_not_grow_the_worker(db, dsn, receiver):
     await add_endpoint(db, "small", receiver.on("small", Answer(204)))
-    await add_endpoint(db, "huge", receiver.on("huge", Answer(200, body_bytes=10 * 1024 * 1024)), tenant="big")
+    await add_endpoint(
+        db, "huge", receiver.on("huge", Answer(200, body_bytes=10 * 1024 * 1024)), tenant="big"
+    )
     port = free_port()
     worker = worker_process(dsn, HOOKLANE_METRICS_PORT=str(port), HOOKLANE_METRICS_HOST="127.0.0.1")
     try:
         for _ in range(20):
             await hooklane.publish(db, tenant="acme", type="warm.up", data={})
-        await wait_for(lambda: db.fetchval("SELECT count(*) = 20 FROM deliveries WHERE state = 'delivered'"), timeout=20)
+        await wait_for(
+            lambda: db.fetchval("SELECT count(*) = 20 FROM deliveries WHERE state = 'delivered'"), timeout=20
+        )
         before = psutil.Process(worker.pid).memory_info().rss
         for _ in range(30):
             await hooklane.publish(db, tenant="big", type="report.ready", data={})
-        await wait_for(lambda: db.fetchval("SELECT count(*) = 50 FROM deliveries WHERE state = 'delivered'"), timeout=60)
+        await wait_for(
+            lambda: db.fetchval("SELECT count(*) = 50 FROM deliveries WHERE state = 'delivered'"), timeout=60
+        )
         grown = psutil.Process(worker.pid).memory_info().rss - before
         exposition = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            None,
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode(),
         )
     finally:
         _stop(worker)
@@ -176,7 +183,8 @@ async def test_the_worker_survives_a_postgres_restart(receiver):
             await hooklane.publish(conn, tenant="acme", type="t", data={"n": 2})
             await wait_for(lambda: len(receiver.at("a")) == 2, timeout=30)
             await wait_for(
-                lambda: conn.fetchval("SELECT count(*) = 2 FROM deliveries WHERE state = 'delivered'"), timeout=30
+                lambda: conn.fetchval("SELECT count(*) = 2 FROM deliveries WHERE state = 'delivered'"),
+                timeout=30,
             )
             assert worker.poll() is None
         finally:
@@ -252,7 +260,8 @@ async def test_the_worker_rides_through_repeated_postgres_restarts_under_load(re
             expected = {f"evt-{n}" for n in published}
             for name in ("a", "b", "c"):
                 await wait_for(
-                    lambda: expected <= {r.headers["webhook-id"] for r in receiver.at(name)}, timeout=60
+                    lambda name=name: expected <= {r.headers["webhook-id"] for r in receiver.at(name)},
+                    timeout=60,
                 )
                 assert receiver.peak["/" + name] <= 2
             assert worker.poll() is None

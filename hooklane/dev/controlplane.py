@@ -67,9 +67,7 @@ def find_binaries() -> Path:
                 "with etcd and kube-apiserver, or run from a hooklane checkout"
             )
         # stderr is inherited so a 10+ minute first build shows its progress.
-        done = subprocess.run(
-            [str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-        )
+        done = subprocess.run([str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
         if done.returncode != 0:
             raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit code {done.returncode}")
         folder = Path(done.stdout.strip().splitlines()[-1])
@@ -103,22 +101,52 @@ def _write_pki(pki: Path) -> None:
     """CA, API server serving cert, admin client cert and service-account keys."""
     pki.mkdir(mode=0o700)
     _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365",
-        "-subj", "/CN=hooklane-dev-ca",
-        "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "365",
+        "-subj",
+        "/CN=hooklane-dev-ca",
+        "-keyout",
+        str(pki / "ca.key"),
+        "-out",
+        str(pki / "ca.crt"),
     )
 
     def issue(name: str, subject: str, extensions: str) -> None:
         ext = pki / f"{name}.ext"
         ext.write_text(extensions)
         _openssl(
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-            "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr"),
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            subject,
+            "-keyout",
+            str(pki / f"{name}.key"),
+            "-out",
+            str(pki / f"{name}.csr"),
         )
         _openssl(
-            "x509", "-req", "-in", str(pki / f"{name}.csr"), "-days", "365",
-            "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"), "-CAcreateserial",
-            "-extfile", str(ext), "-out", str(pki / f"{name}.crt"),
+            "x509",
+            "-req",
+            "-in",
+            str(pki / f"{name}.csr"),
+            "-days",
+            "365",
+            "-CA",
+            str(pki / "ca.crt"),
+            "-CAkey",
+            str(pki / "ca.key"),
+            "-CAcreateserial",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(pki / f"{name}.crt"),
         )
 
     issue(
@@ -187,42 +215,48 @@ class ControlPlane:
 
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        self._spawn("etcd", [
-            str(binaries / "etcd"),
-            f"--data-dir={root / 'etcd'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
-            # Test data is disposable; fsync only slows every write down.
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                str(binaries / "etcd"),
+                f"--data-dir={root / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                # Test data is disposable; fsync only slows every write down.
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
         self._wait("etcd", lambda: self._etcd_healthy(etcd_url))
 
-        self._spawn("kube-apiserver", [
-            str(binaries / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--secure-port={api_port}",
-            "--bind-address=127.0.0.1",
-            # Without it the server looks for a default route and dies on
-            # machines that have none.
-            "--advertise-address=127.0.0.1",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            f"--service-account-issuer={self.server}/",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--authorization-mode=RBAC",
-            # The default ServiceAccount is created by a controller that does
-            # not run here, so admission would refuse every Pod.
-            "--disable-admission-plugins=ServiceAccount",
-            "--allow-privileged=true",
-        ])
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(binaries / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--secure-port={api_port}",
+                "--bind-address=127.0.0.1",
+                # Without it the server looks for a default route and dies on
+                # machines that have none.
+                "--advertise-address=127.0.0.1",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-account-issuer={self.server}/",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--authorization-mode=RBAC",
+                # The default ServiceAccount is created by a controller that does
+                # not run here, so admission would refuse every Pod.
+                "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",
+            ],
+        )
         self._ssl = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         self._ssl.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         self._wait("kube-apiserver", lambda: self._get("/readyz") == 200)
@@ -286,7 +320,9 @@ class ControlPlane:
         """HTTP status of an admin request; 0 when the server is unreachable."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
-            self.server + path, data=data, method=method,
+            self.server + path,
+            data=data,
+            method=method,
             headers={"Content-Type": "application/json"} if data else {},
         )
         try:
@@ -306,17 +342,34 @@ class ControlPlane:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "hooklane-dev", "cluster": {
-                "server": self.server,
-                "certificate-authority-data": _b64file(pki / "ca.crt"),
-            }}],
-            "users": [{"name": "hooklane-admin", "user": {
-                "client-certificate-data": _b64file(pki / "admin.crt"),
-                "client-key-data": _b64file(pki / "admin.key"),
-            }}],
-            "contexts": [{"name": "hooklane-dev", "context": {
-                "cluster": "hooklane-dev", "user": "hooklane-admin", "namespace": "default",
-            }}],
+            "clusters": [
+                {
+                    "name": "hooklane-dev",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": _b64file(pki / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "hooklane-admin",
+                    "user": {
+                        "client-certificate-data": _b64file(pki / "admin.crt"),
+                        "client-key-data": _b64file(pki / "admin.key"),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "hooklane-dev",
+                    "context": {
+                        "cluster": "hooklane-dev",
+                        "user": "hooklane-admin",
+                        "namespace": "default",
+                    },
+                }
+            ],
             "current-context": "hooklane-dev",
         }
         self.kubeconfig.write_text(json.dumps(config, indent=2) + "\n")
@@ -327,8 +380,11 @@ class ControlPlane:
             return
         self.kubectl("apply", "--server-side", "-f", str(crd_dir))
         self.kubectl(
-            "wait", "--for=condition=Established", f"--timeout={self.start_timeout:.0f}s",
-            "-f", str(crd_dir),
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={self.start_timeout:.0f}s",
+            "-f",
+            str(crd_dir),
         )
 
     def kubectl(
@@ -337,7 +393,10 @@ class ControlPlane:
         """Run kubectl against this control plane; output is captured as text."""
         done = subprocess.run(
             ["kubectl", f"--kubeconfig={self.kubeconfig}", *args],
-            input=stdin, capture_output=True, text=True, check=False,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if check and done.returncode != 0:
             raise ControlPlaneError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
@@ -345,7 +404,8 @@ class ControlPlane:
 
     def create_namespace(self, name: str) -> None:
         status = self._request(
-            "POST", "/api/v1/namespaces",
+            "POST",
+            "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
         )
         if status != 201:
@@ -381,8 +441,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Run etcd and kube-apiserver with the hooklane CRDs installed, "
         "until interrupted. The last line printed is the kubeconfig path.",
     )
-    parser.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT,
-                        help="seconds to wait for the servers to become ready (default %(default)s)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_START_TIMEOUT,
+        help="seconds to wait for the servers to become ready (default %(default)s)",
+    )
     args = parser.parse_args(argv)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -397,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, on_signal) for s in signals}
     try:
         with ControlPlane(start_timeout=args.timeout) as cp:
-            print(f"control plane ready: {cp.server} (logs in {cp.dir}); Ctrl-C stops it",
-                  file=sys.stderr)
+            print(f"control plane ready: {cp.server} (logs in {cp.dir}); Ctrl-C stops it", file=sys.stderr)
             print(cp.kubeconfig, flush=True)
             while (name := cp.dead()) is None:
                 time.sleep(1.0)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from aiohttp import web
 
@@ -53,7 +53,10 @@ class DemoReceiver:
 
 async def _status(dsn: str) -> None:
     result = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hooklane.cli", "status",
+        sys.executable,
+        "-m",
+        "hooklane.cli",
+        "status",
         env={**os.environ, "HOOKLANE_DATABASE_URL": dsn},
         stdout=subprocess.PIPE,
     )
@@ -81,15 +84,26 @@ async def run(endpoints: int, seconds: float, rate: float, slow_seconds: float) 
         port = site._server.sockets[0].getsockname()[1]
         names = ["slow", *[f"shop{i}" for i in range(endpoints - 1)]]
         for name in names:
-            spec = EndpointSpec(namespace="demo", name=name, url=f"http://127.0.0.1:{port}/hooks/{name}", tenant=name)
+            spec = EndpointSpec(
+                namespace="demo", name=name, url=f"http://127.0.0.1:{port}/hooks/{name}", tenant=name
+            )
             await store.upsert_endpoint(conn, spec, SECRET)
-        print(f"PostgreSQL at {pg.dsn}; {endpoints} endpoints; /slow answers in {slow_seconds:g} s", flush=True)
-        worker = subprocess.Popen(
+        print(
+            f"PostgreSQL at {pg.dsn}; {endpoints} endpoints; /slow answers in {slow_seconds:g} s", flush=True
+        )
+        # The worker outlives this coroutine's awaits; starting it blocks for
+        # a fork only.
+        worker = subprocess.Popen(  # noqa: ASYNC220
             [sys.executable, "-m", "hooklane.cli", "worker"],
             # The demo's receiver is on loopback, which only an explicit
             # allow-list opens to deliveries.
-            env={**os.environ, "HOOKLANE_DATABASE_URL": pg.dsn, "HOOKLANE_WORKER_CONCURRENCY": "16",
-                 "HOOKLANE_METRICS_PORT": "0", "HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8"},
+            env={
+                **os.environ,
+                "HOOKLANE_DATABASE_URL": pg.dsn,
+                "HOOKLANE_WORKER_CONCURRENCY": "16",
+                "HOOKLANE_METRICS_PORT": "0",
+                "HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8",
+            },
         )
         try:
             await _publish_for(conn, pg.dsn, names, seconds, rate)

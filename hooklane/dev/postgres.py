@@ -19,15 +19,20 @@ from pathlib import Path
 from hooklane.dev.watchdog import Watchdog
 
 _SERVER_OPTIONS = [
-    "-c", "max_connections=200",
-    "-c", "shared_buffers=256MB",
+    "-c",
+    "max_connections=200",
+    "-c",
+    "shared_buffers=256MB",
 ]
 # Durability is not the point of a throwaway server, speed is; unless a test
 # crashes the server on purpose and counts what survived.
 _FAST_OPTIONS = [
-    "-c", "fsync=off",
-    "-c", "synchronous_commit=off",
-    "-c", "full_page_writes=off",
+    "-c",
+    "fsync=off",
+    "-c",
+    "synchronous_commit=off",
+    "-c",
+    "full_page_writes=off",
 ]
 
 
@@ -89,38 +94,73 @@ class LocalPostgres:
 
     def _run(self, *args: str) -> None:
         subprocess.run(
-            [*self._as_user, *args], check=True, cwd=self.dir,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [*self._as_user, *args],
+            check=True,
+            cwd=self.dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
 
-    def start(self) -> "LocalPostgres":
+    def start(self) -> LocalPostgres:
         self._run(
-            str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres",
-            "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8",
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.datadir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
         )
         if self.remote:
             with open(self.datadir / "pg_hba.conf", "a") as hba:
                 hba.writelines(f"host all all {network} scram-sha-256\n" for network in self.remote.values())
         listen = ",".join(["127.0.0.1", *self.remote])
         options = " ".join(
-            [f"-p {self.port}", f"-h {listen}", f"-k {self.dir}", *_SERVER_OPTIONS,
-             *([] if self.durable else _FAST_OPTIONS)]
+            [
+                f"-p {self.port}",
+                f"-h {listen}",
+                f"-k {self.dir}",
+                *_SERVER_OPTIONS,
+                *([] if self.durable else _FAST_OPTIONS),
+            ]
         )
         self._run(
-            str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"),
-            "-o", options, "-w", "-t", "60", "start",
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.dir / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
         )
         self._wait_ready()
         if self.password:
             self._run(
-                str(self.bindir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                "-v", "ON_ERROR_STOP=1", "-c", "ALTER ROLE postgres PASSWORD '{}'".format(self.password.replace("'", "''")),
+                str(self.bindir / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                "ALTER ROLE postgres PASSWORD '{}'".format(self.password.replace("'", "''")),
             )
         # pg_ctl runs the server detached from us: if we are killed, the
         # watchdog stops it and removes its files.
         self._watchdog = Watchdog(
             'dir=$1; shift; "$@" -D "$0" -m immediate stop; rm -rf "$dir"',
-            str(self.datadir), str(self.dir), *self._as_user, str(self.bindir / "pg_ctl"),
+            str(self.datadir),
+            str(self.dir),
+            *self._as_user,
+            str(self.bindir / "pg_ctl"),
         )
         return self
 
@@ -141,8 +181,15 @@ class LocalPostgres:
         # -l again: without it the new server writes to, and holds open, our
         # captured stdout.
         self._run(
-            str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.dir / "server.log"),
-            "-m", mode, "-w", "restart",
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.dir / "server.log"),
+            "-m",
+            mode,
+            "-w",
+            "restart",
         )
         self._wait_ready()
 
@@ -152,12 +199,22 @@ class LocalPostgres:
             self._watchdog = None
         if self.datadir.exists():
             subprocess.run(
-                [*self._as_user, str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "stop"],
-                cwd=self.dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    *self._as_user,
+                    str(self.bindir / "pg_ctl"),
+                    "-D",
+                    str(self.datadir),
+                    "-m",
+                    "immediate",
+                    "stop",
+                ],
+                cwd=self.dir,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalPostgres":
+    def __enter__(self) -> LocalPostgres:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

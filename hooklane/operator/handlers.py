@@ -28,7 +28,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -105,9 +105,14 @@ class Snapshot:
             if self._taken is None or clock - self._taken >= self._max_age:
                 async with _store_errors(), store.acquire(self._pool) as conn:
                     rows = await store.endpoint_queues(conn)
-                    dead = {(r["namespace"], r["name"]): r["dead"] for r in await deliveries.dead_counts(conn, None)}
+                    dead = {
+                        (r["namespace"], r["name"]): r["dead"]
+                        for r in await deliveries.dead_counts(conn, None)
+                    }
                 self._queues = {
-                    (r["namespace"], r["name"]): reflect.Queue.from_row(r, dead.get((r["namespace"], r["name"]), 0))
+                    (r["namespace"], r["name"]): reflect.Queue.from_row(
+                        r, dead.get((r["namespace"], r["name"]), 0)
+                    )
                     for r in rows
                 }
                 self._stored = {(r["namespace"], r["name"]): stored(r) for r in rows}
@@ -173,11 +178,15 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     kopf.on.event("v1", "secrets", when=_referenced, registry=registry)(secret_changed)
     kopf.on.delete(*resource, registry=registry)(delete)
     kopf.on.update(
-        *resource, id="reactivate", field=("metadata", "annotations", reflect.REACTIVATE_ANNOTATION),
+        *resource,
+        id="reactivate",
+        field=("metadata", "annotations", reflect.REACTIVATE_ANNOTATION),
         registry=registry,
     )(reactivate)
     kopf.on.update(
-        *resource, id="resend_dead", field=("metadata", "annotations", reflect.RESEND_DEAD_ANNOTATION),
+        *resource,
+        id="resend_dead",
+        field=("metadata", "annotations", reflect.RESEND_DEAD_ANNOTATION),
         registry=registry,
     )(resend_dead)
     kopf.timer(*resource, id=STATUS_TIMER, interval=config.operator_status_seconds, registry=registry)(
@@ -274,8 +283,13 @@ async def secret_changed(
         try:
             await _sync(memo, endpoints, secrets, namespace, endpoint)
         except kopf.TemporaryError as exc:
-            logger.warning("%s/%s keeps its old secret until the next status pass: %s",
-                           namespace, endpoint, exc, extra={"action": "rotate"})
+            logger.warning(
+                "%s/%s keeps its old secret until the next status pass: %s",
+                namespace,
+                endpoint,
+                exc,
+                extra={"action": "rotate"},
+            )
 
 
 def _referenced(*, namespace: str, name: str, endpoints_by_secret: kopf.Index[Key, str], **_: Any) -> bool:
@@ -285,9 +299,8 @@ def _referenced(*, namespace: str, name: str, endpoints_by_secret: kopf.Index[Ke
 async def delete(*, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """The endpoint and its deliveries (pending and dead) go; events stay
     listable for reconciliation. See docs/operator.md."""
-    async with _tracked(memo, (namespace, name)).lock:
-        async with _store_errors(), store.acquire(memo.pool) as conn:
-            found = await store.delete_endpoint(conn, namespace, name)
+    async with _tracked(memo, (namespace, name)).lock, _store_errors(), store.acquire(memo.pool) as conn:
+        found = await store.delete_endpoint(conn, namespace, name)
     memo.tracked.pop((namespace, name), None)
     logger.info("removed from Postgres with its deliveries" if found else "was not in Postgres")
 
@@ -300,8 +313,12 @@ async def reactivate(
     async with _store_errors(), store.acquire(memo.pool) as conn:
         found = await store.reactivate_endpoint(conn, namespace, name)
     if found:
-        kopf.event(body, type=reflect.NORMAL, reason="ReactivateRequested",
-                   message=f"{reflect.REACTIVATE_ANNOTATION}={new}: the endpoint is active again")
+        kopf.event(
+            body,
+            type=reflect.NORMAL,
+            reason="ReactivateRequested",
+            message=f"{reflect.REACTIVATE_ANNOTATION}={new}: the endpoint is active again",
+        )
 
 
 async def resend_dead(
@@ -314,8 +331,12 @@ async def resend_dead(
     if count is None:
         # created a moment ago, and its sync has not stored it yet
         raise kopf.TemporaryError("the endpoint is not stored yet", delay=5)
-    kopf.event(body, type=reflect.NORMAL, reason="ResendRequested",
-               message=f"{reflect.RESEND_DEAD_ANNOTATION}={new}: {count} dead deliveries queued again")
+    kopf.event(
+        body,
+        type=reflect.NORMAL,
+        reason="ResendRequested",
+        message=f"{reflect.RESEND_DEAD_ANNOTATION}={new}: {count} dead deliveries queued again",
+    )
 
 
 async def reflect_status(
@@ -336,8 +357,12 @@ async def reflect_status(
     queues = await memo.snapshot.queues()
     if memo.snapshot.forgot((namespace, name), tracked) and endpoints.get((namespace, name)):
         # The resource is the source of truth: store it again.
-        logger.warning("%s/%s: Postgres no longer holds what was stored there; storing it again",
-                       namespace, name, extra={"action": "resync"})
+        logger.warning(
+            "%s/%s: Postgres no longer holds what was stored there; storing it again",
+            namespace,
+            name,
+            extra={"action": "resync"},
+        )
         await _sync(memo, endpoints, secrets, namespace, name)
     _write(body, status, patch, queues.get((namespace, name)), tracked.synced, memo.config)
     _post(body, tracked)
@@ -371,16 +396,27 @@ async def _sync(
         config: Settings = memo.config
         async with _store_errors(), store.acquire(memo.pool) as conn:
             upserted = await store.upsert_endpoint(
-                conn, spec, check.secret,
-                keyring=config.encryption_key, grace_seconds=config.secret_grace_seconds,
+                conn,
+                spec,
+                check.secret,
+                keyring=config.encryption_key,
+                grace_seconds=config.secret_grace_seconds,
             )
             # Before the release awaits: a status pass in between must not
             # take the previous write for this one.
-            tracked.written = stored({"tenant": spec.tenant, "url": spec.url, "paused": spec.paused,
-                                      "max_concurrency": spec.max_concurrency})
+            tracked.written = stored(
+                {
+                    "tenant": spec.tenant,
+                    "url": spec.url,
+                    "paused": spec.paused,
+                    "max_concurrency": spec.max_concurrency,
+                }
+            )
             tracked.written_at = asyncio.get_running_loop().time()
         if upserted.previous_tenant is not None:
-            tracked.events.append(reflect.tenant_changed(upserted.previous_tenant, spec.tenant, upserted.discarded))
+            tracked.events.append(
+                reflect.tenant_changed(upserted.previous_tenant, spec.tenant, upserted.discarded)
+            )
         tracked.synced = reflect.Synced(declared.generation, spec.paused, check.reason, check.message)
         tracked.stale = False
         return tracked.synced
@@ -398,7 +434,7 @@ def _write(
         previous=status,
         queue=queue,
         synced=synced,
-        now=datetime.now(timezone.utc),
+        now=datetime.now(UTC),
         age_resolution=config.operator_status_seconds,
     )
     for key, value in reflection.patch.items():

@@ -20,17 +20,27 @@ def _parser() -> argparse.ArgumentParser:
         "and write their queue health back onto their status. See docs/operator.md.",
     )
     scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("-n", "--namespace", action="append", metavar="NAMESPACE",
-                       help="watch this namespace (repeatable; kopf glob patterns allowed)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        metavar="NAMESPACE",
+        help="watch this namespace (repeatable; kopf glob patterns allowed)",
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--standalone", action="store_true",
-                         help="no peering: for a single replica, local runs and tests")
-    peering.add_argument("--peering", metavar="NAME",
-                         help="KopfPeering (namespaced) or ClusterKopfPeering (-A) object that "
-                         "keeps one replica active at a time; it must exist")
-    parser.add_argument("--liveness", metavar="URL",
-                        help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    peering.add_argument(
+        "--standalone", action="store_true", help="no peering: for a single replica, local runs and tests"
+    )
+    peering.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="KopfPeering (namespaced) or ClusterKopfPeering (-A) object that "
+        "keeps one replica active at a time; it must exist",
+    )
+    parser.add_argument(
+        "--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz"
+    )
     return parser
 
 

@@ -13,7 +13,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from hooklane.errors import InvalidInput
@@ -161,7 +161,8 @@ def check_secret(
     value = values[ref.key]
     if value is None:
         return SecretCheck(
-            None, SECRET_INVALID,
+            None,
+            SECRET_INVALID,
             f"key {ref.key!r} of {where} is not a Standard Webhooks secret ({SECRET_PREFIX} + base64)",
         )
     try:
@@ -201,7 +202,9 @@ def reflect(
     old_conditions = {c.get("type"): c for c in previous.get("conditions") or []}
     new_conditions = dict(old_conditions)
     if synced is not None:
-        ready = ("True", SYNCED, synced.message) if synced.signed else ("False", synced.reason, synced.message)
+        ready = (
+            ("True", SYNCED, synced.message) if synced.signed else ("False", synced.reason, synced.message)
+        )
         new_conditions[READY] = _condition(READY, *ready, old_conditions.get(READY), generation, now)
     delivering = _delivering(queue, synced, now)
     if delivering is not None:
@@ -218,7 +221,12 @@ def reflect(
 def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: float) -> dict[str, Any]:
     age = int(queue.oldest_pending_age or 0)
     old_age = previous.get("oldestPendingAgeSeconds")
-    if isinstance(old_age, int) and age and old_age and abs(age - old_age) < max(age_resolution, old_age / 10):
+    if (
+        isinstance(old_age, int)
+        and age
+        and old_age
+        and abs(age - old_age) < max(age_resolution, old_age / 10)
+    ):
         age = old_age
     return {
         "consecutiveFailures": queue.consecutive_failures,
@@ -253,7 +261,8 @@ def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tu
         return None
     if queue.state == "deactivated":
         return (
-            "False", DEACTIVATED_REASON,
+            "False",
+            DEACTIVATED_REASON,
             f"deactivated ({queue.last_error or 'failing for too long'}); pending deliveries are "
             f"kept: set the annotation {REACTIVATE_ANNOTATION} to a new value to deliver again",
         )
@@ -261,17 +270,20 @@ def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tu
         return "False", MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept"
     if queue.consecutive_failures and is_refusal(queue.last_error):
         return (
-            "False", DESTINATION_DENIED,
+            "False",
+            DESTINATION_DENIED,
             f"{queue.last_error}: change spec.url, or allow its network in "
             "HOOKLANE_ALLOWED_NETWORKS if the receiver is inside the cluster",
         )
     if queue.paused_until is not None:
         when = (
-            f"paused until {_time(queue.paused_until)}" if queue.paused_until > now
+            f"paused until {_time(queue.paused_until)}"
+            if queue.paused_until > now
             else f"probing since {_time(queue.paused_until)}"
         )
         return (
-            "False", CIRCUIT_OPEN,
+            "False",
+            CIRCUIT_OPEN,
             f"circuit open after {queue.consecutive_failures} consecutive failures, {when}; "
             f"last error: {queue.last_error or 'unknown'}",
         )
@@ -334,17 +346,21 @@ def _events(
     if queue is not None:
         old_dead = previous.get("dead") or 0
         if queue.dead > old_dead:
-            events.append(Event(
-                WARNING, "DeliveriesDead",
-                f"{queue.dead - old_dead} more dead deliveries ({queue.dead} in all); set the "
-                f"annotation {RESEND_DEAD_ANNOTATION} to a new value to send them again",
-            ))
+            events.append(
+                Event(
+                    WARNING,
+                    "DeliveriesDead",
+                    f"{queue.dead - old_dead} more dead deliveries ({queue.dead} in all); set the "
+                    f"annotation {RESEND_DEAD_ANNOTATION} to a new value to send them again",
+                )
+            )
     return events
 
 
 def tenant_changed(previous: str, tenant: str, discarded: int) -> Event:
     return Event(
-        WARNING, TENANT_CHANGED,
+        WARNING,
+        TENANT_CHANGED,
         f"spec.tenant changed from {previous} to {tenant}: {discarded} pending or dead deliveries "
         f"of {previous}'s events discarded, never to be sent to this endpoint",
     )
@@ -353,4 +369,4 @@ def tenant_changed(previous: str, tenant: str, discarded: int) -> Event:
 def _time(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 
 import asyncpg
 
 from hooklane.errors import InvalidInput
-
 
 # Session settings for the worker's connections. Its statements take arrays
 # of ids whose length varies from 1 to hundreds; a cached generic plan
@@ -44,7 +43,8 @@ CONNECTION_LOST = (
 )
 # Worth trying again: the above, or a statement Postgres aborted (deadlock,
 # serialization failure, lock timeout).
-TRANSIENT = CONNECTION_LOST + (
+TRANSIENT = (
+    *CONNECTION_LOST,
     asyncpg.exceptions.TransactionRollbackError,
     asyncpg.exceptions.LockNotAvailableError,
 )
@@ -76,9 +76,7 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
     try:
         yield conn
     finally:
-        try:
+        # A failed reset: asyncpg terminated the connection, and the pool
+        # opens a new one when needed.
+        with suppress(*CONNECTION_LOST):
             await pool.release(conn)
-        except CONNECTION_LOST:
-            # The reset failed and asyncpg terminated the connection; the
-            # pool opens a new one when needed.
-            pass

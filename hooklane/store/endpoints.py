@@ -58,8 +58,12 @@ async def upsert_endpoint(
             except InvalidInput as exc:
                 # Unreadable with the keys at hand, so it could not sign
                 # either: the new secret alone signs from now on.
-                logger.warning("%s: the replaced signing secret is dropped: %s", bound, exc.message,
-                               extra={"action": "rotate"})
+                logger.warning(
+                    "%s: the replaced signing secret is dropped: %s",
+                    bound,
+                    exc.message,
+                    extra={"action": "rotate"},
+                )
             else:
                 if current != secret:
                     replaced = seal(keyring, current, bound)
@@ -78,12 +82,20 @@ async def upsert_endpoint(
             grace_seconds,
         )
     upserted = Upserted(
-        row["id"], row["partition"], row["created"], row["previous_tenant"], row["discarded"], replaced is not None
+        row["id"],
+        row["partition"],
+        row["created"],
+        row["previous_tenant"],
+        row["discarded"],
+        replaced is not None,
     )
     if upserted.previous_tenant is not None:
         logger.warning(
             "endpoint %s moved from tenant %s to %s: %d pending or dead deliveries of other tenants discarded",
-            bound, upserted.previous_tenant, spec.tenant, upserted.discarded,
+            bound,
+            upserted.previous_tenant,
+            spec.tenant,
+            upserted.discarded,
             extra={"action": "tenant_changed", "endpoint": upserted.id},
         )
     return upserted
@@ -118,7 +130,7 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
                 continue
             batch.append((r["id"], r["secret"], secret, r["previous_secret"], previous))
         if batch:
-            status = await conn.execute(QUERIES["reseal_secrets"], *map(list, zip(*batch)))
+            status = await conn.execute(QUERIES["reseal_secrets"], *map(list, zip(*batch, strict=False)))
             changed += int(status.split()[-1])
     if unreadable is not None:
         raise unreadable

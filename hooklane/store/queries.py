@@ -13,7 +13,7 @@ def _load() -> dict[str, str]:
     parts = _BLOCK_START.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     statements = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=False):
         sql = "\n".join(line for line in body.splitlines() if not line.startswith("--"))
         statements[name] = sql.strip().rstrip(";")
     return statements

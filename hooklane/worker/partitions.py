@@ -18,7 +18,8 @@ import logging
 import math
 import os
 import random
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 

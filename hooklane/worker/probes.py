@@ -6,7 +6,7 @@ stops answering ``/healthz``, and that is what the liveness probe is for.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -22,7 +22,9 @@ def application(ready: Callable[[], bool]) -> web.Application:
     async def readyz(_request: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready: no database, or partitions not settled, or draining\n")
+        return web.Response(
+            status=503, text="not ready: no database, or partitions not settled, or draining\n"
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

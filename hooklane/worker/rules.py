@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from hooklane.policies import RetryPolicy
@@ -44,9 +44,7 @@ _MAX_DOUBLINGS = 1000
 _ERROR_CHARS = 200
 
 
-def backoff_seconds(
-    attempts: int, policy: RetryPolicy, rng: random.Random | None = None
-) -> float:
+def backoff_seconds(attempts: int, policy: RetryPolicy, rng: random.Random | None = None) -> float:
     """Delay after the ``attempts``-th failure: exponential from the base,
     capped, half of it fixed and half random so that deliveries that failed
     together do not come back together. Never zero."""
@@ -79,7 +77,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         # offset of days) is as meaningless as one that does not parse
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - now).total_seconds())
 
 

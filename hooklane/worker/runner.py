@@ -13,9 +13,10 @@ If any background task dies, the worker stops rather than limping on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -113,11 +114,11 @@ class Worker:
             except TRANSIENT as exc:
                 logger.warning("waiting for the database: %s", exc, extra={"action": "start"})
             except asyncpg.UndefinedTableError:
-                logger.warning("waiting for the database schema: run `hooklane migrate`", extra={"action": "start"})
-            try:
+                logger.warning(
+                    "waiting for the database schema: run `hooklane migrate`", extra={"action": "start"}
+                )
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
             delay = min(delay * 2, 5.0)
         return False
 
@@ -137,9 +138,7 @@ class Worker:
         await reserve
         await self._owner.close()
         if self._sending:
-            logger.info(
-                "draining %d deliveries in flight", len(self._sending), extra={"action": "drain"}
-            )
+            logger.info("draining %d deliveries in flight", len(self._sending), extra={"action": "drain"})
             await asyncio.wait(self._sending, timeout=self.settings.drain_seconds)
         self._results.put_nowait(None)
         await recorder
@@ -154,7 +153,9 @@ class Worker:
                 started = time.perf_counter()
                 try:
                     rows = await self._owner.run(
-                        lambda conn, owned: deliveries.reserve(conn, owned, free, s.lease_grace_seconds)
+                        lambda conn, owned, free=free: deliveries.reserve(
+                            conn, owned, free, s.lease_grace_seconds
+                        )
                     )
                 except LostOwnership:
                     rows = []
@@ -171,10 +172,8 @@ class Worker:
                 metrics.IN_FLIGHT.set(len(self._sending))
             if reserved and reserved == free:
                 continue  # more may be ready: go again before sleeping
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=s.poll_seconds)
-            except asyncio.TimeoutError:
-                pass
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
@@ -218,7 +217,7 @@ class Worker:
             )
 
     def _classify(self, row: asyncpg.Record, attempt: Attempt) -> Outcome:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         age = (now - row["created_at"]).total_seconds()
         return classify(attempt, row["attempts"], age, self.settings.retry, now)
 
@@ -291,10 +290,8 @@ class Worker:
                 await job()
             except TRANSIENT as exc:
                 logger.warning("%s failed, retrying: %s", job.__name__, exc, extra={"action": "retry"})
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
-            except asyncio.TimeoutError:
-                pass
 
     async def _reconnect(self) -> None:
         """Open a new lock connection after the old one failed; partitions are
@@ -360,15 +357,11 @@ class Worker:
         async with store.acquire(self._pool) as conn:
             queues = await store.endpoint_queues(conn, owned)
             dead = await deliveries.dead_counts(conn, owned)
-            unrouted = (
-                await deliveries.unrouted_events(conn)
-                if _HOUSEKEEPER_PARTITION in owned
-                else None
-            )
+            unrouted = await deliveries.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
         for gauge in metrics.PER_ENDPOINT:
             gauge.clear()
         paused = {"circuit": 0, "manual": 0, "deactivated": 0}
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for q in queues:
             labels = (q["namespace"], q["name"])
             metrics.ENDPOINT_PENDING.labels(*labels).set(q["pending"])
@@ -393,5 +386,7 @@ def _result(row: asyncpg.Record, attempt: Attempt, outcome) -> Result:
     if isinstance(outcome, Delivered):
         return Result(row["id"], row["attempts"], "delivered", None, attempt.status, None)
     if isinstance(outcome, Retry):
-        return Result(row["id"], row["attempts"], "retry", outcome.delay_seconds, attempt.status, outcome.error)
+        return Result(
+            row["id"], row["attempts"], "retry", outcome.delay_seconds, attempt.status, outcome.error
+        )
     return Result(row["id"], row["attempts"], "dead", None, attempt.status, outcome.error)

@@ -8,13 +8,14 @@ import logging
 import socket
 import ssl
 import time
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
+from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import ResolveResult
 from aiohttp.tracing import Trace
-from aiohappyeyeballs import AddrInfoType
 
 from hooklane import metrics
 from hooklane.guard import DestinationNotAllowed, Network, dialled_address, is_allowed
@@ -34,10 +35,9 @@ _READ_BUFFER = 16 * 1024
 def event_body(event_id: str, event_type: str, created_at: datetime, data_json: str) -> bytes:
     """The JSON body a receiver gets. ``data_json`` is already JSON text from
     Postgres and is spliced in as is rather than parsed and dumped again."""
-    timestamp = created_at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    timestamp = created_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return (
-        '{"id":%s,"type":%s,"timestamp":%s,"data":%s}'
-        % (json.dumps(event_id), json.dumps(event_type), json.dumps(timestamp), data_json)
+        f'{{"id":{json.dumps(event_id)},"type":{json.dumps(event_type)},"timestamp":{json.dumps(timestamp)},"data":{data_json}}}'
     ).encode()
 
 
