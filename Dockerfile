@@ -1,7 +1,7 @@
 # Hooklane's container image: one image for every role.
 #
 #   hack/image                                  # this machine, no registry needed (debootstrap base)
-#   docker build --build-arg VERSION=0.1.0 -t hooklane:0.1.0 .     # anywhere else
+#   docker build --build-arg VERSION=X.Y.Z -t hooklane:X.Y.Z .     # anywhere else (X.Y.Z: pyproject.toml's)
 #
 #   podman run IMAGE migrate | worker | operator | status | publish ... | endpoint ...
 #

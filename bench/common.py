@@ -27,7 +27,6 @@ import asyncpg
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.manifest import EndpointSpec
-from hooklane.store.queries import QUERIES
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,10 +156,10 @@ async def settle_ready(conn: asyncpg.Connection) -> None:
     be delivered to. A worker gets there after its first rounds over a
     bulk-loaded backlog; timing reservation before that would time the
     one-off absorption of every wakeup instead of a reservation."""
-    partitions = list(range(await conn.fetchval(QUERIES["partition_count"])))
-    await conn.execute("SELECT hooklane_absorb_wakeups($1)", partitions)
+    partitions = list(range(await store.partition_count(conn)))
+    await conn.execute("SELECT hooklane_absorb_wakeups_v2($1)", partitions)
     woken = [r["endpoint_id"] for r in await conn.fetch("SELECT endpoint_id FROM ready_endpoints")]
-    await conn.execute("SELECT hooklane_rerate($1)", woken)
+    await conn.execute("SELECT hooklane_rerate_v2($1)", woken)
 
 
 # --------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from bench.common import (
     settle_ready,
     wake_bulk_loaded,
 )
-from hooklane.store import deliveries
+from hooklane import store
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ class Config:
     limit: int = 64  # slots asked for: a default worker's concurrency
     lease_grace: float = 10.0
 
+
+# The name the reservations record in deliveries.attempted_by.
+WORKER_ID = "bench-reservation"
 
 PRESETS = {
     "full": Config(sizes=(1_000, 10_000, 100_000), pending=1_000_000, repeat=30),
@@ -136,7 +139,7 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
 
 async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
     """Wall time of one reservation, client side, rolled back each time.
-    Through store.deliveries.reserve, the worker's own call, so that the
+    Through store.reserve, the worker's own call, so that the
     benchmark follows the core if reservation becomes several statements."""
     partitions = list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
     times, reserved = [], 0
@@ -144,7 +147,7 @@ async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
         tx = conn.transaction()
         await tx.start()
         started = time.perf_counter()
-        rows = await deliveries.reserve(conn, partitions, cfg.limit, cfg.lease_grace)
+        rows = await store.reserve(conn, partitions, cfg.limit, cfg.lease_grace, WORKER_ID)
         times.append(time.perf_counter() - started)
         await tx.rollback()
         reserved = len(rows)
@@ -173,7 +176,7 @@ async def explain(conn: asyncpg.Connection, cfg: Config) -> str:
             " SET LOCAL auto_explain.log_buffers = on; SET LOCAL auto_explain.log_level = notice;"
             " SET LOCAL client_min_messages = notice"
         )
-        await deliveries.reserve(conn, partitions, cfg.limit, cfg.lease_grace)
+        await store.reserve(conn, partitions, cfg.limit, cfg.lease_grace, WORKER_ID)
     finally:
         await tx.rollback()
     return "\n\n".join(plans)

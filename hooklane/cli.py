@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -19,14 +20,14 @@ from urllib.parse import urlsplit
 import asyncpg
 import uvloop
 
-from hooklane import store
-from hooklane.errors import DatabaseUnreachable, InvalidInput, printable, shown
+from hooklane import __version__, store
+from hooklane.endpoint_state import endpoint_state
+from hooklane.errors import DatabaseUnreachable, InvalidInput, SchemaMissing, StoreError, printable, shown
 from hooklane.guard import literal_never_allowed
 from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, load_manifest
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
-from hooklane.store import deliveries
 
 logger = logging.getLogger("hooklane")
 
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="hooklane",
         description="Webhook delivery with a queue per endpoint. The database is HOOKLANE_DATABASE_URL.",
     )
+    parser.add_argument("--version", action="version", version=f"hooklane {__version__}")
     parser.add_argument(
         "--log-level",
         default="INFO",
@@ -139,8 +141,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except DatabaseUnreachable as exc:
         print(f"hooklane: cannot reach the database: {exc}", file=sys.stderr)
         return 1
-    except asyncpg.UndefinedTableError:
+    except SchemaMissing:
         print("hooklane: the database has no Hooklane schema: run `hooklane migrate` first", file=sys.stderr)
+        return 1
+    except StoreError as exc:
+        print(f"hooklane: the database refused: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -148,17 +153,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 @asynccontextmanager
 async def _database(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
-    """The command's connection; a database out of reach is a one-line error."""
-    try:
-        conn = await store.connect(settings.database_url)
-    except InvalidInput:
-        raise
-    except ValueError as exc:
-        # asyncpg refusing a malformed URL; the message never quotes the URL,
-        # which may hold a password.
-        raise InvalidInput("HOOKLANE_DATABASE_URL", f"is not a valid PostgreSQL URL: {exc}") from None
-    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnreachable(str(exc) or type(exc).__name__) from None
+    """The command's connection, raising Hooklane's errors only, which
+    :func:`main` turns into one line each."""
+    conn = await store.connect(settings.database_url)
     try:
         yield conn
     finally:
@@ -243,7 +240,7 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
             found = await store.reactivate_endpoint(conn, namespace, name)
             done = f"{namespace}/{name} reactivated" if found else None
         else:
-            count = await deliveries.resend_dead(conn, namespace, name, args.delivery)
+            count = await store.resend_dead(conn, namespace, name, args.delivery)
             done = None if count is None else f"{count} dead deliveries of {namespace}/{name} queued again"
     if done is None:
         print(f"{namespace}/{name} not found", file=sys.stderr)
@@ -284,6 +281,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
             "STATE",
             "PENDING",
             "IN FLIGHT",
+            "SENDING ON",
             "MAX",
             "OLDEST PENDING",
             "FAILURES",
@@ -297,6 +295,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
                 _state(r),
                 r["pending"],
                 r["in_flight"],
+                ",".join(r["sending_on"] or ["-"]),
                 r["max_concurrency"],
                 _age(r["oldest_pending_age"]),
                 r["consecutive_failures"],
@@ -319,6 +318,13 @@ _COMMANDS = {
 
 
 def _dev(args: argparse.Namespace, rest: list[str]) -> int:
+    # The wheel leaves hooklane.dev out: it reads crds/ and hack/ beside it.
+    if importlib.util.find_spec("hooklane.dev") is None:
+        print(
+            "hooklane: `hooklane dev` needs a source checkout (clone the repository, then pip install -e .)",
+            file=sys.stderr,
+        )
+        return 2
     if args.dev_command == "demo":
         from hooklane.dev.demo import main as demo_main
 
@@ -393,13 +399,11 @@ def _endpoint_name(value: str) -> tuple[str, str]:
 
 
 def _state(row: Any) -> str:
-    if row["state"] == "deactivated":
-        return "Deactivated"
-    if row["paused"]:
-        return "Paused (manual)"
-    if row["paused_until"] is not None and row["paused_until"] > datetime.now(UTC):
-        return "Paused (circuit)"
-    return "Active"
+    """One of Active, Paused (manual), Paused (circuit), Probing, Deactivated."""
+    standing = endpoint_state(
+        state=row["state"], paused=row["paused"], paused_until=row["paused_until"], now=datetime.now(UTC)
+    )
+    return str(standing)
 
 
 def _age(seconds: float | None) -> str:

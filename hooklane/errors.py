@@ -19,8 +19,38 @@ class InvalidInput(HooklaneError, ValueError):
         self.message = message
 
 
-class DatabaseUnreachable(HooklaneError):
-    """No connection to Hooklane's database could be made."""
+class StoreError(HooklaneError):
+    """Postgres refused a store call, or the call did not reach it.
+
+    Raised in place of the driver's errors, which the store translates where
+    it talks to asyncpg (:mod:`hooklane.store.connection`). A plain
+    ``StoreError`` is an answer: the same call gets the same refusal (a
+    constraint violation, a statement at fault), so retrying cannot help.
+    ``sqlstate`` is Postgres' error code, when it answered."""
+
+    transient = False
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class TransientStoreError(StoreError):
+    """A store call that may succeed if made again: Postgres aborted the
+    statement (deadlock, serialization failure, lock timeout) or could not be
+    reached."""
+
+    transient = True
+
+
+class DatabaseUnreachable(TransientStoreError):
+    """No connection to Hooklane's database could be made, or it was lost."""
+
+
+class SchemaMissing(TransientStoreError):
+    """The database has no Hooklane schema yet: ``hooklane migrate`` has not
+    run. Transient, because the worker and the operator may start before the
+    migration does, and wait for it."""
 
 
 _SHORT = reprlib.Repr()

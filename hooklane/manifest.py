@@ -1,39 +1,51 @@
-"""The ``WebhookEndpoint`` manifest: parsed and checked by the same rules as
-the CRD's schema, for local mode (``hooklane endpoint apply``) and the
-operator alike."""
+"""The ``WebhookEndpoint`` manifest: parsed and checked for local mode
+(``hooklane endpoint apply``) and the operator alike.
+
+``SPEC`` is the one definition of the spec's fields: ``parse_spec`` checks a
+spec against it, and ``hack/gen-crd`` writes the CRD's schema from it
+(``crd_yaml``, into crds/webhookendpoints.hooklane.io.yaml), so that the
+parser and the API server accept the same manifests."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 
+from hooklane.endpoint_state import EndpointState
 from hooklane.errors import InvalidInput, printable, shown
 
 API_VERSION = "hooklane.io/v1alpha1"
 KIND = "WebhookEndpoint"
 
-# Patterns that check a whole value are used with fullmatch: "^...$" also
-# matches before a trailing newline, and a value accepted so fails every
-# delivery later, at aiohttp's header-injection check.
+# Patterns that check a whole value are used with fullmatch, and written into
+# the CRD as ^(?:...)$: Python's "$" also matches before a trailing newline,
+# and a value accepted so fails every delivery later, at aiohttp's
+# header-injection check. They are read by Python's re here and by RE2 in the
+# API server, so they keep to the syntax both read alike.
 # A dotted event type, optionally ending in ".*" (a whole trailing part), or "*".
-EVENT_TYPE_PATTERN = re.compile(r"\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?")
+EVENT_TYPE_PATTERN = r"\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?"
 EVENT_TYPE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 # Kubernetes object names (RFC 1123 subdomain) and namespaces (RFC 1123 label).
-_K8S_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_K8S_NAME_PATTERN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
+_K8S_NAME = re.compile(_K8S_NAME_PATTERN)
 _K8S_NAMESPACE = re.compile(_DNS_LABEL)
-# The keys of a Secret's data, as the CRD's secretRef.key pattern has them.
-_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+# The keys of a Secret's data, as Kubernetes has them.
+_SECRET_KEY_PATTERN = r"[-._a-zA-Z0-9]+"
 # Text that is stored, matched exactly and printed by the CLI must not hold C0
 # or C1 controls (\t, \n, \r, ESC and DEL among them), nor lone surrogates,
-# which have no UTF-8 form and so cannot be stored at all.
+# which have no UTF-8 form and so cannot be stored at all (the API server's
+# JSON cannot carry them, so the shared pattern leaves them to _UNSTORABLE).
+_NO_CONTROLS_PATTERN = r"[^\x00-\x1f\x7f-\x9f]+"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# What check_url refuses that a pattern can say: whitespace, controls, "#".
+_URL_TEXT_PATTERN = r"[^\x00-\x20\x7f-\x9f#]+"
 # Postgres text and jsonb refuse NUL; neither can hold a lone surrogate.
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]{1,100}")
@@ -45,11 +57,7 @@ _NETLOC = re.compile(r"(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>[^:]*))?")
 _PORT = re.compile(r"[0-9]{1,5}")
 
 MAX_URL_LENGTH = 2048
-MAX_EVENT_TYPES = 64
-MAX_EVENT_TYPE_LENGTH = 255
 MAX_TENANT_LENGTH = 253
-CONCURRENCY_RANGE = (1, 256)
-TIMEOUT_RANGE = (1, 60)
 MAX_MANIFEST_BYTES = 1024 * 1024
 # Bounds on any input tree (a manifest, an event's data), so that checking it
 # costs bounded time and stack whatever it holds. A real manifest has a few
@@ -86,8 +94,6 @@ _METADATA = frozenset(
         "managedFields",
     }
 )
-_SPEC = frozenset({"url", "tenant", "secretRef", "maxConcurrency", "eventTypes", "timeoutSeconds", "paused"})
-_SECRET_REF = frozenset({"name", "key"})
 
 
 @dataclass(frozen=True)
@@ -97,16 +103,35 @@ class SecretRef:
 
 
 @dataclass(frozen=True)
-class EndpointSpec:
-    namespace: str
-    name: str
-    url: str
-    tenant: str
-    secret_ref: SecretRef | None = None
-    max_concurrency: int = 4
-    event_types: tuple[str, ...] = field(default_factory=tuple)
-    timeout_seconds: int = 5
-    paused: bool = False
+class FieldRule:
+    """One field of the spec: what ``parse_spec`` checks and what the CRD's
+    schema says, in the terms of an OpenAPI schema."""
+
+    type: Literal["string", "integer", "boolean", "array", "object"]
+    description: str | None = None
+    # Taken when the field is absent or null, here and by the API server.
+    default: Any = None
+    min_length: int | None = None
+    max_length: int | None = None
+    # Matched against the whole value (see EVENT_TYPE_PATTERN above).
+    pattern: str | None = None
+    # The error message when the pattern does not match.
+    pattern_message: str = "has the wrong form"
+    minimum: int | None = None
+    maximum: int | None = None
+    max_items: int | None = None
+    items: FieldRule | None = None
+    properties: Mapping[str, FieldRule] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+    # For the API server only: an OpenAPI format and CEL rules (rule,
+    # message), saying in CEL what ``check`` says in Python where CEL can.
+    format: str | None = None
+    cel: tuple[tuple[str, str], ...] = ()
+    # For Python only: what a schema cannot say (a URL's host and port).
+    check: Callable[[Any], Any] | None = None
+    # The endpoints column whose CHECK constraint and default repeat this
+    # rule's bounds and default, the database's backstop (tested to agree).
+    column: str | None = None
 
 
 def walk(value: Any, root: str, *, field: str | None = None) -> Iterator[tuple[str, Any]]:
@@ -173,7 +198,11 @@ def check_text(value: Any, field: str, max_length: int) -> str:
 
 
 def check_tenant(value: Any, field: str) -> str:
-    return check_text(value, field, MAX_TENANT_LENGTH)
+    """A tenant, by the same rule as spec.tenant."""
+    if value is None:
+        raise InvalidInput(field, "is required")
+    tenant: str = _checked(SPEC.properties["tenant"], value, field)
+    return tenant
 
 
 def check_name(value: Any, field: str) -> str:
@@ -274,54 +303,181 @@ def _check_port(port: str | None) -> None:
         raise InvalidInput("spec.url", f"has an invalid port {shown(port)}: a number from 1 to 65535")
 
 
-def _int_in(value: Any, path: str, bounds: tuple[int, int], default: int) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(path, f"must be an integer, not {shown(value)}")
-    low, high = bounds
-    if not low <= value <= high:
-        raise InvalidInput(path, f"must be between {low} and {high}, not {shown(value)}")
+SPEC = FieldRule(
+    "object",
+    required=("url", "tenant", "secretRef"),
+    properties={
+        "url": FieldRule(
+            "string",
+            "http(s) URL the deliveries are POSTed to.",
+            min_length=1,
+            max_length=MAX_URL_LENGTH,
+            pattern=_URL_TEXT_PATTERN,
+            pattern_message="must not contain whitespace, control characters or a #fragment",
+            format="uri",
+            cel=(
+                (
+                    "isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",
+                    "must be an absolute http:// or https:// URL with a host",
+                ),
+                (
+                    "!self.matches('^[^:/?#]*://[^/?#]*@')",
+                    "must not hold user:password@: it would be sent as Basic auth",
+                ),
+            ),
+            check=check_url,
+        ),
+        "tenant": FieldRule(
+            "string",
+            "The customer whose events go to this endpoint.",
+            min_length=1,
+            max_length=MAX_TENANT_LENGTH,
+            pattern=_NO_CONTROLS_PATTERN,
+            pattern_message="must not contain control characters",
+        ),
+        "secretRef": FieldRule(
+            "object",
+            "Secret in this namespace holding the Standard Webhooks signing secret (whsec_ + base64).",
+            required=("name", "key"),
+            properties={
+                "name": FieldRule(
+                    "string",
+                    min_length=1,
+                    max_length=253,
+                    pattern=_K8S_NAME_PATTERN,
+                    pattern_message="must be a lowercase DNS-style name (RFC 1123)",
+                ),
+                "key": FieldRule(
+                    "string",
+                    min_length=1,
+                    max_length=253,
+                    pattern=_SECRET_KEY_PATTERN,
+                    pattern_message="must be 1 to 253 letters, digits and '-._'",
+                ),
+            },
+        ),
+        "maxConcurrency": FieldRule(
+            "integer",
+            "Deliveries in flight at once to this endpoint, exact across all workers.",
+            default=4,
+            minimum=1,
+            maximum=256,
+            column="max_concurrency",
+        ),
+        "eventTypes": FieldRule(
+            "array",
+            'Event-type patterns this endpoint receives ("order.*", "*"); empty means all.',
+            max_items=64,
+            items=FieldRule(
+                "string",
+                min_length=1,
+                max_length=255,
+                pattern=EVENT_TYPE_PATTERN,
+                pattern_message="must be a pattern like 'order.created', 'order.*' or '*'",
+            ),
+        ),
+        "timeoutSeconds": FieldRule(
+            "integer",
+            "Deadline for the whole call (connect, TLS, send and response).",
+            default=5,
+            minimum=1,
+            maximum=60,
+            column="timeout_seconds",
+        ),
+        "paused": FieldRule(
+            "boolean", "Manual pause; pending deliveries are kept.", default=False, column="paused"
+        ),
+    },
+)
+_FIELDS = SPEC.properties
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    namespace: str
+    name: str
+    url: str
+    tenant: str
+    secret_ref: SecretRef | None = None
+    max_concurrency: int = _FIELDS["maxConcurrency"].default
+    event_types: tuple[str, ...] = field(default_factory=tuple)
+    timeout_seconds: int = _FIELDS["timeoutSeconds"].default
+    paused: bool = _FIELDS["paused"].default
+
+
+def _checked(rule: FieldRule, value: Any, path: str) -> Any:
+    """``value`` (not None) checked against ``rule``; ``InvalidInput`` names
+    the first bad field, or the list for a bad item."""
+    match rule.type:
+        case "string":
+            _check_string(rule, value, path)
+        case "integer":
+            _check_integer(rule, value, path)
+        case "boolean":
+            if not isinstance(value, bool):
+                raise InvalidInput(path, f"must be true or false, not {shown(value)}")
+        case "array":
+            _check_array(rule, value, path)
+        case "object":
+            return _check_object(rule, value, path)
+    if rule.check is not None:
+        rule.check(value)
     return value
 
 
-def _event_types(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
+def _check_string(rule: FieldRule, value: Any, path: str) -> None:
+    low, high = rule.min_length or 0, rule.max_length
+    if not isinstance(value, str) or len(value) < low or (high is not None and len(value) > high):
+        size = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise InvalidInput(path, f"must be a string of {size} characters, not {shown(value)}")
+    if problem := _unstorable(value):
+        raise InvalidInput(path, problem)
+    if rule.pattern is not None and not re.fullmatch(rule.pattern, value):
+        raise InvalidInput(path, f"{rule.pattern_message}: {shown(value)}")
+
+
+def _check_integer(rule: FieldRule, value: Any, path: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(path, f"must be an integer, not {shown(value)}")
+    if (rule.minimum is not None and value < rule.minimum) or (
+        rule.maximum is not None and value > rule.maximum
+    ):
+        raise InvalidInput(path, f"must be between {rule.minimum} and {rule.maximum}, not {shown(value)}")
+
+
+def _check_array(rule: FieldRule, value: Any, path: str) -> None:
     if not isinstance(value, list):
-        raise InvalidInput("spec.eventTypes", "must be a list of patterns")
-    if len(value) > MAX_EVENT_TYPES:
-        raise InvalidInput("spec.eventTypes", f"has more than {MAX_EVENT_TYPES} patterns")
-    for pattern in value:
-        if (
-            not isinstance(pattern, str)
-            or len(pattern) > MAX_EVENT_TYPE_LENGTH
-            or not EVENT_TYPE_PATTERN.fullmatch(pattern)
-        ):
-            raise InvalidInput(
-                "spec.eventTypes",
-                f"{shown(pattern)} is not a pattern like 'order.created', 'order.*' or '*'"
-                f" of at most {MAX_EVENT_TYPE_LENGTH} characters",
-            )
-    return tuple(value)
+        raise InvalidInput(path, f"must be a list, not {shown(value)}")
+    if rule.max_items is not None and len(value) > rule.max_items:
+        raise InvalidInput(path, f"has more than {rule.max_items} items")
+    if rule.items is None:
+        return
+    for i, item in enumerate(value):
+        try:
+            _checked(rule.items, item, path)
+        except InvalidInput as exc:
+            raise InvalidInput(path, f"item {i}: {exc.message}") from None
 
 
-def _secret_ref(value: Any) -> SecretRef | None:
-    if value is None:
-        return None
+def _check_object(rule: FieldRule, value: Any, path: str) -> dict[str, Any]:
+    """The object with every field checked and defaults filled in."""
     if not isinstance(value, dict):
-        raise InvalidInput("spec.secretRef", "must be a mapping with name and key")
-    _refuse_unknown(value, "spec.secretRef", _SECRET_REF)
-    name = check_name(value.get("name"), "spec.secretRef.name")
-    key = value.get("key")
-    if not isinstance(key, str) or len(key) > 253 or not _SECRET_KEY.fullmatch(key):
-        raise InvalidInput(
-            "spec.secretRef.key", f"must be 1 to 253 letters, digits and '-._', not {shown(key)}"
-        )
-    return SecretRef(name, key)
+        raise InvalidInput(path, f"must be a mapping with {', '.join(rule.properties)}")
+    _refuse_unknown(value, path, frozenset(rule.properties))
+    checked: dict[str, Any] = {}
+    for key, field_rule in rule.properties.items():
+        # The API server prunes nulls before it defaults and checks.
+        given = value.get(key)
+        if given is None:
+            if key in rule.required:
+                raise InvalidInput(f"{path}.{key}", "is required")
+            checked[key] = field_rule.default
+        else:
+            checked[key] = _checked(field_rule, given, f"{path}.{key}")
+    return checked
 
 
-def _refuse_unknown(mapping: dict, path: str, known: frozenset[str]) -> None:
+def _refuse_unknown(mapping: dict[Any, Any], path: str, known: frozenset[str]) -> None:
     unknown = sorted(
         k if isinstance(k, str) and _PLAIN_KEY.fullmatch(k) else shown(k) for k in mapping if k not in known
     )
@@ -332,25 +488,22 @@ def _refuse_unknown(mapping: dict, path: str, known: frozenset[str]) -> None:
 
 
 def parse_spec(namespace: str, name: str, spec: Any) -> EndpointSpec:
-    """Check a ``spec`` mapping; ``InvalidInput`` names the first bad field."""
-    if not isinstance(spec, dict):
+    """Check a ``spec`` mapping against ``SPEC``; ``InvalidInput`` names the
+    first bad field."""
+    if spec is None:
         raise InvalidInput("spec", "is required and must be a mapping")
-    _refuse_unknown(spec, "spec", _SPEC)
-    tenant = check_tenant(spec.get("tenant"), "spec.tenant")
-    secret_ref = _secret_ref(spec.get("secretRef"))
-    paused = spec.get("paused", False)
-    if not isinstance(paused, bool):
-        raise InvalidInput("spec.paused", f"must be true or false, not {shown(paused)}")
+    checked = _checked(SPEC, spec, "spec")
+    ref = checked["secretRef"]
     return EndpointSpec(
         namespace=namespace,
         name=name,
-        url=check_url(spec.get("url")),
-        tenant=tenant,
-        secret_ref=secret_ref,
-        max_concurrency=_int_in(spec.get("maxConcurrency"), "spec.maxConcurrency", CONCURRENCY_RANGE, 4),
-        event_types=_event_types(spec.get("eventTypes")),
-        timeout_seconds=_int_in(spec.get("timeoutSeconds"), "spec.timeoutSeconds", TIMEOUT_RANGE, 5),
-        paused=paused,
+        url=checked["url"],
+        tenant=checked["tenant"],
+        secret_ref=SecretRef(ref["name"], ref["key"]),
+        max_concurrency=checked["maxConcurrency"],
+        event_types=tuple(checked["eventTypes"] or ()),
+        timeout_seconds=checked["timeoutSeconds"],
+        paused=checked["paused"],
     )
 
 
@@ -430,8 +583,9 @@ class _BoundedLoader(yaml.SafeLoader):
         self.depth = 0
         self.nodes = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        event = self.peek_event()
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # PyYAML's stubs leave the parser's methods untyped.
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent):
             raise InvalidInput(self.source, f"uses a YAML alias (line {line}): aliases are not supported")
@@ -448,7 +602,7 @@ class _BoundedLoader(yaml.SafeLoader):
             self.depth -= nested
 
     def load_single(self) -> Any:
-        self.get_event()
+        self.get_event()  # type: ignore[no-untyped-call]
         node = None if self.check_event(yaml.StreamEndEvent) else self.compose_document()
         if not self.check_event(yaml.StreamEndEvent):
             raise InvalidInput(self.source, "holds more than one YAML document: one WebhookEndpoint per file")
@@ -461,3 +615,146 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_bounded_int)
+
+
+CRD_PATH = "crds/webhookendpoints.hooklane.io.yaml"
+_CRD_HEADER = """\
+# WebhookEndpoint: one receiver of a tenant's webhooks (docs/concepts.md; the
+# operator's side, status and Events in docs/operator.md). The API server
+# validates every spec field, so a bad manifest is refused at `kubectl apply`
+# instead of surfacing later as a stuck delivery queue.
+# Generated from hooklane/manifest.py by hack/gen-crd: edit the rules there,
+# not this file.
+"""
+
+_PRINTER_COLUMNS = [
+    {"name": "Tenant", "type": "string", "jsonPath": ".spec.tenant"},
+    {"name": "URL", "type": "string", "jsonPath": ".spec.url"},
+    {"name": "MaxConcurrency", "type": "integer", "jsonPath": ".spec.maxConcurrency"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Pending", "type": "integer", "jsonPath": ".status.pending"},
+    {
+        "name": "OldestPendingAge",
+        "type": "integer",
+        "description": "Age in seconds of the oldest pending delivery; the headline lag signal.",
+        "jsonPath": ".status.oldestPendingAgeSeconds",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_TIME = {"type": "string", "format": "date-time"}
+_GENERATION = {"type": "integer", "format": "int64"}
+_STATUS = {
+    "type": "object",
+    # The operator (kopf) keeps its own bookkeeping under status too.
+    "x-kubernetes-preserve-unknown-fields": True,
+    "properties": {
+        "phase": {
+            "type": "string",
+            "description": "Active; Paused (spec.paused, or the circuit is open and pausing); Probing (the"
+            " circuit's pause is over: the next delivery is a probe, and a success closes it); Deactivated.",
+            "enum": [str(state) for state in EndpointState],
+        },
+        "observedGeneration": _GENERATION,
+        "conditions": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+            "items": {
+                "type": "object",
+                "required": ["type", "status"],
+                "properties": {
+                    "type": {"type": "string", "maxLength": 316},
+                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                    "reason": {"type": "string", "maxLength": 1024},
+                    "message": {"type": "string", "maxLength": 32768},
+                    "lastTransitionTime": _TIME,
+                    "observedGeneration": _GENERATION,
+                },
+            },
+        },
+        "consecutiveFailures": {"type": "integer"},
+        "pausedUntil": _TIME,
+        "lastError": {"type": "string"},
+        "lastDeliveredAt": _TIME,
+        "pending": {"type": "integer"},
+        "inFlight": {"type": "integer"},
+        "dead": {"type": "integer"},
+        "oldestPendingAgeSeconds": {"type": "integer"},
+    },
+}
+
+
+def openapi(rule: FieldRule) -> dict[str, Any]:
+    """``rule`` as an OpenAPI v3 schema, as a CRD holds it."""
+    schema: dict[str, Any] = {"type": rule.type}
+    optional = {
+        "description": rule.description,
+        "required": list(rule.required) or None,
+        "format": rule.format,
+        "minLength": rule.min_length,
+        "maxLength": rule.max_length,
+        "pattern": None if rule.pattern is None else f"^(?:{rule.pattern})$",
+        "minimum": rule.minimum,
+        "maximum": rule.maximum,
+        "maxItems": rule.max_items,
+        "default": rule.default,
+        "items": None if rule.items is None else openapi(rule.items),
+        "properties": {key: openapi(child) for key, child in rule.properties.items()} or None,
+        "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rule.cel] or None,
+    }
+    schema.update((key, value) for key, value in optional.items() if value is not None)
+    return schema
+
+
+def crd() -> dict[str, Any]:
+    """The WebhookEndpoint CustomResourceDefinition."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "webhookendpoints.hooklane.io"},
+        "spec": {
+            "group": API_VERSION.split("/")[0],
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": "webhookendpoints",
+                "singular": "webhookendpoint",
+                "shortNames": ["whe"],
+                "categories": ["hooklane"],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION.split("/")[1],
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": _PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {"spec": openapi(SPEC), "status": _STATUS},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+class _CrdDumper(yaml.SafeDumper):
+    """Block style with indented lists, as kubectl writes; no anchors for the
+    schemas that several fields share."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def crd_yaml() -> str:
+    """What ``hack/gen-crd`` writes into CRD_PATH."""
+    return _CRD_HEADER + yaml.dump(crd(), Dumper=_CrdDumper, sort_keys=False, width=1000, allow_unicode=True)

@@ -38,8 +38,12 @@ ENDPOINT_DEAD = Gauge(
 )
 ENDPOINTS_PAUSED = Gauge(
     "hooklane_endpoints_paused",
-    "Endpoints not receiving: circuit open, paused by hand, or deactivated.",
+    "Endpoints to which nothing is sent: circuit open and pausing, paused by hand, or deactivated.",
     ["reason"],
+)
+ENDPOINTS_PROBING = Gauge(
+    "hooklane_endpoints_probing",
+    "Endpoints whose circuit is open but its pause over: their next delivery is a probe.",
 )
 EVENTS_UNROUTED = Gauge("hooklane_events_unrouted", "Events kept although they matched no endpoint.")
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
+from hooklane import store
 from hooklane.errors import InvalidInput, shown
 from hooklane.manifest import EVENT_TYPE, check_tenant, check_text, walk
-from hooklane.store.events import insert_event
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 MAX_DATA_BYTES = 256 * 1024
@@ -92,10 +92,17 @@ async def publish(
     ``id``), storing nothing and leaving the transaction usable. An event that
     matches no endpoint is kept and counted, never dropped. ``coalesce_key``
     replaces a still-pending delivery of the same key to the same endpoint.
+
+    Raises ``InvalidInput`` (bad arguments, before any SQL) and
+    ``EventConflict``. Errors of the connection itself are left as ``conn``
+    raises them, as for the caller's own statements in the same transaction:
+    asyncpg's on an application's connection (``CONNECTION_LOST`` in
+    :mod:`hooklane.store.connection` lists those of a lost one), and
+    ``hooklane.errors.StoreError`` on one from ``hooklane.store.connect``.
     """
     data_json = check_event(tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key)
     event_id = id or new_event_id()
-    await insert_event(
+    await store.insert_event(
         conn, id=event_id, tenant=tenant, type=type, data_json=data_json, coalesce_key=coalesce_key
     )
     return event_id

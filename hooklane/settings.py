@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import field, fields
 from ipaddress import IPv4Network, IPv6Network
@@ -65,10 +66,22 @@ def _keyring(value: Any) -> Any:
 
 EncryptionKey = Annotated[Keyring, BeforeValidator(_keyring)]
 
+# Printable and short enough for a pod name, which is what it usually is.
+WorkerId = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[!-~]+$")]
+
+
+def _default_worker_id() -> str:
+    # A pod's hostname is its name; the pid tells processes of one host apart.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
 
 @dataclass(frozen=True)
 class Settings:
     database_url: str = ""
+    # Who reserved a delivery: recorded in deliveries.attempted_by and shown
+    # by `hooklane status`, so that an operator can tell which worker holds
+    # or last tried what.
+    worker_id: WorkerId = field(default_factory=_default_worker_id)
     # Deliveries in flight at once in one worker process, over all endpoints.
     # Each waits on the network, not on the CPU; enough of them hide the
     # round trips to Postgres between reservations (docs/benchmarks.md).

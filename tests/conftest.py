@@ -8,7 +8,9 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 
 import asyncpg
@@ -31,6 +33,41 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 LOOPBACK = "127.0.0.0/8,::1/128"
 
 
+# The fixtures that start a server or a process, each the root of a chain
+# (``db`` needs ``dsn``, which needs ``postgresql``): a test marked ``unit``
+# may use none of them, nor be in a tier that needs one. pytest-postgresql's
+# factories reach the server through ``request.getfixturevalue``, out of the
+# closure pytest reads at collection: hence their own names here.
+_SERVERS = frozenset(
+    {
+        "local_postgres",
+        "postgresql",
+        "postgresql_noproc",
+        "receiver",
+        "control_plane",
+        "restartable_control_plane",
+        "bare_control_plane",
+        "tools",
+    }
+)
+_HEAVY_MARKERS = ("kube", "chaos", "image", "cluster")
+
+
+def unit_violations(fixtures: Iterable[str], markers: Iterable[str]) -> list[str]:
+    """Why a test marked ``unit`` is not one: the servers it uses and the
+    heavier tiers it is also in."""
+    return sorted(_SERVERS.intersection(fixtures)) + [m for m in _HEAVY_MARKERS if m in set(markers)]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            continue
+        wrong = unit_violations(getattr(item, "fixturenames", ()), (m.name for m in item.iter_markers()))
+        if wrong:
+            raise pytest.UsageError(f"{item.nodeid} is marked unit but uses {', '.join(wrong)}")
+
+
 @dataclass(frozen=True)
 class Server:
     """What pytest-postgresql's ``depends_on`` reads from a base executor."""
@@ -45,9 +82,32 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[Server]:
+def local_postgres() -> Iterator[LocalPostgres]:
     with LocalPostgres() as pg:
-        yield Server(host="127.0.0.1", port=pg.port)
+        yield pg
+
+
+@pytest.fixture(scope="session")
+def pg_server(local_postgres: LocalPostgres) -> Server:
+    return Server(host="127.0.0.1", port=local_postgres.port)
+
+
+@pytest.fixture
+def database_outage(local_postgres: LocalPostgres) -> Callable[[], AbstractContextManager[None]]:
+    """``with database_outage():`` stops the tests' Postgres for the block:
+    every connection (the test's own ``db`` too) is dropped, new ones are
+    refused. It starts again when the block ends, even when the block fails,
+    since the next tests share it."""
+
+    @contextmanager
+    def outage() -> Iterator[None]:
+        local_postgres.pause()
+        try:
+            yield
+        finally:
+            local_postgres.resume()
+
+    return outage
 
 
 def _migrate_template(
@@ -96,6 +156,22 @@ async def db(dsn: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(dsn)
     yield conn
     await conn.close()
+
+
+@pytest.fixture
+async def fresh_dsn(pg_server: Server) -> AsyncIterator[str]:
+    """An empty database, without the migrated template's schema: for
+    migrating from zero, or loading schema.sql."""
+    name = "hooklane_fresh_" + uuid.uuid4().hex[:8]
+    admin = await asyncpg.connect(
+        host=pg_server.host, port=pg_server.port, user=pg_server.user, database="postgres"
+    )
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://{pg_server.user}@{pg_server.host}:{pg_server.port}/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()
 
 
 @pytest.fixture

@@ -183,7 +183,7 @@ async def test_a_draining_worker_does_not_hold_up_other_endpoints(one_db, receiv
         await asyncio.sleep(1.5)  # the split settles
         await hooklane.publish(conn, tenant="slow", type="x.y", data={})
         await wait_for(lambda: receiver.at("slow"), timeout=20)
-        owner = next(w for w in pair if await in_flight_of(control, w.pid))
+        (owner,) = [w for w in pair if await in_flight_of(control, w.pid)]
         workers.signal(owner, signal.SIGTERM)  # it drains the 8 s call
         await asyncio.sleep(0.2)
         published = time.time()

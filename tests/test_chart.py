@@ -100,6 +100,7 @@ def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # --- Chart.yaml, lint, package ------------------------------------------------
 
 
+@pytest.mark.unit
 def test_chart_metadata_follows_the_python_package():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -109,6 +110,7 @@ def test_chart_metadata_follows_the_python_package():
     assert chart["kubeVersion"] == ">=1.29.0-0"
 
 
+@pytest.mark.unit
 def test_the_crds_are_the_repositorys_own():
     link = CHART / "crds"
     assert link.is_symlink() and link.resolve() == (ROOT / "crds").resolve()

@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+import tomllib
+from pathlib import Path
 
 import pytest
 
+from hooklane import __version__
 from tests.conftest import LOOPBACK, SECRET, add_endpoint
 from tests.test_manifest import LAUGHS
 
@@ -136,6 +139,12 @@ def test_publish_refuses_bad_input_and_stores_nothing(dsn, db_sync, args, messag
     result = hooklane(dsn, "publish", *[x for pair in base.items() for x in pair])
     assert result.returncode == 2 and message in result.stderr
     assert db_sync("SELECT count(*) FROM events") == [(0,)]
+
+
+@pytest.mark.unit
+def test_the_version_is_read_from_pyproject():
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert __version__ == pyproject["project"]["version"]
 
 
 def test_missing_database_url_is_explained():

@@ -190,6 +190,7 @@ async def test_no_proxy_is_taken_from_the_environment(monkeypatch):
     assert sender._session.trust_env is False
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "family, address",
     [

@@ -1,16 +1,24 @@
-"""The dev tooling's servers never outlive it, however it ends."""
+"""The dev tooling: its servers never outlive it, however it ends; it stays
+out of the wheel, which says so; and the unit tier admits no server."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
+import tomllib
+import venv
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import unit_violations
 
 
 def _alive(pid: int) -> bool:
@@ -75,3 +83,99 @@ def test_a_killed_dev_controlplane_leaves_no_apiserver_behind():
     )
     assert pids, "etcd and kube-apiserver were running"
     _wait_gone(pids, folder)
+
+
+@pytest.mark.unit
+def test_the_unit_tier_refuses_servers_and_heavier_tiers():
+    assert unit_violations(["tmp_path", "monkeypatch"], ["unit", "parametrize"]) == []
+    # what pytest collects for a test taking ``db`` and ``receiver``
+    closure = ["event_loop_policy", "db", "dsn", "postgresql", "receiver", "request"]
+    assert unit_violations(closure, ["unit"]) == ["postgresql", "receiver"]
+    assert unit_violations(["kube_namespace", "control_plane"], ["unit", "kube"]) == ["control_plane", "kube"]
+
+
+def test_collection_refuses_a_unit_test_that_uses_postgres(tmp_path):
+    (tmp_path / "test_wrong.py").write_text(
+        "import pytest\n\n\n@pytest.mark.unit\ndef test_wrong(db):\n    pass\n"
+    )
+    # this repository's conftest and configuration, on a test file of its own
+    options = ["-p", "tests.conftest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *options, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "test_wrong is marked unit but uses postgresql" in done.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    """The wheel, built from a copy of what the image is built from
+    (.dockerignore's allowlist), plus the egg-info an editable install leaves
+    in a checkout: its file list must not bring hooklane/dev back."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src)
+    for folder in ("hooklane", "hooklane.egg-info"):
+        if (ROOT / folder).exists():
+            shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path),
+            str(src),
+        ],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("hooklane-*.whl")
+    return wheel
+
+
+def _venv_with(tmp_path: Path, wheel: Path) -> Path:
+    """A virtualenv holding the wheel and nothing else of Hooklane. The
+    dependencies come from this interpreter's site-packages, added as a plain
+    path: ``--system-site-packages`` would also run the editable install's
+    finder, which serves hooklane.dev from the checkout."""
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    (site,) = env.glob("lib/python3*/site-packages")
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = str(env / "bin" / "python")
+    install = ["install", "--quiet", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, *install], check=True, timeout=120)
+    return env
+
+
+def test_the_wheel_leaves_the_dev_tooling_out_and_says_so(tmp_path):
+    wheel = _build_wheel(tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("hooklane/dev/")]
+    assert "hooklane/store/queries.sql" in names
+    assert [n for n in names if n.startswith("hooklane/store/migrations/0001_")]
+
+    env = _venv_with(tmp_path, wheel)
+    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 60}
+    where = subprocess.run([env / "bin" / "python", "-c", "import hooklane; print(hooklane.__file__)"], **run)
+    assert where.stdout.startswith(str(env)), where
+    for tool in ("demo", "postgres", "controlplane"):
+        done = subprocess.run([env / "bin" / "hooklane", "dev", tool], **run)
+        assert (done.returncode, done.stdout) == (2, ""), done
+        assert done.stderr == (
+            "hooklane: `hooklane dev` needs a source checkout (clone the repository, then pip install -e .)\n"
+        )
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    shown = subprocess.run([env / "bin" / "hooklane", "--version"], **run)
+    assert shown.stdout == f"hooklane {version}\n"

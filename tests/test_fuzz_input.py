@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import asyncpg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -123,6 +124,7 @@ def _parses_or_refuses(parse, value) -> None:
         assert len(str(exc)) < 1000
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(doc=st.one_of(JSON_LIKE, ODD_KEYS, DEEP, MANIFESTS))
 def test_parse_manifest_accepts_or_refuses_anything(doc):
@@ -134,6 +136,7 @@ YAML_ALPHABET = st.sampled_from(
 )
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(
     raw=st.one_of(
@@ -159,6 +162,7 @@ EVENTS = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.unit
 @settings(max_examples=500, deadline=None)
 @given(event=EVENTS)
 def test_check_event_accepts_or_refuses_anything(event):

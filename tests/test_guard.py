@@ -20,6 +20,8 @@ from hooklane.guard import (
     parse_networks,
 )
 
+pytestmark = pytest.mark.unit
+
 LOOPBACK = parse_networks("127.0.0.0/8,::1/128")
 
 # Every range the guard refuses, by its edges and the addresses that matter.

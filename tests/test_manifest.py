@@ -10,7 +10,17 @@ from pathlib import Path
 import pytest
 
 from hooklane.errors import InvalidInput
-from hooklane.manifest import MAX_MANIFEST_BYTES, SecretRef, check_url, load_manifest, parse_manifest
+from hooklane.manifest import (
+    CRD_PATH,
+    MAX_MANIFEST_BYTES,
+    SecretRef,
+    check_url,
+    crd_yaml,
+    load_manifest,
+    parse_manifest,
+)
+
+pytestmark = pytest.mark.unit
 
 GOOD = {
     "apiVersion": "hooklane.io/v1alpha1",
@@ -38,7 +48,7 @@ def test_good_manifest():
 def test_defaults():
     doc = copy.deepcopy(GOOD)
     del doc["metadata"]["namespace"]
-    doc["spec"] = {"url": "http://127.0.0.1:9000/x", "tenant": "acme"}
+    doc["spec"] = {"url": "http://127.0.0.1:9000/x", "tenant": "acme", "secretRef": {"name": "s", "key": "k"}}
     spec = parse_manifest(doc)
     assert spec.namespace == "default"
     assert (spec.max_concurrency, spec.timeout_seconds, spec.paused, spec.event_types) == (4, 5, False, ())
@@ -77,6 +87,8 @@ def _with(path: str, value):
         ("spec.eventTypes", "order.*", "spec.eventTypes"),
         ("spec.paused", "yes", "spec.paused"),
         ("spec.secretRef", {"name": "x"}, "spec.secretRef.key"),
+        # required, as by the CRD, although local mode reads the secret from --secret-file
+        ("spec.secretRef", ..., "spec.secretRef"),
         ("spec.colour", "blue", "spec"),
     ],
 )
@@ -217,7 +229,12 @@ def test_values_of_the_wrong_type_or_size_name_the_field(path, value):
     assert len(str(info.value)) < 300
 
 
-def test_the_crd_limits_are_the_parsers():
+def test_the_committed_crd_is_what_hack_gen_crd_writes():
+    committed = (Path(__file__).parent.parent / CRD_PATH).read_text()
+    assert committed == crd_yaml(), "the CRD differs from the rules in hooklane/manifest.py: run hack/gen-crd"
+
+
+def test_values_at_the_limits_are_accepted():
     longest = "order." + "x" * 249
     doc = _with("spec.eventTypes", [longest])
     doc["spec"]["secretRef"] = {"name": "s" * 253, "key": "-._" + "k" * 250}

@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 
+from hooklane.endpoint_state import EndpointState
 from hooklane.manifest import SecretRef
 from hooklane.operator import reflect
 from hooklane.operator.reflect import Queue, Synced
 from tests.conftest import SECRET
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = "2026-03-01T11:00:00Z"
 REF = SecretRef("acme-webhook-secret", "secret")
-SYNCED = Synced(generation=3, paused=False, reason=reflect.SYNCED, message="stored")
+SYNCED = Synced(generation=3, paused=False, reason=reflect.Reason.SYNCED, message="stored")
 IDLE = Queue(
     state="active",
     paused=False,
@@ -74,11 +77,11 @@ def test_signing_values_keep_only_what_looks_like_a_signing_secret():
 @pytest.mark.parametrize(
     ("values", "reason", "says"),
     [
-        (None, reflect.SECRET_MISSING, "Secret ns/acme-webhook-secret not found"),
-        ({"other": SECRET}, reflect.SECRET_MISSING, "has no key 'secret'"),
-        ({"secret": None}, reflect.SECRET_INVALID, "is not a Standard Webhooks secret"),
-        ({"secret": "whsec_c2hvcnQ="}, reflect.SECRET_INVALID, "must encode 24 to 64 bytes"),
-        ({"secret": "whsec_not base64!"}, reflect.SECRET_INVALID, "not valid base64"),
+        (None, reflect.Reason.SECRET_MISSING, "Secret ns/acme-webhook-secret not found"),
+        ({"other": SECRET}, reflect.Reason.SECRET_MISSING, "has no key 'secret'"),
+        ({"secret": None}, reflect.Reason.SECRET_INVALID, "is not a Standard Webhooks secret"),
+        ({"secret": "whsec_c2hvcnQ="}, reflect.Reason.SECRET_INVALID, "must encode 24 to 64 bytes"),
+        ({"secret": "whsec_not base64!"}, reflect.Reason.SECRET_INVALID, "not valid base64"),
     ],
     ids=["no-secret", "no-key", "not-whsec", "short-key", "bad-base64"],
 )
@@ -91,11 +94,11 @@ def test_unusable_secrets_give_no_secret_and_a_reason(values, reason, says):
 
 def test_a_good_secret_is_used():
     check = reflect.check_secret("ns", REF, {"secret": SECRET})
-    assert (check.secret, check.reason) == (SECRET, reflect.SYNCED)
+    assert (check.secret, check.reason) == (SECRET, reflect.Reason.SYNCED)
 
 
 def test_no_secret_ref_is_missing():
-    assert reflect.check_secret("ns", None, None).reason == reflect.SECRET_MISSING
+    assert reflect.check_secret("ns", None, None).reason == reflect.Reason.SECRET_MISSING
 
 
 # --- fields and phase --------------------------------------------------------
@@ -103,7 +106,7 @@ def test_no_secret_ref_is_missing():
 
 def test_first_pass_writes_everything_and_ready():
     patch = run({}).patch
-    assert patch["phase"] == reflect.ACTIVE
+    assert patch["phase"] == EndpointState.ACTIVE
     assert patch["observedGeneration"] == 3
     assert (patch["pending"], patch["inFlight"], patch["dead"], patch["oldestPendingAgeSeconds"]) == (
         0,
@@ -156,48 +159,56 @@ def test_an_open_circuit_is_paused_until_a_success_closes_it():
         IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500"
     )
     patch = run(settled(), open_).patch
-    assert patch["phase"] == reflect.PAUSED
+    assert patch["phase"] == EndpointState.PAUSED
     assert patch["pausedUntil"] == "2026-03-01T12:01:00Z"
     delivering = condition(patch, reflect.DELIVERING)
-    assert (delivering["status"], delivering["reason"]) == ("False", reflect.CIRCUIT_OPEN)
+    assert (delivering["status"], delivering["reason"]) == ("False", reflect.Reason.CIRCUIT_OPEN)
     assert (
         "20 consecutive failures, paused until 2026-03-01T12:01:00Z; last error: HTTP 500"
         in delivering["message"]
     )
-    # Once the pause ran out, probes go out: still Paused, no flapping.
+    # Once the pause ran out, probes go out: Probing, and the circuit is
+    # still open, so no Event says it closed.
     probing = run({**settled(), **patch}, open_, now=NOW + timedelta(seconds=90))
-    assert "phase" not in probing.patch
+    assert probing.patch["phase"] == EndpointState.PROBING
     assert "probing since" in condition(probing.patch, reflect.DELIVERING)["message"]
     assert probing.events == []
+    # A failed probe pauses it again.
+    reopened = replace(open_, consecutive_failures=21, paused_until=NOW + timedelta(seconds=210))
+    again = run({**settled(), **patch, **probing.patch}, reopened, now=NOW + timedelta(seconds=91))
+    assert again.patch["phase"] == EndpointState.PAUSED and again.events == []
 
 
 def test_a_refused_destination_says_what_to_change():
     refused = replace(IDLE, consecutive_failures=3, last_error="destination 10.0.0.1 is not allowed")
     delivering = condition(run(settled(), refused).patch, reflect.DELIVERING)
-    assert (delivering["status"], delivering["reason"]) == ("False", reflect.DESTINATION_DENIED)
+    assert (delivering["status"], delivering["reason"]) == ("False", reflect.Reason.DESTINATION_DENIED)
     assert delivering["message"].startswith("destination 10.0.0.1 is not allowed: change spec.url")
     # even once the circuit opened over it: the address is what to fix
     opened = replace(refused, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60))
-    assert condition(run(settled(), opened).patch, reflect.DELIVERING)["reason"] == reflect.DESTINATION_DENIED
+    assert (
+        condition(run(settled(), opened).patch, reflect.DELIVERING)["reason"]
+        == reflect.Reason.DESTINATION_DENIED
+    )
     # a receiver's own failure is not a refusal
     failing = replace(IDLE, consecutive_failures=3, last_error="connection failed")
     assert "conditions" not in run(settled(), failing).patch  # still Delivering
 
 
 def test_manual_pause_and_deactivation_set_the_phase():
-    assert run({}, replace(IDLE, paused=True)).patch["phase"] == reflect.PAUSED
+    assert run({}, replace(IDLE, paused=True)).patch["phase"] == EndpointState.PAUSED
     assert (
         condition(run({}, replace(IDLE, paused=True)).patch, reflect.DELIVERING)["reason"]
-        == reflect.MANUALLY_PAUSED
+        == reflect.Reason.MANUALLY_PAUSED
     )
     gone = run({}, replace(IDLE, state="deactivated", last_error="HTTP 410")).patch
-    assert gone["phase"] == reflect.DEACTIVATED
+    assert gone["phase"] == EndpointState.DEACTIVATED
     assert "hooklane.io/reactivate" in condition(gone, reflect.DELIVERING)["message"]
 
 
 def test_an_endpoint_not_yet_in_postgres_shows_its_spec():
     patch = run({}, queue=None, synced=replace(SYNCED, paused=True)).patch
-    assert patch["phase"] == reflect.PAUSED
+    assert patch["phase"] == EndpointState.PAUSED
     assert "pending" not in patch
     assert [c["type"] for c in patch["conditions"]] == [reflect.READY]
 
@@ -222,7 +233,7 @@ def test_transition_time_moves_only_when_the_status_flips():
         4,
         "stored again",
     )
-    missing = replace(SYNCED, reason=reflect.SECRET_MISSING, message="Secret gone")
+    missing = replace(SYNCED, reason=reflect.Reason.SECRET_MISSING, message="Secret gone")
     ready = condition(run(previous, synced=missing).patch, reflect.READY)
     assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == (
         "False",
@@ -239,11 +250,11 @@ def test_conditions_of_other_types_are_kept():
 
 
 def test_without_a_secret_nothing_is_delivering():
-    missing = replace(SYNCED, reason=reflect.SECRET_MISSING, message="Secret ns/x not found")
+    missing = replace(SYNCED, reason=reflect.Reason.SECRET_MISSING, message="Secret ns/x not found")
     patch = run({}, synced=missing).patch
     assert condition(patch, reflect.READY)["status"] == "False"
-    assert condition(patch, reflect.DELIVERING)["reason"] == reflect.UNSIGNED
-    assert patch["phase"] == reflect.ACTIVE
+    assert condition(patch, reflect.DELIVERING)["reason"] == reflect.Reason.UNSIGNED
+    assert patch["phase"] == EndpointState.ACTIVE
 
 
 # --- events ------------------------------------------------------------------
@@ -254,16 +265,16 @@ def test_pausing_and_resuming_post_events():
         IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500"
     )
     paused = run(settled(), open_)
-    assert [(e.type, e.reason) for e in paused.events] == [(reflect.WARNING, "EndpointPaused")]
+    assert [(e.type, e.reason) for e in paused.events] == [(reflect.EventType.WARNING, "EndpointPaused")]
     resumed = run({**settled(), **paused.patch}, IDLE)
-    assert [(e.type, e.reason) for e in resumed.events] == [(reflect.NORMAL, "EndpointResumed")]
+    assert [(e.type, e.reason) for e in resumed.events] == [(reflect.EventType.NORMAL, "EndpointResumed")]
 
 
 def test_deactivating_and_reactivating_post_events():
     gone = replace(IDLE, state="deactivated", pending=3)
     deactivated = run(settled(), gone)
     assert reasons(deactivated) == ["EndpointDeactivated"]
-    assert deactivated.events[0].type == reflect.WARNING
+    assert deactivated.events[0].type == reflect.EventType.WARNING
     assert reasons(run({**settled(), **deactivated.patch}, IDLE)) == ["EndpointReactivated"]
 
 
@@ -277,13 +288,14 @@ def test_growing_dead_count_posts_an_event():
 
 def test_secret_problems_and_their_fix_post_events():
     missing = run(
-        settled(), synced=replace(SYNCED, reason=reflect.SECRET_MISSING, message="Secret ns/x not found")
+        settled(),
+        synced=replace(SYNCED, reason=reflect.Reason.SECRET_MISSING, message="Secret ns/x not found"),
     )
     assert [(e.type, e.reason, e.message) for e in missing.events] == [
-        (reflect.WARNING, "SecretMissing", "Secret ns/x not found")
+        (reflect.EventType.WARNING, "SecretMissing", "Secret ns/x not found")
     ]
     previous = {**settled(), **missing.patch}
-    invalid = run(previous, synced=replace(SYNCED, reason=reflect.SECRET_INVALID, message="bad"))
+    invalid = run(previous, synced=replace(SYNCED, reason=reflect.Reason.SECRET_INVALID, message="bad"))
     assert reasons(invalid) == ["SecretInvalid"]
     assert reasons(run(previous, synced=SYNCED)) == ["SecretResolved"]
     # A new endpoint that is fine from the start says nothing.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import hooklane
+from hooklane import store
 from hooklane.errors import InvalidInput
-from hooklane.store import deliveries
 from tests.conftest import add_endpoint
 
 
@@ -73,7 +73,7 @@ async def test_unmatched_event_is_kept_and_counted(db):
     event_id = await hooklane.publish(db, tenant="nobody", type="order.created", data={"x": 1})
     row = await db.fetchrow("SELECT tenant, fanout, data FROM events WHERE id = $1", event_id)
     assert (row["tenant"], row["fanout"]) == ("nobody", 0)
-    assert await deliveries.unrouted_events(db) == 1
+    assert await store.unrouted_events(db) == 1
 
 
 async def test_same_id_twice_is_stored_once(db):

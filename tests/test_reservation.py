@@ -9,15 +9,14 @@ import asyncpg
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from hooklane.store import deliveries
-from hooklane.store.deliveries import Result
 from tests.conftest import add_endpoint
 
 ALL = list(range(32))
+WORKER = "test-worker"
 
 
 async def _reserve(db, limit=100):
-    return await deliveries.reserve(db, ALL, limit, 10.0)
+    return await store.reserve(db, ALL, limit, 10.0, WORKER)
 
 
 async def _publish(db, n, type="order.created", tenant="acme"):
@@ -31,8 +30,8 @@ async def test_never_more_in_flight_than_max_concurrency(db):
     assert len(await _reserve(db)) == 3
     assert await _reserve(db) == []  # the endpoint is at its limit
     first = (await db.fetch("SELECT id, attempts FROM deliveries WHERE state = 'sending' LIMIT 1"))[0]
-    await deliveries.complete(
-        db, [Result(first["id"], first["attempts"], "delivered", None, 204, None)], CircuitPolicy()
+    await store.complete(
+        db, [store.Result.delivered(first["id"], first["attempts"], status=204)], CircuitPolicy()
     )
     assert len(await _reserve(db)) == 1  # one slot freed, one more goes
 
@@ -104,7 +103,7 @@ async def test_only_owned_partitions(db):
     await _publish(db, 1)
     partitions = dict(await db.fetch("SELECT id, partition FROM endpoints"))
     mine = sorted(set(partitions.values()))[:3]
-    rows = await deliveries.reserve(db, mine, 100, 10.0)
+    rows = await store.reserve(db, mine, 100, 10.0, WORKER)
     assert rows and {partitions[r["endpoint_id"]] for r in rows} <= set(mine)
     assert len(rows) == sum(1 for i in ids if partitions[i] in mine)
 
@@ -115,12 +114,14 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
     (lost,) = await _reserve(db)
     # the lease runs out: rescued, then reserved again by another worker
     await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
-    assert await deliveries.rescue_expired(db, ALL) == 1
+    assert await store.rescue_expired(db, ALL) == 1
     (again,) = await _reserve(db)
     assert again["attempts"] == lost["attempts"] + 1
     # the first worker's late failure arrives and must not touch the new attempt
-    await deliveries.complete(
-        db, [Result(lost["id"], lost["attempts"], "retry", 60.0, 500, "HTTP 500")], CircuitPolicy()
+    await store.complete(
+        db,
+        [store.Result.retry(lost["id"], lost["attempts"], retry_in=60.0, status=500, error="HTTP 500")],
+        CircuitPolicy(),
     )
     row = await db.fetchrow("SELECT state, attempts, last_error FROM deliveries")
     assert (row["state"], row["attempts"], row["last_error"]) == (
@@ -129,8 +130,8 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
         "lease expired: the worker lost the delivery",
     )
     assert await db.fetchval("SELECT consecutive_failures FROM endpoints") == 0
-    await deliveries.complete(
-        db, [Result(again["id"], again["attempts"], "delivered", None, 200, None)], CircuitPolicy()
+    await store.complete(
+        db, [store.Result.delivered(again["id"], again["attempts"], status=200)], CircuitPolicy()
     )
     assert await db.fetchval("SELECT state FROM deliveries") == "delivered"
 
@@ -139,7 +140,7 @@ async def test_rescue_leaves_live_leases_alone(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a", timeout_seconds=5)
     await _publish(db, 2)
     await _reserve(db)
-    assert await deliveries.rescue_expired(db, ALL) == 0
+    assert await store.rescue_expired(db, ALL) == 0
     lease = await db.fetchval("SELECT min(lease_expires_at - reserved_at) FROM deliveries")
     assert lease.total_seconds() == 15  # the timeout plus the grace
 
@@ -148,8 +149,10 @@ async def test_retry_schedules_with_the_given_delay(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await deliveries.complete(
-        db, [Result(row["id"], row["attempts"], "retry", 120.0, 503, "HTTP 503")], CircuitPolicy()
+    await store.complete(
+        db,
+        [store.Result.retry(row["id"], row["attempts"], retry_in=120.0, status=503, error="HTTP 503")],
+        CircuitPolicy(),
     )
     delay = await db.fetchval("SELECT extract(epoch FROM next_attempt_at - now()) FROM deliveries")
     assert 119 <= float(delay) <= 120
@@ -160,11 +163,11 @@ async def test_dead_stays_dead_until_resent(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await deliveries.complete(
-        db, [Result(row["id"], row["attempts"], "dead", None, 413, "HTTP 413")], CircuitPolicy()
+    await store.complete(
+        db, [store.Result.dead(row["id"], row["attempts"], status=413, error="HTTP 413")], CircuitPolicy()
     )
     assert await _reserve(db) == []
-    assert await deliveries.resend_dead(db, "default", "a") == 1
+    assert await store.resend_dead(db, "default", "a") == 1
     (again,) = await _reserve(db)
     assert again["id"] == row["id"] and again["attempts"] == 1
 
@@ -174,18 +177,20 @@ async def test_circuit_opens_at_threshold_and_success_closes_it(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=256)
     await _publish(db, 30)
     rows = await _reserve(db)
-    fail = [Result(r["id"], r["attempts"], "retry", 30.0, 500, "HTTP 500") for r in rows]
-    await deliveries.complete(db, fail[:19], policy)
+    fail = [
+        store.Result.retry(r["id"], r["attempts"], retry_in=30.0, status=500, error="HTTP 500") for r in rows
+    ]
+    await store.complete(db, fail[:19], policy)
     assert await db.fetchval("SELECT paused_until FROM endpoints") is None
-    await deliveries.complete(db, fail[19:20], policy)
+    await store.complete(db, fail[19:20], policy)
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 58 <= float(pause) <= 60
     # each further failure extends the pause, up to the cap
-    await deliveries.complete(db, fail[20:24], policy)
+    await store.complete(db, fail[20:24], policy)
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 298 <= float(pause) <= 300
-    await deliveries.complete(
-        db, [Result(rows[24]["id"], rows[24]["attempts"], "delivered", None, 200, None)], policy
+    await store.complete(
+        db, [store.Result.delivered(rows[24]["id"], rows[24]["attempts"], status=200)], policy
     )
     row = await db.fetchrow("SELECT consecutive_failures, paused_until, failing_since FROM endpoints")
     assert tuple(row) == (0, None, None)
@@ -197,7 +202,9 @@ async def test_pause_is_capped_at_an_hour(db):
     await db.execute("UPDATE endpoints SET consecutive_failures = 500")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await deliveries.complete(db, [Result(row["id"], row["attempts"], "retry", 30.0, 500, "x")], policy)
+    await store.complete(
+        db, [store.Result.retry(row["id"], row["attempts"], retry_in=30.0, status=500, error="x")], policy
+    )
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 3598 <= float(pause) <= 3600
 
@@ -206,8 +213,8 @@ async def test_410_deactivates_the_endpoint_and_keeps_the_rest(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 3)
     (row, *_rest) = await _reserve(db)
-    await deliveries.complete(
-        db, [Result(row["id"], row["attempts"], "dead", None, 410, "HTTP 410")], CircuitPolicy()
+    await store.complete(
+        db, [store.Result.dead(row["id"], row["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
     )
     ep = await db.fetchrow("SELECT state, deactivated_reason FROM endpoints")
     assert ep["state"] == "deactivated" and "410" in ep["deactivated_reason"]
@@ -223,7 +230,7 @@ async def test_failing_for_five_days_deactivates_and_keeps_pending(db):
         "UPDATE endpoints SET failing_since = now() - interval '5 days 1 minute' WHERE name = 'old'"
     )
     await db.execute("UPDATE endpoints SET failing_since = now() - interval '4 days' WHERE name = 'new'")
-    gone = await deliveries.deactivate_failing(db, 5 * 24 * 3600)
+    gone = await store.deactivate_failing(db, 5 * 24 * 3600)
     assert [r["name"] for r in gone] == ["old"]
     assert (
         await db.fetchval(
@@ -284,9 +291,9 @@ async def test_sweep_makes_ready_what_the_index_lacks(db):
         "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
     )
     assert await _reserve(db) == []
-    assert await deliveries.sweep_ready(db, ALL) == 1  # not the paused one
+    assert await store.sweep_ready(db, ALL) == 1  # not the paused one
     assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]
-    assert await deliveries.sweep_ready(db, ALL) == 0
+    assert await store.sweep_ready(db, ALL) == 0
 
 
 async def test_sweep_leaves_alone_what_a_wakeup_will_make_ready(db):
@@ -294,5 +301,74 @@ async def test_sweep_leaves_alone_what_a_wakeup_will_make_ready(db):
     # reservation has absorbed the publishers' wakeups: nothing is missing.
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await hooklane.publish(db, tenant="acme", type="t", data={})
-    assert await deliveries.sweep_ready(db, ALL) == 0
+    assert await store.sweep_ready(db, ALL) == 0
     assert len(await _reserve(db)) == 1
+
+
+async def _woken(db) -> list[int]:
+    return [r["endpoint_id"] for r in await db.fetch("SELECT endpoint_id FROM wakeups ORDER BY id")]
+
+
+async def test_each_statement_that_wakes_an_endpoint_writes_its_wakeup(db):
+    # hooklane_wake is called from a CTE, which Postgres runs only if the
+    # statement reads it: every caller is checked here.
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    assert await _woken(db) == []  # a new endpoint has nothing to wake for
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", paused=True)
+    assert await _woken(db) == [a]  # upsert_endpoint
+    await _publish(db, 1)
+    assert await _woken(db) == [a] * 2  # publish
+    await db.execute("UPDATE endpoints SET state = 'deactivated'")
+    assert await store.reactivate_endpoint(db, "default", "a")
+    assert await _woken(db) == [a] * 3  # reactivate_endpoint
+    await db.execute("UPDATE deliveries SET state = 'dead'")
+    assert await store.resend_dead(db, "default", "a") == 1
+    assert await _woken(db) == [a] * 4  # resend_dead
+    # nothing to wake: no row
+    assert await store.resend_dead(db, "default", "a") == 0
+    assert not await store.reactivate_endpoint(db, "default", "missing")
+    await _publish(db, 1, tenant="nobody")
+    assert await _woken(db) == [a] * 4
+
+
+async def _ready_now(db, endpoint: int) -> bool | None:
+    """Whether the endpoint is ready now; None when out of the ready index."""
+    return await db.fetchval("SELECT ready_at <= now() FROM ready_endpoints WHERE endpoint_id = $1", endpoint)
+
+
+async def test_results_and_rescues_make_their_endpoint_ready_again(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=1)
+    await _publish(db, 3)
+    (first,) = await _reserve(db)  # absorbs the wakeups: ready, then full
+    assert await _ready_now(db, a) is False  # at its limit: 'infinity'
+    await store.complete(
+        db, [store.Result(first["id"], first["attempts"], "delivered", None, 200, None)], CircuitPolicy()
+    )
+    assert await _ready_now(db, a) is True  # complete: a slot is free
+    (second,) = await _reserve(db)
+    assert await _ready_now(db, a) is False
+    await db.execute(
+        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", second["id"]
+    )
+    assert await store.rescue_expired(db, ALL) == 1
+    assert await _ready_now(db, a) is True  # rescue_expired
+
+
+async def test_reservation_records_the_worker_and_a_rescue_keeps_it(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await add_endpoint(db, "moved", "http://127.0.0.1:1/m", tenant="globex")
+    await _publish(db, 1)
+    await _publish(db, 1, tenant="globex")
+    await add_endpoint(db, "moved", "http://127.0.0.1:1/m", tenant="acme")  # its pending one is discarded
+    (row,) = await store.reserve(db, ALL, 10, 10.0, "pod-1")
+    by = dict(await db.fetch("SELECT state, attempted_by FROM deliveries"))
+    assert by == {"sending": "pod-1", "discarded": None}
+    await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
+    assert await store.rescue_expired(db, ALL) == 1
+    # who lost it stays on record until another worker takes it
+    assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-1"
+    await store.reserve(db, ALL, 10, 10.0, "pod-2")
+    assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-2"
+    # what `hooklane status` shows
+    sending_on = {q["name"]: q["sending_on"] for q in await store.endpoint_queues(db)}
+    assert sending_on == {"a": ["pod-2"], "moved": None}

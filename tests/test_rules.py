@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hooklane.store.deliveries import Result, ResultOutcome
 from hooklane.worker.rules import (
     Attempt,
     Dead,
@@ -21,7 +22,10 @@ from hooklane.worker.rules import (
     classify,
     clean_error,
     parse_retry_after,
+    result_of,
 )
+
+pytestmark = pytest.mark.unit
 
 POLICY = RetryPolicy()
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -278,3 +282,27 @@ def test_parse_retry_after_is_total(value):
 @given(_any_text)
 def test_clean_error_is_total(text):
     assert clean_error(text) == "" or _clean(clean_error(text))
+
+
+# --- what the worker records ------------------------------------------------
+
+
+def test_each_outcome_maps_to_one_store_result():
+    assert result_of(7, 2, Attempt(204), Delivered(204)) == Result.delivered(7, 2, status=204)
+    assert result_of(7, 2, Attempt(503), Retry(30.0, "HTTP 503")) == Result(
+        7, 2, ResultOutcome.RETRY, 30.0, 503, "HTTP 503"
+    )
+    # the status that killed it is kept; a refusal without one has none
+    assert result_of(7, 2, Attempt(410), Dead("HTTP 410: endpoint gone")) == Result(
+        7, 2, ResultOutcome.DEAD, None, 410, "HTTP 410: endpoint gone"
+    )
+    assert result_of(7, 20, Attempt(None, error="timed out"), Dead("timed out")).status is None
+
+
+@given(st.sampled_from([200, 410, 413, 500, None]), st.integers(1, 30), st.floats(0, 1e7))
+def test_every_classified_attempt_has_a_result(status, attempts, age):
+    attempt = Attempt(status, error=None if status else "connection refused")
+    result = result_of(1, attempts, attempt, classify(attempt, attempts, age, POLICY, NOW))
+    assert result.outcome in ResultOutcome
+    assert (result.retry_in is not None) == (result.outcome == ResultOutcome.RETRY)
+    assert (result.error is None) == (result.outcome == ResultOutcome.DELIVERED)

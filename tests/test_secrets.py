@@ -57,6 +57,7 @@ async def _stored(db, name: str = "a") -> asyncpg.Record:
 # --- the keyring -------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "value, message",
     [
@@ -76,6 +77,7 @@ def test_a_bad_key_stops_the_process_naming_the_variable_never_the_key(value, me
     assert K1 not in str(refused.value) and K2 not in str(refused.value)
 
 
+@pytest.mark.unit
 def test_settings_never_print_the_key():
     settings = Settings.from_env(
         {"HOOKLANE_ENCRYPTION_KEY": f"k2:{K2},k1:{K1}", "HOOKLANE_SECRET_GRACE_SECONDS": "60"}
@@ -87,6 +89,7 @@ def test_settings_never_print_the_key():
         Settings.from_env({"HOOKLANE_SECRET_GRACE_SECONDS": "0"})
 
 
+@pytest.mark.unit
 def test_sealed_secrets_open_only_for_their_own_endpoint_and_key():
     sealed = RING1.seal(NEW, "default/a")
     assert sealed.startswith("enc:v1:k1:") and NEW not in sealed
@@ -277,7 +280,8 @@ def test_migrate_and_apply_seal_once_a_key_is_set(dsn, db_sync, tmp_path):
     keyed = {**env, "HOOKLANE_ENCRYPTION_KEY": f"k1:{K1}", "HOOKLANE_SECRET_GRACE_SECONDS": "3600"}
     (tmp_path / "endpoint.yaml").write_text(
         "apiVersion: hooklane.io/v1alpha1\nkind: WebhookEndpoint\n"
-        "metadata: {name: orders, namespace: shop}\nspec: {url: 'http://127.0.0.1:9/hooks', tenant: acme}\n"
+        "metadata: {name: orders, namespace: shop}\nspec: {url: 'http://127.0.0.1:9/hooks', tenant: acme,"
+        " secretRef: {name: orders-secret, key: secret}}\n"
     )
 
     def hooklane_cli(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess:

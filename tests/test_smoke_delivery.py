@@ -12,7 +12,7 @@ from tests.receivers import Answer
 
 
 async def test_publish_is_delivered_signed(db, receiver, start_worker):
-    await add_endpoint(db, "orders", receiver.on("orders", Answer(204)))
+    endpoint_id = await add_endpoint(db, "orders", receiver.on("orders", Answer(204)))
     async with db.transaction():
         event_id = await hooklane.publish(db, tenant="acme", type="order.created", data={"order": 1})
     start_worker()
@@ -23,5 +23,8 @@ async def test_publish_is_delivered_signed(db, receiver, start_worker):
     assert payload["type"] == "order.created"
     assert payload["data"] == {"order": 1}
     assert json.loads(got.body)["timestamp"].endswith("Z")
-    state = await wait_for(lambda: db.fetchval("SELECT state FROM deliveries WHERE state = 'delivered'"))
-    assert state == "delivered"
+    # Settled once nothing is left to send; then the one delivery there is
+    # must be this event's, to this endpoint, delivered at the first attempt.
+    await wait_for(lambda: db.fetchval("SELECT bool_and(state IN ('delivered', 'dead')) FROM deliveries"))
+    rows = await db.fetch("SELECT endpoint_id, event_tenant, event_id, state, attempts FROM deliveries")
+    assert [tuple(r) for r in rows] == [(endpoint_id, "acme", event_id, "delivered", 1)]

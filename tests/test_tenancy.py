@@ -21,8 +21,6 @@ from hooklane import store
 from hooklane.errors import EventConflict, InvalidInput
 from hooklane.manifest import EndpointSpec
 from hooklane.policies import CircuitPolicy
-from hooklane.store import deliveries
-from hooklane.store.deliveries import Result
 from tests.conftest import LOOPBACK, SECRET, add_endpoint, wait_for
 
 ALL = list(range(32))
@@ -30,7 +28,7 @@ DISCARDED = "discarded: the endpoint's tenant changed from acme to globex"
 
 
 async def _reserve(db: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await deliveries.reserve(db, ALL, 100, 10.0)
+    return await store.reserve(db, ALL, 100, 10.0, "test-worker")
 
 
 async def _states(db: asyncpg.Connection) -> list[tuple[str, str, str, str | None]]:
@@ -218,11 +216,11 @@ async def test_a_tenant_change_discards_the_old_tenants_pending_and_dead_deliver
         await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id=f"evt-{n}")
     sent = await _reserve(db)
     done, dead = sent[0], sent[1]
-    await deliveries.complete(
+    await store.complete(
         db,
         [
-            Result(done["id"], done["attempts"], "delivered", None, 200, None),
-            Result(dead["id"], dead["attempts"], "dead", None, 413, "HTTP 413"),
+            store.Result.delivered(done["id"], done["attempts"], status=200),
+            store.Result.dead(dead["id"], dead["attempts"], status=413, error="HTTP 413"),
         ],
         CircuitPolicy(),
     )
@@ -234,7 +232,7 @@ async def test_a_tenant_change_discards_the_old_tenants_pending_and_dead_deliver
     assert "endpoint default/a moved from tenant acme to globex: 2 pending or dead" in caplog.text
     assert sorted(s for _, _, s, _ in await _states(db)) == ["delivered", "discarded", "discarded"]
     assert {e for _, _, s, e in await _states(db) if s == "discarded"} == {DISCARDED}
-    assert await deliveries.resend_dead(db, "default", "a") == 0
+    assert await store.resend_dead(db, "default", "a") == 0
     assert await _reserve(db) == []
     # an update that keeps the tenant reports no change
     again = await _move(db, "a", "http://127.0.0.1:1/a", "globex")
@@ -278,11 +276,11 @@ async def test_a_failure_in_flight_across_a_tenant_change_is_discarded_not_retri
     await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="evt-1")
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
-    await deliveries.complete(
-        db, [Result(row["id"], row["attempts"], outcome, 0.0, 503, "HTTP 503")], CircuitPolicy()
+    await store.complete(
+        db, [store.Result(row["id"], row["attempts"], outcome, 0.0, 503, "HTTP 503")], CircuitPolicy()
     )
     assert await _states(db) == [("acme", "evt-1", "discarded", DISCARDED + " (HTTP 503)")]
-    assert await deliveries.resend_dead(db, "default", "a") == 0
+    assert await store.resend_dead(db, "default", "a") == 0
 
 
 async def test_a_success_in_flight_across_a_tenant_change_is_recorded(db):
@@ -291,8 +289,8 @@ async def test_a_success_in_flight_across_a_tenant_change_is_recorded(db):
     await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="evt-1")
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
-    await deliveries.complete(
-        db, [Result(row["id"], row["attempts"], "delivered", None, 200, None)], CircuitPolicy()
+    await store.complete(
+        db, [store.Result.delivered(row["id"], row["attempts"], status=200)], CircuitPolicy()
     )
     assert await _states(db) == [("acme", "evt-1", "delivered", None)]
 
@@ -305,7 +303,7 @@ async def test_resend_never_takes_another_tenants_dead_delivery(db):
     # what a worker of the previous version records for a failure in flight
     # across the change: dead, not discarded
     await db.execute("UPDATE deliveries SET state = 'dead', last_error = 'HTTP 413'")
-    assert await deliveries.resend_dead(db, "default", "a") == 0
+    assert await store.resend_dead(db, "default", "a") == 0
     assert await _states(db) == [("acme", "evt-1", "dead", "HTTP 413")]
 
 
@@ -322,7 +320,8 @@ def test_endpoint_apply_says_what_a_tenant_change_discarded(dsn, db_sync, tmp_pa
         (tmp_path / "endpoint.yaml").write_text(
             "apiVersion: hooklane.io/v1alpha1\nkind: WebhookEndpoint\n"
             "metadata: {name: orders, namespace: shop}\n"
-            f"spec: {{url: 'http://127.0.0.1:9/hooks', tenant: {tenant}}}\n"
+            f"spec: {{url: 'http://127.0.0.1:9/hooks', tenant: {tenant},"
+            " secretRef: {name: orders-secret, key: secret}}\n"
         )
         return hooklane_cli(
             "endpoint",

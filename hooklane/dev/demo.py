@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+import asyncpg
 from aiohttp import web
 
 import hooklane
@@ -81,7 +82,7 @@ async def run(endpoints: int, seconds: float, rate: float, slow_seconds: float) 
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = runner.addresses[0][1]
         names = ["slow", *[f"shop{i}" for i in range(endpoints - 1)]]
         for name in names:
             spec = EndpointSpec(
@@ -124,7 +125,9 @@ async def run(endpoints: int, seconds: float, rate: float, slow_seconds: float) 
         )
 
 
-async def _publish_for(conn, dsn: str, names: list[str], seconds: float, rate: float) -> None:
+async def _publish_for(
+    conn: asyncpg.Connection, dsn: str, names: list[str], seconds: float, rate: float
+) -> None:
     started = time.monotonic()
     next_status = started
     sent = 0

@@ -115,30 +115,7 @@ class LocalPostgres:
         if self.remote:
             with open(self.datadir / "pg_hba.conf", "a") as hba:
                 hba.writelines(f"host all all {network} scram-sha-256\n" for network in self.remote.values())
-        listen = ",".join(["127.0.0.1", *self.remote])
-        options = " ".join(
-            [
-                f"-p {self.port}",
-                f"-h {listen}",
-                f"-k {self.dir}",
-                *_SERVER_OPTIONS,
-                *([] if self.durable else _FAST_OPTIONS),
-            ]
-        )
-        self._run(
-            str(self.bindir / "pg_ctl"),
-            "-D",
-            str(self.datadir),
-            "-l",
-            str(self.dir / "server.log"),
-            "-o",
-            options,
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
-        self._wait_ready()
+        self._pg_ctl_start()
         if self.password:
             self._run(
                 str(self.bindir / "psql"),
@@ -164,6 +141,43 @@ class LocalPostgres:
         )
         return self
 
+    def _pg_ctl_start(self) -> None:
+        listen = ",".join(["127.0.0.1", *self.remote])
+        options = " ".join(
+            [
+                f"-p {self.port}",
+                f"-h {listen}",
+                f"-k {self.dir}",
+                *_SERVER_OPTIONS,
+                *([] if self.durable else _FAST_OPTIONS),
+            ]
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.dir / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+        self._wait_ready()
+
+    def pause(self, mode: str = "fast") -> None:
+        """An outage: the server stops, dropping every connection, and
+        refuses connections until ``resume``; its data stays. ``mode`` is
+        pg_ctl's shutdown mode: ``fast`` (clean), or ``immediate`` (a crash:
+        recovery replays the WAL on start)."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the server ``pause`` stopped, on the same port and options."""
+        self._pg_ctl_start()
+
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -175,23 +189,10 @@ class LocalPostgres:
         raise RuntimeError(f"PostgreSQL did not start; see {self.dir / 'server.log'}")
 
     def restart(self, mode: str = "fast") -> None:
-        """Stop and start the server, dropping every connection. ``mode`` is
-        pg_ctl's shutdown mode: ``fast`` (clean), or ``immediate`` (a crash:
-        recovery replays the WAL on start)."""
-        # -l again: without it the new server writes to, and holds open, our
-        # captured stdout.
-        self._run(
-            str(self.bindir / "pg_ctl"),
-            "-D",
-            str(self.datadir),
-            "-l",
-            str(self.dir / "server.log"),
-            "-m",
-            mode,
-            "-w",
-            "restart",
-        )
-        self._wait_ready()
+        """Stop and start the server, dropping every connection (``mode`` as
+        for ``pause``)."""
+        self.pause(mode)
+        self.resume()
 
     def stop(self) -> None:
         if self._watchdog is not None:

@@ -13,7 +13,10 @@ The flow for one endpoint:
 - deletion waits on a finalizer until the row is gone;
 - a status timer writes Postgres' view back, from one snapshot of all
   queues taken at most twice per interval whatever the number of endpoints,
-  and patches only what changed.
+  and patches only what changed;
+- a store error is waited out and retried when it is transient, and
+  otherwise reported once (:func:`kopf_error`); a spec Postgres refuses
+  turns Ready False with reason StoreRefused, as an invalid spec does.
 
 Decisions live in :mod:`hooklane.operator.reflect`, SQL in the store.
 """
@@ -35,12 +38,10 @@ import asyncpg
 import kopf
 
 from hooklane import store
-from hooklane.errors import InvalidInput
+from hooklane.errors import InvalidInput, StoreError
 from hooklane.manifest import parse_spec
 from hooklane.operator import reflect
 from hooklane.settings import Settings
-from hooklane.store import deliveries
-from hooklane.store.connection import CONNECTION_LOST
 
 GROUP = "hooklane.io"
 VERSION = "v1alpha1"
@@ -84,7 +85,7 @@ class Tracked:
     written_at: float | None = None
     # Events a sync decided on, for the next handler that has the body to
     # post them on (a Secret's handler does not).
-    events: list[reflect.Event] = field(default_factory=list)
+    events: list[reflect.KubeEvent] = field(default_factory=list)
 
 
 class Snapshot:
@@ -106,8 +107,7 @@ class Snapshot:
                 async with _store_errors(), store.acquire(self._pool) as conn:
                     rows = await store.endpoint_queues(conn)
                     dead = {
-                        (r["namespace"], r["name"]): r["dead"]
-                        for r in await deliveries.dead_counts(conn, None)
+                        (r["namespace"], r["name"]): r["dead"] for r in await store.dead_counts(conn, None)
                     }
                 self._queues = {
                     (r["namespace"], r["name"]): reflect.Queue.from_row(
@@ -131,7 +131,7 @@ class Snapshot:
         return self._stored.get(key) != tracked.written
 
 
-def stored(row: Mapping[str, Any]) -> tuple[Any, ...]:
+def stored(row: reflect.Row) -> tuple[Any, ...]:
     """The spec fields endpoint_queues returns: enough to tell that a row is
     gone, or older than the last write (a failover to a replica that lagged,
     a restore from backup)."""
@@ -168,29 +168,33 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.probe(id="database", registry=registry)(database)
 
-    kopf.index("v1", "secrets", id="secrets", registry=registry)(index_secret)
-    kopf.index(*resource, id="endpoints", registry=registry)(index_endpoint)
-    kopf.index(*resource, id="endpoints_by_secret", registry=registry)(index_endpoint_by_secret)
+    # The ignores below: kopf's callback protocols type ``namespace`` as
+    # optional (for cluster-scoped resources; ours and Secrets are
+    # namespaced, so the handlers take a str) and cannot name the indices it
+    # passes as extra keyword arguments (``endpoints``, ``secrets``).
+    kopf.index("v1", "secrets", id="secrets", registry=registry)(index_secret)  # type: ignore[arg-type]
+    kopf.index(*resource, id="endpoints", registry=registry)(index_endpoint)  # type: ignore[arg-type]
+    kopf.index(*resource, id="endpoints_by_secret", registry=registry)(index_endpoint_by_secret)  # type: ignore[arg-type]
 
-    kopf.on.resume(*resource, id="sync", registry=registry)(sync)
-    kopf.on.create(*resource, id="sync", registry=registry)(sync)
-    kopf.on.update(*resource, id="sync", field="spec", registry=registry)(sync)
-    kopf.on.event("v1", "secrets", when=_referenced, registry=registry)(secret_changed)
-    kopf.on.delete(*resource, registry=registry)(delete)
+    kopf.on.resume(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
+    kopf.on.create(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
+    kopf.on.update(*resource, id="sync", field="spec", registry=registry)(sync)  # type: ignore[arg-type]
+    kopf.on.event("v1", "secrets", when=_referenced, registry=registry)(secret_changed)  # type: ignore[arg-type]
+    kopf.on.delete(*resource, registry=registry)(delete)  # type: ignore[arg-type]
     kopf.on.update(
         *resource,
         id="reactivate",
         field=("metadata", "annotations", reflect.REACTIVATE_ANNOTATION),
         registry=registry,
-    )(reactivate)
+    )(reactivate)  # type: ignore[arg-type]
     kopf.on.update(
         *resource,
         id="resend_dead",
         field=("metadata", "annotations", reflect.RESEND_DEAD_ANNOTATION),
         registry=registry,
-    )(resend_dead)
+    )(resend_dead)  # type: ignore[arg-type]
     kopf.timer(*resource, id=STATUS_TIMER, interval=config.operator_status_seconds, registry=registry)(
-        reflect_status
+        reflect_status  # type: ignore[arg-type]
     )
 
 
@@ -219,7 +223,7 @@ async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:
 async def database(*, memo: kopf.Memo, **_: Any) -> bool:
     """Liveness: an operator that cannot reach Postgres is not working."""
     async with store.acquire(memo.pool) as conn:
-        await deliveries.partition_count(conn)
+        await store.partition_count(conn)
     return True
 
 
@@ -315,8 +319,8 @@ async def reactivate(
     if found:
         kopf.event(
             body,
-            type=reflect.NORMAL,
-            reason="ReactivateRequested",
+            type=reflect.EventType.NORMAL,
+            reason=reflect.EventReason.REACTIVATE_REQUESTED,
             message=f"{reflect.REACTIVATE_ANNOTATION}={new}: the endpoint is active again",
         )
 
@@ -327,14 +331,14 @@ async def resend_dead(
     if not new:
         return
     async with _store_errors(), store.acquire(memo.pool) as conn:
-        count = await deliveries.resend_dead(conn, namespace, name)
+        count = await store.resend_dead(conn, namespace, name)
     if count is None:
         # created a moment ago, and its sync has not stored it yet
         raise kopf.TemporaryError("the endpoint is not stored yet", delay=5)
     kopf.event(
         body,
-        type=reflect.NORMAL,
-        reason="ResendRequested",
+        type=reflect.EventType.NORMAL,
+        reason=reflect.EventReason.RESEND_REQUESTED,
         message=f"{reflect.RESEND_DEAD_ANNOTATION}={new}: {count} dead deliveries queued again",
     )
 
@@ -386,7 +390,7 @@ async def _sync(
             spec = parse_spec(namespace, name, dict(declared.spec))
         except InvalidInput as exc:
             # The CRD schema should refuse this first; retrying cannot help.
-            tracked.synced = reflect.Synced(declared.generation, False, reflect.INVALID_SPEC, str(exc))
+            tracked.synced = reflect.Synced(declared.generation, False, reflect.Reason.INVALID_SPEC, str(exc))
             tracked.stale = False
             return tracked.synced
         values = None
@@ -394,25 +398,47 @@ async def _sync(
             values = _first(secrets.get((namespace, spec.secret_ref.name), ()))
         check = reflect.check_secret(namespace, spec.secret_ref, values)
         config: Settings = memo.config
-        async with _store_errors(), store.acquire(memo.pool) as conn:
-            upserted = await store.upsert_endpoint(
-                conn,
-                spec,
-                check.secret,
-                keyring=config.encryption_key,
-                grace_seconds=config.secret_grace_seconds,
+        try:
+            async with store.acquire(memo.pool) as conn:
+                upserted = await store.upsert_endpoint(
+                    conn,
+                    spec,
+                    check.secret,
+                    keyring=config.encryption_key,
+                    grace_seconds=config.secret_grace_seconds,
+                )
+                # Before the release awaits: a status pass in between must not
+                # take the previous write for this one.
+                tracked.written = stored(
+                    {
+                        "tenant": spec.tenant,
+                        "url": spec.url,
+                        "paused": spec.paused,
+                        "max_concurrency": spec.max_concurrency,
+                    }
+                )
+                tracked.written_at = asyncio.get_running_loop().time()
+        except StoreError as exc:
+            if exc.transient:
+                raise kopf_error(exc) from exc
+            # Postgres would refuse this spec again: like an invalid spec,
+            # it is reported on the resource until the spec changes, and
+            # not retried.
+            logger.error(
+                "%s/%s: Postgres refused the spec: %s",
+                namespace,
+                name,
+                exc,
+                extra={"action": "sync", "sqlstate": exc.sqlstate},
             )
-            # Before the release awaits: a status pass in between must not
-            # take the previous write for this one.
-            tracked.written = stored(
-                {
-                    "tenant": spec.tenant,
-                    "url": spec.url,
-                    "paused": spec.paused,
-                    "max_concurrency": spec.max_concurrency,
-                }
+            tracked.synced = reflect.Synced(
+                declared.generation,
+                spec.paused,
+                reflect.Reason.STORE_REFUSED,
+                f"Postgres refused the spec: {exc}",
             )
-            tracked.written_at = asyncio.get_running_loop().time()
+            tracked.stale = False
+            return tracked.synced
         if upserted.previous_tenant is not None:
             tracked.events.append(
                 reflect.tenant_changed(upserted.previous_tenant, spec.tenant, upserted.discarded)
@@ -457,9 +483,19 @@ def _first(values: Iterable[_V]) -> _V | None:
     return next(iter(values), None)
 
 
+def kopf_error(error: StoreError) -> kopf.TemporaryError | kopf.PermanentError:
+    """How a handler reports a store error to kopf: a transient one (an
+    outage, an aborted statement) is waited out and retried; any other would
+    fail the same way again, so it is reported once, as a permanent failure
+    kopf posts on the resource, instead of being retried for ever."""
+    if error.transient:
+        return kopf.TemporaryError(f"Postgres: {error}", delay=RETRY_DELAY_SECONDS)
+    return kopf.PermanentError(f"Postgres refused it, and would again: {error}")
+
+
 @asynccontextmanager
 async def _store_errors() -> AsyncIterator[None]:
     try:
         yield
-    except (*CONNECTION_LOST, asyncpg.PostgresError) as exc:
-        raise kopf.TemporaryError(f"Postgres: {exc}", delay=RETRY_DELAY_SECONDS) from exc
+    except StoreError as exc:
+        raise kopf_error(exc) from exc

@@ -14,41 +14,61 @@ import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol
 
+from hooklane.endpoint_state import EndpointState, PauseReason, Standing, endpoint_state
 from hooklane.errors import InvalidInput
 from hooklane.guard import is_refusal
 from hooklane.manifest import SecretRef
 from hooklane.signing import SECRET_PREFIX, parse_secret
-
-ACTIVE = "Active"
-PAUSED = "Paused"
-DEACTIVATED = "Deactivated"
 
 # Condition types. Ready: the spec is stored in Postgres with a usable
 # signing secret. Delivering: deliveries go out right now.
 READY = "Ready"
 DELIVERING = "Delivering"
 
-# Reasons (CamelCase, stable: alerts and `kubectl wait` key on them).
-SYNCED = "Synced"
-SECRET_MISSING = "SecretMissing"
-SECRET_INVALID = "SecretInvalid"
-INVALID_SPEC = "InvalidSpec"
-DELIVERING_OK = "Delivering"
-MANUALLY_PAUSED = "ManuallyPaused"
-CIRCUIT_OPEN = "CircuitOpen"
-DEACTIVATED_REASON = "Deactivated"
-UNSIGNED = "NoSigningSecret"
-# The URL leads to an address the destination guard refuses (hooklane/guard.py).
-DESTINATION_DENIED = "DestinationNotAllowed"
 
-NORMAL = "Normal"
-WARNING = "Warning"
+class Reason(StrEnum):
+    """Condition reasons: CamelCase and stable, as alerts and `kubectl wait`
+    key on them. A Ready condition turning False posts an Event with its
+    reason too."""
 
-# Event reason: spec.tenant changed, and deliveries of the old tenant's
-# events were discarded rather than sent to the new tenant's receiver.
-TENANT_CHANGED = "TenantChanged"
+    SYNCED = "Synced"
+    SECRET_MISSING = "SecretMissing"
+    SECRET_INVALID = "SecretInvalid"
+    INVALID_SPEC = "InvalidSpec"
+    # Postgres refused the spec, and would refuse it again: see the operator's log.
+    STORE_REFUSED = "StoreRefused"
+    DELIVERING = "Delivering"
+    MANUALLY_PAUSED = "ManuallyPaused"
+    CIRCUIT_OPEN = "CircuitOpen"
+    DEACTIVATED = "Deactivated"
+    UNSIGNED = "NoSigningSecret"
+    # The URL leads to an address the destination guard refuses (hooklane/guard.py).
+    DESTINATION_DENIED = "DestinationNotAllowed"
+
+
+class EventReason(StrEnum):
+    """Reasons of the other Kubernetes Events posted on an endpoint; stable too."""
+
+    SECRET_RESOLVED = "SecretResolved"
+    ENDPOINT_PAUSED = "EndpointPaused"
+    ENDPOINT_DEACTIVATED = "EndpointDeactivated"
+    ENDPOINT_RESUMED = "EndpointResumed"
+    ENDPOINT_REACTIVATED = "EndpointReactivated"
+    DELIVERIES_DEAD = "DeliveriesDead"
+    # spec.tenant changed, and deliveries of the old tenant's events were
+    # discarded rather than sent to the new tenant's receiver.
+    TENANT_CHANGED = "TenantChanged"
+    REACTIVATE_REQUESTED = "ReactivateRequested"
+    RESEND_REQUESTED = "ResendRequested"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
 
 REACTIVATE_ANNOTATION = "hooklane.io/reactivate"
 RESEND_DEAD_ANNOTATION = "hooklane.io/resend-dead"
@@ -64,7 +84,7 @@ class SecretCheck:
     the ``whsec_`` value, or None with the reason nothing may be signed."""
 
     secret: str | None
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -74,12 +94,18 @@ class Synced:
 
     generation: int | None
     paused: bool
-    reason: str
+    reason: Reason
     message: str
 
     @property
     def signed(self) -> bool:
-        return self.reason == SYNCED
+        return self.reason == Reason.SYNCED
+
+
+class Row(Protocol):
+    """A row by column name: a dict, or an asyncpg Record (not a Mapping)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +124,7 @@ class Queue:
     dead: int = 0
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], dead: int) -> Queue:
+    def from_row(cls, row: Row, dead: int) -> Queue:
         return cls(
             state=row["state"],
             paused=row["paused"],
@@ -114,9 +140,11 @@ class Queue:
 
 
 @dataclass(frozen=True)
-class Event:
-    type: str
-    reason: str
+class KubeEvent:
+    """A Kubernetes Event to post on the resource (not a webhook event)."""
+
+    type: EventType
+    reason: Reason | EventReason
     message: str
 
 
@@ -125,7 +153,7 @@ class Reflection:
     """Status fields to patch (None removes a field) and Events to post."""
 
     patch: dict[str, Any] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
+    events: list[KubeEvent] = field(default_factory=list)
 
 
 def signing_values(data: Mapping[str, str] | None) -> dict[str, str | None]:
@@ -150,26 +178,30 @@ def check_secret(
     """Resolve a secretRef against the Secret's :func:`signing_values`
     (None when the Secret does not exist)."""
     if ref is None:
-        return SecretCheck(None, SECRET_MISSING, "spec.secretRef is not set; nothing is delivered unsigned")
+        return SecretCheck(
+            None, Reason.SECRET_MISSING, "spec.secretRef is not set; nothing is delivered unsigned"
+        )
     where = f"Secret {namespace}/{ref.name}"
     if values is None:
-        return SecretCheck(None, SECRET_MISSING, f"{where} not found; nothing is delivered until it exists")
+        return SecretCheck(
+            None, Reason.SECRET_MISSING, f"{where} not found; nothing is delivered until it exists"
+        )
     if ref.key not in values:
         return SecretCheck(
-            None, SECRET_MISSING, f"{where} has no key {ref.key!r}; nothing is delivered until it does"
+            None, Reason.SECRET_MISSING, f"{where} has no key {ref.key!r}; nothing is delivered until it does"
         )
     value = values[ref.key]
     if value is None:
         return SecretCheck(
             None,
-            SECRET_INVALID,
+            Reason.SECRET_INVALID,
             f"key {ref.key!r} of {where} is not a Standard Webhooks secret ({SECRET_PREFIX} + base64)",
         )
     try:
         parse_secret(value)
     except InvalidInput as exc:
-        return SecretCheck(None, SECRET_INVALID, f"key {ref.key!r} of {where}: {exc.message}")
-    return SecretCheck(value, SYNCED, f"stored in Postgres, signed with key {ref.key!r} of {where}")
+        return SecretCheck(None, Reason.SECRET_INVALID, f"key {ref.key!r} of {where}: {exc.message}")
+    return SecretCheck(value, Reason.SYNCED, f"stored in Postgres, signed with key {ref.key!r} of {where}")
 
 
 def reflect(
@@ -194,7 +226,7 @@ def reflect(
         desired.update(_queue_fields(queue, previous, age_resolution))
     if synced is not None and synced.generation is not None:
         desired["observedGeneration"] = synced.generation
-    phase = _phase(queue, synced)
+    phase = _phase(queue, synced, now)
     if phase is not None:
         desired["phase"] = phase
 
@@ -203,7 +235,9 @@ def reflect(
     new_conditions = dict(old_conditions)
     if synced is not None:
         ready = (
-            ("True", SYNCED, synced.message) if synced.signed else ("False", synced.reason, synced.message)
+            ("True", Reason.SYNCED, synced.message)
+            if synced.signed
+            else ("False", synced.reason, synced.message)
         )
         new_conditions[READY] = _condition(READY, *ready, old_conditions.get(READY), generation, now)
     delivering = _delivering(queue, synced, now)
@@ -240,62 +274,60 @@ def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: flo
     }
 
 
-def _phase(queue: Queue | None, synced: Synced | None) -> str | None:
-    if queue is None:
-        # Not in the snapshot yet: the spec alone says whether it is paused.
-        if synced is None or synced.reason == INVALID_SPEC:
-            return None
-        return PAUSED if synced.paused else ACTIVE
-    if queue.state == "deactivated":
-        return DEACTIVATED
-    # paused_until stays set from the moment the circuit opens until a
-    # delivery succeeds (while it lies in the past, probes are going out),
-    # so the phase does not flap between pause rounds.
-    if queue.paused or queue.paused_until is not None:
-        return PAUSED
-    return ACTIVE
+def _phase(queue: Queue | None, synced: Synced | None, now: datetime) -> EndpointState | None:
+    if queue is not None:
+        return _standing(queue, now).state
+    # Not in the snapshot yet: the spec alone says whether it is paused.
+    if synced is None or synced.reason == Reason.INVALID_SPEC:
+        return None
+    return endpoint_state(state="active", paused=synced.paused, paused_until=None, now=now).state
 
 
-def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tuple[str, str, str] | None:
+def _standing(queue: Queue, now: datetime) -> Standing:
+    return endpoint_state(state=queue.state, paused=queue.paused, paused_until=queue.paused_until, now=now)
+
+
+def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tuple[str, Reason, str] | None:
     if queue is None:
         return None
-    if queue.state == "deactivated":
+    standing = _standing(queue, now)
+    if standing.state == EndpointState.DEACTIVATED:
         return (
             "False",
-            DEACTIVATED_REASON,
+            Reason.DEACTIVATED,
             f"deactivated ({queue.last_error or 'failing for too long'}); pending deliveries are "
             f"kept: set the annotation {REACTIVATE_ANNOTATION} to a new value to deliver again",
         )
-    if queue.paused:
-        return "False", MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept"
+    if standing.paused_by == PauseReason.MANUAL:
+        return "False", Reason.MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept"
     if queue.consecutive_failures and is_refusal(queue.last_error):
         return (
             "False",
-            DESTINATION_DENIED,
+            Reason.DESTINATION_DENIED,
             f"{queue.last_error}: change spec.url, or allow its network in "
             "HOOKLANE_ALLOWED_NETWORKS if the receiver is inside the cluster",
         )
-    if queue.paused_until is not None:
+    if standing.state in (EndpointState.PAUSED, EndpointState.PROBING):
         when = (
-            f"paused until {_time(queue.paused_until)}"
-            if queue.paused_until > now
-            else f"probing since {_time(queue.paused_until)}"
+            f"probing since {_time(queue.paused_until)}"
+            if standing.state == EndpointState.PROBING
+            else f"paused until {_time(queue.paused_until)}"
         )
         return (
             "False",
-            CIRCUIT_OPEN,
+            Reason.CIRCUIT_OPEN,
             f"circuit open after {queue.consecutive_failures} consecutive failures, {when}; "
             f"last error: {queue.last_error or 'unknown'}",
         )
     if synced is not None and not synced.signed:
-        return "False", UNSIGNED, "no usable signing secret: see the Ready condition"
-    return "True", DELIVERING_OK, "deliveries go out as they are due"
+        return "False", Reason.UNSIGNED, "no usable signing secret: see the Ready condition"
+    return "True", Reason.DELIVERING, "deliveries go out as they are due"
 
 
 def _condition(
     type_: str,
     status: str,
-    reason: str,
+    reason: Reason,
     message: str,
     old: Mapping[str, Any] | None,
     generation: int | None,
@@ -321,35 +353,47 @@ def _events(
     old: Mapping[str, Mapping[str, Any]],
     new: Mapping[str, Mapping[str, Any]],
     queue: Queue | None,
-) -> list[Event]:
-    events: list[Event] = []
+) -> list[KubeEvent]:
+    events: list[KubeEvent] = []
     old_ready, new_ready = old.get(READY, {}), new.get(READY, {})
     if new_ready.get("reason") != old_ready.get("reason"):
         if new_ready.get("status") == "False":
-            events.append(Event(WARNING, new_ready["reason"], new_ready["message"]))
+            events.append(KubeEvent(EventType.WARNING, Reason(new_ready["reason"]), new_ready["message"]))
         elif old_ready.get("status") == "False":
-            events.append(Event(NORMAL, "SecretResolved", new_ready["message"]))
+            events.append(KubeEvent(EventType.NORMAL, EventReason.SECRET_RESOLVED, new_ready["message"]))
 
     old_reason = old.get(DELIVERING, {}).get("reason")
     new_delivering = new.get(DELIVERING, {})
     new_reason = new_delivering.get("reason")
     if new_reason != old_reason:
-        if new_reason == CIRCUIT_OPEN:
-            events.append(Event(WARNING, "EndpointPaused", new_delivering["message"]))
-        elif new_reason == DEACTIVATED_REASON:
-            events.append(Event(WARNING, "EndpointDeactivated", new_delivering["message"]))
-        elif old_reason == CIRCUIT_OPEN and new_reason is not None:
-            events.append(Event(NORMAL, "EndpointResumed", "a delivery succeeded: the circuit is closed"))
-        elif old_reason == DEACTIVATED_REASON and new_reason is not None:
-            events.append(Event(NORMAL, "EndpointReactivated", "the endpoint is active again"))
+        if new_reason == Reason.CIRCUIT_OPEN:
+            events.append(
+                KubeEvent(EventType.WARNING, EventReason.ENDPOINT_PAUSED, new_delivering["message"])
+            )
+        elif new_reason == Reason.DEACTIVATED:
+            events.append(
+                KubeEvent(EventType.WARNING, EventReason.ENDPOINT_DEACTIVATED, new_delivering["message"])
+            )
+        elif old_reason == Reason.CIRCUIT_OPEN and new_reason is not None:
+            events.append(
+                KubeEvent(
+                    EventType.NORMAL,
+                    EventReason.ENDPOINT_RESUMED,
+                    "a delivery succeeded: the circuit is closed",
+                )
+            )
+        elif old_reason == Reason.DEACTIVATED and new_reason is not None:
+            events.append(
+                KubeEvent(EventType.NORMAL, EventReason.ENDPOINT_REACTIVATED, "the endpoint is active again")
+            )
 
     if queue is not None:
         old_dead = previous.get("dead") or 0
         if queue.dead > old_dead:
             events.append(
-                Event(
-                    WARNING,
-                    "DeliveriesDead",
+                KubeEvent(
+                    EventType.WARNING,
+                    EventReason.DELIVERIES_DEAD,
                     f"{queue.dead - old_dead} more dead deliveries ({queue.dead} in all); set the "
                     f"annotation {RESEND_DEAD_ANNOTATION} to a new value to send them again",
                 )
@@ -357,10 +401,10 @@ def _events(
     return events
 
 
-def tenant_changed(previous: str, tenant: str, discarded: int) -> Event:
-    return Event(
-        WARNING,
-        TENANT_CHANGED,
+def tenant_changed(previous: str, tenant: str, discarded: int) -> KubeEvent:
+    return KubeEvent(
+        EventType.WARNING,
+        EventReason.TENANT_CHANGED,
         f"spec.tenant changed from {previous} to {tenant}: {discarded} pending or dead deliveries "
         f"of {previous}'s events discarded, never to be sent to this endpoint",
     )

@@ -1,14 +1,29 @@
-"""Connections to Hooklane's database."""
+"""Connections to Hooklane's database, and where its errors are translated.
+
+Every statement the store runs goes through a :class:`StoreConnection`,
+which raises :mod:`hooklane.errors`' ``StoreError`` family in place of the
+driver's errors; :func:`store_error` decides which. The worker, the operator
+and the CLI catch those only.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from typing import Any
 
 import asyncpg
 
-from hooklane.errors import InvalidInput
+from hooklane.errors import (
+    DatabaseUnreachable,
+    HooklaneError,
+    InvalidInput,
+    SchemaMissing,
+    StoreError,
+    TransientStoreError,
+    printable,
+)
 
 # Session settings for the worker's connections. Its statements take arrays
 # of ids whose length varies from 1 to hundreds; a cached generic plan
@@ -32,7 +47,7 @@ WORKER_SESSION = {
 # error), or no answer in time. asyncpg raises InternalClientError ("cannot
 # switch to state ...") when the server vanished in the middle of a
 # statement and the connection is used again, such as by the reset a pool
-# runs on release.
+# runs on release. These become DatabaseUnreachable.
 CONNECTION_LOST = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
@@ -42,12 +57,81 @@ CONNECTION_LOST = (
     asyncio.TimeoutError,
 )
 # Worth trying again: the above, or a statement Postgres aborted (deadlock,
-# serialization failure, lock timeout).
+# serialization failure, lock timeout). These become TransientStoreError;
+# this tuple is the one definition of "transient".
 TRANSIENT = (
     *CONNECTION_LOST,
     asyncpg.exceptions.TransactionRollbackError,
     asyncpg.exceptions.LockNotAvailableError,
 )
+# No Hooklane schema: `hooklane migrate` has not run (yet).
+SCHEMA_MISSING = (asyncpg.exceptions.UndefinedTableError,)
+# asyncpg refusing a query argument before sending anything (an
+# InterfaceError, but the call is wrong, not the connection): an answer.
+_ARGUMENT_REFUSED = (asyncpg.exceptions.DataError,)
+_DRIVER = (*TRANSIENT, asyncpg.PostgresError)
+
+
+def store_error(exc: BaseException, *, connecting: bool = False) -> StoreError | None:
+    """The Hooklane error for an error of the driver, None for any other.
+    While ``connecting``, every failure means no connection could be made."""
+    if isinstance(exc, HooklaneError) or not isinstance(exc, _DRIVER):
+        return None
+    message = printable(str(exc) or type(exc).__name__)
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(exc, _ARGUMENT_REFUSED) and not connecting:
+        return StoreError(message)
+    if connecting or isinstance(exc, CONNECTION_LOST):
+        return DatabaseUnreachable(message, sqlstate)
+    if isinstance(exc, SCHEMA_MISSING):
+        return SchemaMissing(message, sqlstate)
+    if isinstance(exc, TRANSIENT):
+        return TransientStoreError(message, sqlstate)
+    return StoreError(message, sqlstate)
+
+
+@asynccontextmanager
+async def store_errors(*, connecting: bool = False) -> AsyncIterator[None]:
+    """Raise the driver's errors inside as Hooklane's (:func:`store_error`)."""
+    try:
+        yield
+    except Exception as exc:
+        error = store_error(exc, connecting=connecting)
+        if error is None:
+            raise
+        raise error from exc
+
+
+class StoreConnection(asyncpg.Connection):
+    """The connection the store hands out: asyncpg's, with every statement
+    (transactions' BEGIN and COMMIT included, which go through ``execute``)
+    raising Hooklane's errors. The rest of Hooklane never sees asyncpg's."""
+
+    async def execute(self, *args: Any, **kwargs: Any) -> str:
+        async with store_errors():
+            return await super().execute(*args, **kwargs)
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> None:
+        async with store_errors():
+            return await super().executemany(*args, **kwargs)
+
+    # The stubs overload fetch and fetchrow on ``record_class``, which
+    # Hooklane never passes; these two pass every argument through.
+    async def fetch(self, *args: Any, **kwargs: Any) -> list[asyncpg.Record]:  # type: ignore[override]
+        async with store_errors():
+            return await super().fetch(*args, **kwargs)
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> asyncpg.Record | None:  # type: ignore[override]
+        async with store_errors():
+            return await super().fetchrow(*args, **kwargs)
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        async with store_errors():
+            return await super().fetchval(*args, **kwargs)
+
+    async def add_listener(self, *args: Any, **kwargs: Any) -> None:
+        async with store_errors():
+            return await super().add_listener(*args, **kwargs)
 
 
 def _require(dsn: str) -> str:
@@ -56,27 +140,59 @@ def _require(dsn: str) -> str:
     return dsn
 
 
-async def connect(dsn: str, **kwargs) -> asyncpg.Connection:
-    return await asyncpg.connect(_require(dsn), **kwargs)
+@asynccontextmanager
+async def _connecting() -> AsyncIterator[None]:
+    async with store_errors(connecting=True):
+        try:
+            yield
+        except ValueError as exc:
+            # asyncpg refusing a malformed URL; its message never quotes the
+            # URL, which may hold a password.
+            raise InvalidInput("HOOKLANE_DATABASE_URL", f"is not a valid PostgreSQL URL: {exc}") from None
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs) -> asyncpg.Pool:
-    return await asyncpg.create_pool(_require(dsn), min_size=min_size, max_size=max_size, **kwargs)
+async def connect(dsn: str, **kwargs: Any) -> StoreConnection:
+    """A connection raising Hooklane's errors; ``DatabaseUnreachable`` when
+    none can be made, ``InvalidInput`` for a malformed ``dsn``."""
+    dsn = _require(dsn)
+    async with _connecting():
+        return await asyncpg.connect(dsn, connection_class=StoreConnection, **kwargs)
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any) -> asyncpg.Pool:
+    """A pool of :class:`StoreConnection`; errors as :func:`connect`."""
+    dsn = _require(dsn)
+    async with _connecting():
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            connection_class=StoreConnection,
+            **kwargs,
+        )
 
 
 @asynccontextmanager
-async def acquire(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
-    """A pooled connection that is never handed out again once it failed.
+async def acquire(pool: asyncpg.Pool) -> AsyncIterator[StoreConnection]:
+    """A pooled connection that is never handed out again once it failed;
+    ``DatabaseUnreachable`` when none can be had.
 
     asyncpg's own ``pool.acquire()`` resets a connection on release; after
     the server went away mid-statement that reset fails, and its error
     replaces the one the caller was ready to handle.
     """
-    conn = await pool.acquire()
+    async with _connecting():
+        conn = await pool.acquire()
     try:
-        yield conn
+        # Once the server dropped the connection, the pool's proxy refuses
+        # calls with asyncpg's own error, before StoreConnection sees them.
+        async with store_errors():
+            # A proxy of a StoreConnection (the pool's connection_class), which
+            # forwards every call to it: the stubs type it as a proxy of a plain
+            # Connection.
+            yield conn  # type: ignore[misc]
     finally:
         # A failed reset: asyncpg terminated the connection, and the pool
         # opens a new one when needed.
-        with suppress(*CONNECTION_LOST):
+        with suppress(DatabaseUnreachable, *CONNECTION_LOST):
             await pool.release(conn)

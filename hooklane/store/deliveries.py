@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import asyncpg
 
@@ -10,25 +11,51 @@ from hooklane.policies import CircuitPolicy
 from hooklane.store.queries import QUERIES
 
 
+class ResultOutcome(StrEnum):
+    """What a finished attempt did, in the words of the ``complete``
+    statement (queries.sql), and the ``outcome`` label of
+    ``hooklane_deliveries_total``."""
+
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    DEAD = "dead"
+
+
 @dataclass(frozen=True)
 class Result:
-    """One finished attempt, as the worker records it."""
+    """One finished attempt, as the worker records it. Made by
+    :meth:`delivered`, :meth:`retry` or :meth:`dead`."""
 
     delivery_id: int
     attempts: int  # the fence: the attempt number the worker reserved
-    outcome: str  # 'delivered', 'retry' or 'dead'
+    outcome: ResultOutcome
     retry_in: float | None
     status: int | None
     error: str | None
 
+    @classmethod
+    def delivered(cls, delivery_id: int, attempts: int, *, status: int) -> Result:
+        return cls(delivery_id, attempts, ResultOutcome.DELIVERED, None, status, None)
+
+    @classmethod
+    def retry(
+        cls, delivery_id: int, attempts: int, *, retry_in: float, status: int | None, error: str
+    ) -> Result:
+        return cls(delivery_id, attempts, ResultOutcome.RETRY, retry_in, status, error)
+
+    @classmethod
+    def dead(cls, delivery_id: int, attempts: int, *, status: int | None, error: str) -> Result:
+        return cls(delivery_id, attempts, ResultOutcome.DEAD, None, status, error)
+
 
 async def reserve(
-    conn: asyncpg.Connection, partitions: list[int], limit: int, lease_grace_seconds: float
+    conn: asyncpg.Connection, partitions: list[int], limit: int, lease_grace_seconds: float, worker_id: str
 ) -> list[asyncpg.Record]:
     """Reserve up to ``limit`` due deliveries of ``partitions``, visiting only
-    endpoints that may have work. Call only while this session holds those
-    partitions' advisory locks."""
-    return await conn.fetch(QUERIES["reserve"], partitions, limit, lease_grace_seconds)
+    endpoints that may have work; each records ``worker_id`` as the worker
+    that attempted it. Call only while this session holds those partitions'
+    advisory locks."""
+    return await conn.fetch(QUERIES["reserve"], partitions, limit, lease_grace_seconds, worker_id)
 
 
 async def complete(

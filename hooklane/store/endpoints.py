@@ -81,6 +81,7 @@ async def upsert_endpoint(
             replaced,
             grace_seconds,
         )
+    assert row is not None, "upsert_endpoint returns one row, always"
     upserted = Upserted(
         row["id"],
         row["partition"],

@@ -23,9 +23,11 @@ async def insert_event(
     transaction it is in. Returns the fan-out (0: no endpoint matched), or
     None when the tenant already stored this very event under this id.
     ``EventConflict`` when the tenant stored a different one under it:
-    nothing is stored, and the transaction is still usable."""
+    nothing is stored, and the transaction is still usable. The caller's
+    ``conn`` raises its own errors (see :func:`hooklane.publish`)."""
     args = (id, tenant, type, data_json, coalesce_key)
     row = await conn.fetchrow(QUERIES["publish"], *args)
+    assert row is not None, "publish returns one row, always"
     if row["fanout"] is not None:
         return row["fanout"]
     conflict = row["conflict"]

@@ -9,6 +9,8 @@ from importlib import resources
 
 import asyncpg
 
+from hooklane.store.queries import QUERIES
+
 logger = logging.getLogger(__name__)
 
 # Serialises concurrent `hooklane migrate` runs (an init container per replica).
@@ -38,29 +40,17 @@ async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[M
     """Apply the migrations the database lacks, up to version ``target``
     (all by default: an older target is for testing upgrades); return those
     applied."""
-    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+    await conn.execute(QUERIES["migration_lock"], _MIGRATION_LOCK)
     try:
-        await conn.execute(
-            """
-            CREATE TABLE IF NOT EXISTS hooklane_migrations (
-                version    integer PRIMARY KEY,
-                name       text NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            )
-            """
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM hooklane_migrations")}
+        await conn.execute(QUERIES["create_migration_table"])
+        done = {r["version"] for r in await conn.fetch(QUERIES["applied_migrations"])}
         applied = []
         for migration in available():
             if migration.version in done or (target is not None and migration.version > target):
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO hooklane_migrations (version, name) VALUES ($1, $2)",
-                    migration.version,
-                    migration.name,
-                )
+                await conn.execute(QUERIES["record_migration"], migration.version, migration.name)
             logger.info(
                 "applied migration %04d_%s",
                 migration.version,
@@ -70,4 +60,4 @@ async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[M
             applied.append(migration)
         return applied
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+        await conn.execute(QUERIES["migration_unlock"], _MIGRATION_LOCK)

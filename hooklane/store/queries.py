@@ -8,8 +8,8 @@ from importlib import resources
 _BLOCK_START = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
-def _load() -> dict[str, str]:
-    text = resources.files("hooklane.store").joinpath("queries.sql").read_text()
+def parse(text: str) -> dict[str, str]:
+    """Named blocks ("-- name: NAME", comment lines, the statement) by name."""
     parts = _BLOCK_START.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     statements = {}
@@ -19,4 +19,4 @@ def _load() -> dict[str, str]:
     return statements
 
 
-QUERIES: dict[str, str] = _load()
+QUERIES: dict[str, str] = parse(resources.files("hooklane.store").joinpath("queries.sql").read_text())

@@ -2,6 +2,40 @@
 -- A block starts with "-- name: NAME", then lines saying what it does, its
 -- parameters in order and the index it relies on. hooklane/store/queries.py
 -- loads this file once; Python code calls the statements by name only.
+--
+-- The rules that make an endpoint ready are SQL functions (migration 0004):
+-- hooklane_wake, hooklane_make_ready, hooklane_deliverable. A statement
+-- calls the first two in a CTE that its final SELECT joins (`FROM x, woken`):
+-- a CTE without an INSERT, UPDATE or DELETE of its own runs only if read.
+
+-- name: migration_lock
+-- Wait for the lock that serialises `hooklane migrate` runs (an init
+-- container or a Helm hook per release may run several at once), held by
+-- this session until migration_unlock.
+-- Parameters: $1 the lock key. Index: none (advisory).
+SELECT pg_advisory_lock($1);
+
+-- name: migration_unlock
+-- Release the migration lock. Parameters: $1 the lock key. Index: none.
+SELECT pg_advisory_unlock($1);
+
+-- name: create_migration_table
+-- The migrations applied so far, one row each; created by the first run.
+-- Parameters: none. Index: its primary key.
+CREATE TABLE IF NOT EXISTS hooklane_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: applied_migrations
+-- The versions applied. Parameters: none. Index: primary key.
+SELECT version FROM hooklane_migrations;
+
+-- name: record_migration
+-- Note a migration as applied, in the transaction that applied it.
+-- Parameters: $1 version, $2 name. Index: primary key.
+INSERT INTO hooklane_migrations (version, name) VALUES ($1, $2);
 
 -- name: partition_count
 -- The partition count every worker and the operator share.
@@ -77,13 +111,12 @@ discarded AS (
     RETURNING d.id
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition)
-    SELECT u.id, u.partition FROM upserted u WHERE NOT u.created
+    SELECT hooklane_wake(array_agg(u.id), array_agg(u.partition)) FROM upserted u WHERE NOT u.created
 )
 SELECT u.id, u.partition, u.created,
        (SELECT b.tenant FROM before b WHERE b.tenant <> u.tenant) AS previous_tenant,
        (SELECT count(*) FROM discarded) AS discarded
-FROM upserted u;
+FROM upserted u, woken;
 
 -- name: secrets_to_reseal
 -- Endpoints with a secret not sealed with the active key: plaintext from
@@ -143,9 +176,9 @@ WITH reactivated AS (
     RETURNING id, partition
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition) SELECT id, partition FROM reactivated
+    SELECT hooklane_wake(array_agg(id), array_agg(partition)) FROM reactivated
 )
-SELECT id FROM reactivated;
+SELECT r.id FROM reactivated r, woken;
 
 -- name: delete_endpoint
 -- Remove an endpoint. Its deliveries, pending and dead alike, go with it (the
@@ -215,8 +248,8 @@ queued AS (
     RETURNING endpoint_id
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition)
-    SELECT m.id, m.partition FROM matched m JOIN queued q ON q.endpoint_id = m.id
+    SELECT hooklane_wake(array_agg(m.id), array_agg(m.partition))
+    FROM matched m JOIN queued q ON q.endpoint_id = m.id
 )
 SELECT (SELECT fanout FROM event) AS fanout,
        (SELECT NOT (x.type = $3 AND x.data = $4::jsonb
@@ -224,7 +257,8 @@ SELECT (SELECT fanout FROM event) AS fanout,
         FROM existing x) AS conflict,
        (SELECT count(pg_notify('hooklane_ready', p.partition::text))
         FROM (SELECT DISTINCT m.partition
-              FROM matched m JOIN queued q ON q.endpoint_id = m.id) AS p) AS notified;
+              FROM matched m JOIN queued q ON q.endpoint_id = m.id) AS p) AS notified
+FROM woken;
 
 -- name: event_conflict
 -- Whether the event a tenant stored under an id differs from this one;
@@ -240,17 +274,15 @@ WHERE tenant = $2 AND id = $1;
 -- owned partitions that has pending deliveries but neither a ready row nor
 -- a wakeup, whatever left it so (deliveries written by an older publish, or
 -- by hand). An endpoint with a wakeup not yet absorbed is not missing: the
--- next reservation makes it ready. Parameters: $1 owned partitions.
--- Index: endpoints_partition; primary key of ready_endpoints;
--- deliveries_queue for the pending check; wakeups is read whole (an
+-- next reservation makes it ready. Deliverable: hooklane_deliverable.
+-- Parameters: $1 owned partitions. Index: endpoints_partition; primary key
+-- of ready_endpoints; deliveries_queue for the pending check; wakeups is read whole (an
 -- anti-join), as it only holds what publishes added since the last round.
 INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
 SELECT ep.id, ep.partition, now()
 FROM endpoints ep
 WHERE ep.partition = ANY($1::int[])
-  AND ep.state = 'active'
-  AND NOT ep.paused
-  AND ep.secret IS NOT NULL
+  AND hooklane_deliverable(ep)
   AND NOT EXISTS (SELECT 1 FROM ready_endpoints r WHERE r.endpoint_id = ep.id)
   AND NOT EXISTS (SELECT 1 FROM wakeups w WHERE w.endpoint_id = ep.id)
   AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending')
@@ -275,25 +307,23 @@ WITH rescued AS (
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),
 ready AS (
-    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-    SELECT DISTINCT endpoint_id, partition, now() FROM rescued
-    ON CONFLICT (endpoint_id) DO UPDATE
-    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at)
+    SELECT hooklane_make_ready(array_agg(endpoint_id), array_agg(partition)) FROM rescued
 )
-SELECT id FROM rescued;
+SELECT r.id FROM rescued r, ready;
 
 -- name: reserve
 -- Reserve up to $2 due deliveries of the owned partitions, visiting only the
--- endpoints that may have work: the steps are in hooklane_reserve (migration
--- 0003), one round trip. Runs only under the partitions' advisory locks. A
--- due delivery of another tenant's event than its endpoint's is discarded,
--- never returned. `previous_secret` is the replaced signing secret while it
+-- endpoints that may have work: the steps are in hooklane_reserve_v2
+-- (migration 0004), one round trip. Runs only under the partitions' advisory
+-- locks. A due delivery of another tenant's event than its endpoint's is
+-- discarded, never returned. Each reserved delivery records the worker's id
+-- in attempted_by. `previous_secret` is the replaced signing secret while it
 -- still signs, else NULL.
 -- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
--- seconds beyond the endpoint's timeout.
+-- seconds beyond the endpoint's timeout, $4 the worker's id.
 -- Index: wakeups_partition, ready_endpoints_ready_at, deliveries_in_flight,
 -- deliveries_queue, primary key of events (see the function).
-SELECT * FROM hooklane_reserve($1::int[], $2, $3);
+SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each
@@ -375,12 +405,9 @@ RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
           ep.consecutive_failures
 ),
 ready AS (
-    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-    SELECT id, partition, now() FROM touched
-    ON CONFLICT (endpoint_id) DO UPDATE
-    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at)
+    SELECT hooklane_make_ready(array_agg(id), array_agg(partition)) FROM touched
 )
-SELECT id, namespace, name, state, paused_until, consecutive_failures FROM touched;
+SELECT t.id, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures FROM touched t, ready;
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -437,10 +464,10 @@ resent AS (
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),
 woken AS (
-    INSERT INTO wakeups (endpoint_id, partition)
-    SELECT DISTINCT endpoint_id, partition FROM resent
+    SELECT hooklane_wake(array_agg(r.endpoint_id), array_agg(r.partition))
+    FROM (SELECT DISTINCT endpoint_id, partition FROM resent) r
 )
-SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint;
+SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint, woken;
 
 -- name: list_events
 -- Events of a tenant in a time range, for reconciliation.
@@ -453,8 +480,10 @@ ORDER BY created_at, id
 LIMIT $4;
 
 -- name: endpoint_queues
--- Per endpoint: queue, occupancy, oldest pending age and circuit state, most
--- delayed first. `hooklane status` and the worker's per-endpoint gauges.
+-- Per endpoint: queue, occupancy and the workers sending its deliveries
+-- (NULL when none; a worker of 0.1.0 records no name), oldest pending
+-- age and circuit state, most delayed first. `hooklane status`, the
+-- operator's status and the worker's per-endpoint gauges.
 -- Parameters: $1 partitions, or NULL for all.
 -- Index: deliveries_queue and deliveries_in_flight (the join only visits
 -- pending and sending rows); endpoints_partition.
@@ -463,6 +492,8 @@ SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.last_error, ep.last_delivered_at,
        count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
        count(d.id) FILTER (WHERE d.state = 'sending') AS in_flight,
+       array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
+         FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
        extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
          AS oldest_pending_age
 FROM endpoints ep

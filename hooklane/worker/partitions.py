@@ -23,8 +23,8 @@ from typing import TypeVar
 
 import asyncpg
 
-from hooklane.store.connection import CONNECTION_LOST, WORKER_SESSION
-from hooklane.store.queries import QUERIES
+from hooklane import store
+from hooklane.errors import DatabaseUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +81,19 @@ class PartitionOwner:
                 return
             # The application name ties the backend holding the locks to this
             # process, for operators reading pg_stat_activity and pg_locks.
-            conn = await asyncpg.connect(
+            conn = await store.connect(
                 self._dsn,
                 # A call that gets no answer means a connection that cannot
                 # be trusted with ownership any more: it is dropped.
                 command_timeout=_CALL_TIMEOUT_SECONDS,
-                server_settings={**WORKER_SESSION, "application_name": f"hooklane-worker:{os.getpid()}"},
+                server_settings={
+                    **store.WORKER_SESSION,
+                    "application_name": f"hooklane-worker:{os.getpid()}",
+                },
             )
             while True:
                 member_id = random.randrange(1, 2**31)
-                if await conn.fetchval(QUERIES["try_lock"], MEMBER_CLASS, member_id):
+                if await store.try_lock(conn, MEMBER_CLASS, member_id):
                     break
             await conn.add_listener("hooklane_ready", self._notified)
             self._conn, self.member_id, self.owned, self.settled = conn, member_id, set(), False
@@ -106,7 +109,7 @@ class PartitionOwner:
             conn = self._require()
             try:
                 return await fn(conn, sorted(self.owned))
-            except CONNECTION_LOST as exc:
+            except DatabaseUnreachable as exc:
                 self._drop(exc)
                 raise LostOwnership(str(exc)) from exc
 
@@ -117,12 +120,12 @@ class PartitionOwner:
             conn = self._require()
             try:
                 return await self._rebalance(conn)
-            except CONNECTION_LOST as exc:
+            except DatabaseUnreachable as exc:
                 self._drop(exc)
                 raise LostOwnership(str(exc)) from exc
 
     async def _rebalance(self, conn: asyncpg.Connection) -> tuple[set[int], set[int]]:
-        live = await conn.fetchval(QUERIES["live_workers"], MEMBER_CLASS)
+        live = await store.live_workers(conn, MEMBER_CLASS)
         target = fair_share(self.partition_count, live)
         taken: set[int] = set()
         released: set[int] = set()
@@ -133,16 +136,14 @@ class PartitionOwner:
                 if len(self.owned) <= target:
                     break
                 if partition in self.owned:
-                    await conn.fetchval(QUERIES["unlock"], PARTITION_CLASS, partition)
+                    await store.unlock(conn, PARTITION_CLASS, partition)
                     self.owned.discard(partition)
                     released.add(partition)
         else:
             for partition in order:
                 if len(self.owned) >= target:
                     break
-                if partition not in self.owned and await conn.fetchval(
-                    QUERIES["try_lock"], PARTITION_CLASS, partition
-                ):
+                if partition not in self.owned and await store.try_lock(conn, PARTITION_CLASS, partition):
                     self.owned.add(partition)
                     taken.add(partition)
         self.settled = True

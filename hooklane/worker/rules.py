@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from hooklane.policies import RetryPolicy
+from hooklane.store.deliveries import Result
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,20 @@ def classify(
     if asked is not None:
         delay = max(delay, min(asked, policy.cap_seconds))
     return Retry(delay, error)
+
+
+def result_of(delivery_id: int, attempts: int, attempt: Attempt, outcome: Outcome) -> Result:
+    """What the worker records of an attempt's ``outcome``: the one mapping
+    from these outcomes to the store's. ``attempts`` is the fence the
+    delivery was reserved with; the HTTP status is kept whatever the
+    outcome, so a dead delivery shows what killed it."""
+    match outcome:
+        case Delivered(status=status):
+            return Result.delivered(delivery_id, attempts, status=status)
+        case Retry(delay_seconds=delay, error=error):
+            return Result.retry(delivery_id, attempts, retry_in=delay, status=attempt.status, error=error)
+        case Dead(error=error):
+            return Result.dead(delivery_id, attempts, status=attempt.status, error=error)
 
 
 def _failure(attempt: Attempt) -> str:

@@ -14,22 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import asyncpg
 
 from hooklane import metrics, store
-from hooklane.errors import InvalidInput
+from hooklane.endpoint_state import EndpointState, endpoint_state
+from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
 from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
-from hooklane.store import deliveries
-from hooklane.store.connection import TRANSIENT, WORKER_SESSION
-from hooklane.store.deliveries import Result
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
-from hooklane.worker.rules import Attempt, Dead, Delivered, Outcome, Retry, classify
+from hooklane.worker.rules import Attempt, Dead, Outcome, classify, result_of
 from hooklane.worker.sender import Sender, event_body
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,27 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._sending: set[asyncio.Task] = set()
-        self._results: asyncio.Queue[Result | None] = asyncio.Queue()
+        self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
+
+    # Set by ``_start``, before any of the loops that use them runs.
+    @property
+    def owner(self) -> PartitionOwner:
+        assert self._owner is not None, "used before _start"
+        return self._owner
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        assert self._pool is not None, "used before _start"
+        return self._pool
+
+    @property
+    def sender(self) -> Sender:
+        assert self._sender is not None, "used before run"
+        return self._sender
 
     def ready(self) -> bool:
         """Connected, holding its share of the partitions (or knowing there
@@ -87,8 +103,8 @@ class Worker:
             for task in [reserve, recorder, *background, *self._sending]:
                 task.cancel()
             await asyncio.gather(reserve, recorder, *background, return_exceptions=True)
-            await self._owner.close()
-            await self._sender.close()
+            await self.owner.close()
+            await self.sender.close()
             await self._close_pool()
             logger.info("worker stopped", extra={"action": "stopped"})
 
@@ -104,19 +120,19 @@ class Worker:
                 # the background and logs a traceback for each failed try
                 # while the server is down.
                 self._pool = self._pool or await store.create_pool(
-                    s.database_url, min_size=0, max_size=4, server_settings=WORKER_SESSION
+                    s.database_url, min_size=0, max_size=4, server_settings=store.WORKER_SESSION
                 )
                 async with store.acquire(self._pool) as conn:
-                    partition_count = await deliveries.partition_count(conn)
+                    partition_count = await store.partition_count(conn)
                 self._owner = PartitionOwner(s.database_url, partition_count, lambda _p: self._wake.set())
-                await self._owner.connect()
+                await self.owner.connect()
                 return True
-            except TRANSIENT as exc:
-                logger.warning("waiting for the database: %s", exc, extra={"action": "start"})
-            except asyncpg.UndefinedTableError:
+            except SchemaMissing:
                 logger.warning(
                     "waiting for the database schema: run `hooklane migrate`", extra={"action": "start"}
                 )
+            except TransientStoreError as exc:
+                logger.warning("waiting for the database: %s", exc, extra={"action": "start"})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
             delay = min(delay * 2, 5.0)
@@ -136,7 +152,7 @@ class Worker:
         slowest call; the limits stay exact, as deliveries in flight are
         counted in Postgres whoever owns the partition."""
         await reserve
-        await self._owner.close()
+        await self.owner.close()
         if self._sending:
             logger.info("draining %d deliveries in flight", len(self._sending), extra={"action": "drain"})
             await asyncio.wait(self._sending, timeout=self.settings.drain_seconds)
@@ -149,18 +165,21 @@ class Worker:
             self._wake.clear()
             free = min(s.worker_concurrency - len(self._sending), s.reserve_batch)
             reserved = 0
-            if free > 0 and self._owner.owned:
+            if free > 0 and self.owner.owned:
                 started = time.perf_counter()
                 try:
-                    rows = await self._owner.run(
-                        lambda conn, owned, free=free: deliveries.reserve(
-                            conn, owned, free, s.lease_grace_seconds
+                    rows = await self.owner.run(
+                        functools.partial(
+                            store.reserve,
+                            limit=free,
+                            lease_grace_seconds=s.lease_grace_seconds,
+                            worker_id=s.worker_id,
                         )
                     )
                 except LostOwnership:
                     rows = []
                     await self._reconnect()
-                except TRANSIENT as exc:
+                except TransientStoreError as exc:
                     rows = []
                     logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
@@ -190,7 +209,7 @@ class Worker:
             keys = [self._key(row["secret"], endpoint)]
             if row["previous_secret"] is not None:
                 keys.append(self._key(row["previous_secret"], endpoint))
-            attempt = await self._sender.send(row["url"], keys, row["event_id"], body, row["timeout_seconds"])
+            attempt = await self.sender.send(row["url"], keys, row["event_id"], body, row["timeout_seconds"])
             outcome = self._classify(row, attempt)
         except Exception as exc:
             # Whatever went wrong before, around or after the call (a secret
@@ -205,7 +224,7 @@ class Worker:
             attempt = Attempt(None, error=error)
             outcome = self._classify(row, attempt)
         metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
-        self._results.put_nowait(_result(row, attempt, outcome))
+        self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome))
         if isinstance(outcome, Dead):
             logger.warning(
                 "delivery %d to %s/%s is dead: %s",
@@ -238,7 +257,7 @@ class Worker:
         write ran goes in the next one. ``None`` in the queue means the worker
         is draining: record what is left and return."""
         while True:
-            batch: list[Result] = []
+            batch: list[store.Result] = []
             item = await self._results.get()
             while item is not None:
                 batch.append(item)
@@ -252,17 +271,17 @@ class Worker:
                     return
                 self._results.put_nowait(None)
 
-    async def _record(self, batch: list[Result]) -> None:
+    async def _record(self, batch: list[store.Result]) -> None:
         """Write a batch of results, retrying while Postgres is unreachable or
         aborts the statement: a result is never dropped while the worker lives
         (and if it dies, the lease runs out and the delivery is sent again)."""
         delay = 0.1
         while True:
             try:
-                async with store.acquire(self._pool) as conn:
-                    touched = await deliveries.complete(conn, batch, self.settings.circuit)
+                async with store.acquire(self.pool) as conn:
+                    touched = await store.complete(conn, batch, self.settings.circuit)
                 break
-            except TRANSIENT as exc:
+            except TransientStoreError as exc:
                 logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -282,13 +301,13 @@ class Worker:
                 )
         self._wake.set()
 
-    async def _every(self, seconds: float, job) -> None:
+    async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
         """Run ``job`` every ``seconds``. Losing Postgres for a while is
         survivable and retried; any other error is a bug and stops the worker."""
         while not self._stopping.is_set():
             try:
                 await job()
-            except TRANSIENT as exc:
+            except TransientStoreError as exc:
                 logger.warning("%s failed, retrying: %s", job.__name__, exc, extra={"action": "retry"})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
@@ -298,26 +317,26 @@ class Worker:
         taken again by the next rebalance."""
         while not self._stopping.is_set():
             try:
-                await self._owner.connect()
+                await self.owner.connect()
                 return
-            except (asyncpg.PostgresError, *TRANSIENT) as exc:
+            except StoreError as exc:
                 logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
                 await asyncio.sleep(1.0)
 
     async def _rebalance(self) -> None:
         try:
-            taken, _ = await self._owner.rebalance()
+            taken, _ = await self.owner.rebalance()
         except LostOwnership:
             await self._reconnect()
             return
-        metrics.PARTITIONS_OWNED.set(len(self._owner.owned))
+        metrics.PARTITIONS_OWNED.set(len(self.owner.owned))
         if taken:
             self._wake.set()
 
     async def _maintain(self) -> None:
         s = self.settings
         try:
-            rescued = await self._owner.run(deliveries.rescue_expired)
+            rescued = await self.owner.run(store.rescue_expired)
         except LostOwnership:
             return
         if rescued:
@@ -326,10 +345,10 @@ class Worker:
                 "requeued %d deliveries whose worker lost them", rescued, extra={"action": "rescue"}
             )
             self._wake.set()
-        if _HOUSEKEEPER_PARTITION not in self._owner.owned:
+        if _HOUSEKEEPER_PARTITION not in self.owner.owned:
             return
-        async with store.acquire(self._pool) as conn:
-            for ep in await deliveries.deactivate_failing(conn, s.deactivate_after_seconds):
+        async with store.acquire(self.pool) as conn:
+            for ep in await store.deactivate_failing(conn, s.deactivate_after_seconds):
                 logger.warning(
                     "endpoint %s/%s deactivated after failing for %d s; its pending deliveries are kept",
                     ep["namespace"],
@@ -341,7 +360,7 @@ class Worker:
 
     async def _sweep(self) -> None:
         try:
-            found = await self._owner.run(deliveries.sweep_ready)
+            found = await self.owner.run(store.sweep_ready)
         except LostOwnership:
             return
         if found:
@@ -353,40 +372,35 @@ class Worker:
             self._wake.set()
 
     async def _refresh_gauges(self) -> None:
-        owned = sorted(self._owner.owned)
-        async with store.acquire(self._pool) as conn:
+        owned = sorted(self.owner.owned)
+        async with store.acquire(self.pool) as conn:
             queues = await store.endpoint_queues(conn, owned)
-            dead = await deliveries.dead_counts(conn, owned)
-            unrouted = await deliveries.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
+            dead = await store.dead_counts(conn, owned)
+            unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
         for gauge in metrics.PER_ENDPOINT:
             gauge.clear()
         paused = {"circuit": 0, "manual": 0, "deactivated": 0}
+        probing = 0
         now = datetime.now(UTC)
         for q in queues:
             labels = (q["namespace"], q["name"])
             metrics.ENDPOINT_PENDING.labels(*labels).set(q["pending"])
             metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(q["in_flight"])
             metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(float(q["oldest_pending_age"] or 0))
-            if q["state"] == "deactivated":
+            standing = endpoint_state(
+                state=q["state"], paused=q["paused"], paused_until=q["paused_until"], now=now
+            )
+            if standing.state == EndpointState.DEACTIVATED:
                 paused["deactivated"] += 1
-            elif q["paused"]:
-                paused["manual"] += 1
-            elif q["paused_until"] is not None and q["paused_until"] > now:
-                paused["circuit"] += 1
+            elif standing.paused_by is not None:
+                paused[standing.paused_by] += 1
+            elif standing.state == EndpointState.PROBING:
+                probing += 1
         for d in dead:
             metrics.ENDPOINT_DEAD.labels(d["namespace"], d["name"]).set(d["dead"])
         for reason, count in paused.items():
             metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
+        metrics.ENDPOINTS_PROBING.set(probing)
         # Only the owner of partition 0 counts; the others show 0, not the
         # count from when they last owned it, which would hide a later rise.
         metrics.EVENTS_UNROUTED.set(unrouted or 0)
-
-
-def _result(row: asyncpg.Record, attempt: Attempt, outcome) -> Result:
-    if isinstance(outcome, Delivered):
-        return Result(row["id"], row["attempts"], "delivered", None, attempt.status, None)
-    if isinstance(outcome, Retry):
-        return Result(
-            row["id"], row["attempts"], "retry", outcome.delay_seconds, attempt.status, outcome.error
-        )
-    return Result(row["id"], row["attempts"], "dead", None, attempt.status, outcome.error)

@@ -1,0 +1,537 @@
+-- Hooklane's schema as it is after every migration, in one readable file.
+--
+-- The migrations in migrations/ are what build and upgrade a database
+-- (`hooklane migrate`); this file is what they add up to, to read, and
+-- tests/test_schema.py checks that loading it gives the catalog the
+-- migrations give. A migration changes this file in the same commit.
+-- Statements live in queries.sql; each index below names the ones it serves.
+-- (`hooklane_migrations`, the record of applied migrations, is created by
+-- `hooklane migrate` itself, not by a migration.)
+
+-- ---------------------------------------------------------------------------
+-- Configuration
+
+-- One row. Workers read the partition count from here so that every replica
+-- and the operator agree on it; it is fixed at install time.
+CREATE TABLE hooklane_config (
+    singleton       boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    partition_count integer NOT NULL DEFAULT 32 CHECK (partition_count BETWEEN 1 AND 4096)
+);
+INSERT INTO hooklane_config DEFAULT VALUES;
+
+-- ---------------------------------------------------------------------------
+-- Endpoints: one row per WebhookEndpoint, each a queue of its own.
+
+CREATE TABLE endpoints (
+    -- Identity: the Kubernetes object's namespace and name. The tenant
+    -- decides which events the endpoint receives.
+    id                   bigserial PRIMARY KEY,
+    namespace            text NOT NULL,
+    name                 text NOT NULL,
+    tenant               text NOT NULL,
+    -- The spec: where and how to deliver.
+    url                  text NOT NULL,
+    max_concurrency      integer NOT NULL DEFAULT 4 CHECK (max_concurrency BETWEEN 1 AND 256),
+    event_types          text[] NOT NULL DEFAULT '{}',
+    timeout_seconds      integer NOT NULL DEFAULT 5 CHECK (timeout_seconds BETWEEN 1 AND 60),
+    paused               boolean NOT NULL DEFAULT false,
+    -- Signing: the Standard Webhooks secret (whsec_...), as text or sealed
+    -- (`enc:v1:<key id>:<base64>`, hooklane/secrets.py). NULL while the
+    -- referenced Secret is missing or malformed: such an endpoint is never
+    -- reserved, so nothing is ever sent unsigned. The replaced secret signs
+    -- too until previous_secret_until, so that receivers switch keys
+    -- without refusing a delivery.
+    secret               text,
+    previous_secret      text,
+    previous_secret_until timestamptz,
+    -- Lifecycle: 'deactivated' by a 410 or by failing for days, until
+    -- reactivated by hand.
+    state                text NOT NULL DEFAULT 'active'
+                         CHECK (state IN ('active', 'deactivated')),
+    deactivated_at       timestamptz,
+    deactivated_reason   text,
+    -- Stable hash of namespace/name modulo hooklane_config.partition_count;
+    -- the worker holding the partition's advisory lock serves the endpoint.
+    partition            integer NOT NULL,
+    -- Circuit breaker, shared by every worker.
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    failing_since        timestamptz,
+    paused_until         timestamptz,
+    last_error           text,
+    last_delivered_at    timestamptz,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (namespace, name),
+    CONSTRAINT endpoints_previous_secret_check
+        CHECK ((previous_secret IS NULL) = (previous_secret_until IS NULL))
+);
+
+-- publish: the active endpoints of one tenant
+CREATE INDEX endpoints_tenant ON endpoints (tenant) WHERE state = 'active';
+-- sweep_ready, endpoint_queues: the endpoints of some partitions
+CREATE INDEX endpoints_partition ON endpoints (partition) WHERE state = 'active';
+-- deactivate_failing: endpoints failing for a long time
+CREATE INDEX endpoints_failing_since ON endpoints (failing_since) WHERE failing_since IS NOT NULL;
+
+-- ---------------------------------------------------------------------------
+-- Events: what publishers stored. An event is (tenant, id): another
+-- tenant's id is another event.
+
+CREATE TABLE events (
+    id           text NOT NULL,
+    tenant       text NOT NULL,
+    type         text NOT NULL,
+    data         jsonb NOT NULL,
+    coalesce_key text,
+    -- how many deliveries this event fanned out to; 0 means it matched no
+    -- endpoint and is kept (and counted) rather than dropped
+    fanout       integer NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    -- publish (ON CONFLICT), event_conflict, reserve (the event of each
+    -- delivery), purge_events (the delete)
+    PRIMARY KEY (tenant, id)
+);
+
+-- purge_events: events past retention, oldest first
+CREATE INDEX events_created_at ON events (created_at);
+-- list_events: one tenant's events in a time range
+CREATE INDEX events_tenant_created_at ON events (tenant, created_at);
+-- unrouted_events: events that matched no endpoint, kept and counted
+CREATE INDEX events_unrouted ON events (created_at) WHERE fanout = 0;
+
+-- ---------------------------------------------------------------------------
+-- Deliveries: one row per (event, endpoint), from 'pending' to 'delivered',
+-- 'dead' (until resent) or 'discarded' (never sent; last_error says why).
+
+CREATE TABLE deliveries (
+    id              bigserial PRIMARY KEY,
+    endpoint_id     bigint NOT NULL REFERENCES endpoints (id) ON DELETE CASCADE,
+    -- The event, by both parts. The tenant is the event's, not the
+    -- endpoint's: the two differ once an endpoint moves to another tenant,
+    -- which is how reservation and complete recognise what must never be
+    -- sent.
+    event_tenant    text NOT NULL,
+    event_id        text NOT NULL,
+    coalesce_key    text,
+    state           text NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending', 'sending', 'delivered', 'dead', 'discarded')),
+    -- Attempts: incremented by each reservation, and the fence that keeps a
+    -- late result from a worker that lost the delivery from overwriting
+    -- newer state. attempted_by is the worker that reserved it last
+    -- (HOOKLANE_WORKER_ID; NULL if never reserved, or reserved by a worker
+    -- of a release before migration 0004).
+    attempts        integer NOT NULL DEFAULT 0,
+    attempted_by    text,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    reserved_at     timestamptz,
+    -- when the worker that reserved it has certainly given up on the call
+    -- (reserved_at + the endpoint's timeout + grace); rescue_expired uses it
+    lease_expires_at timestamptz,
+    -- Outcome.
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    delivered_at    timestamptz,
+    last_status     integer,
+    last_error      text,
+    CONSTRAINT deliveries_event_fkey FOREIGN KEY (event_tenant, event_id)
+        REFERENCES events (tenant, id) ON DELETE CASCADE
+);
+
+-- reserve (hooklane_reserve_v2, hooklane_rerate_v2): each endpoint's queue,
+-- in the order it is tried; sweep_ready, upsert_endpoint (the discard),
+-- endpoint_queues, and delete_endpoint's cascade
+CREATE INDEX deliveries_queue
+    ON deliveries (endpoint_id, next_attempt_at, id)
+    WHERE state = 'pending';
+
+-- reserve (hooklane_reserve_v2, hooklane_rerate_v2): each endpoint's
+-- deliveries in flight, counted against its concurrency; rescue_expired: all
+-- of them, a set bounded by the workers' concurrency; endpoint_queues.
+-- (A second partial index on the same rows tempts the planner into scanning
+-- every in-flight row to count one endpoint's.)
+CREATE INDEX deliveries_in_flight
+    ON deliveries (endpoint_id)
+    WHERE state = 'sending';
+
+-- publish: at most one pending delivery per entity and endpoint (coalescing)
+CREATE UNIQUE INDEX deliveries_coalesce
+    ON deliveries (endpoint_id, coalesce_key)
+    WHERE state = 'pending' AND coalesce_key IS NOT NULL;
+
+-- resend_dead, dead_counts, upsert_endpoint (the discard): an endpoint's
+-- dead deliveries
+CREATE INDEX deliveries_dead
+    ON deliveries (endpoint_id, id)
+    WHERE state = 'dead';
+
+-- purge_events: the deliveries of one event (the check and the cascade)
+CREATE INDEX deliveries_event ON deliveries (event_tenant, event_id);
+
+-- ---------------------------------------------------------------------------
+-- The ready index: reservation visits only the endpoints that may have
+-- work, so that its cost follows those rather than every endpoint.
+
+-- Publishers append a wakeup for each endpoint they queue a delivery for
+-- (hooklane_wake). Append-only on purpose: publish runs inside the
+-- application's own, possibly long, transaction, and must never lock a row
+-- the worker needs.
+CREATE TABLE wakeups (
+    id          bigserial PRIMARY KEY,
+    endpoint_id bigint NOT NULL,
+    partition   integer NOT NULL
+);
+
+-- reserve (hooklane_absorb_wakeups_v2): the wakeups of the partitions a
+-- worker owns
+CREATE INDEX wakeups_partition ON wakeups (partition);
+
+-- The endpoints of each partition that may have work, and from when. Kept by
+-- the partition's owner: absorbed wakeups and freed slots make an endpoint
+-- ready now (hooklane_make_ready); after each reservation an endpoint moves
+-- to the back of the line, to its next retry time, to the end of its
+-- circuit pause, to 'infinity' while all its slots are taken (a result
+-- brings it back), or out of the table when it has nothing pending
+-- (hooklane_rerate_v2). Primary key: hooklane_make_ready, sweep_ready,
+-- delete_endpoint.
+CREATE TABLE ready_endpoints (
+    endpoint_id bigint PRIMARY KEY,
+    partition   integer NOT NULL,
+    ready_at    timestamptz NOT NULL
+);
+
+-- reserve (step 2 of hooklane_reserve_v2): the longest-waiting ready
+-- endpoints of owned partitions
+CREATE INDEX ready_endpoints_ready_at ON ready_endpoints (ready_at, partition);
+
+-- ---------------------------------------------------------------------------
+-- Functions. A released function is never redefined: a change is a new
+-- function with the next version suffix, and the old one is dropped a
+-- release after the last code calling it (CONTRIBUTING.md, "Changing SQL
+-- functions"). Their bodies are those of the migrations that made them.
+
+-- The rules every statement shares (migration 0004).
+
+-- May deliveries go to the endpoint at all: active, not paused by hand,
+-- signed. Inlined into sweep_ready and the reservation, so that partial
+-- indexes on state = 'active' still match.
+CREATE FUNCTION hooklane_deliverable(ep endpoints) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT ep.state = 'active' AND NOT ep.paused AND ep.secret IS NOT NULL
+$$;
+
+-- Wake endpoints that got work: upsert_endpoint, reactivate_endpoint,
+-- publish, resend_dead.
+CREATE FUNCTION hooklane_wake(endpoint_ids bigint[], partitions integer[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO wakeups (endpoint_id, partition)
+    SELECT w.endpoint_id, w.partition FROM unnest(endpoint_ids, partitions) AS w(endpoint_id, partition);
+$$;
+
+-- Make endpoints ready now, or keep their earlier time: the partition's
+-- owner only (hooklane_absorb_wakeups_v2, rescue_expired, complete).
+CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+    SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, now()
+    FROM unnest(endpoint_ids, partitions) AS r(endpoint_id, partition)
+    ON CONFLICT (endpoint_id) DO UPDATE
+    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
+$$;
+
+-- The reservation (migration 0004): `reserve` in queries.sql.
+
+-- Step 1: wakeups of the owned partitions become ready endpoints.
+CREATE FUNCTION hooklane_absorb_wakeups_v2(owned integer[]) RETURNS void
+LANGUAGE sql AS $$
+    WITH taken AS (
+        DELETE FROM wakeups
+        WHERE partition = ANY(owned)
+        RETURNING endpoint_id, partition
+    )
+    SELECT hooklane_make_ready(array_agg(endpoint_id), array_agg(partition)) FROM taken;
+$$;
+
+-- Step 4: when each candidate may have work again, if ever.
+CREATE FUNCTION hooklane_rerate_v2(candidates bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    WITH verdict AS (
+        SELECT c.endpoint_id,
+               CASE
+                   WHEN ep.id IS NULL OR NOT hooklane_deliverable(ep) OR h.head IS NULL THEN NULL
+                   WHEN ep.paused_until > now() THEN greatest(ep.paused_until, h.head)
+                   WHEN f.n >= ep.max_concurrency THEN 'infinity'::timestamptz
+                   ELSE greatest(h.head, now())
+               END AS ready_at
+        FROM unnest(candidates) AS c(endpoint_id)
+        LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
+        CROSS JOIN LATERAL (SELECT min(d.next_attempt_at) AS head FROM deliveries d
+                            WHERE d.endpoint_id = c.endpoint_id AND d.state = 'pending') h
+        CROSS JOIN LATERAL (SELECT count(*) AS n FROM deliveries d
+                            WHERE d.endpoint_id = c.endpoint_id AND d.state = 'sending') f
+    ),
+    idle AS (
+        DELETE FROM ready_endpoints r
+        USING verdict v
+        WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NULL
+    )
+    UPDATE ready_endpoints r
+    SET ready_at = v.ready_at
+    FROM verdict v
+    WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
+$$;
+
+-- The whole reservation, one round trip; records the worker in attempted_by.
+CREATE FUNCTION hooklane_reserve_v2(owned integer[], max_rows integer, lease_grace double precision,
+                                    worker text)
+RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
+               namespace text, name text, url text, secret text, timeout_seconds integer,
+               event_id text, type text, data text, event_created_at timestamptz,
+               previous_secret text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidates bigint[];
+BEGIN
+    PERFORM hooklane_absorb_wakeups_v2(owned);
+
+    -- Step 2: the endpoints that have waited longest, locked until the
+    -- reservation commits so that a result recorded meanwhile (which makes
+    -- its endpoint ready again) waits for step 4's verdict instead of being
+    -- overwritten by it. Rows a result is updating right now are skipped:
+    -- they will be ready on the next round.
+    -- Index: ready_endpoints_ready_at.
+    SELECT array_agg(r.endpoint_id) INTO candidates
+    FROM (SELECT endpoint_id
+          FROM ready_endpoints
+          WHERE ready_at <= now()
+            AND partition = ANY(owned)
+          ORDER BY ready_at
+          LIMIT max_rows
+          FOR UPDATE SKIP LOCKED) r;
+    IF candidates IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Step 3: due deliveries of the candidates, never more per endpoint than
+    -- its free concurrency, ordered by position within each endpoint's queue
+    -- so that endpoints interleave: the first of each before the second of
+    -- any. Those of another tenant's event than the endpoint's are discarded
+    -- in the same statement; they took a slot of this round only, and the
+    -- endpoint stays ready for the next.
+    -- Index: deliveries_in_flight for the count; deliveries_queue for the
+    -- first rows of each endpoint's queue; primary key of events.
+    RETURN QUERY
+    WITH slots AS (
+        SELECT ep.id,
+               ep.max_concurrency - (SELECT count(*) FROM deliveries f
+                                     WHERE f.endpoint_id = ep.id AND f.state = 'sending') AS free
+        FROM endpoints ep
+        WHERE ep.id = ANY(candidates)
+          AND hooklane_deliverable(ep)
+          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+    ),
+    queued AS (
+        SELECT c.id, row_number() OVER (PARTITION BY s.id ORDER BY c.next_attempt_at, c.id) AS pos
+        FROM slots s
+        CROSS JOIN LATERAL (
+            -- SKIP LOCKED: a pending row is locked by a publish coalescing
+            -- into it, in an application transaction that may stay open
+            -- for long; the reservation takes the next one rather than
+            -- wait (and hold up the worker) until it commits.
+            SELECT d.id, d.next_attempt_at
+            FROM deliveries d
+            WHERE d.endpoint_id = s.id
+              AND d.state = 'pending'
+              AND d.next_attempt_at <= now()
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT greatest(s.free, 0)
+            FOR UPDATE SKIP LOCKED
+        ) c
+    ),
+    chosen AS (
+        SELECT q.id FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
+    ),
+    reserved AS (
+        UPDATE deliveries d
+        SET state = CASE WHEN d.event_tenant = ep.tenant THEN 'sending' ELSE 'discarded' END,
+            attempts = CASE WHEN d.event_tenant = ep.tenant THEN d.attempts + 1 ELSE d.attempts END,
+            reserved_at = now(),
+            attempted_by = CASE WHEN d.event_tenant = ep.tenant THEN worker ELSE d.attempted_by END,
+            lease_expires_at = CASE WHEN d.event_tenant = ep.tenant
+                                    THEN now() + make_interval(secs => ep.timeout_seconds + lease_grace)
+                               END,
+            last_error = CASE WHEN d.event_tenant = ep.tenant THEN d.last_error
+                              ELSE format('discarded: the endpoint''s tenant changed from %s to %s',
+                                          d.event_tenant, ep.tenant)
+                         END
+        FROM chosen s, endpoints ep, events e
+        WHERE d.id = s.id
+          AND d.state = 'pending'
+          AND ep.id = d.endpoint_id
+          AND e.tenant = d.event_tenant
+          AND e.id = d.event_id
+        RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
+                  ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
+                  e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
+                  CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
+                    AS previous_secret,
+                  d.state
+    )
+    SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
+           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret
+    FROM reserved r
+    WHERE r.state = 'sending';
+
+    PERFORM hooklane_rerate_v2(candidates);
+END;
+$$;
+
+-- The reservation the 0.1.0 release calls (migrations 0002 and 0003), kept
+-- for its workers during a rolling upgrade; no code of this release calls
+-- it, and a migration of the next release drops it.
+
+CREATE FUNCTION hooklane_absorb_wakeups(owned integer[]) RETURNS void
+LANGUAGE sql AS $$
+    WITH taken AS (
+        DELETE FROM wakeups
+        WHERE partition = ANY(owned)
+        RETURNING endpoint_id, partition
+    )
+    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+    SELECT DISTINCT endpoint_id, partition, now() FROM taken
+    ON CONFLICT (endpoint_id) DO UPDATE
+    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
+$$;
+
+CREATE FUNCTION hooklane_rerate(candidates bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    WITH verdict AS (
+        SELECT c.endpoint_id,
+               CASE
+                   WHEN ep.id IS NULL OR ep.state <> 'active' OR ep.paused
+                        OR ep.secret IS NULL OR h.head IS NULL THEN NULL
+                   WHEN ep.paused_until > now() THEN greatest(ep.paused_until, h.head)
+                   WHEN f.n >= ep.max_concurrency THEN 'infinity'::timestamptz
+                   ELSE greatest(h.head, now())
+               END AS ready_at
+        FROM unnest(candidates) AS c(endpoint_id)
+        LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
+        CROSS JOIN LATERAL (SELECT min(d.next_attempt_at) AS head FROM deliveries d
+                            WHERE d.endpoint_id = c.endpoint_id AND d.state = 'pending') h
+        CROSS JOIN LATERAL (SELECT count(*) AS n FROM deliveries d
+                            WHERE d.endpoint_id = c.endpoint_id AND d.state = 'sending') f
+    ),
+    idle AS (
+        DELETE FROM ready_endpoints r
+        USING verdict v
+        WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NULL
+    )
+    UPDATE ready_endpoints r
+    SET ready_at = v.ready_at
+    FROM verdict v
+    WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
+$$;
+
+CREATE FUNCTION hooklane_reserve(owned integer[], max_rows integer, lease_grace double precision)
+RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
+               namespace text, name text, url text, secret text, timeout_seconds integer,
+               event_id text, type text, data text, event_created_at timestamptz,
+               previous_secret text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidates bigint[];
+BEGIN
+    PERFORM hooklane_absorb_wakeups(owned);
+
+    -- Step 2: the endpoints that have waited longest, locked until the
+    -- reservation commits so that a result recorded meanwhile (which makes
+    -- its endpoint ready again) waits for step 4's verdict instead of being
+    -- overwritten by it. Rows a result is updating right now are skipped:
+    -- they will be ready on the next round.
+    -- Index: ready_endpoints_ready_at.
+    SELECT array_agg(r.endpoint_id) INTO candidates
+    FROM (SELECT endpoint_id
+          FROM ready_endpoints
+          WHERE ready_at <= now()
+            AND partition = ANY(owned)
+          ORDER BY ready_at
+          LIMIT max_rows
+          FOR UPDATE SKIP LOCKED) r;
+    IF candidates IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Step 3: due deliveries of the candidates, never more per endpoint than
+    -- its free concurrency, ordered by position within each endpoint's queue
+    -- so that endpoints interleave: the first of each before the second of
+    -- any. Those of another tenant's event are discarded in the same
+    -- statement; they took a slot of this round only, and the endpoint stays
+    -- ready for the next.
+    -- Index: deliveries_in_flight for the count; deliveries_queue for the
+    -- first rows of each endpoint's queue; primary key of events.
+    RETURN QUERY
+    WITH slots AS (
+        SELECT ep.id,
+               ep.max_concurrency - (SELECT count(*) FROM deliveries f
+                                     WHERE f.endpoint_id = ep.id AND f.state = 'sending') AS free
+        FROM endpoints ep
+        WHERE ep.id = ANY(candidates)
+          AND ep.state = 'active'
+          AND NOT ep.paused
+          AND ep.secret IS NOT NULL
+          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+    ),
+    queued AS (
+        SELECT c.id, row_number() OVER (PARTITION BY s.id ORDER BY c.next_attempt_at, c.id) AS pos
+        FROM slots s
+        CROSS JOIN LATERAL (
+            -- SKIP LOCKED: a pending row is locked by a publish coalescing
+            -- into it, in an application transaction that may stay open
+            -- for long; the reservation takes the next one rather than
+            -- wait (and hold up the worker) until it commits.
+            SELECT d.id, d.next_attempt_at
+            FROM deliveries d
+            WHERE d.endpoint_id = s.id
+              AND d.state = 'pending'
+              AND d.next_attempt_at <= now()
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT greatest(s.free, 0)
+            FOR UPDATE SKIP LOCKED
+        ) c
+    ),
+    chosen AS (
+        SELECT q.id FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
+    ),
+    reserved AS (
+        UPDATE deliveries d
+        SET state = CASE WHEN d.event_tenant = ep.tenant THEN 'sending' ELSE 'discarded' END,
+            attempts = CASE WHEN d.event_tenant = ep.tenant THEN d.attempts + 1 ELSE d.attempts END,
+            reserved_at = now(),
+            lease_expires_at = CASE WHEN d.event_tenant = ep.tenant
+                                    THEN now() + make_interval(secs => ep.timeout_seconds + lease_grace)
+                               END,
+            last_error = CASE WHEN d.event_tenant = ep.tenant THEN d.last_error
+                              ELSE format('discarded: the endpoint''s tenant changed from %s to %s',
+                                          d.event_tenant, ep.tenant)
+                         END
+        FROM chosen s, endpoints ep, events e
+        WHERE d.id = s.id
+          AND d.state = 'pending'
+          AND ep.id = d.endpoint_id
+          AND e.tenant = d.event_tenant
+          AND e.id = d.event_id
+        RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
+                  ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
+                  e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
+                  CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
+                    AS previous_secret,
+                  d.state
+    )
+    SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
+           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret
+    FROM reserved r
+    WHERE r.state = 'sending';
+
+    PERFORM hooklane_rerate(candidates);
+END;
+$$;
