@@ -44,13 +44,14 @@ ALLOWED_NETWORKS = "127.0.0.0/8,::1/128"
 
 
 @contextlib.contextmanager
-def postgres_server(dsn: str | None) -> Iterator[str]:
+def postgres_server(dsn: str | None, *, durable: bool = False) -> Iterator[str]:
     """The DSN of a server to create benchmark databases on: the one given,
-    or a LocalPostgres that lives as long as the block."""
+    or a LocalPostgres that lives as long as the block (``durable``: with
+    fsync and synchronous_commit on, as a production server runs)."""
     if dsn:
         yield dsn
         return
-    with LocalPostgres() as pg:
+    with LocalPostgres(durable=durable) as pg:
         yield pg.dsn
 
 
@@ -59,14 +60,19 @@ def _with_database(dsn: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
-async def create_database(server_dsn: str, label: str, *, durable: bool = False) -> str:
+async def create_database(
+    server_dsn: str, label: str, *, durable: bool = False, tree: Path | None = None
+) -> str:
     """A new, migrated database on the server; returns its DSN.
 
     ``durable``: every session on it commits with synchronous_commit on,
     whatever the server's command line says (a per-database setting outranks
     it). A throwaway LocalPostgres runs with it off, under which an immediate
     shutdown forgets commits it already acknowledged: a run that crashes the
-    server on purpose and counts what survived needs it on."""
+    server on purpose and counts what survived needs it on.
+
+    ``tree``: migrated by that source tree's ``hooklane migrate`` (see
+    python_module), so that older code runs on the schema it shipped with."""
     name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(server_dsn)
     try:
@@ -76,6 +82,13 @@ async def create_database(server_dsn: str, label: str, *, durable: bool = False)
     finally:
         await admin.close()
     dsn = _with_database(server_dsn, name)
+    if tree is not None:
+        migrate = await asyncio.create_subprocess_exec(
+            *python_module("hooklane.cli", "migrate", tree=tree), env=worker_env(dsn)
+        )
+        if await migrate.wait() != 0:
+            raise RuntimeError(f"hooklane migrate of {tree} failed")
+        return dsn
     conn = await asyncpg.connect(dsn)
     try:
         await store.migrate(conn)
@@ -96,9 +109,11 @@ async def drop_database(server_dsn: str, dsn: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def fresh_database(server_dsn: str, label: str) -> AsyncIterator[str]:
+async def fresh_database(
+    server_dsn: str, label: str, *, durable: bool = False, tree: Path | None = None
+) -> AsyncIterator[str]:
     """An empty, migrated database on the server for the block; dropped after."""
-    dsn = await create_database(server_dsn, label)
+    dsn = await create_database(server_dsn, label, durable=durable, tree=tree)
     try:
         yield dsn
     finally:
@@ -179,20 +194,38 @@ def worker_env(dsn: str, **overrides: str) -> dict[str, str]:
     return env
 
 
-def start_worker(dsn: str, **overrides: str) -> subprocess.Popen:
+# ``python -m`` puts the working directory first on sys.path, ahead of
+# PYTHONPATH and of the editable install, so another tree's hooklane has to be
+# put first by hand; bench/ still comes from this repository (the working
+# directory) once hooklane is imported.
+_FROM_TREE = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import hooklane; sys.path.pop(0); "
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+)
+
+
+def python_module(module: str, *args: str, tree: Path | None = None) -> list[str]:
+    """The command line of ``python -m module args``, importing hooklane from
+    ``tree`` (a worktree of another commit, for before/after runs) if given."""
+    if tree is None:
+        return [sys.executable, "-m", module, *args]
+    return [sys.executable, "-c", _FROM_TREE, str(tree), module, *args]
+
+
+def start_worker(dsn: str, *, tree: Path | None = None, **overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "hooklane.cli", "--log-level", "WARNING", "worker"],
+        python_module("hooklane.cli", "--log-level", "WARNING", "worker", tree=tree),
         env=worker_env(dsn, **overrides),
         cwd=REPO,
     )
 
 
-def start_module(module: str, *args: str, **popen: object) -> subprocess.Popen:
+def start_module(module: str, *args: str, tree: Path | None = None, **popen: object) -> subprocess.Popen:
     """A bench helper (``python -m bench.X``) as a process of its own, so it
     competes for the two cores like a real deployment would. Loopback is
     allowed, as for the workers: the baseline sends with Hooklane's Sender."""
     env = {**os.environ, "HOOKLANE_ALLOWED_NETWORKS": ALLOWED_NETWORKS}
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, **popen)
+    return subprocess.Popen(python_module(module, *args, tree=tree), cwd=REPO, env=env, **popen)
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 3.0) -> None:

@@ -37,6 +37,9 @@ class Recorder:
         self.started = time.time()
         # [arrival, lag, slow?]: kept raw, the driver computes percentiles.
         self.arrivals: list[tuple[float, float, int]] = []
+        # The event's data.n beside each arrival (None without one): lets a
+        # driver time from its own clock reading, such as the commit.
+        self.numbers: list[int | None] = []
         self.samples: list[tuple[float, int]] = []
         self.peak = 0
 
@@ -45,10 +48,12 @@ class Recorder:
         now = time.time()
         slow = request.path.startswith("/slow/")
         try:
-            lag = now - json.loads(body)["data"]["t"]
+            data = json.loads(body)["data"]
+            lag = now - data["t"]
         except (ValueError, KeyError, TypeError):
-            lag = float("nan")
+            data, lag = {}, float("nan")
         self.arrivals.append((now, lag, int(slow)))
+        self.numbers.append(data.get("n"))
         if not slow:
             return web.Response(status=204)
         epoch = self.epoch
@@ -66,6 +71,7 @@ class Recorder:
             {
                 "started": self.started,
                 "arrivals": self.arrivals,
+                "numbers": self.numbers,
                 "slow_in_flight": self.samples,
                 "slow_peak": self.peak,
             }

@@ -59,6 +59,26 @@ def test_latency_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["latency_ms"]["n"] == result["config"]["events"]
 
 
+def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
+    # --compare with this same tree: the two-tree path (migrations, worker and
+    # publisher started from a given tree, interleaving, ratios) runs too.
+    result = run_bench("steady", tmp_path, "--dsn", server_dsn, "--compare", str(REPO), timeout=120)
+    assert len(result["trees"]) == 2
+    assert {r["tree"] for r in result["runs"]} == set(result["trees"])
+    for run in result["runs"]:
+        assert run["published"] == result["config"]["rates"][0] * (
+            result["config"]["warmup"] + result["config"]["seconds"] + result["config"]["tail"]
+        )
+        assert run["delivered"] == run["published"]
+        assert run["deliveries_in_window"] > 0
+        assert run["cpu_ms_per_delivery"]["postgres"] > 0
+        assert run["reservation_rounds_per_s"] > 0
+        assert run["latency_ms"]["n"] > 0
+        assert run["hooklane"] == str(REPO / "hooklane" / "__init__.py")
+    ratios = [row for row in result["summary"] if "ratio" in row]
+    assert len(ratios) == 1 and ratios[0]["ratio"]["del/s"] > 0
+
+
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("reservation", tmp_path, "--dsn", server_dsn)
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])

@@ -341,10 +341,11 @@ async def test_results_and_rescues_make_their_endpoint_ready_again(db):
     await _publish(db, 3)
     (first,) = await _reserve(db)  # absorbs the wakeups: ready, then full
     assert await _ready_now(db, a) is False  # at its limit: 'infinity'
-    await store.complete(
+    (touched,) = await store.complete(
         db, [store.Result(first["id"], first["attempts"], "delivered", None, 200, None)], CircuitPolicy()
     )
     assert await _ready_now(db, a) is True  # complete: a slot is free
+    assert touched["ready"]  # and it says so: worth a reservation round
     (second,) = await _reserve(db)
     assert await _ready_now(db, a) is False
     await db.execute(
@@ -372,3 +373,81 @@ async def test_reservation_records_the_worker_and_a_rescue_keeps_it(db):
     # what `hooklane status` shows
     sending_on = {q["name"]: q["sending_on"] for q in await store.endpoint_queues(db)}
     assert sending_on == {"a": ["pod-2"], "moved": None}
+
+
+async def _ready_at(db, endpoint: int):
+    return await db.fetchval("SELECT ready_at FROM ready_endpoints WHERE endpoint_id = $1", endpoint)
+
+
+async def test_a_result_with_nothing_pending_leaves_its_endpoint_out_of_the_index(db):
+    # The everyday case: the endpoint's only delivery went; a ready row now
+    # would only cost a reservation round the visit that removes it.
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 1)
+    (row,) = await _reserve(db)
+    assert await _ready_now(db, a) is None
+    (touched,) = await store.complete(
+        db, [store.Result.delivered(row["id"], row["attempts"], status=204)], CircuitPolicy()
+    )
+    assert not touched["ready"]
+    assert await _ready_now(db, a) is None
+
+
+async def test_a_result_below_the_limit_with_work_not_yet_due_keeps_its_time(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=2)
+    await _publish(db, 2)
+    first, _ = await _reserve(db)
+    await _publish(db, 1)
+    await db.execute(
+        "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE state = 'pending'"
+    )
+    (touched,) = await store.complete(
+        db, [store.Result.delivered(first["id"], first["attempts"], status=204)], CircuitPolicy()
+    )
+    assert not touched["ready"]
+    head = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE state = 'pending'")
+    assert await _ready_at(db, a) == head
+
+
+async def test_a_retry_makes_its_endpoint_ready_at_the_retry_time(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 1)
+    (row,) = await _reserve(db)
+    (touched,) = await store.complete(
+        db,
+        [store.Result.retry(row["id"], row["attempts"], retry_in=60.0, status=503, error="HTTP 503")],
+        CircuitPolicy(),
+    )
+    assert not touched["ready"]
+    retry_at = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", row["id"])
+    assert await _ready_at(db, a) == retry_at
+    assert await _reserve(db) == []
+
+
+async def test_a_result_that_opens_the_circuit_makes_ready_at_the_end_of_the_pause(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=2)
+    await _publish(db, 2)
+    first, _ = await _reserve(db)
+    policy = CircuitPolicy(threshold=1, step_seconds=30.0, cap_seconds=60.0)
+    (touched,) = await store.complete(
+        db,
+        [store.Result.retry(first["id"], first["attempts"], retry_in=0.0, status=500, error="HTTP 500")],
+        policy,
+    )
+    assert not touched["ready"]
+    assert touched["paused_until"] is not None
+    assert await _ready_at(db, a) == touched["paused_until"]
+
+
+async def test_a_result_of_a_deactivated_endpoint_makes_nothing_ready(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await _publish(db, 2)
+    await db.execute("UPDATE endpoints SET max_concurrency = 1")
+    (row,) = await _reserve(db)
+    await db.execute("DELETE FROM ready_endpoints")
+    (touched,) = await store.complete(
+        db, [store.Result.dead(row["id"], row["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
+    )
+    assert touched["state"] == "deactivated"
+    assert not touched["ready"]
+    assert await _ready_now(db, a) is None

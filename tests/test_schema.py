@@ -41,7 +41,8 @@ CATALOG = {
     "functions": """
         SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') RETURNS '
                || pg_get_function_result(p.oid) || ' LANGUAGE ' || l.lanname
-               || ' VOLATILITY ' || p.provolatile::text || E'\\n' || p.prosrc
+               || ' VOLATILITY ' || p.provolatile::text
+               || ' SET ' || coalesce(array_to_string(p.proconfig, ', '), '') || E'\\n' || p.prosrc
         FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
         WHERE p.pronamespace = 'public'::regnamespace""",
     "triggers": """
@@ -144,13 +145,20 @@ async def test_schema_sql_is_what_the_migrations_build(dsn, fresh_dsn):
         ),
         (
             (
+                "SET plan_cache_mode = force_generic_plan\nAS $$\n#variable_conflict",
+                "AS $$\n#variable_conflict",
+            ),
+            "+hooklane_reserve_v2(owned integer[]",
+        ),
+        (
+            (
                 "CHECK (state IN ('pending', 'sending', 'delivered', 'dead', 'discarded'))",
                 "CHECK (state IN ('pending', 'sending', 'delivered', 'dead'))",
             ),
             "deliveries_state_check",
         ),
     ],
-    ids=["index", "default", "nullability", "function body", "constraint"],
+    ids=["index", "default", "nullability", "function body", "function setting", "constraint"],
 )
 async def test_a_schema_sql_that_drifted_is_caught(dsn, fresh_dsn, change, expected):
     old, new = change

@@ -28,10 +28,11 @@ from hooklane.errors import (
 # Session settings for the worker's connections. Its statements take arrays
 # of ids whose length varies from 1 to hundreds; a cached generic plan
 # assumes a handful and can turn a batch of results into a nested loop over
-# every row in flight, so plan each execution with the real arrays. JIT
-# compilation costs more than these millisecond statements take. No lock is
-# worth waiting long for: a statement that would is aborted and retried. And
-# the server probes an idle peer, so that a worker cut off without a reset
+# every row in flight, so plan each execution with the real arrays (the
+# reservation's functions, whose plans do not depend on them, keep theirs:
+# migration 0004). JIT compilation costs more than these millisecond
+# statements take. No lock is worth waiting long for: a statement that would
+# is aborted and retried. And the server probes an idle peer, so that a worker cut off without a reset
 # loses its advisory locks (its partitions) in seconds, not hours.
 WORKER_SESSION = {
     "plan_cache_mode": "force_custom_plan",

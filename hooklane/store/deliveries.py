@@ -62,7 +62,8 @@ async def complete(
     conn: asyncpg.Connection, results: list[Result], circuit: CircuitPolicy
 ) -> list[asyncpg.Record]:
     """Record results in one statement; returns the endpoints touched, with
-    their circuit state after it."""
+    their circuit state after it and ``ready``: whether one now has due work
+    and a free slot, the only reason to run a reservation round for it."""
     return await conn.fetch(
         QUERIES["complete"],
         [r.delivery_id for r in results],

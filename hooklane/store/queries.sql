@@ -318,7 +318,8 @@ SELECT r.id FROM rescued r, ready;
 -- locks. A due delivery of another tenant's event than its endpoint's is
 -- discarded, never returned. Each reserved delivery records the worker's id
 -- in attempted_by. `previous_secret` is the replaced signing secret while it
--- still signs, else NULL.
+-- still signs, else NULL. `max_concurrency` is the endpoint's limit: the
+-- worker records at once a result whose endpoint it holds at that limit.
 -- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
 -- seconds beyond the endpoint's timeout, $4 the worker's id.
 -- Index: wakeups_partition, ready_endpoints_ready_at, deliveries_in_flight,
@@ -331,8 +332,15 @@ SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 -- from a worker whose delivery was rescued and reserved again changes
 -- nothing. A success closes the circuit; failures add up, and from the
 -- threshold on every failure (re)opens it for step x (failures past the
--- threshold + 1), capped. A 410 deactivates the endpoint. Every endpoint
--- touched is ready again: a slot is free, or a retry is queued. A failure of
+-- threshold + 1), capped. A 410 deactivates the endpoint. A touched endpoint
+-- is made ready only when it has something pending (a retry just recorded
+-- included): at its earliest pending delivery, not before its pause ends,
+-- and now when that is due, since the result freed a slot (a limit lowered
+-- below what is in flight only costs the reservation a visit). One with
+-- nothing pending or not deliverable is left alone: its next work wakes it.
+-- `ready` says it is ready now, which is what makes a new reservation worth
+-- running. The pending head is read in the statement's snapshot, from before
+-- its own updates, hence the retries of `recorded` beside it. A failure of
 -- a delivery whose endpoint moved to another tenant while it was in flight
 -- is discarded rather than retried or dead: it was reserved under the old
 -- tenant, and must never be sent or resent under the new one.
@@ -340,7 +348,8 @@ SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 -- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
 -- no response), $6 errors, $7 failures that open the circuit, $8 pause step
 -- seconds, $9 pause cap seconds.
--- Index: primary keys of deliveries, endpoints and ready_endpoints.
+-- Index: primary keys of deliveries, endpoints and ready_endpoints;
+-- deliveries_queue for each touched endpoint's pending head.
 WITH result AS (
     SELECT *
     FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[])
@@ -366,7 +375,7 @@ recorded AS (
       AND d.state = 'sending'
       AND d.attempts = r.attempts
       AND ep.id = d.endpoint_id
-    RETURNING d.id, d.endpoint_id, r.outcome, r.status, r.error
+    RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
 ),
 per_endpoint AS (
     SELECT endpoint_id,
@@ -402,12 +411,30 @@ SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
 FROM per_endpoint pe
 WHERE ep.id = pe.endpoint_id
 RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
-          ep.consecutive_failures
+          ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable
+),
+verdict AS (
+    SELECT t.id, t.partition,
+           CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
+                WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
+                ELSE greatest(h.head, now())
+           END AS ready_at
+    FROM touched t
+    CROSS JOIN LATERAL (
+        SELECT least((SELECT min(d.next_attempt_at) FROM deliveries d
+                      WHERE d.endpoint_id = t.id AND d.state = 'pending'),
+                     (SELECT min(r.next_attempt_at) FROM recorded r
+                      WHERE r.endpoint_id = t.id AND r.state = 'pending')) AS head
+    ) h
 ),
 ready AS (
-    SELECT hooklane_make_ready(array_agg(id), array_agg(partition)) FROM touched
+    SELECT hooklane_make_ready(array_agg(id), array_agg(partition), array_agg(ready_at))
+    FROM verdict
+    WHERE ready_at IS NOT NULL
 )
-SELECT t.id, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures FROM touched t, ready;
+SELECT t.id, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
+       coalesce(v.ready_at <= now(), false) AS ready
+FROM touched t JOIN verdict v ON v.id = t.id, ready;
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their

@@ -137,8 +137,9 @@ CREATE TABLE deliveries (
 );
 
 -- reserve (hooklane_reserve_v2, hooklane_rerate_v2): each endpoint's queue,
--- in the order it is tried; sweep_ready, upsert_endpoint (the discard),
--- endpoint_queues, and delete_endpoint's cascade
+-- in the order it is tried; complete (the head of each touched endpoint's
+-- queue); sweep_ready, upsert_endpoint (the discard), endpoint_queues, and
+-- delete_endpoint's cascade
 CREATE INDEX deliveries_queue
     ON deliveries (endpoint_id, next_attempt_at, id)
     WHERE state = 'pending';
@@ -226,33 +227,51 @@ LANGUAGE sql AS $$
     SELECT w.endpoint_id, w.partition FROM unnest(endpoint_ids, partitions) AS w(endpoint_id, partition);
 $$;
 
--- Make endpoints ready now, or keep their earlier time: the partition's
--- owner only (hooklane_absorb_wakeups_v2, rescue_expired, complete).
-CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[]) RETURNS void
+-- Make endpoints ready now, or at the given times, or keep their earlier
+-- time: the partition's owner (hooklane_absorb_wakeups_v2, rescue_expired)
+-- and complete, which passes each endpoint's next due time.
+CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[],
+                                    ready_ats timestamptz[] DEFAULT NULL) RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-    SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, now()
-    FROM unnest(endpoint_ids, partitions) AS r(endpoint_id, partition)
+    SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, coalesce(r.ready_at, now())
+    FROM unnest(endpoint_ids, partitions, ready_ats) AS r(endpoint_id, partition, ready_at)
+    ORDER BY r.endpoint_id, coalesce(r.ready_at, now())
     ON CONFLICT (endpoint_id) DO UPDATE
     SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
 $$;
 
--- The reservation (migration 0004): `reserve` in queries.sql.
+-- The reservation (migration 0004): `reserve` in queries.sql. Its functions
+-- keep one generic plan per statement and session (plan_cache_mode), where
+-- the worker's sessions plan everything else afresh: see the migration.
 
 -- Step 1: wakeups of the owned partitions become ready endpoints.
 CREATE FUNCTION hooklane_absorb_wakeups_v2(owned integer[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    woken bigint[];
+    partitions integer[];
+BEGIN
     WITH taken AS (
         DELETE FROM wakeups
         WHERE partition = ANY(owned)
         RETURNING endpoint_id, partition
     )
-    SELECT hooklane_make_ready(array_agg(endpoint_id), array_agg(partition)) FROM taken;
+    SELECT array_agg(endpoint_id), array_agg(partition) INTO woken, partitions FROM taken;
+    IF woken IS NOT NULL THEN
+        PERFORM hooklane_make_ready(woken, partitions);
+    END IF;
+END;
 $$;
 
 -- Step 4: when each candidate may have work again, if ever.
 CREATE FUNCTION hooklane_rerate_v2(candidates bigint[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
     WITH verdict AS (
         SELECT c.endpoint_id,
                CASE
@@ -277,6 +296,7 @@ LANGUAGE sql AS $$
     SET ready_at = v.ready_at
     FROM verdict v
     WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
+END;
 $$;
 
 -- The whole reservation, one round trip; records the worker in attempted_by.
@@ -285,8 +305,10 @@ CREATE FUNCTION hooklane_reserve_v2(owned integer[], max_rows integer, lease_gra
 RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
                namespace text, name text, url text, secret text, timeout_seconds integer,
                event_id text, type text, data text, event_created_at timestamptz,
-               previous_secret text)
-LANGUAGE plpgsql AS $$
+               previous_secret text, max_concurrency integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     candidates bigint[];
@@ -374,10 +396,11 @@ BEGIN
                   e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
                   CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
                     AS previous_secret,
-                  d.state
+                  ep.max_concurrency, d.state
     )
     SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
-           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret
+           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
+           r.max_concurrency
     FROM reserved r
     WHERE r.state = 'sending';
 

@@ -2,7 +2,9 @@
 
 Tasks, all in one event loop:
 - the reservation loop, woken by NOTIFY from publish, by recorded results
-  (which free endpoint slots) and by a short poll for due retries;
+  that leave an endpoint with due work and a free slot, by a finished
+  delivery when the worker was at its own limit, and by a short poll for
+  due retries;
 - one task per delivery in flight;
 - the recorder, which writes results in batches (one statement per batch);
 - the rebalancer, which keeps this worker's fair share of partitions;
@@ -35,9 +37,38 @@ from hooklane.worker.sender import Sender, event_body
 logger = logging.getLogger(__name__)
 
 _RECORD_BATCH = 500
+# Planning and running `complete` costs Postgres about as much for one result
+# as for a few, and at an everyday rate results come one by one: they wait
+# up to this long to share a statement, unless their endpoint waits for the
+# slot (Worker._record_loop).
+_RECORD_INTERVAL = 0.02
+# How often rounds may start while slots are plentiful (round_pause). A
+# wakeup after a quiet spell is not delayed, so latency when idle is not
+# either; at a steady rate an event waits half of this on average.
+_ROUND_INTERVAL = 0.02
 # Housekeeping that needs doing by one worker only runs on the owner of
 # partition 0, so that replicas do not repeat it.
 _HOUSEKEEPER_PARTITION = 0
+
+
+def round_pause(since_last: float, in_flight: int, concurrency: int) -> float:
+    """How long a woken reservation waits before its round. A round costs
+    Postgres about the same for one delivery as for many, and at an everyday
+    rate every publish wakes the worker on its own: rounds start at most once
+    per ``_ROUND_INTERVAL``, so that the wakeups within it share one. A worker
+    woken after a quiet spell goes at once (latency when idle), and one using
+    half its slots or more never waits: freed slots are its throughput."""
+    if in_flight * 2 >= concurrency:
+        return 0.0
+    return max(0.0, _ROUND_INTERVAL - since_last)
+
+
+def slot_freed_matters(in_flight: int, concurrency: int) -> bool:
+    """Whether a delivery that just finished, leaving ``in_flight``, should
+    wake the reservation: only if the worker was at its limit, when rounds
+    stop until a slot frees. Below it, the slot changes nothing a round would
+    find; the endpoint's own slot is the recorded result's to announce."""
+    return in_flight + 1 >= concurrency
 
 
 class Worker:
@@ -46,7 +77,14 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._sending: set[asyncio.Task] = set()
+        # This worker's deliveries in flight per endpoint, to tell a result
+        # that frees a slot its endpoint is waiting for (see _deliver).
+        self._load: dict[int, int] = {}
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
+        # Set when a result needs recording at once, or a recorded one left
+        # an endpoint ready now: neither waits for its interval.
+        self._urgent_result = asyncio.Event()
+        self._prompt = False
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
         self._sender: Sender | None = None
@@ -161,8 +199,10 @@ class Worker:
 
     async def _reserve_loop(self) -> None:
         s = self.settings
+        started = 0.0
         while not self._stopping.is_set():
             self._wake.clear()
+            self._prompt = False
             free = min(s.worker_concurrency - len(self._sending), s.reserve_batch)
             reserved = 0
             if free > 0 and self.owner.owned:
@@ -184,6 +224,7 @@ class Worker:
                     logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
+                    self._load[row["endpoint_id"]] = self._load.get(row["endpoint_id"], 0) + 1
                     task = asyncio.create_task(self._deliver(row))
                     self._sending.add(task)
                     task.add_done_callback(self._sent)
@@ -193,13 +234,21 @@ class Worker:
                 continue  # more may be ready: go again before sleeping
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=s.poll_seconds)
+            pause = (
+                0.0
+                if self._prompt
+                else round_pause(time.perf_counter() - started, len(self._sending), s.worker_concurrency)
+            )
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
         metrics.IN_FLIGHT.set(len(self._sending))
         if not task.cancelled() and task.exception() is not None:
             logger.error("delivery task failed", exc_info=task.exception(), extra={"action": "deliver"})
-        self._wake.set()
+        if slot_freed_matters(len(self._sending), self.settings.worker_concurrency):
+            self._wake.set()
 
     async def _deliver(self, row: asyncpg.Record) -> None:
         started = time.perf_counter()
@@ -224,7 +273,13 @@ class Worker:
             attempt = Attempt(None, error=error)
             outcome = self._classify(row, attempt)
         metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
+        endpoint_id = row["endpoint_id"]
+        load = self._load.pop(endpoint_id, 1)
+        if load > 1:
+            self._load[endpoint_id] = load - 1
         self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome))
+        if load >= row["max_concurrency"]:
+            self._urgent_result.set()
         if isinstance(outcome, Dead):
             logger.warning(
                 "delivery %d to %s/%s is dead: %s",
@@ -255,10 +310,21 @@ class Worker:
     async def _record_loop(self) -> None:
         """Record results in batches: whatever queued up while the previous
         write ran goes in the next one. ``None`` in the queue means the worker
-        is draining: record what is left and return."""
+        is draining: record what is left and return. Writes start at most once
+        per ``_RECORD_INTERVAL``, so that at an everyday rate the results of a
+        few deliveries share a statement instead of one each; a result waits
+        for that long at most, and not at all when its endpoint had all its
+        slots taken by this worker: a reservation waits for that slot."""
+        last = 0.0
         while True:
             batch: list[store.Result] = []
             item = await self._results.get()
+            pause = last + _RECORD_INTERVAL - time.monotonic()
+            if item is not None and pause > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent_result.wait(), timeout=pause)
+            self._urgent_result.clear()
+            last = time.monotonic()
             while item is not None:
                 batch.append(item)
                 if len(batch) >= _RECORD_BATCH or self._results.empty():
@@ -299,7 +365,9 @@ class Worker:
                     "deactivated" if ep["state"] == "deactivated" else "paused: circuit open",
                     extra={"action": "circuit", "endpoint": ep["id"]},
                 )
-        self._wake.set()
+        if any(ep["ready"] for ep in touched):
+            self._prompt = True
+            self._wake.set()
 
     async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
         """Run ``job`` every ``seconds``. Losing Postgres for a while is

@@ -40,30 +40,53 @@ LANGUAGE sql AS $$
     SELECT w.endpoint_id, w.partition FROM unnest(endpoint_ids, partitions) AS w(endpoint_id, partition);
 $$;
 
--- Make endpoints ready now, or keep the earlier time they are ready at
--- already: only their partition's owner calls it, under the partition's
--- lock. The arrays go in pairs; an endpoint may appear more than once.
+-- Make endpoints ready now (or at the times `ready_ats` gives), or keep the
+-- earlier time they are ready at already. Called by the reservation and
+-- rescue_expired, under the partitions' locks, and by complete. The arrays
+-- go together, `ready_ats` may be left out; an endpoint may appear more than
+-- once, and its earliest time counts.
 -- Index: primary key of ready_endpoints.
-CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[]) RETURNS void
+CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[],
+                                    ready_ats timestamptz[] DEFAULT NULL) RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-    SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, now()
-    FROM unnest(endpoint_ids, partitions) AS r(endpoint_id, partition)
+    SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, coalesce(r.ready_at, now())
+    FROM unnest(endpoint_ids, partitions, ready_ats) AS r(endpoint_id, partition, ready_at)
+    ORDER BY r.endpoint_id, coalesce(r.ready_at, now())
     ON CONFLICT (endpoint_id) DO UPDATE
     SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
 $$;
+
+-- The reservation's functions are PL/pgSQL with `plan_cache_mode =
+-- force_generic_plan`: each statement in them is planned once per session
+-- and its plan kept. The worker's sessions plan every other statement
+-- afresh (WORKER_SESSION in hooklane/store/connection.py) because the best
+-- plan for `complete` depends on its batch's size; these statements' plans
+-- do not (index lookups per candidate, whether there is one or 256: the
+-- same plan either way under EXPLAIN), and planning them anew cost Postgres
+-- more than running them in a round that finds one delivery.
 
 -- Step 1 of a reservation: turn the wakeups of the owned partitions into
 -- ready endpoints.
 -- Index: wakeups_partition; primary key of ready_endpoints.
 CREATE FUNCTION hooklane_absorb_wakeups_v2(owned integer[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    woken bigint[];
+    partitions integer[];
+BEGIN
     WITH taken AS (
         DELETE FROM wakeups
         WHERE partition = ANY(owned)
         RETURNING endpoint_id, partition
     )
-    SELECT hooklane_make_ready(array_agg(endpoint_id), array_agg(partition)) FROM taken;
+    SELECT array_agg(endpoint_id), array_agg(partition) INTO woken, partitions FROM taken;
+    IF woken IS NOT NULL THEN
+        PERFORM hooklane_make_ready(woken, partitions);
+    END IF;
+END;
 $$;
 
 -- Step 4: when may each candidate have work again: now, at the back of the
@@ -74,7 +97,10 @@ $$;
 -- wakeup.
 -- Index: deliveries_queue for the head, deliveries_in_flight for the count.
 CREATE FUNCTION hooklane_rerate_v2(candidates bigint[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
     WITH verdict AS (
         SELECT c.endpoint_id,
                CASE
@@ -99,6 +125,7 @@ LANGUAGE sql AS $$
     SET ready_at = v.ready_at
     FROM verdict v
     WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
+END;
 $$;
 
 -- The reservation of migration 0003, with two changes: the steps it shares with
@@ -111,8 +138,10 @@ CREATE FUNCTION hooklane_reserve_v2(owned integer[], max_rows integer, lease_gra
 RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
                namespace text, name text, url text, secret text, timeout_seconds integer,
                event_id text, type text, data text, event_created_at timestamptz,
-               previous_secret text)
-LANGUAGE plpgsql AS $$
+               previous_secret text, max_concurrency integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     candidates bigint[];
@@ -200,10 +229,11 @@ BEGIN
                   e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
                   CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
                     AS previous_secret,
-                  d.state
+                  ep.max_concurrency, d.state
     )
     SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
-           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret
+           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
+           r.max_concurrency
     FROM reserved r
     WHERE r.state = 'sending';
 
