@@ -23,6 +23,8 @@ import pytest
 
 from hooklane.dev.controlplane import ControlPlane, ControlPlaneError
 
+# What `kubectl get whe` shows: the CRD's printer columns, as a user reads them.
+WHE_COLUMNS = ["NAME", "TENANT", "URL", "MAXCONCURRENCY", "PHASE", "PENDING", "OLDESTPENDINGAGE", "AGE"]
 _PR_SET_PDEATHSIG = 1
 
 

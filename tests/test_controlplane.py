@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hooklane.dev.controlplane import ControlPlane
+from tests.kube_fixtures import WHE_COLUMNS
 
 pytestmark = pytest.mark.kube
 
@@ -50,16 +51,7 @@ def test_examples_apply_and_show_the_printer_columns(
         control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(EXAMPLES / example))
 
     table = control_plane.kubectl("get", "whe", "-n", kube_namespace).stdout.splitlines()
-    assert table[0].split() == [
-        "NAME",
-        "TENANT",
-        "URL",
-        "MAXCONCURRENCY",
-        "PHASE",
-        "PENDING",
-        "OLDESTPENDINGAGE",
-        "AGE",
-    ]
+    assert table[0].split() == WHE_COLUMNS
     assert table[1].split()[:4] == ["orders-acme", "acme", "http://127.0.0.1:9000/hooks/acme", "4"]
 
 

@@ -30,6 +30,7 @@ import hooklane
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
 from tests.conftest import wait_for
+from tests.kube_fixtures import WHE_COLUMNS
 from tests.receivers import Answer, Receiver
 
 pytestmark = pytest.mark.cluster
@@ -333,16 +334,7 @@ async def test_an_endpoint_applied_with_kubectl_gets_signed_deliveries(cluster, 
         await db.close()
     table = await cluster.kubectl("-n", SHOP, "get", "whe", "orders")
     header, row = table.splitlines()[:2]
-    assert header.split() == [
-        "NAME",
-        "TENANT",
-        "URL",
-        "MAXCONCURRENCY",
-        "PHASE",
-        "PENDING",
-        "OLDESTPENDINGAGE",
-        "AGE",
-    ]
+    assert header.split() == WHE_COLUMNS
     assert row.split()[:5] == ["orders", "acme", receiver.url("orders"), "4", "Active"]
     logs = await cluster.kubectl("-n", SYSTEM, "logs", "-l", OPERATOR, "--tail=-1")
     # A refusal reads "Forbidden" or carries status 403 (kopf writes
