@@ -175,9 +175,15 @@ async def load_backlog(dsn: str, base: str, cfg: Config) -> None:
 
 
 async def drain(
-    server_dsn: str, base: str, receiver_pids: list[int], cfg: Config, workers: int, profile_dir: str | None
+    server_dsn: str,
+    base: str,
+    receiver_pids: list[int],
+    cfg: Config,
+    workers: int,
+    profile_dir: str | None,
+    durable: bool,
 ) -> dict:
-    async with fresh_database(server_dsn, "throughput") as dsn:
+    async with fresh_database(server_dsn, "throughput", durable=durable) as dsn:
         await load_backlog(dsn, base, cfg)
         ports = free_ports(workers)
         procs = [
@@ -314,14 +320,23 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, workers=tuple(args.workers))
     if args.concurrency:
         cfg = replace(cfg, concurrency=args.concurrency)
-    result: dict = {"preset": args.preset, "config": asdict(cfg), "machine": machine()}
-    with receiver(args.receiver) as (base, receiver_pids, kind), postgres_server(args.dsn) as server:
+    durable = args.synchronous_commit == "on"
+    result: dict = {
+        "preset": args.preset,
+        "config": asdict(cfg),
+        "synchronous_commit": args.synchronous_commit,
+        "machine": machine(),
+    }
+    with (
+        receiver(args.receiver) as (base, receiver_pids, kind),
+        postgres_server(args.dsn, durable=durable) as server,
+    ):
         result["receiver"] = kind
         result["ceiling"] = [raw_ceiling(base, cfg, n) for n in sorted(set(cfg.workers))]
         print("ceiling:", [round(c["per_second"]) for c in result["ceiling"]], flush=True)
         result["drains"] = []
         for workers in cfg.workers:
-            d = await drain(server, base, receiver_pids, cfg, workers, args.profile_dir)
+            d = await drain(server, base, receiver_pids, cfg, workers, args.profile_dir, durable)
             print(
                 f"{workers} worker(s): {d['per_second']:.0f}/s, rss {d['peak_rss_mb']}, cpu {d['cpu_seconds']}",
                 flush=True,
@@ -353,6 +368,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, help="HOOKLANE_WORKER_CONCURRENCY and the raw client's")
     parser.add_argument(
         "--profile-dir", help="record the one-worker drain with py-spy into this folder (slows it a little)"
+    )
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=("on", "off"),
+        default="off",
+        help="on: a PostgreSQL with fsync and synchronous_commit on, as production runs",
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()

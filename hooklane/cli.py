@@ -21,13 +21,13 @@ import asyncpg
 import uvloop
 
 from hooklane import __version__, store
-from hooklane.endpoint_state import endpoint_state
 from hooklane.errors import DatabaseUnreachable, InvalidInput, SchemaMissing, StoreError, printable, shown
 from hooklane.guard import literal_never_allowed
 from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, load_manifest
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
+from hooklane.times import parse_time, rfc3339
 
 logger = logging.getLogger("hooklane")
 
@@ -36,6 +36,8 @@ MAX_SECRET_BYTES = 4096
 # Room for indentation around the event's data, itself at most MAX_DATA_BYTES.
 MAX_DATA_INPUT_BYTES = 4 * MAX_DATA_BYTES
 _DELIVERY_ID = re.compile(r"[0-9]{1,19}")
+# Who discarded, as a discarded delivery's last_error records it.
+_CLI_ACTOR = "hooklane endpoint discard"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply the database migrations (idempotent)")
     sub.add_parser("worker", help="deliver: reserve, send, record; SIGTERM drains then exits")
     sub.add_parser("status", help="per-endpoint queue, in flight, oldest pending age, circuit")
+    sub.add_parser("api", help="serve the HTTP API: ingest, admin API, dashboard (HOOKLANE_API_PORT)")
     sub.add_parser(
         "operator",
         help="run the Kubernetes operator (kopf); `hooklane operator --help` for its options",
@@ -82,13 +85,29 @@ def _parser() -> argparse.ArgumentParser:
     for action, text in (
         ("reactivate", "reactivate a deactivated endpoint"),
         ("resend", "resend an endpoint's dead deliveries"),
+        ("discard", "give up for good on an endpoint's dead deliveries"),
+        ("replay", "send again every event the endpoint had a delivery of since a time"),
     ):
         p = esub.add_parser(action, help=text)
         p.add_argument("endpoint", help="NAMESPACE/NAME, or NAME in namespace default")
-        if action == "resend":
+        if action in ("resend", "discard"):
             p.add_argument(
                 "--delivery", type=_delivery_id, action="append", help="only this delivery id (repeatable)"
             )
+        if action == "replay":
+            p.add_argument("--since", required=True, help="RFC 3339 time with a timezone")
+
+    events = sub.add_parser("events", help="a tenant's events, for reconciliation")
+    evsub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
+    ev_list = evsub.add_parser(
+        "list",
+        help="one JSON line per event, in a stable order; the next page's cursor on stderr",
+    )
+    ev_list.add_argument("--tenant", required=True)
+    ev_list.add_argument("--since", required=True, help="RFC 3339 time with a timezone")
+    ev_list.add_argument("--until", help="RFC 3339 time with a timezone (default: no end)")
+    ev_list.add_argument("--limit", type=int, default=store.MAX_PAGE, help=f"at most {store.MAX_PAGE}")
+    ev_list.add_argument("--cursor", help="the cursor a previous page printed: continue after it")
 
     dev = sub.add_parser("dev", help="local tooling: throwaway PostgreSQL, test control plane")
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
@@ -216,32 +235,41 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
         return await _endpoint_apply(args, settings)
     if action == "list":
         async with _database(settings) as conn:
-            rows = await store.list_endpoints(conn)
+            healths = await store.endpoint_health(conn)
         _print_table(
             ["NAMESPACE", "NAME", "TENANT", "URL", "MAX", "STATE", "FAILURES", "PAUSED UNTIL"],
             [
                 [
-                    r["namespace"],
-                    r["name"],
-                    r["tenant"],
-                    r["url"],
-                    r["max_concurrency"],
-                    _state(r),
-                    r["consecutive_failures"],
-                    _time(r["paused_until"]),
+                    h.namespace,
+                    h.name,
+                    h.tenant,
+                    h.url,
+                    h.max_concurrency,
+                    h.standing,
+                    h.consecutive_failures,
+                    _time(h.paused_until),
                 ]
-                for r in rows
+                for h in sorted(healths, key=lambda h: (h.namespace, h.name))
             ],
         )
         return 0
     namespace, name = _endpoint_name(args.endpoint)
+    endpoint = f"{namespace}/{name}"
+    since = parse_time(args.since, "--since") if action == "replay" else None
     async with _database(settings) as conn:
         if action == "reactivate":
             found = await store.reactivate_endpoint(conn, namespace, name)
-            done = f"{namespace}/{name} reactivated" if found else None
-        else:
+            done = f"{endpoint} reactivated" if found else None
+        elif action == "resend":
             count = await store.resend_dead(conn, namespace, name, args.delivery)
-            done = None if count is None else f"{count} dead deliveries of {namespace}/{name} queued again"
+            done = None if count is None else f"{count} dead deliveries of {endpoint} queued again"
+        elif action == "discard":
+            count = await store.discard_dead(conn, namespace, name, args.delivery, _CLI_ACTOR)
+            done = None if count is None else f"{count} dead deliveries of {endpoint} discarded"
+        else:
+            assert since is not None
+            count = await store.replay_since(conn, namespace, name, since)
+            done = None if count is None else f"{count} events queued again for {endpoint}"
     if done is None:
         print(f"{namespace}/{name} not found", file=sys.stderr)
         return 1
@@ -273,7 +301,7 @@ async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
     async with _database(settings) as conn:
-        rows = await store.endpoint_queues(conn)
+        healths = await store.endpoint_health(conn)
     _print_table(
         [
             "ENDPOINT",
@@ -281,6 +309,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
             "STATE",
             "PENDING",
             "IN FLIGHT",
+            "DEAD",
             "SENDING ON",
             "MAX",
             "OLDEST PENDING",
@@ -290,30 +319,62 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         ],
         [
             [
-                f"{r['namespace']}/{r['name']}",
-                r["tenant"],
-                _state(r),
-                r["pending"],
-                r["in_flight"],
-                ",".join(r["sending_on"] or ["-"]),
-                r["max_concurrency"],
-                _age(r["oldest_pending_age"]),
-                r["consecutive_failures"],
-                _time(r["paused_until"]),
-                (r["last_error"] or "")[:60],
+                f"{h.namespace}/{h.name}",
+                h.tenant,
+                h.standing,
+                h.pending,
+                h.in_flight,
+                h.dead,
+                ",".join(h.sending_on or ["-"]),
+                h.max_concurrency,
+                _age(h.oldest_pending_age),
+                h.consecutive_failures,
+                _time(h.paused_until),
+                (h.last_error or "")[:60],
             ]
-            for r in rows
+            for h in healths
         ],
     )
     return 0
 
 
+async def _events(args: argparse.Namespace, settings: Settings) -> int:
+    """``hooklane events list``: one JSON object per line on stdout, then
+    ``cursor: C`` on stderr, C the ``--cursor`` of the next page (also when
+    the page is empty: asked again later, it returns what committed since)."""
+    since = parse_time(args.since, "--since")
+    until = None if args.until is None else parse_time(args.until, "--until")
+    async with _database(settings) as conn:
+        page = await store.list_events(
+            conn, args.tenant, since, until, limit=store.check_page(args.limit, "--limit"), cursor=args.cursor
+        )
+    for event in page.events:
+        line = {
+            "id": event.id,
+            "type": event.type,
+            "created_at": rfc3339(event.created_at),
+            "fanout": event.fanout,
+            "data": json.loads(event.data),
+        }
+        print(json.dumps(line, ensure_ascii=False))
+    print(f"cursor: {page.cursor}", file=sys.stderr)
+    return 0
+
+
+async def _api(args: argparse.Namespace, settings: Settings) -> int:
+    from hooklane.api.app import run
+
+    return await run(settings)
+
+
 _COMMANDS = {
+    "api": _api,
     "migrate": _migrate,
     "worker": _worker,
     "publish": _publish,
     "endpoint": _endpoint,
     "status": _status,
+    "events": _events,
 }
 
 
@@ -396,14 +457,6 @@ def _endpoint_name(value: str) -> tuple[str, str]:
         raise InvalidInput(
             "endpoint", f"must be NAMESPACE/NAME or NAME, lowercase DNS-style names, not {shown(value)}"
         ) from None
-
-
-def _state(row: Any) -> str:
-    """One of Active, Paused (manual), Paused (circuit), Probing, Deactivated."""
-    standing = endpoint_state(
-        state=row["state"], paused=row["paused"], paused_until=row["paused_until"], now=datetime.now(UTC)
-    )
-    return str(standing)
 
 
 def _age(seconds: float | None) -> str:

@@ -53,3 +53,27 @@ DESTINATIONS_DENIED = Counter(
     "hooklane_destinations_denied_total",
     "Delivery attempts refused before connecting: the address is not allowed (HOOKLANE_ALLOWED_NETWORKS).",
 )
+
+# `hooklane api`. `route` is the route's template (/v1/admin/endpoints/{namespace}/{name}),
+# never the path a client sent, so that the series stay few.
+API_REQUESTS = Counter(
+    "hooklane_api_requests_total", "HTTP requests answered by the API.", ["route", "method", "status"]
+)
+API_ACK = Histogram(
+    "hooklane_api_ack_seconds",
+    "From an ingest request's arrival to its 202, sent once its events are committed.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+API_EVENTS_ACCEPTED = Counter(
+    "hooklane_api_events_accepted_total", "Events committed by the ingest API (duplicates included)."
+)
+API_COMMIT_EVENTS = Histogram(
+    "hooklane_api_commit_events",
+    "Events per ingest transaction: how many concurrent requests one group commit acknowledged.",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
+)
+API_EVENTS_REFUSED = Counter(
+    "hooklane_api_events_refused_total",
+    "Ingest requests refused, by reason (a refused batch counts once).",
+    ["reason"],
+)

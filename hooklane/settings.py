@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
+from hooklane.api.tokens import Tokens
 from hooklane.errors import InvalidInput
 from hooklane.guard import parse_networks
 from hooklane.policies import CircuitPolicy, Count, RetryPolicy, Seconds
@@ -65,6 +66,25 @@ def _keyring(value: Any) -> Any:
 
 
 EncryptionKey = Annotated[Keyring, BeforeValidator(_keyring)]
+
+
+def _tokens(variable: str) -> BeforeValidator:
+    # From the environment: the token list, read by `Tokens.parse`, whose
+    # messages never quote a token; from code, Tokens already.
+    def parse(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return Tokens.parse(value, variable)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+
+    return BeforeValidator(parse)
+
+
+ApiTokens = Annotated[Tokens, _tokens("HOOKLANE_API_TOKENS")]
+AdminTokens = Annotated[Tokens, _tokens("HOOKLANE_ADMIN_TOKENS")]
+TokenFile = Annotated[str | None, Field(min_length=1)]
 
 # Printable and short enough for a pod name, which is what it usually is.
 WorkerId = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[!-~]+$")]
@@ -122,6 +142,29 @@ class Settings:
     encryption_key: EncryptionKey | None = None
     # How long a replaced signing secret still signs next to the new one.
     secret_grace_seconds: Seconds = DEFAULT_GRACE_SECONDS
+    # `hooklane api`: where it listens (its /metrics is on metrics_port).
+    api_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"
+    api_port: Annotated[int, Field(ge=1, le=65535)] = 8080
+    # Tokens that may publish (hooklane/api/tokens.py has the format), from
+    # the variable, a file re-read when it changes (a mounted Secret), or
+    # both. Without any, `hooklane api` refuses to start.
+    api_tokens: ApiTokens = field(default_factory=Tokens)
+    api_tokens_file: TokenFile = None
+    # Tokens of the admin API and the dashboard; without any, both answer 404.
+    admin_tokens: AdminTokens = field(default_factory=Tokens)
+    admin_tokens_file: TokenFile = None
+    # A request body larger than this is refused (413) before it is read whole.
+    api_max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
+    # Events in one POST /v1/events/batch at most.
+    api_batch_max_events: Annotated[int, Field(ge=1, le=10_000)] = 100
+    # How long a request may wait for the database before it is answered
+    # 503 with Retry-After: a producer retries rather than hangs.
+    api_ack_timeout_seconds: Seconds = 5.0
+    # After SIGTERM, how long /readyz fails before the API stops listening:
+    # the time Kubernetes takes to stop routing requests to the pod.
+    api_drain_seconds: Annotated[float, Field(ge=0, le=300, allow_inf_nan=False)] = 5.0
+    # Connections of one API process to Postgres.
+    api_pool_size: Annotated[int, Field(ge=2, le=1000)] = 10
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 

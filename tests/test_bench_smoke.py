@@ -83,3 +83,16 @@ def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("reservation", tmp_path, "--dsn", server_dsn)
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
     assert all(s["reserved"] > 0 for s in result["sizes"])
+
+
+def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("ingest", tmp_path, "--dsn", server_dsn, timeout=120)
+    assert result["postgres_settings"]["synchronous_commit"] == "on"
+    for side in ("api", "ceiling"):
+        for run in result[side].values():
+            assert run["events"] > 0
+            assert set(run["statuses"]) == {"202"}
+    assert result["api"]["rate"]["latency_ms"]["n"] > 0
+    # Each 202 means committed: the database holds every event acknowledged.
+    assert result["stored"] == result["acknowledged"] > 0
+    assert result["summary"]["every_202_stored"]

@@ -10,7 +10,9 @@ chart's RBAC is tests/test_operator.py::test_the_chart_rbac_is_enough.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -25,7 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hooklane.api.tokens import Grant, Tokens
 from hooklane.dev.controlplane import ControlPlane
+from hooklane.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "hooklane"
@@ -33,7 +37,9 @@ EVERYTHING = CHART / "tests" / "values" / "everything.yaml"
 PROMTOOL_TESTS = CHART / "tests" / "prometheus"
 # The release the promtool tests' series are labelled for.
 RELEASE = ("hooklane", "hooklane")
-REQUIRED = ["--set", "database.existingSecret=pg"]
+# A token for the API, which the chart refuses to run without.
+INGEST_TOKEN = "chart-test-token-0123456789"
+REQUIRED = ["--set", "database.existingSecret=pg", "--set", f"api.tokens.ingest[0]={INGEST_TOKEN}"]
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
 
 
@@ -140,16 +146,17 @@ def test_package_holds_the_crd_files_and_no_tests(tools, tmp_path):
 # --- Rendering ------------------------------------------------------------------
 
 
-def test_defaults_render_the_operator_workers_and_migration(tools):
+def test_defaults_render_the_operator_workers_api_and_migration(tools):
     docs = tools.render(*REQUIRED)
     assert by_kind(docs) == {
-        "ServiceAccount": 3,  # operator, worker, migrate (a hook)
+        "ServiceAccount": 4,  # operator, worker, api, migrate (a hook)
         "ClusterRole": 1,
         "ClusterRoleBinding": 1,
         "ClusterKopfPeering": 1,
-        "Deployment": 2,
-        "Service": 1,
-        "PodDisruptionBudget": 1,
+        "Deployment": 3,
+        "Service": 3,  # worker metrics, api, api metrics
+        "PodDisruptionBudget": 2,
+        "Secret": 1,  # the API's tokens
         "Job": 1,
     }
     for doc in docs:
@@ -174,6 +181,12 @@ def test_defaults_render_the_operator_workers_and_migration(tools):
     job = one(docs, "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    api = one(docs, "Deployment", "-api")
+    assert api["spec"]["replicas"] == 2
+    assert api["spec"]["template"]["spec"]["containers"][0]["args"] == ["api"]
+    assert one(docs, "Service", "-api")["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http"}
+    ]
 
 
 def test_include_crds_adds_the_repositorys_crds(tools):
@@ -190,7 +203,7 @@ def test_include_crds_adds_the_repositorys_crds(tools):
 @pytest.mark.parametrize("values", [REQUIRED, ["-f", str(EVERYTHING)]], ids=["defaults", "everything"])
 def test_every_pod_is_locked_down_and_reads_its_settings_once(tools, values):
     specs = pod_specs(tools.render(*values))
-    assert len(specs) == 3
+    assert len(specs) == 4
     for name, spec in specs.items():
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"], name
@@ -211,19 +224,20 @@ def test_every_pod_is_locked_down_and_reads_its_settings_once(tools, values):
 def test_every_option_renders(tools):
     docs = tools.render("-f", str(EVERYTHING))
     assert by_kind(docs) == {
-        "ServiceAccount": 3,
+        "ServiceAccount": 4,
         "ClusterRole": 1,
         "ClusterRoleBinding": 1,
         "Role": 2,
         "RoleBinding": 2,
         "KopfPeering": 2,
-        "Deployment": 2,
-        "Service": 1,
-        "PodDisruptionBudget": 1,
+        "Deployment": 3,
+        "Service": 3,
+        "PodDisruptionBudget": 2,
         "HorizontalPodAutoscaler": 1,
-        "ServiceMonitor": 1,
+        "ServiceMonitor": 2,
         "PrometheusRule": 1,
-        "NetworkPolicy": 2,
+        "NetworkPolicy": 3,
+        "Ingress": 1,
         "Job": 1,
     }
     assert {d["metadata"]["name"] for d in docs} <= {
@@ -231,6 +245,8 @@ def test_every_option_renders(tools):
         "hooklane-e2e-operator",
         "hooklane-e2e-worker",
         "hooklane-e2e-worker-metrics",
+        "hooklane-e2e-api",
+        "hooklane-e2e-api-metrics",
         "hooklane-e2e-migrate",
     }
     assert {
@@ -266,7 +282,67 @@ def _refused(tools, *options: str) -> str:
 
 
 def test_without_a_database_secret_nothing_renders(tools):
-    assert "database.existingSecret is required" in _refused(tools)
+    assert "database.existingSecret is required" in _refused(tools, *REQUIRED[2:])
+
+
+def test_without_an_ingest_token_nothing_renders(tools):
+    stderr = _refused(tools, *REQUIRED[:2], "--set", "api.tokens.admin[0]=admin-token-0123456789")
+    assert "api.tokens.ingest or api.tokens.existingSecret.ingest is required while api.enabled" in stderr
+
+
+def test_without_the_api_no_token_is_needed(tools):
+    docs = tools.render(*REQUIRED[:2], "--set", "api.enabled=false")
+    assert not [d["metadata"]["name"] for d in docs if "-api" in d["metadata"]["name"]]
+    assert by_kind(docs)["Deployment"] == 2
+
+
+def test_the_token_file_is_what_the_api_reads(tools):
+    """The chart's Secret holds the entries as `hooklane api` parses a token
+    file: each token with the tenants it was given, nothing else."""
+    (secret,) = tools.render(
+        *REQUIRED[:2],
+        "--set",
+        "api.tokens.ingest={ingest-token-0123456789,scoped-token-0123456789 acme globex}",
+        "--show-only",
+        "templates/api-tokens-secret.yaml",
+    )
+    tokens = Tokens.parse(secret["stringData"]["ingest"], "ingest")
+    assert len(tokens) == 2
+    assert tokens.check("ingest-token-0123456789") == Grant(None)
+    assert tokens.check("scoped-token-0123456789") == Grant(frozenset({"acme", "globex"}))
+    assert tokens.check("acme") is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "a" * 16,
+        "A-Z_a.z~0+9/=-" + "x" * 2,
+        "x" * 512,
+        "t" * 20 + " acme",
+        "t" * 20 + " acme  globex.example",
+        "t" * 15,
+        "x" * 513,
+        "t" * 19 + "#",
+        "t" * 19 + ",",
+        "t" * 20 + " ac,me",
+        "t" * 20 + " ",
+        " " + "t" * 20,
+    ],
+)
+def test_the_schema_takes_the_token_entries_the_api_takes(entry):
+    """values.schema.json checks token entries at install time; it must take
+    exactly what hooklane/api/tokens.py takes as one entry of a file (one
+    line: a comma would make two entries of it)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pattern = schema["definitions"]["tokenEntries"]["items"]["pattern"]
+    try:
+        parsed = len(Tokens.parse(entry, "entry")) == 1
+    except InvalidInput:
+        parsed = False
+    parsed = parsed and "," not in entry and entry == entry.strip()
+    assert bool(re.search(pattern, entry)) == parsed, entry
 
 
 @pytest.mark.parametrize(
@@ -287,6 +363,20 @@ def test_without_a_database_secret_nothing_renders(tools):
         ("extraEnv[0].value=x", "at '/extraEnv/0': missing property 'name'"),
         ("operator.watchNamespaces[0]=shop-*", "at '/operator/watchNamespaces/0'"),
         ("metrics.port=0", "at '/metrics/port': minimum"),
+        ("api.replicas=two", "at '/api/replicas': got string, want integer"),
+        ("api.tokens.ingest[1]=short", "at '/api/tokens/ingest/1': 'short' does not match pattern"),
+        ("api.tokens.ingest[1]=a-token-with-a-comma\\,0123", "at '/api/tokens/ingest/1'"),
+        ("api.tokens.admin[0]=admin-token-0123456789 acme", "at '/api/tokens/admin/0'"),
+        ("api.tokens.existingSecret.ingest=Producers", "at '/api/tokens/existingSecret/ingest'"),
+        ("api.tokens.existingSecret.ingset=producers", "additional properties 'ingset' not allowed"),
+        ("api.config.API_POOL_SIZE=20", "'API_POOL_SIZE' does not match pattern"),
+        ("api.service.type=ExternalName", "at '/api/service/type': value must be one of"),
+        ("api.ingress.paths[0]=v1/events", "at '/api/ingress/paths/0'"),
+        ("api.ingress.host=Hooks.Example.com", "at '/api/ingress/host'"),
+        ("api.drainSeconds=600", "at '/api/drainSeconds': maximum"),
+        ("metrics.prometheusRule.apiErrorRatio=5", "at '/metrics/prometheusRule/apiErrorRatio'"),
+        ("metrics.prometheusRule.apiAckP99Seconds=0", "at '/metrics/prometheusRule/apiAckP99Seconds'"),
+        ("networkPolicy.apiFrom=anyone", "at '/networkPolicy/apiFrom': got string, want array"),
     ],
 )
 def test_the_schema_refuses_wrong_types_and_unknown_keys(tools, setting, error):
@@ -301,6 +391,10 @@ def test_the_schema_refuses_wrong_types_and_unknown_keys(tools, setting, error):
         ("config.HOOKLANE_DATABASE_URL=postgresql://x", "database.existingSecret"),
         ("extraEnv[0].name=HOOKLANE_METRICS_PORT", "metrics.port"),
         ("extraEnv[0].name=HOOKLANE_ENCRYPTION_KEY", "encryptionKey.existingSecret"),
+        ("config.HOOKLANE_API_PORT=9000", "api.port"),
+        ("api.config.HOOKLANE_API_DRAIN_SECONDS=1", "api.drainSeconds"),
+        ("api.config.HOOKLANE_API_TOKENS_FILE=/t", "api.tokens.ingest"),
+        ("extraEnv[0].name=HOOKLANE_ADMIN_TOKENS", "api.tokens.admin"),
     ],
 )
 def test_settings_the_chart_owns_are_refused_elsewhere(tools, setting, value):
@@ -342,7 +436,7 @@ def rules_dir(tools, tmp_path) -> Path:
 
 def test_promtool_accepts_the_rules(tools, rules_dir):
     done = tools.run("promtool", "check", "rules", str(rules_dir / "rules.yaml"))
-    assert "SUCCESS: 5 rules found" in done.stdout, done.stdout
+    assert "SUCCESS: 7 rules found" in done.stdout, done.stdout
 
 
 def test_every_alert_is_shown_to_fire_and_to_stay_quiet(tools, rules_dir):
@@ -479,7 +573,11 @@ def test_helm_installs_the_chart_with_its_crds(tools, bare_control_plane):
     )
     assert cp.kubectl("get", "clusterkopfpeering", "hooklane", "-o", "name").stdout.strip()
     deployments = cp.kubectl("-n", namespace, "get", "deployments", "-o", "name").stdout.split()
-    assert sorted(deployments) == ["deployment.apps/hooklane-operator", "deployment.apps/hooklane-worker"]
+    assert sorted(deployments) == [
+        "deployment.apps/hooklane-api",
+        "deployment.apps/hooklane-operator",
+        "deployment.apps/hooklane-worker",
+    ]
     # The example endpoint passes the installed CRD's validation.
     cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(ROOT / "examples" / "endpoint.yaml"))
     hooks = tools.helm(

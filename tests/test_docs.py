@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from hooklane import cli
+from hooklane.api.tokens import Tokens
 from hooklane.operator import main as operator_main
 from hooklane.settings import _NESTED, _TOOLING, Settings, _variable
 
@@ -57,7 +58,7 @@ def _settings_defaults() -> dict[str, Any]:
 
 def _shown(value: Any) -> str:
     """A default the way configuration.md writes it."""
-    if value is None or value in ("", ()):
+    if value is None or value in ("", ()) or (isinstance(value, Tokens) and not len(value)):
         return "unset"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -275,7 +276,7 @@ def test_operations_names_every_metric_and_no_other():
 # A statement changes a state, queues a delivery, or keeps the ready list.
 _TRANSITION = re.compile(
     r"\bSET\s+state\b|INSERT INTO deliveries|ready_endpoints|hooklane_wake\(|hooklane_make_ready\("
-    r"|hooklane_reserve\w*\(|DELETE FROM (endpoints|events)\b"
+    r"|hooklane_(reserve|complete)\w*\(|DELETE FROM (endpoints|events)\b"
 )
 
 

@@ -4,7 +4,7 @@ receiver on the host, against a throwaway PostgreSQL the pods reach through
 the node address.
 
 The tests run in file order and share one release: install, deliver, scale,
-kill and roll, upgrade, uninstall.
+kill and roll, upgrade, publish through the API's Service, uninstall.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 from standardwebhooks.webhooks import Webhook
@@ -42,6 +43,11 @@ SHOP = "shop"  # where a user keeps their endpoints
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 WORKERS = "app.kubernetes.io/instance=hooklane,app.kubernetes.io/component=worker"
 OPERATOR = "app.kubernetes.io/instance=hooklane,app.kubernetes.io/component=operator"
+API = "app.kubernetes.io/instance=hooklane,app.kubernetes.io/component=api"
+# The producers' token, given to the chart in values (it makes the Secret);
+# limited to the tenant the API test publishes for.
+INGEST_TOKEN = "e2e-" + secrets.token_urlsafe(24)
+API_TENANT = "via-api"
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,7 @@ def release(cluster: Cluster, image: str, database: tuple[str, str]) -> dict[str
         "image.pullPolicy": "IfNotPresent",
         "database.existingSecret": "hooklane-database",
         "worker.replicas": "2",
+        "api.tokens.ingest[0]": f"{INGEST_TOKEN} {API_TENANT}",
         # The receivers live on the host, behind the node address; everything
         # else stays refused, as in production.
         "config.HOOKLANE_ALLOWED_NETWORKS": f"{cluster.node_ip}/32",
@@ -302,6 +309,7 @@ async def test_helm_install_migrates_then_runs_the_operator_and_two_workers(clus
         await db.close()
     assert len(await _ready_pods(cluster, OPERATOR)) == 1
     assert len(await _ready_pods(cluster, WORKERS)) == 2
+    assert len(await _ready_pods(cluster, API)) == 2
     operator = json.loads(await cluster.kubectl("-n", SYSTEM, "get", "pods", "-l", OPERATOR, "-o", "json"))[
         "items"
     ][0]
@@ -456,6 +464,49 @@ async def test_helm_upgrade_rolls_the_workers_with_the_new_value(cluster, releas
         await db.close()
 
 
+async def _post_event(url: str, event: dict, token: str | None) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=30, connect=10, sock_read=30)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(url, json=event, headers=headers) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def test_an_event_posted_through_the_api_service_arrives_signed(cluster, release, database):
+    """A producer's path: POST to the API's Service with the token from the
+    chart's values, 202 once stored, then a worker delivers it, signed. The
+    host is the node, so kube-proxy routes its connection to the ClusterIP
+    (no DNS in this cluster: the Service's address, not its name)."""
+    address = await cluster.kubectl(
+        "-n", SYSTEM, "get", "service", f"{RELEASE}-api", "-o", "jsonpath={.spec.clusterIP}"
+    )
+    url = f"http://{address}/v1/events"
+    event = {"tenant": API_TENANT, "type": "order.created", "data": {"via": "api"}}
+    db = await _connect(database)
+    try:
+        async with Receiver(host=cluster.node_ip) as receiver:
+            await _apply_endpoint(cluster, "via-api", receiver.on("via-api", Answer(204)), tenant=API_TENANT)
+            await _synced(cluster, db, "via-api")
+            status, body = await _post_event(url, event, token=None)
+            assert status == 401, body
+            # The token is limited to its tenant.
+            status, body = await _post_event(url, {**event, "tenant": "acme"}, INGEST_TOKEN)
+            assert status == 403, body
+            status, body = await _post_event(url, event, INGEST_TOKEN)
+            assert status == 202, body
+            # Acknowledged means committed: the event is there already.
+            assert await db.fetchval("SELECT count(*) FROM events WHERE id = $1", body["id"]) == 1
+            await _until(lambda: len(receiver.at("via-api")) >= 1, timeout=60)
+            (payload,) = _verified(receiver.at("via-api"))
+            (delivery,) = receiver.at("via-api")
+    finally:
+        await db.close()
+    assert delivery.headers["webhook-id"] == body["id"]
+    assert payload["data"] == {"via": "api"}
+
+
 async def test_helm_uninstall_keeps_the_crd_and_the_endpoints(cluster, release, database):
     await cluster.helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout", "5m")
     # Helm never deletes what it installed from crds/: deleting the CRD would
@@ -464,7 +515,7 @@ async def test_helm_uninstall_keeps_the_crd_and_the_endpoints(cluster, release, 
     names = (
         await cluster.kubectl("-n", SHOP, "get", "whe", "-o", "jsonpath={.items[*].metadata.name}")
     ).split()
-    assert {"orders", "slow", "after-upgrade"} <= set(names)
+    assert {"orders", "slow", "after-upgrade", "via-api"} <= set(names)
     db = await _connect(database)
     try:
         assert await db.fetchval("SELECT count(*) FROM endpoints") == len(names)
@@ -489,7 +540,7 @@ async def test_helm_uninstall_keeps_the_crd_and_the_endpoints(cluster, release, 
         "-n",
         SYSTEM,
         "get",
-        "deployments,pods,serviceaccounts,services,jobs,poddisruptionbudgets",
+        "deployments,pods,serviceaccounts,services,jobs,poddisruptionbudgets,secrets",
         "-l",
         f"app.kubernetes.io/instance={RELEASE}",
         "-o",

@@ -113,10 +113,10 @@ async def test_cli_operator_and_gauges_agree(dsn, db, start_worker):
 
     now = datetime.now(UTC)
     phases = {
-        row["name"]: reflect.reflect(
-            previous={}, queue=reflect.Queue.from_row(row, 0), synced=None, now=now, age_resolution=10
+        h.name: reflect.reflect(
+            previous={}, queue=reflect.Queue.from_health(h), synced=None, now=now, age_resolution=10
         ).patch["phase"]
-        for row in await store.endpoint_queues(db)
+        for h in await store.endpoint_health(db)
     }
     assert phases == {name: state.split()[0] for name, state in expected.items()}
 

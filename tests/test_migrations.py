@@ -110,6 +110,22 @@ async def test_version_1_data_survives_every_migration_and_is_delivered(fresh_ds
             )
             == 3
         )
+        # 0005: events stored before it are listed first, in id order, and
+        # those stored after it follow them
+        assert await conn.fetchval("SELECT array_agg(DISTINCT xact::text) FROM events") == ["1"]
+        await hooklane.publish(conn, tenant="acme", type="order.paid", data={}, id="a-after-0005")
+        since = await conn.fetchval("SELECT now() - interval '1 hour'")
+        listed = await store.list_events(conn, "acme", since)
+        assert [e.id for e in listed.events] == [
+            "e-dead",
+            "e-lost",
+            "e-pending",
+            "e-q-dead",
+            "e-q-sent",
+            "e-sent",
+            "a-after-0005",
+        ]
+        await conn.execute("DELETE FROM events WHERE id = 'a-after-0005'")
         # The new identity: another tenant may now use an id, and the
         # deliveries follow their own event only.
         await hooklane.publish(conn, tenant="globex", type="order.paid", data={"n": 6}, id="e-pending")

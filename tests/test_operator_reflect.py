@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hooklane.endpoint_state import EndpointState
+from hooklane.endpoint_state import EndpointState, PauseReason, Standing
 from hooklane.manifest import SecretRef
 from hooklane.operator import reflect
 from hooklane.operator.reflect import Queue, Synced
@@ -21,9 +21,12 @@ NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = "2026-03-01T11:00:00Z"
 REF = SecretRef("acme-webhook-secret", "secret")
 SYNCED = Synced(generation=3, paused=False, reason=reflect.Reason.SYNCED, message="stored")
+ACTIVE = Standing(EndpointState.ACTIVE)
+PAUSED_BY_CIRCUIT = Standing(EndpointState.PAUSED, PauseReason.CIRCUIT)
+PAUSED_BY_HAND = Standing(EndpointState.PAUSED, PauseReason.MANUAL)
+DEACTIVATED = Standing(EndpointState.DEACTIVATED)
 IDLE = Queue(
-    state="active",
-    paused=False,
+    standing=ACTIVE,
     consecutive_failures=0,
     paused_until=None,
     last_error=None,
@@ -156,7 +159,11 @@ def test_oldest_pending_age_is_patched_only_when_it_moved_enough():
 
 def test_an_open_circuit_is_paused_until_a_success_closes_it():
     open_ = replace(
-        IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500"
+        IDLE,
+        standing=PAUSED_BY_CIRCUIT,
+        consecutive_failures=20,
+        paused_until=NOW + timedelta(seconds=60),
+        last_error="HTTP 500",
     )
     patch = run(settled(), open_).patch
     assert patch["phase"] == EndpointState.PAUSED
@@ -169,7 +176,11 @@ def test_an_open_circuit_is_paused_until_a_success_closes_it():
     )
     # Once the pause ran out, probes go out: Probing, and the circuit is
     # still open, so no Event says it closed.
-    probing = run({**settled(), **patch}, open_, now=NOW + timedelta(seconds=90))
+    probing = run(
+        {**settled(), **patch},
+        replace(open_, standing=Standing(EndpointState.PROBING)),
+        now=NOW + timedelta(seconds=90),
+    )
     assert probing.patch["phase"] == EndpointState.PROBING
     assert "probing since" in condition(probing.patch, reflect.DELIVERING)["message"]
     assert probing.events == []
@@ -185,7 +196,9 @@ def test_a_refused_destination_says_what_to_change():
     assert (delivering["status"], delivering["reason"]) == ("False", reflect.Reason.DESTINATION_DENIED)
     assert delivering["message"].startswith("destination 10.0.0.1 is not allowed: change spec.url")
     # even once the circuit opened over it: the address is what to fix
-    opened = replace(refused, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60))
+    opened = replace(
+        refused, standing=PAUSED_BY_CIRCUIT, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60)
+    )
     assert (
         condition(run(settled(), opened).patch, reflect.DELIVERING)["reason"]
         == reflect.Reason.DESTINATION_DENIED
@@ -196,12 +209,12 @@ def test_a_refused_destination_says_what_to_change():
 
 
 def test_manual_pause_and_deactivation_set_the_phase():
-    assert run({}, replace(IDLE, paused=True)).patch["phase"] == EndpointState.PAUSED
+    assert run({}, replace(IDLE, standing=PAUSED_BY_HAND)).patch["phase"] == EndpointState.PAUSED
     assert (
-        condition(run({}, replace(IDLE, paused=True)).patch, reflect.DELIVERING)["reason"]
+        condition(run({}, replace(IDLE, standing=PAUSED_BY_HAND)).patch, reflect.DELIVERING)["reason"]
         == reflect.Reason.MANUALLY_PAUSED
     )
-    gone = run({}, replace(IDLE, state="deactivated", last_error="HTTP 410")).patch
+    gone = run({}, replace(IDLE, standing=DEACTIVATED, last_error="HTTP 410")).patch
     assert gone["phase"] == EndpointState.DEACTIVATED
     assert "hooklane.io/reactivate" in condition(gone, reflect.DELIVERING)["message"]
 
@@ -245,7 +258,7 @@ def test_transition_time_moves_only_when_the_status_flips():
 def test_conditions_of_other_types_are_kept():
     previous = settled()
     previous["conditions"].append({"type": "Reviewed", "status": "True", "lastTransitionTime": EARLIER})
-    patch = run(previous, replace(IDLE, paused=True)).patch
+    patch = run(previous, replace(IDLE, standing=PAUSED_BY_HAND)).patch
     assert [c["type"] for c in patch["conditions"]] == ["Ready", "Delivering", "Reviewed"]
 
 
@@ -262,7 +275,11 @@ def test_without_a_secret_nothing_is_delivering():
 
 def test_pausing_and_resuming_post_events():
     open_ = replace(
-        IDLE, consecutive_failures=20, paused_until=NOW + timedelta(seconds=60), last_error="HTTP 500"
+        IDLE,
+        standing=PAUSED_BY_CIRCUIT,
+        consecutive_failures=20,
+        paused_until=NOW + timedelta(seconds=60),
+        last_error="HTTP 500",
     )
     paused = run(settled(), open_)
     assert [(e.type, e.reason) for e in paused.events] == [(reflect.EventType.WARNING, "EndpointPaused")]
@@ -271,7 +288,7 @@ def test_pausing_and_resuming_post_events():
 
 
 def test_deactivating_and_reactivating_post_events():
-    gone = replace(IDLE, state="deactivated", pending=3)
+    gone = replace(IDLE, standing=DEACTIVATED, pending=3)
     deactivated = run(settled(), gone)
     assert reasons(deactivated) == ["EndpointDeactivated"]
     assert deactivated.events[0].type == reflect.EventType.WARNING

@@ -371,8 +371,8 @@ async def test_reservation_records_the_worker_and_a_rescue_keeps_it(db):
     await store.reserve(db, ALL, 10, 10.0, "pod-2")
     assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-2"
     # what `hooklane status` shows
-    sending_on = {q["name"]: q["sending_on"] for q in await store.endpoint_queues(db)}
-    assert sending_on == {"a": ["pod-2"], "moved": None}
+    sending_on = {h.name: h.sending_on for h in await store.endpoint_health(db)}
+    assert sending_on == {"a": ("pod-2",), "moved": ()}
 
 
 async def _ready_at(db, endpoint: int):

@@ -145,8 +145,8 @@ async def test_schema_sql_is_what_the_migrations_build(dsn, fresh_dsn):
         ),
         (
             (
-                "SET plan_cache_mode = force_generic_plan\nAS $$\n#variable_conflict",
-                "AS $$\n#variable_conflict",
+                "SET plan_cache_mode = force_generic_plan\nAS $$\n#variable_conflict use_column\nDECLARE",
+                "AS $$\n#variable_conflict use_column\nDECLARE",
             ),
             "+hooklane_reserve_v2(owned integer[]",
         ),

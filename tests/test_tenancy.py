@@ -72,8 +72,9 @@ async def test_listing_and_retention_see_each_tenants_event_apart(db):
     for tenant in ("acme", "globex"):
         await hooklane.publish(db, tenant=tenant, type="order.paid", data={"who": tenant}, id="order-1")
     now = datetime.now(UTC)
-    (listed,) = await store.list_events(db, "globex", now - timedelta(minutes=1), now + timedelta(minutes=1))
-    assert json.loads(listed["data"]) == {"who": "globex"}
+    page = await store.list_events(db, "globex", now - timedelta(minutes=1), now + timedelta(minutes=1))
+    (listed,) = page.events
+    assert json.loads(listed.data) == {"who": "globex"}
     # Both past retention; acme's was delivered, globex's is still pending:
     # only acme's goes, and globex's delivery keeps its event.
     await db.execute("UPDATE events SET created_at = now() - interval '40 days'")

@@ -39,7 +39,8 @@ import kopf
 
 from hooklane import store
 from hooklane.errors import InvalidInput, StoreError
-from hooklane.manifest import parse_spec
+from hooklane.health import EndpointHealth
+from hooklane.manifest import EndpointSpec, parse_spec
 from hooklane.operator import reflect
 from hooklane.settings import Settings
 
@@ -105,17 +106,9 @@ class Snapshot:
             clock = asyncio.get_running_loop().time()
             if self._taken is None or clock - self._taken >= self._max_age:
                 async with _store_errors(), store.acquire(self._pool) as conn:
-                    rows = await store.endpoint_queues(conn)
-                    dead = {
-                        (r["namespace"], r["name"]): r["dead"] for r in await store.dead_counts(conn, None)
-                    }
-                self._queues = {
-                    (r["namespace"], r["name"]): reflect.Queue.from_row(
-                        r, dead.get((r["namespace"], r["name"]), 0)
-                    )
-                    for r in rows
-                }
-                self._stored = {(r["namespace"], r["name"]): stored(r) for r in rows}
+                    healths = await store.endpoint_health(conn)
+                self._queues = {(h.namespace, h.name): reflect.Queue.from_health(h) for h in healths}
+                self._stored = {(h.namespace, h.name): stored(h) for h in healths}
                 self._taken = clock
         return self._queues
 
@@ -131,11 +124,11 @@ class Snapshot:
         return self._stored.get(key) != tracked.written
 
 
-def stored(row: reflect.Row) -> tuple[Any, ...]:
-    """The spec fields endpoint_queues returns: enough to tell that a row is
-    gone, or older than the last write (a failover to a replica that lagged,
-    a restore from backup)."""
-    return (row["tenant"], row["url"], row["paused"], row["max_concurrency"])
+def stored(endpoint: EndpointSpec | EndpointHealth) -> tuple[Any, ...]:
+    """The spec fields endpoint_health returns, of what was written or what
+    was read: enough to tell that a row is gone, or older than the last
+    write (a failover to a replica that lagged, a restore from backup)."""
+    return (endpoint.tenant, endpoint.url, endpoint.paused, endpoint.max_concurrency)
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -409,14 +402,7 @@ async def _sync(
                 )
                 # Before the release awaits: a status pass in between must not
                 # take the previous write for this one.
-                tracked.written = stored(
-                    {
-                        "tenant": spec.tenant,
-                        "url": spec.url,
-                        "paused": spec.paused,
-                        "max_concurrency": spec.max_concurrency,
-                    }
-                )
+                tracked.written = stored(spec)
                 tracked.written_at = asyncio.get_running_loop().time()
         except StoreError as exc:
             if exc.transient:

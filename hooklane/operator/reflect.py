@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing, endpoint_state
 from hooklane.errors import InvalidInput
 from hooklane.guard import is_refusal
+from hooklane.health import EndpointHealth
 from hooklane.manifest import SecretRef
 from hooklane.signing import SECRET_PREFIX, parse_secret
 
@@ -102,18 +103,12 @@ class Synced:
         return self.reason == Reason.SYNCED
 
 
-class Row(Protocol):
-    """A row by column name: a dict, or an asyncpg Record (not a Mapping)."""
-
-    def __getitem__(self, key: str, /) -> Any: ...
-
-
 @dataclass(frozen=True)
 class Queue:
-    """One endpoint's row of ``endpoint_queues`` with its dead count."""
+    """What the status shows of an endpoint's health (hooklane/health.py),
+    its state decided there, once, at the database's clock."""
 
-    state: str
-    paused: bool
+    standing: Standing
     consecutive_failures: int
     paused_until: datetime | None
     last_error: str | None
@@ -124,18 +119,17 @@ class Queue:
     dead: int = 0
 
     @classmethod
-    def from_row(cls, row: Row, dead: int) -> Queue:
+    def from_health(cls, health: EndpointHealth) -> Queue:
         return cls(
-            state=row["state"],
-            paused=row["paused"],
-            consecutive_failures=row["consecutive_failures"],
-            paused_until=row["paused_until"],
-            last_error=row["last_error"],
-            last_delivered_at=row["last_delivered_at"],
-            pending=row["pending"],
-            in_flight=row["in_flight"],
-            oldest_pending_age=row["oldest_pending_age"],
-            dead=dead,
+            standing=health.standing,
+            consecutive_failures=health.consecutive_failures,
+            paused_until=health.paused_until,
+            last_error=health.last_error,
+            last_delivered_at=health.last_delivered_at,
+            pending=health.pending,
+            in_flight=health.in_flight,
+            oldest_pending_age=health.oldest_pending_age,
+            dead=health.dead,
         )
 
 
@@ -240,7 +234,7 @@ def reflect(
             else ("False", synced.reason, synced.message)
         )
         new_conditions[READY] = _condition(READY, *ready, old_conditions.get(READY), generation, now)
-    delivering = _delivering(queue, synced, now)
+    delivering = _delivering(queue, synced)
     if delivering is not None:
         new_conditions[DELIVERING] = _condition(
             DELIVERING, *delivering, old_conditions.get(DELIVERING), generation, now
@@ -276,21 +270,17 @@ def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: flo
 
 def _phase(queue: Queue | None, synced: Synced | None, now: datetime) -> EndpointState | None:
     if queue is not None:
-        return _standing(queue, now).state
+        return queue.standing.state
     # Not in the snapshot yet: the spec alone says whether it is paused.
     if synced is None or synced.reason == Reason.INVALID_SPEC:
         return None
     return endpoint_state(state="active", paused=synced.paused, paused_until=None, now=now).state
 
 
-def _standing(queue: Queue, now: datetime) -> Standing:
-    return endpoint_state(state=queue.state, paused=queue.paused, paused_until=queue.paused_until, now=now)
-
-
-def _delivering(queue: Queue | None, synced: Synced | None, now: datetime) -> tuple[str, Reason, str] | None:
+def _delivering(queue: Queue | None, synced: Synced | None) -> tuple[str, Reason, str] | None:
     if queue is None:
         return None
-    standing = _standing(queue, now)
+    standing = queue.standing
     if standing.state == EndpointState.DEACTIVATED:
         return (
             "False",

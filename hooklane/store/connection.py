@@ -29,8 +29,8 @@ from hooklane.errors import (
 # of ids whose length varies from 1 to hundreds; a cached generic plan
 # assumes a handful and can turn a batch of results into a nested loop over
 # every row in flight, so plan each execution with the real arrays (the
-# reservation's functions, whose plans do not depend on them, keep theirs:
-# migration 0004). JIT compilation costs more than these millisecond
+# reservation's functions and hooklane_complete, whose plans do not depend
+# on them, keep theirs: migration 0004). JIT compilation costs more than these millisecond
 # statements take. No lock is worth waiting long for: a statement that would
 # is aborted and retried. And the server probes an idle peer, so that a worker cut off without a reset
 # loses its advisory locks (its partitions) in seconds, not hours.
@@ -38,6 +38,18 @@ WORKER_SESSION = {
     "plan_cache_mode": "force_custom_plan",
     "jit": "off",
     "lock_timeout": "10s",
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+}
+
+# Session settings for the API's connections: a statement stuck behind a
+# lock must not keep a producer waiting past its answer's deadline (the
+# request is answered 503 at api_ack_timeout_seconds anyway; this frees
+# the connection too). JIT costs more than these short statements take.
+API_SESSION = {
+    "jit": "off",
+    "lock_timeout": "5s",
     "tcp_keepalives_idle": "10",
     "tcp_keepalives_interval": "5",
     "tcp_keepalives_count": "3",

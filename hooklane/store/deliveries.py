@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 import asyncpg
 
+from hooklane.errors import InvalidInput, shown
 from hooklane.policies import CircuitPolicy
+from hooklane.store.cursor import delivery_cursor, delivery_position
+from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
+
+# A delivery's states (the CHECK constraint of deliveries.state).
+STATES = ("pending", "sending", "delivered", "dead", "discarded")
 
 
 class ResultOutcome(StrEnum):
@@ -100,12 +108,119 @@ async def resend_dead(
     return await conn.fetchval(QUERIES["resend_dead"], namespace, name, ids)
 
 
-async def dead_counts(conn: asyncpg.Connection, partitions: list[int] | None) -> list[asyncpg.Record]:
-    return await conn.fetch(QUERIES["dead_counts"], partitions)
+async def discard_dead(
+    conn: asyncpg.Connection, namespace: str, name: str, ids: list[int] | None, by: str
+) -> int | None:
+    """Give up for good on dead deliveries of one endpoint (all, or ``ids``),
+    recording ``by`` (who discarded them) in last_error. How many; None if
+    there is no such endpoint."""
+    return await conn.fetchval(QUERIES["discard_dead"], namespace, name, ids, by)
+
+
+async def replay_since(conn: asyncpg.Connection, namespace: str, name: str, since: datetime) -> int | None:
+    """Queue again, as new deliveries of the same event ids, every event of
+    the endpoint's tenant it had a delivery of created since ``since`` and
+    none pending or in flight now. How many; None if there is no such
+    endpoint."""
+    check_time(since, "since")
+    return await conn.fetchval(QUERIES["replay_since"], namespace, name, since)
+
+
+@dataclass(frozen=True)
+class DeliveryView:
+    """A delivery as the admin API and the dashboard list it."""
+
+    id: int
+    event_id: str
+    event_type: str
+    state: str
+    attempts: int
+    attempted_by: str | None
+    created_at: datetime
+    next_attempt_at: datetime | None  # when pending only
+    delivered_at: datetime | None
+    last_status: int | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class DeliveryPage:
+    deliveries: list[DeliveryView]
+    # The next page's cursor; None when this page is the last.
+    cursor: str | None
+
+
+def check_states(states: Sequence[str] | None, field: str = "state") -> list[str] | None:
+    if states is None:
+        return None
+    unknown = [s for s in states if s not in STATES]
+    if unknown or not states:
+        raise InvalidInput(field, f"must be among {', '.join(STATES)}, not {shown(unknown or '')}")
+    return list(states)
+
+
+async def endpoint_deliveries(
+    conn: asyncpg.Connection,
+    namespace: str,
+    name: str,
+    *,
+    states: Sequence[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> DeliveryPage | None:
+    """A page of the endpoint's deliveries, newest first, of ``states``
+    (all when None) created in [since, until); None if there is no such
+    endpoint."""
+    args = (
+        check_states(states),
+        check_time(since, "since"),
+        check_time(until, "until"),
+        delivery_position(cursor),
+        check_page(limit),
+    )
+    rows = await conn.fetch(QUERIES["endpoint_deliveries"], namespace, name, *args)
+    if not rows:
+        return None
+    page = [
+        DeliveryView(
+            r["id"],
+            r["event_id"],
+            r["event_type"],
+            r["state"],
+            r["attempts"],
+            r["attempted_by"],
+            r["created_at"],
+            r["next_attempt_at"],
+            r["delivered_at"],
+            r["last_status"],
+            r["last_error"],
+        )
+        for r in rows
+        if r["id"] is not None
+    ]
+    return DeliveryPage(page, delivery_cursor(page[-1].id) if len(page) == limit else None)
 
 
 async def unrouted_events(conn: asyncpg.Connection) -> int:
     return await conn.fetchval(QUERIES["unrouted_events"])
+
+
+@dataclass(frozen=True)
+class Unrouted:
+    """Events of one tenant and type that matched no endpoint, kept."""
+
+    tenant: str
+    type: str
+    events: int
+    oldest: datetime
+    newest: datetime
+
+
+async def unrouted_counts(conn: asyncpg.Connection) -> list[Unrouted]:
+    rows = await conn.fetch(QUERIES["unrouted_counts"])
+    return [Unrouted(r["tenant"], r["type"], r["events"], r["oldest"], r["newest"]) for r in rows]
 
 
 async def partition_count(conn: asyncpg.Connection) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from hooklane.errors import InvalidInput
+from hooklane.health import EndpointHealth
 from hooklane.manifest import EndpointSpec
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, unseal
 from hooklane.store.queries import QUERIES
@@ -150,9 +151,12 @@ async def delete_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -
     return await conn.fetchval(QUERIES["delete_endpoint"], namespace, name) is not None
 
 
-async def endpoint_queues(
-    conn: asyncpg.Connection, partitions: list[int] | None = None
-) -> list[asyncpg.Record]:
-    """Per endpoint: pending, in flight, oldest pending age and circuit state,
-    most delayed first."""
-    return await conn.fetch(QUERIES["endpoint_queues"], partitions)
+async def endpoint_health(
+    conn: asyncpg.Connection, partitions: list[int] | None = None, endpoint: tuple[str, str] | None = None
+) -> list[EndpointHealth]:
+    """Every endpoint's health (of ``partitions``, or the one named by
+    ``endpoint``, a (namespace, name)), most delayed first: the records
+    every view shows (:mod:`hooklane.health`)."""
+    namespace, name = endpoint or (None, None)
+    rows = await conn.fetch(QUERIES["endpoint_health"], partitions, namespace, name)
+    return [EndpointHealth.from_row(r) for r in rows]

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 
-from hooklane.errors import EventConflict
+from hooklane.errors import EventConflict, InvalidInput
+from hooklane.store.cursor import event_cursor, event_position
 from hooklane.store.queries import QUERIES
+
+# The most rows one page of a listing returns (events, deliveries).
+MAX_PAGE = 1000
 
 
 async def insert_event(
@@ -38,10 +44,82 @@ async def insert_event(
     return None
 
 
+# An event as insert_events takes it: id, tenant, type, data (JSON text),
+# coalesce_key; the order of publish's parameters.
+EventRow = tuple[str, str, str, str, str | None]
+
+
+async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) -> list[int]:
+    """Store many events as :func:`insert_event` stores one, on ``conn`` in
+    whatever transaction it is in, in two round trips whatever their number.
+    Returns the positions (0-based) of the events the tenant had stored
+    under their ids with different content: nothing of those is stored,
+    the others are (or were already, identical), and the transaction is
+    still usable."""
+    if not events:
+        return []
+    # Pipelined: one round trip for every execution.
+    await conn.executemany(QUERIES["publish"], events)
+    ids, tenants, types, data, keys = (list(column) for column in zip(*events, strict=True))
+    rows = await conn.fetch(QUERIES["events_conflicting"], ids, tenants, types, data, keys)
+    return [row["position"] - 1 for row in rows]
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event as reconciliation lists it; ``data`` is its JSON text."""
+
+    id: str
+    type: str
+    data: str
+    created_at: datetime
+    fanout: int
+
+
+@dataclass(frozen=True)
+class EventPage:
+    events: list[StoredEvent]
+    # Where the next page starts: after the last event listed, or where
+    # this page started when it is empty. Never None: a receiver keeps it
+    # and asks again later for what committed meanwhile.
+    cursor: str
+
+
+def check_page(limit: int, field: str = "limit") -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput(field, f"must be between 1 and {MAX_PAGE}, not {limit}")
+    return limit
+
+
+def check_time(value: datetime | None, field: str) -> datetime | None:
+    """A time a caller gave, refused without a timezone: a naive time means
+    a different instant on every machine that reads it."""
+    if value is not None and value.utcoffset() is None:
+        raise InvalidInput(field, "needs a timezone (RFC 3339: 2026-03-01T12:00:00Z)")
+    return value
+
+
 async def list_events(
-    conn: asyncpg.Connection, tenant: str, since: datetime, until: datetime, limit: int = 1000
-) -> list[asyncpg.Record]:
-    return await conn.fetch(QUERIES["list_events"], tenant, since, until, limit)
+    conn: asyncpg.Connection,
+    tenant: str,
+    since: datetime,
+    until: datetime | None = None,
+    *,
+    limit: int = MAX_PAGE,
+    cursor: str | None = None,
+) -> EventPage:
+    """A page of the tenant's events created in [since, until), after
+    ``cursor`` (an :attr:`EventPage.cursor`). Paging on never skips an
+    event that commits late: see ``list_events`` in queries.sql."""
+    check_time(since, "since")
+    check_time(until, "until")
+    check_page(limit)
+    xact, after = event_position(cursor)
+    rows = await conn.fetch(QUERIES["list_events"], tenant, str(xact), after, since, until, limit)
+    events = [StoredEvent(r["id"], r["type"], r["data"], r["created_at"], r["fanout"]) for r in rows]
+    if rows:
+        cursor = event_cursor(int(rows[-1]["xact"]), rows[-1]["id"])
+    return EventPage(events, cursor or event_cursor(xact, after))
 
 
 async def purge_events(conn: asyncpg.Connection, retention_seconds: float, batch: int = 1000) -> int:

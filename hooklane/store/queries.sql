@@ -269,6 +269,23 @@ SELECT NOT (type = $3 AND data = $4::jsonb AND coalesce_key IS NOT DISTINCT FROM
 FROM events
 WHERE tenant = $2 AND id = $1;
 
+-- name: events_conflicting
+-- Which of many events just published (`publish` run once per event, in
+-- this transaction) the tenant had stored under their ids with different
+-- content: the positions (1-based) of those, which publish stored nothing
+-- for. The events this transaction stored compare equal to themselves.
+-- The ingest API's group commit: one round trip for a whole group.
+-- Parameters: $1 ids, $2 tenants, $3 types, $4 data (jsonb text), $5
+-- coalesce_keys, arrays of equal length.
+-- Index: primary key of events, one probe per event.
+SELECT x.position
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, position)
+JOIN events e ON e.tenant = x.tenant AND e.id = x.id
+WHERE NOT (e.type = x.type AND e.data = x.data::jsonb
+           AND e.coalesce_key IS NOT DISTINCT FROM x.coalesce_key)
+ORDER BY x.position;
+
 -- name: sweep_ready
 -- Safety net, run now and then: make ready every deliverable endpoint of the
 -- owned partitions that has pending deliveries but neither a ready row nor
@@ -348,93 +365,14 @@ SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 -- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
 -- no response), $6 errors, $7 failures that open the circuit, $8 pause step
 -- seconds, $9 pause cap seconds.
+-- The steps are in hooklane_complete (migration 0004), one round trip, with
+-- a plan kept per session that looks each result's row up by primary key.
 -- Index: primary keys of deliveries, endpoints and ready_endpoints;
--- deliveries_queue for each touched endpoint's pending head.
-WITH result AS (
-    SELECT *
-    FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[])
-         AS r(id, attempts, outcome, retry_in, status, error)
-),
-recorded AS (
-    UPDATE deliveries d
-    SET state = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant THEN 'discarded'
-                     WHEN r.outcome = 'retry' THEN 'pending'
-                     ELSE r.outcome END,
-        next_attempt_at = CASE WHEN r.outcome = 'retry'
-                               THEN now() + make_interval(secs => r.retry_in)
-                               ELSE d.next_attempt_at END,
-        delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
-        lease_expires_at = NULL,
-        last_status = r.status,
-        last_error = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant
-                          THEN format('discarded: the endpoint''s tenant changed from %s to %s (%s)',
-                                      d.event_tenant, ep.tenant, r.error)
-                          ELSE r.error END
-    FROM result r, endpoints ep
-    WHERE d.id = r.id
-      AND d.state = 'sending'
-      AND d.attempts = r.attempts
-      AND ep.id = d.endpoint_id
-    RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
-),
-per_endpoint AS (
-    SELECT endpoint_id,
-           bool_or(outcome = 'delivered') AS succeeded,
-           count(*) FILTER (WHERE outcome <> 'delivered') AS failures,
-           bool_or(status = 410) AS gone,
-           (array_agg(error ORDER BY id DESC)
-              FILTER (WHERE outcome <> 'delivered'))[1] AS error
-    FROM recorded
-    GROUP BY endpoint_id
-),
-touched AS (
-UPDATE endpoints ep
-SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
-                                ELSE ep.consecutive_failures + pe.failures END,
-    failing_since = CASE WHEN pe.succeeded THEN NULL
-                         ELSE coalesce(ep.failing_since, now()) END,
-    paused_until = CASE
-        WHEN pe.succeeded THEN NULL
-        WHEN ep.consecutive_failures + pe.failures >= $7
-        THEN now() + make_interval(secs => least(
-                 $9, $8 * (ep.consecutive_failures + pe.failures - $7 + 1)))
-        ELSE ep.paused_until END,
-    last_error = coalesce(pe.error, ep.last_error),
-    last_delivered_at = CASE WHEN pe.succeeded THEN now()
-                             ELSE ep.last_delivered_at END,
-    state = CASE WHEN pe.gone THEN 'deactivated' ELSE ep.state END,
-    deactivated_at = CASE WHEN pe.gone AND ep.state = 'active' THEN now()
-                          ELSE ep.deactivated_at END,
-    deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
-                              THEN 'the receiver answered 410 Gone'
-                              ELSE ep.deactivated_reason END
-FROM per_endpoint pe
-WHERE ep.id = pe.endpoint_id
-RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
-          ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable
-),
-verdict AS (
-    SELECT t.id, t.partition,
-           CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
-                WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
-                ELSE greatest(h.head, now())
-           END AS ready_at
-    FROM touched t
-    CROSS JOIN LATERAL (
-        SELECT least((SELECT min(d.next_attempt_at) FROM deliveries d
-                      WHERE d.endpoint_id = t.id AND d.state = 'pending'),
-                     (SELECT min(r.next_attempt_at) FROM recorded r
-                      WHERE r.endpoint_id = t.id AND r.state = 'pending')) AS head
-    ) h
-),
-ready AS (
-    SELECT hooklane_make_ready(array_agg(id), array_agg(partition), array_agg(ready_at))
-    FROM verdict
-    WHERE ready_at IS NOT NULL
-)
-SELECT t.id, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
-       coalesce(v.ready_at <= now(), false) AS ready
-FROM touched t JOIN verdict v ON v.id = t.id, ready;
+-- deliveries_queue for each touched endpoint's pending head (see the
+-- function).
+SELECT id, namespace, name, state, paused_until, consecutive_failures, ready
+FROM hooklane_complete($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[],
+                       $7, $8, $9);
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -497,48 +435,164 @@ woken AS (
 SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint, woken;
 
 -- name: list_events
--- Events of a tenant in a time range, for reconciliation.
--- Parameters: $1 tenant, $2 from, $3 until, $4 limit.
--- Index: events_tenant_created_at.
-SELECT id, type, data::text AS data, created_at, fanout
-FROM events
-WHERE tenant = $1 AND created_at >= $2 AND created_at < $3
-ORDER BY created_at, id
-LIMIT $4;
+-- A page of one tenant's events created in a time range, for receivers'
+-- reconciliation, in the order of the transactions that stored them
+-- (xact, id), after the cursor's position. Only events of transactions below
+-- the oldest one still running (the snapshot's xmin) are returned: every
+-- transaction there has ended, so no event can commit later at a position a
+-- reader already passed. An event becomes listable once every transaction
+-- older than its own has ended.
+-- Parameters: $1 tenant, $2 cursor's xact as text, $3 cursor's id ('0'
+-- and '' for the first page), $4 created from, $5 created until or NULL,
+-- $6 limit.
+-- Index: events_tenant_xact, index-only (the time range is checked on its
+-- included created_at); primary key of events for the rows of the page.
+WITH page AS (
+    SELECT tenant, xact, id
+    FROM events
+    WHERE tenant = $1
+      AND (xact, id) > ($2::text::xid8, $3::text)
+      AND xact < pg_snapshot_xmin(pg_current_snapshot())
+      AND created_at >= $4
+      AND ($5::timestamptz IS NULL OR created_at < $5)
+    ORDER BY xact, id
+    LIMIT $6
+)
+SELECT e.id, e.type, e.data::text AS data, e.created_at, e.fanout, e.xact::text AS xact
+FROM page p
+JOIN events e ON e.tenant = p.tenant AND e.id = p.id
+ORDER BY p.xact, p.id;
 
--- name: endpoint_queues
--- Per endpoint: queue, occupancy and the workers sending its deliveries
--- (NULL when none; a worker of 0.1.0 records no name), oldest pending
--- age and circuit state, most delayed first. `hooklane status`, the
--- operator's status and the worker's per-endpoint gauges.
--- Parameters: $1 partitions, or NULL for all.
--- Index: deliveries_queue and deliveries_in_flight (the join only visits
--- pending and sending rows); endpoints_partition.
+-- name: endpoint_health
+-- Per endpoint: its spec and circuit, queue (pending, in flight, dead),
+-- the workers sending its deliveries (NULL when none; a worker of 0.1.0
+-- records no name), and oldest pending age, with the database's clock
+-- (`observed_at`) that the age was measured at and the endpoint's state is
+-- decided at (hooklane/health.py), most delayed first. `hooklane status`,
+-- `hooklane endpoint list`, the operator's status, the worker's
+-- per-endpoint gauges and the admin API all read it.
+-- Parameters: $1 partitions, or NULL for all; $2 namespace and $3 name of
+-- one endpoint, or NULL for all.
+-- Index: deliveries_queue, deliveries_in_flight and deliveries_dead (the
+-- join visits only pending, sending and dead rows); endpoints_partition;
+-- the unique (namespace, name) constraint for one endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
-       ep.max_concurrency, ep.consecutive_failures, ep.paused_until,
-       ep.last_error, ep.last_delivered_at,
+       ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
+       ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
        count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
+       extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
+         AS oldest_pending_age,
        count(d.id) FILTER (WHERE d.state = 'sending') AS in_flight,
        array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
          FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
-       extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
-         AS oldest_pending_age
+       count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+       now() AS observed_at
 FROM endpoints ep
 LEFT JOIN deliveries d
-       ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending')
-WHERE $1::int[] IS NULL OR ep.partition = ANY($1::int[])
+       ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending', 'dead')
+WHERE ($1::int[] IS NULL OR ep.partition = ANY($1::int[]))
+  AND ($2::text IS NULL OR (ep.namespace = $2 AND ep.name = $3))
 GROUP BY ep.id
 ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 
--- name: dead_counts
--- Dead deliveries per endpoint.
--- Parameters: $1 partitions, or NULL for all. Index: deliveries_dead.
-SELECT ep.namespace, ep.name, count(*) AS dead
-FROM deliveries d
-JOIN endpoints ep ON ep.id = d.endpoint_id
-WHERE d.state = 'dead'
-  AND ($1::int[] IS NULL OR ep.partition = ANY($1::int[]))
-GROUP BY ep.namespace, ep.name;
+-- name: endpoint_deliveries
+-- A page of an endpoint's deliveries, newest first, after the cursor's id,
+-- optionally of some states only and created in a time range; each with
+-- its event's type. One row with a NULL id when the endpoint has none
+-- there, no row when there is no such endpoint.
+-- Parameters: $1 namespace, $2 name, $3 states or NULL for all, $4 created
+-- from or NULL, $5 created until or NULL, $6 below this id or NULL, $7 limit.
+-- Index: the unique (namespace, name) constraint; deliveries_endpoint
+-- (deliveries_dead does as well for dead ones only); primary key of events.
+SELECT ep.id AS endpoint_id, p.*
+FROM endpoints ep
+LEFT JOIN LATERAL (
+    SELECT d.id, d.event_id, e.type AS event_type, d.state, d.attempts, d.attempted_by,
+           d.created_at,
+           CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
+           d.delivered_at, d.last_status, d.last_error
+    FROM deliveries d
+    JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
+    WHERE d.endpoint_id = ep.id
+      AND ($3::text[] IS NULL OR d.state = ANY($3::text[]))
+      AND ($4::timestamptz IS NULL OR d.created_at >= $4)
+      AND ($5::timestamptz IS NULL OR d.created_at < $5)
+      AND ($6::bigint IS NULL OR d.id < $6)
+    ORDER BY d.id DESC
+    LIMIT $7
+) p ON true
+WHERE ep.namespace = $1 AND ep.name = $2
+ORDER BY p.id DESC;
+
+-- name: discard_dead
+-- Give up for good on dead deliveries of one endpoint (all of them, or the
+-- given ids): 'discarded' is never sent, and no resend brings it back.
+-- last_error says who discarded it and keeps the error it died of. One
+-- row, how many were discarded, if the endpoint exists; none if it does not.
+-- Parameters: $1 namespace, $2 name, $3 delivery ids or NULL for all, $4
+-- who discards (e.g. 'the admin API', 'hooklane endpoint discard').
+-- Index: the unique (namespace, name) constraint; deliveries_dead.
+WITH endpoint AS (
+    SELECT id FROM endpoints WHERE namespace = $1 AND name = $2
+),
+discarded AS (
+    UPDATE deliveries d
+    SET state = 'discarded',
+        last_error = format('discarded by %s (dead of: %s)', $4::text,
+                            coalesce(d.last_error, 'no error recorded'))
+    FROM endpoint ep
+    WHERE d.endpoint_id = ep.id
+      AND d.state = 'dead'
+      AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
+    RETURNING d.id
+)
+SELECT (SELECT count(*) FROM discarded) AS discarded FROM endpoint;
+
+-- name: replay_since
+-- Send again every event of the endpoint's tenant that had a delivery to
+-- the endpoint created since a time: a new pending delivery of the same
+-- event id each (receivers deduplicate on webhook-id, the event id), for
+-- events with no delivery to it pending or in flight now. Other tenants'
+-- events (from before a tenant change) are never replayed. Wakes the
+-- endpoint. One row, how many were queued, if the endpoint exists; none if
+-- it does not.
+-- Parameters: $1 namespace, $2 name, $3 since.
+-- Index: the unique (namespace, name) constraint; deliveries_endpoint for
+-- the endpoint's deliveries (the time is checked on each); deliveries_event
+-- for the pending check.
+WITH endpoint AS (
+    SELECT id, partition, tenant FROM endpoints WHERE namespace = $1 AND name = $2
+),
+replayed AS (
+    INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
+    SELECT DISTINCT ep.id, ep.tenant, d.event_id
+    FROM endpoint ep
+    JOIN deliveries d ON d.endpoint_id = ep.id
+    WHERE d.created_at >= $3
+      AND d.event_tenant = ep.tenant
+      AND NOT EXISTS (SELECT 1 FROM deliveries o
+                      WHERE o.event_tenant = ep.tenant
+                        AND o.event_id = d.event_id
+                        AND o.endpoint_id = ep.id
+                        AND o.state IN ('pending', 'sending'))
+    RETURNING endpoint_id
+),
+woken AS (
+    SELECT hooklane_wake(array_agg(ep.id), array_agg(ep.partition))
+    FROM endpoint ep
+    WHERE EXISTS (SELECT 1 FROM replayed)
+)
+SELECT (SELECT count(*) FROM replayed) AS replayed FROM endpoint, woken;
+
+-- name: unrouted_counts
+-- Events kept although no endpoint matched them, per tenant and type, with
+-- the oldest and newest.
+-- Parameters: none. Index: events_unrouted.
+SELECT tenant, type, count(*) AS events, min(created_at) AS oldest, max(created_at) AS newest
+FROM events
+WHERE fanout = 0
+GROUP BY tenant, type
+ORDER BY tenant, type;
 
 -- name: unrouted_events
 -- Events kept although no endpoint matched them.

@@ -68,7 +68,7 @@ CREATE TABLE endpoints (
 
 -- publish: the active endpoints of one tenant
 CREATE INDEX endpoints_tenant ON endpoints (tenant) WHERE state = 'active';
--- sweep_ready, endpoint_queues: the endpoints of some partitions
+-- sweep_ready: the endpoints of some partitions
 CREATE INDEX endpoints_partition ON endpoints (partition) WHERE state = 'active';
 -- deactivate_failing: endpoints failing for a long time
 CREATE INDEX endpoints_failing_since ON endpoints (failing_since) WHERE failing_since IS NOT NULL;
@@ -87,6 +87,11 @@ CREATE TABLE events (
     -- endpoint and is kept (and counted) rather than dropped
     fanout       integer NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
+    -- The transaction that stored the event (migration 0005; 1 for events
+    -- stored before it): list_events pages by (xact, id) and returns only
+    -- events of transactions below the oldest one still running, so that no
+    -- event can commit later behind a receiver's cursor.
+    xact         xid8 NOT NULL DEFAULT pg_current_xact_id(),
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
@@ -94,8 +99,10 @@ CREATE TABLE events (
 
 -- purge_events: events past retention, oldest first
 CREATE INDEX events_created_at ON events (created_at);
--- list_events: one tenant's events in a time range
-CREATE INDEX events_tenant_created_at ON events (tenant, created_at);
+-- list_events: one tenant's events in the order of the transactions that
+-- stored them; the time range is checked on the included created_at, so
+-- that a page is found by an index-only scan
+CREATE INDEX events_tenant_xact ON events (tenant, xact, id) INCLUDE (created_at);
 -- unrouted_events: events that matched no endpoint, kept and counted
 CREATE INDEX events_unrouted ON events (created_at) WHERE fanout = 0;
 
@@ -138,15 +145,15 @@ CREATE TABLE deliveries (
 
 -- reserve (hooklane_reserve_v2, hooklane_rerate_v2): each endpoint's queue,
 -- in the order it is tried; complete (the head of each touched endpoint's
--- queue); sweep_ready, upsert_endpoint (the discard), endpoint_queues, and
--- delete_endpoint's cascade
+-- queue); sweep_ready, upsert_endpoint (the discard), endpoint_health (the
+-- pending count), and delete_endpoint's cascade
 CREATE INDEX deliveries_queue
     ON deliveries (endpoint_id, next_attempt_at, id)
     WHERE state = 'pending';
 
 -- reserve (hooklane_reserve_v2, hooklane_rerate_v2): each endpoint's
 -- deliveries in flight, counted against its concurrency; rescue_expired: all
--- of them, a set bounded by the workers' concurrency; endpoint_queues.
+-- of them, a set bounded by the workers' concurrency; endpoint_health.
 -- (A second partial index on the same rows tempts the planner into scanning
 -- every in-flight row to count one endpoint's.)
 CREATE INDEX deliveries_in_flight
@@ -158,14 +165,21 @@ CREATE UNIQUE INDEX deliveries_coalesce
     ON deliveries (endpoint_id, coalesce_key)
     WHERE state = 'pending' AND coalesce_key IS NOT NULL;
 
--- resend_dead, dead_counts, upsert_endpoint (the discard): an endpoint's
--- dead deliveries
+-- resend_dead, discard_dead, endpoint_health (the dead count),
+-- upsert_endpoint (the discard): an endpoint's dead deliveries
 CREATE INDEX deliveries_dead
     ON deliveries (endpoint_id, id)
     WHERE state = 'dead';
 
--- purge_events: the deliveries of one event (the check and the cascade)
+-- purge_events: the deliveries of one event (the check and the cascade);
+-- replay_since (what is pending or in flight of an event)
 CREATE INDEX deliveries_event ON deliveries (event_tenant, event_id);
+
+-- endpoint_deliveries, replay_since: an endpoint's deliveries of every
+-- state, newest first (migration 0005). One more entry per delivery written
+-- or changed; without it, listing a quiet endpoint's delivered rows would
+-- read the whole table.
+CREATE INDEX deliveries_endpoint ON deliveries (endpoint_id, id);
 
 -- ---------------------------------------------------------------------------
 -- The ready index: reservation visits only the endpoints that may have
@@ -220,11 +234,19 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Wake endpoints that got work: upsert_endpoint, reactivate_endpoint,
--- publish, resend_dead.
+-- publish, resend_dead, replay_since. This and hooklane_make_ready keep one
+-- plan per session (PL/pgSQL): a LANGUAGE sql function that writes is
+-- planned again on every call (see the migration).
 CREATE FUNCTION hooklane_wake(endpoint_ids bigint[], partitions integer[]) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO wakeups (endpoint_id, partition)
-    SELECT w.endpoint_id, w.partition FROM unnest(endpoint_ids, partitions) AS w(endpoint_id, partition);
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    IF endpoint_ids IS NOT NULL THEN
+        INSERT INTO wakeups (endpoint_id, partition)
+        SELECT w.endpoint_id, w.partition FROM unnest(endpoint_ids, partitions) AS w(endpoint_id, partition);
+    END IF;
+END;
 $$;
 
 -- Make endpoints ready now, or at the given times, or keep their earlier
@@ -232,13 +254,19 @@ $$;
 -- and complete, which passes each endpoint's next due time.
 CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[],
                                     ready_ats timestamptz[] DEFAULT NULL) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-    SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, coalesce(r.ready_at, now())
-    FROM unnest(endpoint_ids, partitions, ready_ats) AS r(endpoint_id, partition, ready_at)
-    ORDER BY r.endpoint_id, coalesce(r.ready_at, now())
-    ON CONFLICT (endpoint_id) DO UPDATE
-    SET ready_at = least(ready_endpoints.ready_at, EXCLUDED.ready_at);
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    IF endpoint_ids IS NOT NULL THEN
+        INSERT INTO ready_endpoints AS re (endpoint_id, partition, ready_at)
+        SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, coalesce(r.ready_at, now())
+        FROM unnest(endpoint_ids, partitions, ready_ats) AS r(endpoint_id, partition, ready_at)
+        ORDER BY r.endpoint_id, coalesce(r.ready_at, now())
+        ON CONFLICT (endpoint_id) DO UPDATE
+        SET ready_at = least(re.ready_at, EXCLUDED.ready_at);
+    END IF;
+END;
 $$;
 
 -- The reservation (migration 0004): `reserve` in queries.sql. Its functions
@@ -352,14 +380,14 @@ BEGIN
           AND (ep.paused_until IS NULL OR ep.paused_until <= now())
     ),
     queued AS (
-        SELECT c.id, row_number() OVER (PARTITION BY s.id ORDER BY c.next_attempt_at, c.id) AS pos
+        SELECT c.id, c.state, row_number() OVER (PARTITION BY s.id ORDER BY c.next_attempt_at, c.id) AS pos
         FROM slots s
         CROSS JOIN LATERAL (
             -- SKIP LOCKED: a pending row is locked by a publish coalescing
             -- into it, in an application transaction that may stay open
             -- for long; the reservation takes the next one rather than
             -- wait (and hold up the worker) until it commits.
-            SELECT d.id, d.next_attempt_at
+            SELECT d.id, d.state, d.next_attempt_at
             FROM deliveries d
             WHERE d.endpoint_id = s.id
               AND d.state = 'pending'
@@ -369,8 +397,12 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ) c
     ),
+    -- The update finds each chosen row by primary key, fenced by the state
+    -- it was locked in rather than by `'pending'`: that constant let the
+    -- kept plan read every pending row through deliveries_queue and
+    -- join them to the few chosen, a cost that grew with any backlog.
     chosen AS (
-        SELECT q.id FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
+        SELECT q.id, q.state FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
     ),
     reserved AS (
         UPDATE deliveries d
@@ -387,7 +419,7 @@ BEGIN
                          END
         FROM chosen s, endpoints ep, events e
         WHERE d.id = s.id
-          AND d.state = 'pending'
+          AND d.state = s.state
           AND ep.id = d.endpoint_id
           AND e.tenant = d.event_tenant
           AND e.id = d.event_id
@@ -405,6 +437,114 @@ BEGIN
     WHERE r.state = 'sending';
 
     PERFORM hooklane_rerate_v2(candidates);
+END;
+$$;
+
+-- Record a batch of results (migration 0004): `complete` in queries.sql. A
+-- kept plan like the reservation's; no scan of deliveries in it is fenced on
+-- state = 'sending', so that it can never read every in-flight row: each
+-- result's row is found by primary key (see the migration).
+CREATE FUNCTION hooklane_complete(ids bigint[], fences integer[], outcomes text[],
+                                  retry_ins double precision[], statuses integer[], errors text[],
+                                  threshold integer, step_seconds double precision,
+                                  cap_seconds double precision)
+RETURNS TABLE (id bigint, namespace text, name text, state text, paused_until timestamptz,
+               consecutive_failures integer, ready boolean)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH fenced AS MATERIALIZED (
+        SELECT r.id, r.attempts, r.outcome, r.retry_in, r.status, r.error, d.state
+        FROM unnest(ids, fences, outcomes, retry_ins, statuses, errors)
+             AS r(id, attempts, outcome, retry_in, status, error)
+        CROSS JOIN LATERAL (SELECT d.state, d.attempts FROM deliveries d WHERE d.id = r.id OFFSET 0) d
+        WHERE d.state = 'sending' AND d.attempts = r.attempts
+    ),
+    recorded AS (
+        UPDATE deliveries d
+        SET state = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant THEN 'discarded'
+                         WHEN r.outcome = 'retry' THEN 'pending'
+                         ELSE r.outcome END,
+            next_attempt_at = CASE WHEN r.outcome = 'retry'
+                                   THEN now() + make_interval(secs => r.retry_in)
+                                   ELSE d.next_attempt_at END,
+            delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
+            lease_expires_at = NULL,
+            last_status = r.status,
+            last_error = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant
+                              THEN format('discarded: the endpoint''s tenant changed from %s to %s (%s)',
+                                          d.event_tenant, ep.tenant, r.error)
+                              ELSE r.error END
+        FROM fenced r, endpoints ep
+        WHERE d.id = r.id
+          AND d.state = r.state
+          AND d.attempts = r.attempts
+          AND ep.id = d.endpoint_id
+        RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
+    ),
+    per_endpoint AS (
+        SELECT rec.endpoint_id,
+               bool_or(rec.outcome = 'delivered') AS succeeded,
+               count(*) FILTER (WHERE rec.outcome <> 'delivered') AS failures,
+               bool_or(rec.status = 410) AS gone,
+               (array_agg(rec.error ORDER BY rec.id DESC)
+                  FILTER (WHERE rec.outcome <> 'delivered'))[1] AS error,
+               -- The pending head is read in the statement's snapshot, from
+               -- before its own updates: a retry recorded here counts too.
+               min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head
+        FROM recorded rec
+        GROUP BY rec.endpoint_id
+    ),
+    touched AS (
+        UPDATE endpoints ep
+        SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
+                                        ELSE ep.consecutive_failures + pe.failures END,
+            failing_since = CASE WHEN pe.succeeded THEN NULL
+                                 ELSE coalesce(ep.failing_since, now()) END,
+            paused_until = CASE
+                WHEN pe.succeeded THEN NULL
+                WHEN ep.consecutive_failures + pe.failures >= threshold
+                THEN now() + make_interval(secs => least(
+                         cap_seconds, step_seconds * (ep.consecutive_failures + pe.failures - threshold + 1)))
+                ELSE ep.paused_until END,
+            last_error = coalesce(pe.error, ep.last_error),
+            last_delivered_at = CASE WHEN pe.succeeded THEN now()
+                                     ELSE ep.last_delivered_at END,
+            state = CASE WHEN pe.gone THEN 'deactivated' ELSE ep.state END,
+            deactivated_at = CASE WHEN pe.gone AND ep.state = 'active' THEN now()
+                                  ELSE ep.deactivated_at END,
+            deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
+                                      THEN 'the receiver answered 410 Gone'
+                                      ELSE ep.deactivated_reason END
+        FROM per_endpoint pe
+        WHERE ep.id = pe.endpoint_id
+        RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
+                  ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable, pe.retried_head
+    ),
+    verdict AS (
+        SELECT t.id, t.partition, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
+               CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
+                    WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
+                    ELSE greatest(h.head, now())
+               END AS ready_at
+        FROM touched t
+        CROSS JOIN LATERAL (
+            SELECT least((SELECT min(d.next_attempt_at) FROM deliveries d
+                          WHERE d.endpoint_id = t.id AND d.state = 'pending'),
+                         t.retried_head) AS head
+        ) h
+    ),
+    made_ready AS (
+        SELECT hooklane_make_ready(array_agg(v.id), array_agg(v.partition), array_agg(v.ready_at))
+        FROM verdict v
+        WHERE v.ready_at IS NOT NULL
+    )
+    SELECT v.id, v.namespace, v.name, v.state, v.paused_until, v.consecutive_failures,
+           coalesce(v.ready_at <= now(), false)
+    FROM verdict v, made_ready;
 END;
 $$;
 

@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 import asyncpg
 
 from hooklane import metrics, store
-from hooklane.endpoint_state import EndpointState, endpoint_state
 from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
+from hooklane.health import standing_counts
 from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
@@ -37,11 +37,14 @@ from hooklane.worker.sender import Sender, event_body
 logger = logging.getLogger(__name__)
 
 _RECORD_BATCH = 500
-# Planning and running `complete` costs Postgres about as much for one result
-# as for a few, and at an everyday rate results come one by one: they wait
-# up to this long to share a statement, unless their endpoint waits for the
-# slot (Worker._record_loop).
-_RECORD_INTERVAL = 0.02
+# Results wait up to this long to share one `complete`: a call costs Postgres
+# about 0.7 ms whatever it records and a result about 0.05 ms more (issue 12,
+# docs/benchmarks.md section 5), and at an everyday rate results come one by
+# one. The wait adds no latency, as the receiver has the delivery already;
+# but an unrecorded result still holds its endpoint's slot in Postgres, so
+# one whose endpoint this worker holds at its limit is written at once
+# (Worker._record_loop).
+_RECORD_INTERVAL = 0.1
 # How often rounds may start while slots are plentiful (round_pause). A
 # wakeup after a quiet spell is not delayed, so latency when idle is not
 # either; at a steady rate an event waits half of this on average.
@@ -49,6 +52,15 @@ _ROUND_INTERVAL = 0.02
 # Housekeeping that needs doing by one worker only runs on the owner of
 # partition 0, so that replicas do not repeat it.
 _HOUSEKEEPER_PARTITION = 0
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The worker pool's reset on release. asyncpg rolls back a transaction
+    left open before calling it; its default reset then undoes, in one more
+    round trip per release, what the worker's pooled sessions never do (SET,
+    LISTEN, session advisory locks, cursors held past a transaction: those
+    live on the lock connection, PartitionOwner). At an everyday rate that
+    round trip came with every batch of results."""
 
 
 def round_pause(since_last: float, in_flight: int, concurrency: int) -> float:
@@ -158,7 +170,11 @@ class Worker:
                 # the background and logs a traceback for each failed try
                 # while the server is down.
                 self._pool = self._pool or await store.create_pool(
-                    s.database_url, min_size=0, max_size=4, server_settings=store.WORKER_SESSION
+                    s.database_url,
+                    min_size=0,
+                    max_size=4,
+                    server_settings=store.WORKER_SESSION,
+                    reset=_keep_session,
                 )
                 async with store.acquire(self._pool) as conn:
                     partition_count = await store.partition_count(conn)
@@ -442,30 +458,18 @@ class Worker:
     async def _refresh_gauges(self) -> None:
         owned = sorted(self.owner.owned)
         async with store.acquire(self.pool) as conn:
-            queues = await store.endpoint_queues(conn, owned)
-            dead = await store.dead_counts(conn, owned)
+            healths = await store.endpoint_health(conn, owned)
             unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
         for gauge in metrics.PER_ENDPOINT:
             gauge.clear()
-        paused = {"circuit": 0, "manual": 0, "deactivated": 0}
-        probing = 0
-        now = datetime.now(UTC)
-        for q in queues:
-            labels = (q["namespace"], q["name"])
-            metrics.ENDPOINT_PENDING.labels(*labels).set(q["pending"])
-            metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(q["in_flight"])
-            metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(float(q["oldest_pending_age"] or 0))
-            standing = endpoint_state(
-                state=q["state"], paused=q["paused"], paused_until=q["paused_until"], now=now
-            )
-            if standing.state == EndpointState.DEACTIVATED:
-                paused["deactivated"] += 1
-            elif standing.paused_by is not None:
-                paused[standing.paused_by] += 1
-            elif standing.state == EndpointState.PROBING:
-                probing += 1
-        for d in dead:
-            metrics.ENDPOINT_DEAD.labels(d["namespace"], d["name"]).set(d["dead"])
+        for h in healths:
+            labels = (h.namespace, h.name)
+            metrics.ENDPOINT_PENDING.labels(*labels).set(h.pending)
+            metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(h.in_flight)
+            metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(h.oldest_pending_age or 0.0)
+            if h.dead:
+                metrics.ENDPOINT_DEAD.labels(*labels).set(h.dead)
+        paused, probing = standing_counts(healths)
         for reason, count in paused.items():
             metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
         metrics.ENDPOINTS_PROBING.set(probing)

@@ -1,7 +1,7 @@
 {{/*
 Names, labels and the pieces every Hooklane pod shares (image, security
-context, settings), defined once here so that the operator, the workers and
-the migration Job cannot drift apart.
+context, settings), defined once here so that the operator, the workers,
+the API and the migration Job cannot drift apart.
 */}}
 
 {{/* The chart name, or nameOverride. */}}
@@ -64,33 +64,46 @@ never share one.
 {{- end }}
 
 {{/*
-The container fields all three roles share. The image's entrypoint is
+The container fields every role shares: (dict "ctx" $), plus "volumeMounts"
+for a role's own mounts (the API's tokens). The image's entrypoint is
 `tini -- hooklane`, so each container's args are just the role.
 */}}
 {{- define "hooklane.container" -}}
-image: {{ printf "%s:%s" .Values.image.repository (include "hooklane.imageTag" .) | quote }}
-imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- $values := .ctx.Values -}}
+image: {{ printf "%s:%s" $values.image.repository (include "hooklane.imageTag" .ctx) | quote }}
+imagePullPolicy: {{ $values.image.pullPolicy }}
 securityContext:
-  {{- toYaml .Values.securityContext | nindent 2 }}
+  {{- toYaml $values.securityContext | nindent 2 }}
 volumeMounts:
   # The root filesystem is read-only; Python and libraries that need a
   # scratch file get a writable /tmp.
   - name: tmp
     mountPath: /tmp
+  {{- with .volumeMounts }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end }}
 
-{{/* The pod fields all three roles share; pairs with "hooklane.container". */}}
+{{/*
+The pod fields every role shares: (dict "ctx" $), plus "volumes" for a
+role's own; pairs with "hooklane.container".
+*/}}
 {{- define "hooklane.pod" -}}
-# No Service environment variables: the workers' metrics Service would
-# inject HOOKLANE_WORKER_METRICS_*, which Hooklane reads as misspelt settings.
+{{- $values := .ctx.Values -}}
+# No Service environment variables: the Services of release "hooklane"
+# would inject HOOKLANE_WORKER_METRICS_*, read as misspelt settings, and
+# HOOKLANE_API_PORT=tcp://..., which would replace the API's port setting.
 enableServiceLinks: false
 securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+  {{- toYaml $values.podSecurityContext | nindent 2 }}
 volumes:
   - name: tmp
     emptyDir:
       sizeLimit: 64Mi
-{{- with .Values.imagePullSecrets }}
+  {{- with .volumes }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -121,45 +134,56 @@ when nothing is set; callers render it with `with`.
 
 {{/*
 The settings every command reads (hooklane/settings.py): the database URL
-and the encryption key from Secrets, then `config`, then `extraEnv`. Every
-role gets all of them because each command validates the whole settings
-object at start, and the migration reseals secrets with the encryption key.
+and the encryption key from Secrets, then the settings map, then
+`extraEnv`. Called as (dict "ctx" $), which takes `config`, or with
+"config" set to the map a role uses instead (the API's is `api.config` over
+`config`). Every role gets all of them because each command validates the
+whole settings object at start, and the migration reseals secrets with the
+encryption key.
 */}}
 {{- define "hooklane.env" -}}
+{{- $values := .ctx.Values }}
+{{- $config := hasKey . "config" | ternary .config $values.config }}
 {{- $owned := dict
   "HOOKLANE_DATABASE_URL" "database.existingSecret"
   "HOOKLANE_ENCRYPTION_KEY" "encryptionKey.existingSecret"
   "HOOKLANE_METRICS_PORT" "metrics.port"
-  "HOOKLANE_DRAIN_SECONDS" "worker.drainSeconds" }}
+  "HOOKLANE_DRAIN_SECONDS" "worker.drainSeconds"
+  "HOOKLANE_API_PORT" "api.port"
+  "HOOKLANE_API_DRAIN_SECONDS" "api.drainSeconds"
+  "HOOKLANE_API_TOKENS" "api.tokens.ingest"
+  "HOOKLANE_API_TOKENS_FILE" "api.tokens.ingest"
+  "HOOKLANE_ADMIN_TOKENS" "api.tokens.admin"
+  "HOOKLANE_ADMIN_TOKENS_FILE" "api.tokens.admin" }}
 {{- $extraNames := list }}
-{{- range .Values.extraEnv }}
+{{- range $values.extraEnv }}
 {{- $extraNames = append $extraNames .name }}
 {{- end }}
 {{- range $name, $value := $owned }}
-{{- if or (hasKey $.Values.config $name) (has $name $extraNames) }}
+{{- if or (hasKey $config $name) (has $name $extraNames) }}
 {{- fail (printf "%s is set by the chart from %s: set that value instead of config or extraEnv" $name $value) }}
 {{- end }}
-{{- end }}
+{{- end -}}
 - name: HOOKLANE_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ required "database.existingSecret is required: the name of a Secret in the release namespace holding the PostgreSQL URL (key database.secretKey, default \"url\"); for CloudNativePG, <cluster>-app with secretKey uri" .Values.database.existingSecret }}
-      key: {{ .Values.database.secretKey }}
-{{- with .Values.encryptionKey.existingSecret }}
+      name: {{ required "database.existingSecret is required: the name of a Secret in the release namespace holding the PostgreSQL URL (key database.secretKey, default \"url\"); for CloudNativePG, <cluster>-app with secretKey uri" $values.database.existingSecret }}
+      key: {{ $values.database.secretKey }}
+{{- with $values.encryptionKey.existingSecret }}
 - name: HOOKLANE_ENCRYPTION_KEY
   valueFrom:
     secretKeyRef:
       name: {{ . }}
-      key: {{ $.Values.encryptionKey.secretKey }}
+      key: {{ $values.encryptionKey.secretKey }}
 {{- end }}
-{{- range $name, $value := .Values.config }}
+{{- range $name, $value := $config }}
 - name: {{ $name }}
   {{- /* toJson, not toString: a number read from YAML is a float, and
   toString would turn 2592000 into "2.592e+06", which an integer setting
   refuses. */}}
   value: {{ ternary $value (toJson $value) (kindIs "string" $value) | quote }}
 {{- end }}
-{{- with .Values.extraEnv }}
+{{- with $values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
@@ -170,4 +194,33 @@ httpGet:
   path: {{ .path }}
   port: {{ .port }}
 {{ toYaml .timing }}
+{{- end }}
+
+{{/*
+Where the API's token files come from, one Secret key per audience that has
+tokens: YAML of {ingest: {name, key}, admin: {name, key}}. The chart's own
+Secret (api-tokens.yaml) holds the entries given in values; an
+existingSecret holds them under tokens.secretKey. Refuses an API without
+ingest tokens, which `hooklane api` would refuse at start anyway (in a crash
+loop), and an audience given both ways, where one would be silently ignored.
+*/}}
+{{- define "hooklane.apiTokenSources" -}}
+{{- $tokens := .Values.api.tokens }}
+{{- $chartSecret := include "hooklane.componentName" (dict "ctx" . "component" "api-tokens") }}
+{{- $sources := dict }}
+{{- range $audience := list "ingest" "admin" }}
+{{- $entries := index $tokens $audience }}
+{{- $existing := index $tokens.existingSecret $audience }}
+{{- if and $entries $existing }}
+{{- fail (printf "api.tokens.%s and api.tokens.existingSecret.%s are both set: give the %s tokens one way" $audience $audience $audience) }}
+{{- else if $entries }}
+{{- $_ := set $sources $audience (dict "name" $chartSecret "key" $audience) }}
+{{- else if $existing }}
+{{- $_ := set $sources $audience (dict "name" $existing "key" $tokens.secretKey) }}
+{{- end }}
+{{- end }}
+{{- if not (hasKey $sources "ingest") }}
+{{- fail "api.tokens.ingest or api.tokens.existingSecret.ingest is required while api.enabled: `hooklane api` accepts no event without a token (or set api.enabled=false)" }}
+{{- end }}
+{{- toYaml $sources }}
 {{- end }}

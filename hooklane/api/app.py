@@ -1,0 +1,202 @@
+"""The aiohttp application of ``hooklane api``, and running it.
+
+Two middlewares wrap every route: the outer one turns every refusal into
+the JSON of :mod:`.errors` and counts the request; the inner one
+(:mod:`.auth`) checks credentials. The routes of each audience live in
+their own module (``ingest``, ``admin``, ``dashboard``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from importlib import resources
+
+import asyncpg
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from hooklane import metrics, store
+from hooklane.api import admin, dashboard, ingest
+from hooklane.api.auth import Audience, Handler, audience, authenticate, token_sources
+from hooklane.api.context import ADMIN_TOKENS, DRAINING, INGEST_TOKENS, POOL, SETTINGS, set_started
+from hooklane.api.errors import problem
+from hooklane.api.tokens import TokenSource
+from hooklane.errors import InvalidInput, StoreError, TransientStoreError
+from hooklane.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# How long a refused request is told to wait: the database is usually back
+# within seconds (a restart, a failover), and producers retry anyway.
+RETRY_AFTER_SECONDS = 2
+_OPENAPI = resources.files("hooklane.api").joinpath("openapi.json").read_bytes()
+
+
+def make_app(
+    settings: Settings, pool: asyncpg.Pool, ingest_tokens: TokenSource, admin_tokens: TokenSource
+) -> web.Application:
+    app = web.Application(
+        middlewares=[_observe, authenticate],
+        # aiohttp refuses (413) a body that grows past this while it is
+        # read: the case a Content-Length check cannot catch (chunked).
+        client_max_size=settings.api_max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[POOL] = pool
+    app[INGEST_TOKENS] = ingest_tokens
+    app[ADMIN_TOKENS] = admin_tokens
+    app[DRAINING] = asyncio.Event()
+    app.router.add_get("/openapi.json", _openapi)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    ingest.add_routes(app)
+    admin.add_routes(app)
+    dashboard.add_routes(app)
+    return app
+
+
+@audience(Audience.OPEN)
+async def _openapi(_request: web.Request) -> web.Response:
+    return web.Response(body=_OPENAPI, content_type="application/json")
+
+
+@audience(Audience.OPEN)
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+@audience(Audience.OPEN)
+async def _readyz(request: web.Request) -> web.Response:
+    # Readiness does not follow the database: with Postgres down every
+    # replica would leave the Service, and producers would meet refused
+    # connections instead of a 503 that tells them when to retry.
+    if request.app[DRAINING].is_set():
+        return web.Response(status=503, text="draining\n")
+    return web.Response(text="ready\n")
+
+
+@web.middleware
+async def _observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    set_started(request)
+    try:
+        response = await _answer(request, handler)
+    except web.HTTPException as exc:
+        # A redirect, raised rather than returned.
+        _count(request, exc.status)
+        raise
+    except asyncio.CancelledError:
+        # The client went away before its answer; nginx's word for it.
+        _count(request, 499)
+        raise
+    _count(request, response.status)
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _http_error(exc)
+    except InvalidInput as exc:
+        return problem(422, "invalid", exc.message, field=exc.field)
+    except (TransientStoreError, TimeoutError) as exc:
+        logger.warning("%s %s: database unavailable: %s", request.method, request.path, exc or "timed out")
+        return unavailable()
+    except StoreError as exc:
+        logger.error("%s %s: the database refused: %s", request.method, request.path, exc)
+        return unavailable()
+
+
+def unavailable() -> web.Response:
+    return problem(
+        503,
+        "unavailable",
+        "the database cannot be reached or did not answer in time; nothing was stored, try again",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
+_KEPT_HEADERS = ("allow", "retry-after", "www-authenticate")
+
+
+def _http_error(exc: web.HTTPException) -> web.Response:
+    # aiohttp's own refusals (no route, wrong method, a body past
+    # client_max_size) come as plain text: answer them in the same JSON.
+    headers = {k: v for k, v in exc.headers.items() if k.lower() in _KEPT_HEADERS}
+    detail = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+    return problem(exc.status, _HTTP_CODES.get(exc.status, "refused"), detail, headers=headers)
+
+
+def _count(request: web.Request, status: int) -> None:
+    resource = request.match_info.route.resource
+    if resource is None:
+        metrics.API_REQUESTS.labels("unmatched", "-", str(status)).inc()
+    else:
+        metrics.API_REQUESTS.labels(resource.canonical, request.method, str(status)).inc()
+
+
+async def _metrics(_request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def run(settings: Settings) -> int:
+    """``hooklane api``: serve until SIGTERM or SIGINT; then fail readiness
+    for ``api_drain_seconds``, stop taking requests, finish those under way
+    and return 0."""
+    ingest_tokens, admin_tokens = token_sources(settings)
+    # No connection is made yet: the API starts, and answers 503, while the
+    # database is away.
+    pool = await store.create_pool(
+        settings.database_url, min_size=0, max_size=settings.api_pool_size, server_settings=store.API_SESSION
+    )
+    app = make_app(settings, pool, ingest_tokens, admin_tokens)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.api_ack_timeout_seconds + 5)
+    metrics_app = web.Application()
+    metrics_app.router.add_get("/metrics", _metrics)
+    metrics_runner = web.AppRunner(metrics_app, access_log=None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runner.setup()
+        await metrics_runner.setup()
+        await _listen(runner, settings.api_host, settings.api_port, "HOOKLANE_API_PORT")
+        if settings.metrics_port:
+            await _listen(
+                metrics_runner, settings.metrics_host, settings.metrics_port, "HOOKLANE_METRICS_PORT"
+            )
+        logger.info(
+            "hooklane api listening on %s:%d; admin API and dashboard %s",
+            settings.api_host,
+            settings.api_port,
+            "on" if admin_tokens.configured else "off (no HOOKLANE_ADMIN_TOKENS)",
+        )
+        await stop.wait()
+        app[DRAINING].set()
+        # Time for the Service to stop sending here before the socket closes.
+        await asyncio.sleep(settings.api_drain_seconds)
+    finally:
+        await runner.cleanup()
+        await metrics_runner.cleanup()
+        await pool.close()
+    logger.info("hooklane api stopped")
+    return 0
+
+
+async def _listen(runner: web.AppRunner, host: str, port: int, variable: str) -> None:
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        raise InvalidInput(variable, f"cannot listen on {host}:{port}: {exc.strerror}") from None

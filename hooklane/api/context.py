@@ -1,0 +1,40 @@
+"""What a request handler finds on the application and on its request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+from aiohttp import web
+
+from hooklane.api.tokens import Grant, TokenSource
+from hooklane.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+INGEST_TOKENS = web.AppKey("ingest_tokens", TokenSource)
+ADMIN_TOKENS = web.AppKey("admin_tokens", TokenSource)
+# Set on SIGTERM: /readyz fails, so that the Service stops sending here.
+DRAINING = web.AppKey("draining", asyncio.Event)
+
+_GRANT = web.RequestKey("grant", Grant)
+_STARTED = web.RequestKey("started", float)
+
+
+def grant(request: web.Request) -> Grant:
+    """The grant of the token the request was authenticated with."""
+    return request[_GRANT]
+
+
+def set_grant(request: web.Request, value: Grant) -> None:
+    request[_GRANT] = value
+
+
+def started(request: web.Request) -> float:
+    """When the API began handling the request, on the monotonic clock."""
+    return request.get(_STARTED, time.monotonic())
+
+
+def set_started(request: web.Request) -> None:
+    request[_STARTED] = time.monotonic()

@@ -1,0 +1,405 @@
+"""The dashboard's pages (``/dashboard``): endpoints by oldest pending age,
+one endpoint's recent deliveries, and the buttons that repair them.
+
+Server-rendered HTML (Jinja2, every value escaped) and one small script
+that refreshes the live part of a page; without JavaScript a meta refresh
+does. The admin token is the credential (:mod:`.auth`): a person types it
+into the login form once and it rides in an HttpOnly, SameSite=Strict
+cookie from then on. Every change is a form POST answered by a redirect
+(303) back to the page, with what happened in a one-shot cookie, so that
+reloading the page never repeats it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from hooklane import store
+from hooklane.api.auth import LOGIN_PATH, SESSION_COOKIE, Audience, audience, same_origin
+from hooklane.api.context import ADMIN_TOKENS, POOL, SETTINGS
+from hooklane.endpoint_state import EndpointState
+from hooklane.errors import InvalidInput, StoreError, TransientStoreError, shown
+from hooklane.times import rfc3339
+
+logger = logging.getLogger(__name__)
+
+HOME = "/dashboard"
+# What happened, for the page the POST redirects to; read once, then dropped.
+FLASH_COOKIE = "hooklane_flash"
+REFRESH_SECONDS = 5
+# Enough for the recent past at a glance; older ones are a click ("older") away.
+DELIVERIES_PER_PAGE = 50
+LAST_ERROR_CHARS = 80
+
+# Scripts and styles from this server only, never inline: should a value
+# ever slip through unescaped, the browser still refuses to run it. No
+# framing, so that no other site can lay the buttons under its own.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    # The pages show deliveries and errors: no shared cache keeps them.
+    "Cache-Control": "no-store",
+}
+
+_STATIC_TYPES = {".css": "text/css", ".js": "text/javascript"}
+_STATIC = {
+    item.name: (item.read_bytes(), _STATIC_TYPES[suffix])
+    for item in resources.files("hooklane.api").joinpath("static").iterdir()
+    if (suffix := "." + item.name.rpartition(".")[2]) in _STATIC_TYPES
+}
+
+_NOT_DELIVERING = (EndpointState.PAUSED, EndpointState.DEACTIVATED)
+
+Page = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_routes(app: web.Application) -> None:
+    """Add the dashboard's pages to ``app``."""
+    app.router.add_get(HOME, endpoints_page)
+    app.router.add_get(LOGIN_PATH, login_page)
+    app.router.add_post(LOGIN_PATH, log_in)
+    app.router.add_post(f"{HOME}/logout", log_out)
+    app.router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
+    app.router.add_post(f"{HOME}/endpoints/{{namespace}}/{{name}}/resend", resend)
+    app.router.add_post(f"{HOME}/endpoints/{{namespace}}/{{name}}/reactivate", reactivate)
+    app.router.add_get(f"{HOME}/static/{{file}}", static)
+
+
+# Pure helpers: how values are shown.
+
+
+def age_text(seconds: float | None) -> str:
+    """A duration as a person reads it at a glance: ``850 ms``, ``42 s``,
+    ``4 min 3 s``, ``2 h 5 min``, ``3 d 4 h``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    whole = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if whole >= size:
+            rest = (whole % size) // sub_size
+            return f"{whole // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{whole} s"
+
+
+def relative_text(when: datetime | None, now: datetime) -> str:
+    """``when`` seen from ``now``: ``in 12 s``, ``3 min ago``, ``now``."""
+    if when is None:
+        return "-"
+    delta = (when - now).total_seconds()
+    if abs(delta) < 1:
+        return "now"
+    return f"in {age_text(delta)}" if delta > 0 else f"{age_text(-delta)} ago"
+
+
+def short_text(text: str | None, limit: int = LAST_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with an ellipsis when cut."""
+    if text is None:
+        return ""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+_FLASH = re.compile(r"(resent|resent-one|not-dead|reactivated|logged-out)(?:\.(\d{1,18}))?")
+
+
+def flash_value(what: str, number: int | None = None) -> str:
+    """The cookie value that tells the next page what happened."""
+    return what if number is None else f"{what}.{number}"
+
+
+def flash_message(value: str | None) -> str | None:
+    """The sentence for a :func:`flash_value`; None for anything else, so
+    that a cookie set elsewhere can only ever show one of these."""
+    found = _FLASH.fullmatch(value or "")
+    if found is None:
+        return None
+    what, number = found[1], int(found[2] or 0)
+    if what == "resent":
+        if number == 0:
+            return "No dead deliveries to resend."
+        return f"{number} dead {'delivery' if number == 1 else 'deliveries'} queued again."
+    if what == "resent-one":
+        return f"Delivery {number} queued again."
+    if what == "not-dead":
+        return f"Delivery {number} is not dead any more (resent or discarded already): nothing to resend."
+    if what == "reactivated":
+        return "Endpoint reactivated: its pending deliveries go out again."
+    return "Logged out."
+
+
+def is_https(scheme: str, forwarded_proto: str | None) -> bool:
+    """Whether the browser reached us over https: directly, or through an
+    ingress that terminated TLS and says so in ``X-Forwarded-Proto``.
+    Trusting that header can only make the cookie stricter (Secure), never
+    looser, so a client that forges it harms only its own login."""
+    if scheme == "https":
+        return True
+    return (forwarded_proto or "").split(",")[0].strip().lower() == "https"
+
+
+def delivery_id(text: str) -> int:
+    """The delivery id of a resend form."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise InvalidInput("id", f"must be a delivery id (digits), not {shown(text)}")
+    return int(text)
+
+
+def state_filter(text: str | None) -> str | None:
+    """The deliveries page's ``state`` filter: one of the states, or all."""
+    if not text:
+        return None
+    if text not in store.STATES:
+        raise InvalidInput("state", f"must be among {', '.join(store.STATES)}, not {shown(text)}")
+    return text
+
+
+# Rendering.
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("hooklane.api", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_TEMPLATES.filters.update(age=age_text, short=short_text, rfc3339=rfc3339)
+_TEMPLATES.globals.update(relative=relative_text, home=HOME, refresh_seconds=REFRESH_SECONDS)
+
+
+def render(
+    template: str, status: int = 200, headers: dict[str, str] | None = None, **values: Any
+) -> web.Response:
+    body = _TEMPLATES.get_template(template).render(**values)
+    return web.Response(
+        text=body, status=status, content_type="text/html", headers={**_SECURITY_HEADERS, **(headers or {})}
+    )
+
+
+def _redirect(location: str, flash: str | None = None) -> web.Response:
+    response = web.Response(status=303, headers={"Location": location, **_SECURITY_HEADERS})
+    if flash is not None:
+        response.set_cookie(FLASH_COOKIE, flash, path=HOME, httponly=True, samesite="Strict")
+    return response
+
+
+def _shown_once(request: web.Request, template: str, **values: Any) -> web.Response:
+    """A page with the message the previous POST left, which the browser
+    then drops: a reload does not show it again."""
+    response = render(template, flash=flash_message(request.cookies.get(FLASH_COOKIE)), **values)
+    if FLASH_COOKIE in request.cookies:
+        response.del_cookie(FLASH_COOKIE, path=HOME)
+    return response
+
+
+def browser_page(page: Page) -> Page:
+    """Answer a browser in HTML rather than the API's JSON: the database
+    away is a page that retries by itself, a bad input a page saying so.
+    Database calls are bounded like the API's, so a page never hangs."""
+
+    @functools.wraps(page)
+    async def answer(request: web.Request) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout(request.app[SETTINGS].api_ack_timeout_seconds):
+                return await page(request)
+        except InvalidInput as exc:
+            return render("problem.html", 422, title="Not understood", detail=f"{exc.field} {exc.message}")
+        except (TransientStoreError, TimeoutError) as exc:
+            logger.warning(
+                "%s %s: database unavailable: %s", request.method, request.path, exc or "timed out"
+            )
+            return _unavailable()
+        except StoreError as exc:
+            logger.error("%s %s: the database refused: %s", request.method, request.path, exc)
+            return _unavailable()
+
+    return answer
+
+
+def _unavailable() -> web.Response:
+    return render(
+        "problem.html",
+        503,
+        headers={"Retry-After": str(REFRESH_SECONDS)},
+        title="Database unavailable",
+        detail="The database cannot be reached or did not answer in time. Retrying by itself.",
+        retry_seconds=REFRESH_SECONDS,
+    )
+
+
+def _not_found(namespace: str, name: str) -> web.Response:
+    return render(
+        "problem.html", 404, title="No such endpoint", detail=f"There is no endpoint {namespace}/{name}."
+    )
+
+
+def _endpoint_path(namespace: str, name: str) -> str:
+    # Names are DNS labels and subdomains: nothing in them needs quoting.
+    return f"{HOME}/endpoints/{namespace}/{name}"
+
+
+# Pages.
+
+
+@audience(Audience.OPEN)
+async def login_page(request: web.Request) -> web.Response:
+    if not request.app[ADMIN_TOKENS].configured:
+        raise web.HTTPNotFound()
+    return _shown_once(request, "login.html", refused=False)
+
+
+@audience(Audience.OPEN)
+async def log_in(request: web.Request) -> web.Response:
+    tokens = request.app[ADMIN_TOKENS]
+    if not tokens.configured:
+        raise web.HTTPNotFound()
+    if not same_origin(request):
+        # Another site's form could otherwise log a browser in with a token
+        # of the attacker's choosing.
+        return render("problem.html", 403, title="Refused", detail="Log in from the dashboard's own page.")
+    form = await request.post()
+    token = form.get("token")
+    if not isinstance(token, str) or tokens.current().check(token.strip()) is None:
+        return render("login.html", 401, refused=True, flash=None)
+    response = _redirect(HOME)
+    response.set_cookie(
+        SESSION_COOKIE,
+        token.strip(),
+        path=HOME,
+        httponly=True,
+        samesite="Strict",
+        secure=is_https(request.scheme, request.headers.get("X-Forwarded-Proto")),
+    )
+    return response
+
+
+@audience(Audience.DASHBOARD)
+async def log_out(_request: web.Request) -> web.Response:
+    response = _redirect(LOGIN_PATH, flash_value("logged-out"))
+    response.del_cookie(SESSION_COOKIE, path=HOME)
+    return response
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def endpoints_page(request: web.Request) -> web.Response:
+    async with store.acquire(request.app[POOL]) as conn:
+        healths = await store.endpoint_health(conn)
+    return _shown_once(
+        request,
+        "endpoints.html",
+        endpoints=healths,
+        totals={
+            "pending": sum(h.pending for h in healths),
+            "in_flight": sum(h.in_flight for h in healths),
+            "dead": sum(h.dead for h in healths),
+            "not_delivering": sum(1 for h in healths if h.standing.state in _NOT_DELIVERING),
+        },
+    )
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def endpoint_page(request: web.Request) -> web.Response:
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    state = state_filter(request.query.get("state"))
+    before = request.query.get("before") or None
+    async with store.acquire(request.app[POOL]) as conn:
+        healths = await store.endpoint_health(conn, endpoint=(namespace, name))
+        page = await store.endpoint_deliveries(
+            conn,
+            namespace,
+            name,
+            states=None if state is None else [state],
+            cursor=before,
+            limit=DELIVERIES_PER_PAGE,
+        )
+    if not healths or page is None:
+        return _not_found(namespace, name)
+    return _shown_once(
+        request,
+        "endpoint.html",
+        health=healths[0],
+        page=page,
+        state=state,
+        states=store.STATES,
+        path=_endpoint_path(namespace, name),
+    )
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def resend(request: web.Request) -> web.Response:
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    form = await request.post()
+    one = form.get("id")
+    ids = None if one is None else [delivery_id(str(one))]
+    async with store.acquire(request.app[POOL]) as conn:
+        resent = await store.resend_dead(conn, namespace, name, ids)
+    if resent is None:
+        return _not_found(namespace, name)
+    logger.info(
+        "dashboard: %d dead deliveries of %s/%s queued again",
+        resent,
+        namespace,
+        name,
+        extra={"action": "resend", "endpoint": f"{namespace}/{name}", "deliveries": ids},
+    )
+    if ids is None:
+        flash = flash_value("resent", resent)
+    else:
+        flash = flash_value("resent-one" if resent else "not-dead", ids[0])
+    return _redirect(_back(request, namespace, name), flash)
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def reactivate(request: web.Request) -> web.Response:
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    async with store.acquire(request.app[POOL]) as conn:
+        found = await store.reactivate_endpoint(conn, namespace, name)
+    if not found:
+        return _not_found(namespace, name)
+    logger.info(
+        "dashboard: endpoint %s/%s reactivated",
+        namespace,
+        name,
+        extra={"action": "reactivate", "endpoint": f"{namespace}/{name}"},
+    )
+    return _redirect(_back(request, namespace, name), flash_value("reactivated"))
+
+
+def _back(request: web.Request, namespace: str, name: str) -> str:
+    """The endpoint page, with the state filter the form was posted from."""
+    path = _endpoint_path(namespace, name)
+    state = request.query.get("state")
+    return f"{path}?state={state}" if state in store.STATES else path
+
+
+@audience(Audience.OPEN)
+async def static(request: web.Request) -> web.Response:
+    found = _STATIC.get(request.match_info["file"])
+    if found is None:
+        raise web.HTTPNotFound()
+    body, content_type = found
+    return web.Response(
+        body=body,
+        content_type=content_type,
+        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+    )

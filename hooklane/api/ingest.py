@@ -1,0 +1,279 @@
+"""The ingest routes: ``POST /v1/events`` and ``POST /v1/events/batch``.
+
+A request is checked in this order, each step refusing before the next
+costs anything: the token (the :mod:`.auth` middleware), the content type
+(415), the announced length (413, before reading), the body as it is read
+(413 past ``api_max_body_bytes``; 408 when it trickles in slower than
+``READ_TIMEOUT_SECONDS``), UTF-8 and JSON (400), the fields (422 naming the
+field), the tenants the token may publish for (403). Only then are the
+events committed, together with other requests' (:mod:`.group_commit`), and
+202 answered once COMMIT returned.
+
+The event checks are ``hooklane.publish.check_event``'s, the same the
+library call makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from hooklane import metrics
+from hooklane.api.auth import Audience, audience
+from hooklane.api.context import POOL, SETTINGS, grant, started
+from hooklane.api.errors import problem
+from hooklane.api.group_commit import Conflict, Event, GroupCommitter
+from hooklane.errors import InvalidInput, StoreError
+from hooklane.publish import check_event, new_event_id
+
+EVENTS_PATH = "/v1/events"
+BATCH_PATH = "/v1/events/batch"
+COMMITTER = web.AppKey("committer", GroupCommitter)
+
+# A body that has not arrived whole by then is refused: a client trickling
+# bytes (slowloris) must not hold a connection and its buffer for long.
+READ_TIMEOUT_SECONDS = 10.0
+# Committer tasks: each holds one connection for its transaction, and a few
+# in turn keep the disk's flushes busy; the rest of the pool serves the
+# admin routes.
+MAX_COMMITTERS = 4
+FIELDS = frozenset({"id", "type", "tenant", "data", "coalesce_key"})
+REQUIRED = ("type", "tenant", "data")
+
+
+class Refused(Exception):
+    """A request refused before its events reach the database."""
+
+    def __init__(self, status: int, code: str, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.field = field
+
+
+def add_routes(app: web.Application) -> None:
+    """Add the ingest routes to ``app``, and the group committer that
+    serves them to its startup and cleanup."""
+    app.router.add_post(EVENTS_PATH, publish_one)
+    app.router.add_post(BATCH_PATH, publish_batch)
+    app.cleanup_ctx.append(_committer)
+
+
+async def _committer(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    committer = GroupCommitter(
+        app[POOL],
+        committers=min(MAX_COMMITTERS, settings.api_pool_size - 1),
+        max_events=max(settings.api_batch_max_events, 1000),
+    )
+    app[COMMITTER] = committer
+    committer.start()
+    yield
+    await committer.stop()
+
+
+# --------------------------------------------------------------------------
+# Reading and checking: pure, apart from reading the body
+
+
+def check_media_type(content_type: str, charset: str | None) -> None:
+    if content_type != "application/json":
+        raise Refused(415, "unsupported_media_type", "the body must be application/json")
+    if charset is not None and charset.lower() not in ("utf-8", "utf8"):
+        raise Refused(415, "unsupported_media_type", "the body must be UTF-8 JSON, not " + charset)
+
+
+def check_length(content_length: int | None, limit: int) -> None:
+    if content_length is not None and content_length > limit:
+        raise Refused(413, "too_large", f"the body is larger than {limit} bytes")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        # Parsers disagree on which of two equal keys wins: refused, so that
+        # no receiver reads another event than the one checked here.
+        raise ValueError(f"the key {json.dumps(_first_repeated(pairs))} appears twice in one object")
+    return found
+
+
+def _first_repeated(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no key repeats")
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; ``Refused`` (400 ``malformed``) for
+    anything else."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(400, "malformed", f"the body is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise Refused(
+            400, "malformed", f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise Refused(400, "malformed", "the body nests too deeply") from None
+    except ValueError as exc:
+        # Too many digits for an integer, NaN or Infinity, a duplicate key.
+        raise Refused(400, "malformed", f"the body is not acceptable JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise Refused(400, "malformed", "the body must be a JSON object")
+    return value
+
+
+def event_of(body: dict[str, Any], prefix: str = "") -> Event:
+    """The event a request's object describes; ``InvalidInput`` naming the
+    field, under ``prefix`` (``events[3].``) in a batch."""
+    try:
+        return _event_of(body)
+    except InvalidInput as exc:
+        raise InvalidInput(prefix + exc.field, exc.message) from None
+
+
+def _event_of(body: dict[str, Any]) -> Event:
+    for name in body:
+        if name not in FIELDS:
+            raise InvalidInput(name, f"is not a field of an event (those are {', '.join(sorted(FIELDS))})")
+    for name in REQUIRED:
+        if name not in body:
+            raise InvalidInput(name, "is required")
+    data_json = check_event(
+        tenant=body["tenant"],
+        type=body["type"],
+        data=body["data"],
+        id=body.get("id"),
+        coalesce_key=body.get("coalesce_key"),
+    )
+    return Event(
+        id=body.get("id") or new_event_id(),
+        tenant=body["tenant"],
+        type=body["type"],
+        data_json=data_json,
+        coalesce_key=body.get("coalesce_key"),
+    )
+
+
+def batch_of(body: dict[str, Any], max_events: int) -> list[Event]:
+    for name in body:
+        if name != "events":
+            raise InvalidInput(name, "is not a field of a batch (it has `events` only)")
+    events = body.get("events")
+    if not isinstance(events, list) or not 1 <= len(events) <= max_events:
+        raise InvalidInput("events", f"must be a list of 1 to {max_events} events")
+    checked = []
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise InvalidInput(f"events[{index}]", "must be an object")
+        checked.append(event_of(event, f"events[{index}]."))
+    return checked
+
+
+def check_grant(request: web.Request, events: Sequence[Event], batch: bool) -> None:
+    allowed = grant(request)
+    for index, event in enumerate(events):
+        if not allowed.allows(event.tenant):
+            raise Refused(
+                403,
+                "forbidden",
+                f"this token may not publish for tenant {event.tenant!r}",
+                f"events[{index}].tenant" if batch else "tenant",
+            )
+
+
+@dataclass(frozen=True)
+class Received:
+    """A request's events, checked and allowed, not yet stored."""
+
+    events: list[Event]
+    batch: bool
+
+
+async def receive(request: web.Request, *, batch: bool) -> Received:
+    """Everything before the commit: ``Refused`` or ``InvalidInput`` when
+    the request is refused. The benchmark's ceiling serves this alone."""
+    settings = request.config_dict[SETTINGS]
+    check_media_type(request.content_type, request.charset)
+    check_length(request.content_length, settings.api_max_body_bytes)
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+            raw = await request.read()
+    except TimeoutError:
+        raise Refused(408, "timeout", f"the body did not arrive within {READ_TIMEOUT_SECONDS:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        # A chunked body, or one longer than announced, grew past the limit.
+        raise Refused(
+            413, "too_large", f"the body is larger than {settings.api_max_body_bytes} bytes"
+        ) from None
+    body = parse_json(raw)
+    events = batch_of(body, settings.api_batch_max_events) if batch else [event_of(body)]
+    check_grant(request, events, batch)
+    return Received(events, batch)
+
+
+# --------------------------------------------------------------------------
+# The handlers
+
+
+@audience(Audience.INGEST)
+async def publish_one(request: web.Request) -> web.Response:
+    return await _publish(request, batch=False)
+
+
+@audience(Audience.INGEST)
+async def publish_batch(request: web.Request) -> web.Response:
+    return await _publish(request, batch=True)
+
+
+async def _publish(request: web.Request, *, batch: bool) -> web.Response:
+    try:
+        received = await receive(request, batch=batch)
+    except Refused as exc:
+        return _refuse(exc.code, problem(exc.status, exc.code, exc.detail, field=exc.field))
+    except InvalidInput as exc:
+        return _refuse("invalid", problem(422, "invalid", exc.message, field=exc.field))
+    timeout = request.config_dict[SETTINGS].api_ack_timeout_seconds
+    try:
+        # The deadline counts from the request's arrival: reading and
+        # checking took part of it already.
+        await request.config_dict[COMMITTER].commit(received.events, _loop_deadline(request, timeout))
+    except Conflict as exc:
+        field = f"events[{exc.index}].id" if batch else "id"
+        return _refuse("conflict", problem(409, "conflict", exc.conflict.message, field=field))
+    except (StoreError, TimeoutError):
+        metrics.API_EVENTS_REFUSED.labels("unavailable").inc()
+        # The root middleware answers 503 with Retry-After, and logs.
+        raise
+    metrics.API_ACK.observe(time.monotonic() - started(request))
+    metrics.API_EVENTS_ACCEPTED.inc(len(received.events))
+    ids = [event.id for event in received.events]
+    return web.json_response({"ids": ids} if batch else {"id": ids[0]}, status=202)
+
+
+def _loop_deadline(request: web.Request, timeout: float) -> float:
+    # ``started`` is on time.monotonic, which uvloop's clock need not be.
+    remaining = timeout - (time.monotonic() - started(request))
+    return asyncio.get_running_loop().time() + remaining
+
+
+def _refuse(reason: str, response: web.Response) -> web.Response:
+    metrics.API_EVENTS_REFUSED.labels(reason).inc()
+    return response

@@ -1,0 +1,131 @@
+"""An endpoint's health, one way for every view.
+
+`hooklane status`, the operator's ``status`` of each WebhookEndpoint, the
+worker's per-endpoint gauges and the admin API all show the records made
+here, from one statement (``endpoint_health`` in queries.sql, called as
+``store.endpoint_health``). The endpoint's state is decided once per record,
+by :func:`hooklane.endpoint_state.endpoint_state` at the database's clock
+as the statement read it, so two views of the same snapshot cannot
+disagree, and no view's clock skew moves an endpoint between Paused and
+Probing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from hooklane.endpoint_state import EndpointState, Standing, endpoint_state
+from hooklane.times import rfc3339
+
+
+class Row(Protocol):
+    """A row by column name: a dict, or an asyncpg Record."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class EndpointHealth:
+    id: int
+    namespace: str
+    name: str
+    tenant: str
+    url: str
+    # The spec as stored: what the operator compares with what it wrote.
+    paused: bool
+    max_concurrency: int
+    signed: bool
+    # The queue.
+    pending: int
+    in_flight: int
+    dead: int
+    oldest_pending_age: float | None  # seconds, at observed_at
+    sending_on: tuple[str, ...]  # the workers holding its deliveries in flight
+    # The circuit.
+    consecutive_failures: int
+    paused_until: datetime | None
+    last_error: str | None
+    last_delivered_at: datetime | None
+    deactivated_reason: str | None
+    # The database's clock when the statement read the row.
+    observed_at: datetime
+    standing: Standing
+
+    @classmethod
+    def from_row(cls, row: Row) -> EndpointHealth:
+        return cls(
+            id=row["id"],
+            namespace=row["namespace"],
+            name=row["name"],
+            tenant=row["tenant"],
+            url=row["url"],
+            paused=row["paused"],
+            max_concurrency=row["max_concurrency"],
+            signed=row["signed"],
+            pending=row["pending"],
+            in_flight=row["in_flight"],
+            dead=row["dead"],
+            oldest_pending_age=None
+            if row["oldest_pending_age"] is None
+            else float(row["oldest_pending_age"]),
+            sending_on=tuple(row["sending_on"] or ()),
+            consecutive_failures=row["consecutive_failures"],
+            paused_until=row["paused_until"],
+            last_error=row["last_error"],
+            last_delivered_at=row["last_delivered_at"],
+            deactivated_reason=row["deactivated_reason"],
+            observed_at=row["observed_at"],
+            standing=endpoint_state(
+                state=row["state"],
+                paused=row["paused"],
+                paused_until=row["paused_until"],
+                now=row["observed_at"],
+            ),
+        )
+
+
+def standing_counts(healths: Iterable[EndpointHealth]) -> tuple[dict[str, int], int]:
+    """Endpoints not delivering, by the ``reason`` label of
+    ``hooklane_endpoints_paused`` (circuit, manual, deactivated), and how
+    many are probing: the worker's gauges."""
+    paused: Counter[str] = Counter({"circuit": 0, "manual": 0, "deactivated": 0})
+    probing = 0
+    for h in healths:
+        if h.standing.state == EndpointState.DEACTIVATED:
+            paused["deactivated"] += 1
+        elif h.standing.paused_by is not None:
+            paused[h.standing.paused_by] += 1
+        elif h.standing.state == EndpointState.PROBING:
+            probing += 1
+    return dict(paused), probing
+
+
+def as_json(h: EndpointHealth) -> dict[str, Any]:
+    """The admin API's (and the dashboard's) form of a record."""
+    return {
+        "namespace": h.namespace,
+        "name": h.name,
+        "tenant": h.tenant,
+        "url": h.url,
+        "phase": str(h.standing.state),
+        "paused_by": None if h.standing.paused_by is None else str(h.standing.paused_by),
+        "signed": h.signed,
+        "max_concurrency": h.max_concurrency,
+        "pending": h.pending,
+        "in_flight": h.in_flight,
+        "dead": h.dead,
+        "oldest_pending_age_seconds": h.oldest_pending_age,
+        "sending_on": list(h.sending_on),
+        "circuit": {
+            "consecutive_failures": h.consecutive_failures,
+            "paused_until": rfc3339(h.paused_until),
+        },
+        "last_error": h.last_error,
+        "last_delivered_at": rfc3339(h.last_delivered_at),
+        "deactivated_reason": h.deactivated_reason,
+        "observed_at": rfc3339(h.observed_at),
+    }

@@ -1,0 +1,67 @@
+"""Opaque page cursors: a position in a listing, handed to the caller and
+taken back. Base64url of a versioned text, so that callers treat it as a
+token, and so that a change of listing order can refuse old cursors by
+their version rather than misread them."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from hooklane.errors import InvalidInput
+
+_MAX_CURSOR_CHARS = 1024
+_EVENTS = re.compile(r"e1:([0-9]{1,20}):(.*)", re.DOTALL)
+_DELIVERIES = re.compile(r"d1:([0-9]{1,19})")
+_MAX_XID8 = 2**64 - 1
+_MAX_BIGINT = 2**63 - 1
+
+
+def _encode(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str, pattern: re.Pattern[str], field: str) -> re.Match[str]:
+    refused = InvalidInput(field, "is not a cursor this listing returned")
+    if len(cursor) > _MAX_CURSOR_CHARS:
+        raise refused
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise refused from None
+    match = pattern.fullmatch(text)
+    if match is None:
+        raise refused
+    return match
+
+
+def event_cursor(xact: int, event_id: str) -> str:
+    """The position after the event stored by transaction ``xact`` as ``event_id``."""
+    return _encode(f"e1:{xact}:{event_id}")
+
+
+def event_position(cursor: str | None, field: str = "cursor") -> tuple[int, str]:
+    """(xact, id) of an :func:`event_cursor`; before every event for None."""
+    if cursor is None:
+        return 0, ""
+    match = _decode(cursor, _EVENTS, field)
+    xact = int(match[1])
+    if xact > _MAX_XID8:
+        raise InvalidInput(field, "is not a cursor this listing returned")
+    return xact, match[2]
+
+
+def delivery_cursor(delivery_id: int) -> str:
+    """The position after delivery ``delivery_id`` in a newest-first listing."""
+    return _encode(f"d1:{delivery_id}")
+
+
+def delivery_position(cursor: str | None, field: str = "cursor") -> int | None:
+    """The delivery id of a :func:`delivery_cursor`; None for the first page."""
+    if cursor is None:
+        return None
+    delivery_id = int(_decode(cursor, _DELIVERIES, field)[1])
+    if delivery_id > _MAX_BIGINT:
+        raise InvalidInput(field, "is not a cursor this listing returned")
+    return delivery_id

@@ -1,0 +1,458 @@
+"""The admin API over real HTTP (aiohttp's TestServer on loopback), on a
+real Postgres: endpoints and their health, deliveries, the repairs, and
+receivers' reconciliation with a stable cursor."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from openapi_schema_validator import OAS31Validator
+
+import hooklane
+from hooklane import metrics, store
+from hooklane.api.app import make_app
+from hooklane.api.auth import token_sources
+from hooklane.api.tokens import Tokens
+from hooklane.settings import Settings
+from tests.conftest import add_endpoint, wait_for
+from tests.test_cli import hooklane as run_cli
+
+ADMIN = "admin-token-0123456789"
+INGEST = "ingest-token-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+EP = "/v1/admin/endpoints/default"
+
+
+@pytest.fixture
+async def api(dsn: str, settings: Settings) -> AsyncIterator[TestClient]:
+    configured = replace(
+        settings,
+        api_tokens=Tokens.parse(INGEST, "HOOKLANE_API_TOKENS"),
+        admin_tokens=Tokens.parse(ADMIN, "HOOKLANE_ADMIN_TOKENS"),
+    )
+    pool = await store.create_pool(dsn, min_size=0, max_size=4, server_settings=store.API_SESSION)
+    app = make_app(configured, pool, *token_sources(configured))
+    try:
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            yield client
+    finally:
+        await pool.close()
+
+
+async def call(api: TestClient, method: str, path: str, status: int = 200, **kwargs: Any) -> Any:
+    response = await api.request(method, path, headers=AUTH, **kwargs)
+    body = await response.json()
+    assert response.status == status, body
+    return body
+
+
+async def publish(db: asyncpg.Connection, n: int, tenant: str = "acme", type_: str = "order.paid") -> None:
+    for i in range(n):
+        await hooklane.publish(db, tenant=tenant, type=type_, data={"i": i}, id=f"{tenant}-{type_}-{i}")
+
+
+async def delivery_ids(db: asyncpg.Connection, name: str) -> list[int]:
+    return [
+        r["id"]
+        for r in await db.fetch(
+            "SELECT d.id FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id "
+            "WHERE ep.name = $1 ORDER BY d.id",
+            name,
+        )
+    ]
+
+
+async def kill(db: asyncpg.Connection, ids: list[int]) -> None:
+    await db.execute(
+        "UPDATE deliveries SET state = 'dead', last_status = 500, last_error = 'HTTP 500' "
+        "WHERE id = ANY($1::bigint[])",
+        ids,
+    )
+
+
+# --- access --------------------------------------------------------------------
+
+
+async def test_the_admin_api_needs_an_admin_token(api):
+    for headers in ({}, {"Authorization": f"Bearer {INGEST}"}, {"Authorization": "Bearer x" * 3}):
+        response = await api.get("/v1/admin/endpoints", headers=headers)
+        assert response.status == 401
+        assert (await response.json())["error"] == "unauthorized"
+    assert (await call(api, "GET", "/v1/admin/endpoints")) == {"endpoints": []}
+
+
+# --- endpoints -------------------------------------------------------------------
+
+
+async def test_endpoints_most_delayed_first_with_their_health(api, db):
+    for name in ("idle", "late", "later"):
+        await add_endpoint(db, name, f"http://127.0.0.1:9/{name}", event_types=[f"{name}.*"])
+    await publish(db, 2, type_="late.x")
+    await publish(db, 1, type_="later.x")
+    await db.execute(
+        "UPDATE deliveries d SET created_at = now() - CASE ep.name WHEN 'later' THEN interval '1 hour' "
+        "ELSE interval '1 minute' END FROM endpoints ep WHERE ep.id = d.endpoint_id"
+    )
+    body = await call(api, "GET", "/v1/admin/endpoints")
+    assert [e["name"] for e in body["endpoints"]] == ["later", "late", "idle"]
+    later = body["endpoints"][0]
+    assert later["pending"] == 1 and 3599 < later["oldest_pending_age_seconds"] < 3700
+    assert later["phase"] == "Active" and later["circuit"]["consecutive_failures"] == 0
+
+    one = await call(api, "GET", f"{EP}/late")
+    assert (one["name"], one["pending"], one["tenant"]) == ("late", 2, "acme")
+
+
+async def test_unknown_endpoints_and_bad_names(api):
+    missing = await call(api, "GET", f"{EP}/missing", 404)
+    assert missing["error"] == "not_found" and "default/missing" in missing["detail"]
+    for path in (f"{EP}/missing/deliveries", f"{EP}/missing/resend-dead", f"{EP}/missing/reactivate"):
+        method = "GET" if path.endswith("deliveries") else "POST"
+        assert (await call(api, method, path, 404))["error"] == "not_found"
+    bad = await call(api, "GET", "/v1/admin/endpoints/default/Not_A_Name", 422)
+    assert bad["field"] == "name"
+    bad = await call(api, "GET", "/v1/admin/endpoints/-x-/a", 422)
+    assert bad["field"] == "namespace"
+
+
+async def test_api_status_and_gauges_agree(api, db, dsn, start_worker):
+    """The same endpoints, in every state, seen by the admin API, `hooklane
+    status` and the worker's gauges: one health function, so one answer."""
+    names = ("active", "manual", "circuit", "probing", "deactivated")
+    for name in names:
+        await add_endpoint(db, name, "http://127.0.0.1:9/never", paused=name == "manual")
+    for i, name in enumerate(names):
+        for j in range(i + 1):
+            await hooklane.publish(db, tenant="acme", type="t.x", data={}, id=f"{name}-{j}")
+    # Each endpoint got every event; keep i+1 pending on endpoint i, kill one
+    # more, and let none come due, so that the worker only reads.
+    await db.execute(
+        "DELETE FROM deliveries d USING endpoints ep WHERE ep.id = d.endpoint_id "
+        "AND NOT starts_with(d.event_id, ep.name || '-')"
+    )
+    await db.execute("UPDATE deliveries SET next_attempt_at = now() + interval '1 hour'")
+    first = await db.fetch(
+        "SELECT min(id) AS id FROM deliveries WHERE event_id <> 'active-0' GROUP BY endpoint_id"
+    )
+    await kill(db, [r["id"] for r in first])
+    await db.execute(
+        """UPDATE endpoints SET consecutive_failures = 20, failing_since = now(),
+                  paused_until = now() + CASE name WHEN 'circuit' THEN interval '1 hour'
+                                                   ELSE interval '-1 minute' END
+           WHERE name IN ('circuit', 'probing')"""
+    )
+    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE name = 'deactivated'")
+
+    seen = {e["name"]: e for e in (await call(api, "GET", "/v1/admin/endpoints"))["endpoints"]}
+    expected = {
+        "active": ("Active", None, 1, 0),
+        "manual": ("Paused", "manual", 1, 1),
+        "circuit": ("Paused", "circuit", 2, 1),
+        "probing": ("Probing", None, 3, 1),
+        "deactivated": ("Deactivated", None, 4, 1),
+    }
+    assert {n: (e["phase"], e["paused_by"], e["pending"], e["dead"]) for n, e in seen.items()} == expected
+
+    lines = run_cli(dsn, "status").stdout.splitlines()
+    header = lines[0]
+    for name, (phase, paused_by, pending, dead) in expected.items():
+        (line,) = [line for line in lines[1:] if line.startswith(f"default/{name} ")]
+        state = f"{phase} ({paused_by})" if paused_by else phase
+        assert line[header.index("STATE") :].startswith(state), line
+        assert line[header.index("PENDING") :].split()[0] == str(pending)
+        assert line[header.index("DEAD") :].split()[0] == str(dead)
+
+    start_worker()
+
+    def gauges() -> dict[str, Any]:
+        return {
+            "paused": {
+                r: metrics.ENDPOINTS_PAUSED.labels(r)._value.get()
+                for r in ("manual", "circuit", "deactivated")
+            },
+            "probing": metrics.ENDPOINTS_PROBING._value.get(),
+            "pending": {n: metrics.ENDPOINT_PENDING.labels("default", n)._value.get() for n in names},
+            "dead": {n: metrics.ENDPOINT_DEAD.labels("default", n)._value.get() for n in names},
+        }
+
+    await wait_for(
+        lambda: (
+            gauges()
+            == {
+                "paused": {"manual": 1, "circuit": 1, "deactivated": 1},
+                "probing": 1,
+                "pending": {n: float(e[2]) for n, e in expected.items()},
+                "dead": {n: float(e[3]) for n, e in expected.items()},
+            }
+        )
+    )
+
+
+# --- deliveries ------------------------------------------------------------------
+
+
+async def test_deliveries_by_state_and_time_page_by_page(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await publish(db, 5)
+    ids = await delivery_ids(db, "a")
+    await kill(db, ids[:3])
+    await db.execute("UPDATE deliveries SET created_at = now() - interval '2 hours' WHERE id = $1", ids[0])
+
+    every = await call(api, "GET", f"{EP}/a/deliveries")
+    assert [d["id"] for d in every["deliveries"]] == ids[::-1] and every["next_cursor"] is None
+    pending = every["deliveries"][0]
+    assert (pending["state"], pending["event_type"], pending["attempts"]) == ("pending", "order.paid", 0)
+    assert pending["next_attempt_at"] is not None and pending["event_id"] == "acme-order.paid-4"
+    dead = every["deliveries"][-1]
+    assert (dead["state"], dead["last_status"], dead["last_error"], dead["next_attempt_at"]) == (
+        "dead",
+        500,
+        "HTTP 500",
+        None,
+    )
+
+    seen: list[int] = []
+    cursor = None
+    while True:
+        params = {"state": "dead", "limit": "2", **({"cursor": cursor} if cursor else {})}
+        page = await call(api, "GET", f"{EP}/a/deliveries", params=params)
+        seen += [d["id"] for d in page["deliveries"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[:3][::-1]
+
+    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    recent = await call(api, "GET", f"{EP}/a/deliveries", params={"state": "dead,pending", "since": hour_ago})
+    assert [d["id"] for d in recent["deliveries"]] == ids[1:][::-1]
+    old = await call(api, "GET", f"{EP}/a/deliveries", params={"until": hour_ago})
+    assert [d["id"] for d in old["deliveries"]] == ids[:1]
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"state": "lost"}, "state"),
+        ({"state": ""}, "state"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1001"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"cursor": "ZTE6MTI6YQ"}, "cursor"),  # an events cursor
+        ({"since": "2026-03-01T12:00:00"}, "since"),  # no timezone
+        ({"until": "yesterday"}, "until"),
+    ],
+)
+async def test_bad_delivery_parameters_are_named(api, db, params, field):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    body = await call(api, "GET", f"{EP}/a/deliveries", 422, params=params)
+    assert (body["error"], body["field"]) == ("invalid", field)
+
+
+# --- repairs -----------------------------------------------------------------------
+
+
+async def test_resend_one_or_all_dead(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await publish(db, 3)
+    ids = await delivery_ids(db, "a")
+    await kill(db, ids[:2])
+    assert await call(api, "POST", f"{EP}/a/deliveries/{ids[0]}/resend") == {"resent": 1}
+    # not dead (any more), or not there: nothing to resend
+    for other in (ids[0], ids[2], 999999):
+        body = await call(api, "POST", f"{EP}/a/deliveries/{other}/resend", 404)
+        assert body["field"] == "id"
+    assert (await call(api, "POST", f"{EP}/a/deliveries/x1/resend", 422))["field"] == "id"
+    assert await call(api, "POST", f"{EP}/a/resend-dead") == {"resent": 1}
+    assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'") == 3
+    # a resend wakes the endpoint for the workers
+    assert await db.fetchval("SELECT count(*) FROM wakeups") >= 2
+
+
+async def test_discard_dead_says_who_and_is_final(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await publish(db, 4)
+    ids = await delivery_ids(db, "a")
+    await kill(db, ids[:3])
+    assert await call(api, "POST", f"{EP}/a/discard-dead", json={"ids": [ids[0]]}) == {"discarded": 1}
+    assert await call(api, "POST", f"{EP}/a/discard-dead") == {"discarded": 2}
+    rows = await db.fetch("SELECT state, last_error FROM deliveries WHERE id = ANY($1::bigint[])", ids[:3])
+    assert {r["state"] for r in rows} == {"discarded"}
+    assert {r["last_error"] for r in rows} == {"discarded by the admin API (dead of: HTTP 500)"}
+    assert await call(api, "POST", f"{EP}/a/resend-dead") == {"resent": 0}
+    assert await db.fetchval("SELECT state FROM deliveries WHERE id = $1", ids[3]) == "pending"
+
+    for body, field in (({"ids": []}, "ids"), ({"ids": ["1"]}, "ids"), ({"ids": [0]}, "ids"), ([1], "body")):
+        assert (await call(api, "POST", f"{EP}/a/discard-dead", 422, json=body))["field"] == field
+    malformed = await api.post(
+        f"{EP}/a/discard-dead", data=b"{", headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert malformed.status == 400 and (await malformed.json())["error"]
+    wrong_type = await api.post(
+        f"{EP}/a/discard-dead", data=b"ids=1", headers={**AUTH, "Content-Type": "text/plain"}
+    )
+    assert wrong_type.status == 415
+
+
+async def test_replay_sends_the_same_events_again(api, db, receiver, start_worker):
+    await add_endpoint(db, "a", receiver.url("/a"))
+    await add_endpoint(db, "other", receiver.url("/other"))
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    await publish(db, 3)
+    start_worker()
+    await wait_for(lambda: len(receiver.at("/a")) == 3 and len(receiver.at("/other")) == 3)
+    # one more, still pending when the replay runs (never due, so that no
+    # worker takes it meanwhile): not queued twice
+    async with db.transaction():
+        await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="pending-one")
+        await db.execute(
+            "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE state = 'pending'"
+        )
+
+    assert await call(api, "POST", f"{EP}/a/replay", json={"since": before.isoformat()}) == {"replayed": 3}
+    await wait_for(lambda: len(receiver.at("/a")) == 6)
+    ids = [r.headers["webhook-id"] for r in receiver.at("/a")]
+    assert sorted(ids[3:]) == sorted(ids[:3])  # the same ids: receivers deduplicate
+    assert len(receiver.at("/other")) == 3
+    # nothing since then
+    later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
+    assert await call(api, "POST", f"{EP}/a/replay", json={"since": later}) == {"replayed": 0}
+
+    for body, field in (({}, "since"), ({"since": "2026-03-01T12:00:00"}, "since"), ({"since": 5}, "since")):
+        assert (await call(api, "POST", f"{EP}/a/replay", 422, json=body))["field"] == field
+    assert (await call(api, "POST", f"{EP}/a/replay", 422))["field"] == "body"
+
+
+async def test_reactivate(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await db.execute("UPDATE endpoints SET state = 'deactivated', deactivated_reason = 'HTTP 410'")
+    assert (await call(api, "GET", f"{EP}/a"))["phase"] == "Deactivated"
+    assert await call(api, "POST", f"{EP}/a/reactivate") == {"reactivated": True}
+    assert (await call(api, "GET", f"{EP}/a"))["phase"] == "Active"
+
+
+# --- reconciliation ------------------------------------------------------------------
+
+
+async def test_events_page_with_a_stable_cursor_over_http(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    await publish(db, 5)
+    await publish(db, 2, tenant="globex")
+    got: list[str] = []
+    cursor = None
+    for _ in range(3):
+        params = {"tenant": "acme", "since": since, "limit": "2", **({"cursor": cursor} if cursor else {})}
+        page = await call(api, "GET", "/v1/admin/events", params=params)
+        got += [e["id"] for e in page["events"]]
+        cursor = page["next_cursor"]
+    assert got == [f"acme-order.paid-{i}" for i in range(5)]
+    assert page["events"][0]["data"] == {"i": 4} and page["events"][0]["fanout"] == 1
+    # the end: the same cursor again, and what commits later comes after it
+    empty = await call(
+        api, "GET", "/v1/admin/events", params={"tenant": "acme", "since": since, "cursor": cursor}
+    )
+    assert empty == {"events": [], "next_cursor": cursor}
+    await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="later")
+    later = await call(
+        api, "GET", "/v1/admin/events", params={"tenant": "acme", "since": since, "cursor": cursor}
+    )
+    assert [e["id"] for e in later["events"]] == ["later"]
+
+    for params, field in (
+        ({"since": since}, "tenant"),
+        ({"tenant": "acme"}, "since"),
+        ({"tenant": "acme\x01", "since": since}, "tenant"),
+        ({"tenant": "acme", "since": "2026-01-01"}, "since"),
+        ({"tenant": "acme", "since": since, "cursor": "ZDE6MQ"}, "cursor"),  # a deliveries cursor
+    ):
+        assert (await call(api, "GET", "/v1/admin/events", 422, params=params))["field"] == field
+
+
+async def test_an_event_that_commits_late_is_not_skipped(dsn, db):
+    """A producer's transaction stores an event and commits after a reader
+    paged past the events committed meanwhile: the reader's next page, from
+    the same cursor, holds it. (Ordered by created_at, the late event would
+    sort before the cursor and never be seen.)"""
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    await hooklane.publish(db, tenant="acme", type="t.x", data={}, id="first")
+    late = await asyncpg.connect(dsn)
+    try:
+        transaction = late.transaction()
+        await transaction.start()
+        await hooklane.publish(late, tenant="acme", type="t.x", data={}, id="late")
+        await hooklane.publish(db, tenant="acme", type="t.x", data={}, id="after")
+        page = await store.list_events(db, "acme", since)
+        assert [e.id for e in page.events] == ["first"]  # "after" waits behind the open transaction
+        again = await store.list_events(db, "acme", since, cursor=page.cursor)
+        assert again.events == [] and again.cursor == page.cursor
+        await transaction.commit()
+    finally:
+        await late.close()
+    rest = await store.list_events(db, "acme", since, cursor=page.cursor)
+    assert [e.id for e in rest.events] == ["late", "after"]
+
+
+async def test_unrouted_events_per_tenant_and_type(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a", event_types=["order.*"])
+    await publish(db, 2)  # routed
+    await publish(db, 3, type_="invoice.paid")
+    await publish(db, 1, tenant="globex")
+    body = await call(api, "GET", "/v1/admin/unrouted")
+    assert body["total"] == 4
+    assert [(u["tenant"], u["type"], u["events"]) for u in body["unrouted"]] == [
+        ("acme", "invoice.paid", 3),
+        ("globex", "order.paid", 1),
+    ]
+    assert body["unrouted"][0]["oldest"] <= body["unrouted"][0]["newest"]
+
+
+async def test_the_api_answers_503_while_the_database_is_away(api, database_outage):
+    with database_outage():
+        response = await api.get("/v1/admin/endpoints", headers=AUTH)
+        assert response.status == 503 and response.headers["Retry-After"]
+        assert (await response.json())["error"] == "unavailable"
+
+
+# --- the document ------------------------------------------------------------------
+
+
+def conforms(body: Any, schema: str) -> None:
+    """``body`` is valid by the OpenAPI document's component ``schema``."""
+    doc = json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
+    OAS31Validator({"$ref": f"#/components/schemas/{schema}", "components": doc["components"]}).validate(body)
+
+
+async def test_answers_match_the_openapi_document(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    await publish(db, 3)
+    await publish(db, 1, tenant="globex")
+    ids = await delivery_ids(db, "a")
+    await kill(db, ids[:2])
+    await db.execute("UPDATE deliveries SET state = 'sending', attempted_by = 'pod-1' WHERE id = $1", ids[2])
+    await db.execute("UPDATE endpoints SET consecutive_failures = 20, paused_until = now() + interval '1 m'")
+    answers = [
+        ("GET", "/v1/admin/endpoints", {}, "AdminEndpointList"),
+        ("GET", f"{EP}/a", {}, "AdminEndpoint"),
+        ("GET", f"{EP}/a/deliveries", {"params": {"limit": "2"}}, "AdminDeliveryPage"),
+        ("GET", "/v1/admin/events", {"params": {"tenant": "acme", "since": since}}, "AdminEventPage"),
+        ("GET", "/v1/admin/unrouted", {}, "AdminUnroutedList"),
+        ("POST", f"{EP}/a/deliveries/{ids[0]}/resend", {}, "AdminResent"),
+        ("POST", f"{EP}/a/discard-dead", {"json": {"ids": [ids[1]]}}, "AdminDiscarded"),
+        ("POST", f"{EP}/a/resend-dead", {}, "AdminResent"),
+        ("POST", f"{EP}/a/replay", {"json": {"since": since}}, "AdminReplayed"),
+        ("POST", f"{EP}/a/reactivate", {}, "AdminReactivated"),
+        ("GET", f"{EP}/missing", {"expect": 404}, "Error"),
+        ("GET", f"{EP}/a/deliveries", {"params": {"state": "x"}, "expect": 422}, "Error"),
+    ]
+    for method, path, kwargs, schema in answers:
+        conforms(await call(api, method, path, kwargs.pop("expect", 200), **kwargs), schema)

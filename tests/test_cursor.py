@@ -1,0 +1,65 @@
+"""Page cursors and times as callers hand them in: what comes back out of a
+listing is taken again, anything else is refused by name."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hooklane.errors import InvalidInput
+from hooklane.store.cursor import delivery_cursor, delivery_position, event_cursor, event_position
+from hooklane.times import parse_time, rfc3339
+
+pytestmark = pytest.mark.unit
+
+
+@given(st.integers(0, 2**64 - 1), st.text())
+def test_an_event_cursor_comes_back_as_it_went(xact, event_id):
+    cursor = event_cursor(xact, event_id)
+    assert cursor.isascii() and "=" not in cursor
+    if len(cursor) <= 1024:
+        assert event_position(cursor) == (xact, event_id)
+
+
+@given(st.integers(1, 2**63 - 1))
+def test_a_delivery_cursor_comes_back_as_it_went(delivery_id):
+    assert delivery_position(delivery_cursor(delivery_id)) == delivery_id
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["", "!!", "bm9wZQ", delivery_cursor(5), event_cursor(1, "x")[:-1] + "%", "x" * 2000],
+)
+def test_a_cursor_from_elsewhere_is_refused(cursor):
+    with pytest.raises(InvalidInput) as refused:
+        event_position(cursor)
+    assert refused.value.field == "cursor"
+    with pytest.raises(InvalidInput):
+        delivery_position(event_cursor(5, "x"))
+
+
+def test_no_cursor_is_the_first_page():
+    assert event_position(None) == (0, "")
+    assert delivery_position(None) is None
+
+
+def test_times_need_a_timezone():
+    assert parse_time("2026-03-01T12:00:00Z", "since") == datetime(2026, 3, 1, 12, tzinfo=UTC)
+    plus_two = parse_time("2026-03-01T14:00:00+02:00", "since")
+    assert plus_two == datetime(2026, 3, 1, 12, tzinfo=UTC)
+    assert rfc3339(plus_two) == "2026-03-01T12:00:00Z"
+    assert rfc3339(datetime(2026, 3, 1, 12, 0, 0, 5, tzinfo=timezone(timedelta(hours=1)))) == (
+        "2026-03-01T11:00:00.000005Z"
+    )
+    for text, words in (
+        ("2026-03-01T12:00:00", "needs a timezone"),
+        ("2026-03-01", "needs a timezone"),
+        ("yesterday", "must be an RFC 3339 time"),
+        ("2026-03-01T12:00:00Z" + " " * 100, "must be an RFC 3339 time"),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            parse_time(text, "until")
+        assert refused.value.field == "until" and words in refused.value.message

@@ -1,0 +1,516 @@
+"""The dashboard (``/dashboard``) in a real browser: Debian's chromium driven
+by Playwright, the real ``hooklane api`` application on loopback, real
+Postgres, a real worker and real receivers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from playwright.async_api import Browser, Page, async_playwright
+
+import hooklane
+from hooklane import store
+from hooklane.api import dashboard
+from hooklane.api.app import make_app
+from hooklane.api.auth import SESSION_COOKIE
+from hooklane.api.tokens import Tokens, TokenSource
+from hooklane.dev.postgres import free_port
+from hooklane.errors import InvalidInput
+from hooklane.manifest import EndpointSpec, check_url
+from hooklane.policies import CircuitPolicy
+from hooklane.settings import Settings
+from hooklane.store.deliveries import Result
+from tests.conftest import SECRET, add_endpoint, wait_for
+from tests.receivers import Answer, Receiver
+
+# Characters a cookie value must carry through quoting ("/", "+", "=").
+ADMIN_TOKEN = "dash/admin+token=0123456789"
+INGEST_TOKEN = "ingest-token-0123456789"
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags Chromium's own connections to the
+# outside are refused by these closed machines, many at a time.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Playwright's waits, in ms: a refresh every 5 s, a worker polling every 0.1 s.
+WAIT_MS = 20_000
+
+StartServer = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def start_dashboard(settings: Settings) -> AsyncIterator[StartServer]:
+    """``await start_dashboard(**settings overrides)``: the base URL of the
+    real API application on loopback, with an admin token."""
+    started: list[tuple[TestServer, asyncpg.Pool]] = []
+
+    async def start(**overrides: Any) -> str:
+        cfg = replace(settings, **{"api_ack_timeout_seconds": 2.0, **overrides})
+        pool = await store.create_pool(
+            cfg.database_url, min_size=0, max_size=4, server_settings=store.API_SESSION
+        )
+        ingest = TokenSource(Tokens.parse(INGEST_TOKEN, "test"), None, "test")
+        admin = TokenSource(Tokens.parse(ADMIN_TOKEN, "test"), None, "test")
+        server = TestServer(make_app(cfg, pool, ingest, admin), host="127.0.0.1")
+        await server.start_server()
+        started.append((server, pool))
+        return str(server.make_url("")).rstrip("/")
+
+    yield start
+    for server, pool in started:
+        await server.close()
+        await pool.close()
+
+
+@pytest.fixture
+async def base(start_dashboard: StartServer) -> str:
+    return await start_dashboard()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        # Playwright gives each launch a new, empty profile of its own.
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context()
+    opened = await context.new_page()
+    opened.set_default_timeout(WAIT_MS)
+    yield opened
+    await context.close()
+
+
+async def log_in(page: Page, base: str) -> None:
+    await page.goto(f"{base}/dashboard/login")
+    await page.fill("#token", ADMIN_TOKEN)
+    await page.click("button[type=submit]")
+    await page.wait_for_url(f"{base}/dashboard")
+
+
+async def publish(db: asyncpg.Connection, n: int = 1, tenant: str = "acme") -> list[str]:
+    return [await hooklane.publish(db, tenant=tenant, type="order.created", data={"n": i}) for i in range(n)]
+
+
+async def dead_ids(db: asyncpg.Connection) -> list[int]:
+    return [r["id"] for r in await db.fetch("SELECT id FROM deliveries WHERE state = 'dead' ORDER BY id")]
+
+
+def webhook_ids(receiver: Receiver, path: str) -> list[str]:
+    return [r.headers["webhook-id"] for r in receiver.at(path)]
+
+
+def endpoint_rows(page: Page) -> Any:
+    return page.locator("table.endpoints tbody tr")
+
+
+# --------------------------------------------------------------------------
+# Logging in and out
+
+
+async def test_login_refuses_a_wrong_token_and_keeps_the_right_one_in_a_strict_cookie(
+    base: str, page: Page
+) -> None:
+    # Unauthenticated, a page sends the browser to the login form.
+    await page.goto(f"{base}/dashboard")
+    assert page.url == f"{base}/dashboard/login"
+
+    await page.fill("#token", "not-the-admin-token-at-all")
+    async with page.expect_response(f"{base}/dashboard/login") as answer:
+        await page.click("button[type=submit]")
+    assert (await answer.value).status == 401
+    assert await page.text_content("[role=alert]") == "That token is not valid."
+    assert await page.context.cookies() == []
+
+    await page.fill("#token", ADMIN_TOKEN)
+    await page.click("button[type=submit]")
+    await page.wait_for_url(f"{base}/dashboard")
+    [cookie] = await page.context.cookies()
+    assert cookie["name"] == SESSION_COOKIE
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"], cookie["secure"]) == (
+        True,
+        "Strict",
+        "/dashboard",
+        False,
+    )
+    # HttpOnly: the page's own scripts cannot read the token.
+    assert await page.evaluate("document.cookie") == ""
+
+    await page.click("form.logout button")
+    await page.wait_for_url(f"{base}/dashboard/login")
+    assert await page.text_content(".flash") == "Logged out."
+    assert [c["name"] for c in await page.context.cookies()] == []
+    await page.goto(f"{base}/dashboard")
+    assert page.url == f"{base}/dashboard/login"
+
+
+async def test_the_cookie_is_secure_behind_an_ingress_that_terminated_tls(base: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        answer = await http.post(
+            f"{base}/dashboard/login",
+            data={"token": ADMIN_TOKEN},
+            headers={"Origin": base, "X-Forwarded-Proto": "https"},
+            allow_redirects=False,
+        )
+    assert answer.status == 303
+    cookie = answer.cookies[SESSION_COOKIE]
+    assert cookie["secure"] and cookie["httponly"] and cookie["samesite"] == "Strict"
+
+
+async def test_a_login_from_another_site_is_refused(base: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}, {}):
+            answer = await http.post(
+                f"{base}/dashboard/login", data={"token": ADMIN_TOKEN}, headers=headers, allow_redirects=False
+            )
+            assert answer.status == 403, headers
+            assert SESSION_COOKIE not in answer.cookies
+
+
+async def test_without_admin_tokens_the_dashboard_is_off(settings: Settings) -> None:
+    pool = await store.create_pool(settings.database_url, min_size=0, max_size=1)
+    app = make_app(
+        settings,
+        pool,
+        TokenSource(Tokens.parse(INGEST_TOKEN, "test"), None, "test"),
+        TokenSource(Tokens(), None, "test"),
+    )
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/dashboard", "/dashboard/login"):
+                async with http.get(server.make_url(path), allow_redirects=False) as answer:
+                    assert answer.status == 404, path
+    finally:
+        await server.close()
+        await pool.close()
+
+
+# --------------------------------------------------------------------------
+# What the pages show
+
+
+async def test_endpoints_are_listed_by_oldest_pending_age_with_their_phase(
+    base: str, page: Page, db: asyncpg.Connection
+) -> None:
+    await add_endpoint(db, "idle", "http://127.0.0.1:9/idle", event_types=("nothing.matches",))
+    await add_endpoint(db, "lagging", "http://127.0.0.1:9/lagging", event_types=("order.created",))
+    await add_endpoint(db, "held", "http://127.0.0.1:9/held", event_types=("order.paid",), paused=True)
+    # No worker runs: every delivery stays pending; lagging's is the oldest.
+    for kind in ("order.created", "order.paid", "order.paid"):
+        await hooklane.publish(db, tenant="acme", type=kind, data={})
+
+    await log_in(page, base)
+
+    rows = endpoint_rows(page)
+    assert await rows.evaluate_all("rows => rows.map(r => r.dataset.endpoint)") == [
+        "default/lagging",
+        "default/held",
+        "default/idle",
+    ]
+    phases = await page.locator("table.endpoints .phase").all_text_contents()
+    assert phases == ["Active", "Paused (manual)", "Active"]
+    pending = await page.locator("table.endpoints tbody tr td:nth-child(4)").all_text_contents()
+    assert pending == ["1", "2", "0"]
+    assert await page.locator("table.endpoints tbody tr td.age").nth(2).text_content() == "-"
+
+    await page.click("a[href='/dashboard/endpoints/default/held']")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/held")
+    assert await page.locator("h1 .phase").text_content() == "Paused (manual)"
+    types = await page.locator("table.deliveries tbody tr .quiet").all_text_contents()
+    assert types == ["order.paid", "order.paid"]
+
+
+async def test_an_open_circuit_shows_its_failures_and_next_probe(
+    base: str, page: Page, db: asyncpg.Connection
+) -> None:
+    upserted = await store.upsert_endpoint(
+        db,
+        EndpointSpec(namespace="default", name="down", url="http://127.0.0.1:9/down", tenant="acme"),
+        SECRET,
+    )
+    await publish(db, 2)
+    # Two failures the way the worker records them, against a threshold of two.
+    reserved = await store.reserve(db, [upserted.partition], 2, 1.0, "test-worker")
+    failed = [
+        Result.retry(r["id"], r["attempts"], retry_in=600, status=503, error="HTTP 503") for r in reserved
+    ]
+    await store.complete(db, failed, CircuitPolicy(threshold=2, step_seconds=600, cap_seconds=600))
+
+    await log_in(page, base)
+    assert await page.locator("table.endpoints .phase").text_content() == "Paused (circuit)"
+    circuit = await page.locator("table.endpoints tbody td:nth-child(7)").text_content()
+    assert re.fullmatch(r"\s*2 failures; next probe\s+in (9|10) min( \d+ s)?\s*", circuit or ""), circuit
+
+
+async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str) -> None:
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(f"{base}/dashboard/endpoints/default/nowhere") as answer:
+            assert answer.status == 404
+            assert answer.content_type == "text/html"
+            assert "There is no endpoint default/nowhere." in await answer.text()
+        async with http.get(f"{base}/dashboard/endpoints/default/nowhere?state=lost") as answer:
+            assert answer.status == 422
+            assert "state must be among" in await answer.text()
+
+
+async def test_a_database_out_of_reach_is_a_page_that_retries(start_dashboard: StartServer) -> None:
+    base = await start_dashboard(database_url=f"postgresql://postgres@127.0.0.1:{free_port()}/hooklane")
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http, http.get(f"{base}/dashboard") as answer:
+        body = await answer.text()
+    assert answer.status == 503
+    assert answer.headers["Retry-After"] == str(dashboard.REFRESH_SECONDS)
+    assert "Database unavailable" in body and 'http-equiv="refresh"' in body
+    assert "Traceback" not in body
+
+
+async def test_the_page_says_so_while_the_database_is_away_and_recovers(
+    base: str, page: Page, db: asyncpg.Connection, database_outage: Callable[[], Any]
+) -> None:
+    await add_endpoint(db, "orders", "http://127.0.0.1:9/orders")
+    await log_in(page, base)
+    with database_outage():
+        await page.wait_for_selector("#refresh-status:has-text('database unavailable, retrying')")
+        # The table stays as it was last seen.
+        assert await endpoint_rows(page).count() == 1
+    await page.wait_for_selector("#refresh-status:has-text('updated')")
+
+
+async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.Connection) -> None:
+    # A tenant writes its endpoint's URL; a receiver's failure ends up in
+    # last_error. Neither may run in the operator's browser.
+    url = "http://127.0.0.1:9/hook?x=\"><script>window.pwned='url'</script>"
+    hostile = "<script>window.pwned='error'</script><img src=x onerror=\"window.pwned='img'\">"
+    assert check_url(url) == url
+    upserted = await store.upsert_endpoint(
+        db, EndpointSpec(namespace="default", name="hostile", url=url, tenant="acme"), SECRET
+    )
+    await publish(db)
+    [reserved] = await store.reserve(db, [upserted.partition], 1, 1.0, "test-worker")
+    await store.complete(
+        db, [Result.dead(reserved["id"], reserved["attempts"], status=None, error=hostile)], CircuitPolicy()
+    )
+
+    await log_in(page, base)
+    assert await page.locator("table.endpoints .error").text_content() == dashboard.short_text(hostile)
+    assert await page.locator("table.endpoints .error").get_attribute("title") == hostile
+    await page.click("a[href='/dashboard/endpoints/default/hostile']")
+    await page.wait_for_selector("table.deliveries")
+    assert await page.locator("dl.facts code").text_content() == url
+    assert await page.locator("table.deliveries .error").get_attribute("title") == hostile
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("#live script, #live img").count() == 0
+
+
+# --------------------------------------------------------------------------
+# Repairing, with a worker delivering for real
+
+
+async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    # Refused as too large (413: dead at once) until the receiver is fixed.
+    fixed = asyncio.Event()
+    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
+    await add_endpoint(db, "orders", url)
+    events = await publish(db, 3)
+    start_worker()
+    await wait_for(lambda: _count(dead_ids(db), 3))
+    first, *rest = await dead_ids(db)
+    fixed.set()
+
+    await log_in(page, base)
+    assert await page.locator("table.endpoints tbody tr td:nth-child(6)").text_content() == "3"
+    await page.click("a[href='/dashboard/endpoints/default/orders']")
+    await page.click("nav.filter a:text-is('dead')")
+    assert await page.locator("table.deliveries tbody tr").count() == 3
+
+    await page.click(f"tr[data-delivery='{first}'] button:text-is('Resend')")
+    await page.wait_for_selector(f".flash:text-is('Delivery {first} queued again.')")
+    event = await db.fetchval("SELECT event_id FROM deliveries WHERE id = $1", first)
+    await wait_for(lambda: webhook_ids(receiver, "orders").count(event) == 2)
+    # The page refreshes itself: on the "all" filter the delivery shows delivered.
+    await page.click("nav.filter a:text-is('all')")
+    await page.wait_for_selector(f"tr[data-delivery='{first}'].state-delivered", timeout=WAIT_MS)
+
+    await page.click("button:text-is('Resend all 2 dead')")
+    await page.wait_for_selector(".flash:text-is('2 dead deliveries queued again.')")
+    await wait_for(lambda: sorted(set(webhook_ids(receiver, "orders"))) == sorted(events))
+    for delivery in rest:
+        await page.wait_for_selector(f"tr[data-delivery='{delivery}'].state-delivered")
+    assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'delivered'") == 3
+    # Nothing left to resend: the button is gone.
+    assert await page.locator("button:has-text('Resend all')").count() == 0
+
+
+async def test_reactivate_a_deactivated_endpoint_from_the_browser(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    # 410 Gone deactivates the endpoint, for real, and kills the delivery.
+    back = asyncio.Event()
+    url = receiver.on("gone", lambda _n: Answer(200 if back.is_set() else 410))
+    await add_endpoint(db, "gone", url)
+    [event] = await publish(db)
+    start_worker()
+    await wait_for(lambda: db.fetchval("SELECT state = 'deactivated' FROM endpoints"))
+    back.set()
+
+    await log_in(page, base)
+    assert await page.locator("table.endpoints .phase").text_content() == "Deactivated"
+    await page.click("a[href='/dashboard/endpoints/default/gone']")
+    assert "410" in (await page.locator("dl.facts").text_content() or "")
+
+    await page.click("button:text-is('Reactivate')")
+    await page.wait_for_selector(
+        ".flash:text-is('Endpoint reactivated: its pending deliveries go out again.')"
+    )
+    assert await page.locator("h1 .phase").text_content() == "Active"
+    assert await page.locator("button:text-is('Reactivate')").count() == 0
+    assert await db.fetchval("SELECT state FROM endpoints") == "active"
+
+    await page.click("button:text-is('Resend all 1 dead')")
+    await wait_for(lambda: webhook_ids(receiver, "gone") == [event, event])
+    await page.wait_for_selector("table.deliveries tr.state-delivered")
+
+
+async def test_a_change_posted_from_another_site_with_the_cookie_is_refused(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    url = receiver.on("orders", Answer(413))
+    await add_endpoint(db, "orders", url)
+    await publish(db)
+    worker = start_worker()
+    await wait_for(lambda: _count(dead_ids(db), 1))
+    await worker.stop()
+    await log_in(page, base)
+
+    # Another origin on the same host: the same *site*, so SameSite=Strict
+    # lets the cookie ride along; only the origin check stands in the way.
+    hostile = web.Application()
+    form = (
+        f'<form method="post" action="{base}/dashboard/endpoints/default/orders/resend">'
+        '<button type="submit">win a prize</button></form>'
+    )
+    hostile.router.add_get("/", lambda _r: _html(form))
+    server = TestServer(hostile, host="127.0.0.1")
+    await server.start_server()
+    try:
+        await page.goto(str(server.make_url("/")))
+        async with page.expect_response(f"{base}/dashboard/endpoints/default/orders/resend") as answer:
+            await page.click("button")
+        refused = await answer.value
+        assert refused.status == 403
+        assert (await refused.json())["error"] == "cross_origin"
+        # Refused for its origin, not for a missing cookie (that is a 401).
+        assert (await refused.request.all_headers())["cookie"].startswith(SESSION_COOKIE)
+    finally:
+        await server.close()
+    assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'dead'") == 1
+
+
+async def _html(text: str) -> web.Response:
+    return web.Response(text=text, content_type="text/html")
+
+
+async def _count(values: Awaitable[list[int]], n: int) -> bool:
+    return len(await values) == n
+
+
+# --------------------------------------------------------------------------
+# Pure helpers
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (None, "-"),
+        (-3, "0 ms"),
+        (0.25, "250 ms"),
+        (42.9, "42 s"),
+        (60, "1 min"),
+        (243, "4 min 3 s"),
+        (7500, "2 h 5 min"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+    ],
+)
+def test_age_text(seconds: float | None, shown: str) -> None:
+    assert dashboard.age_text(seconds) == shown
+
+
+@pytest.mark.unit
+def test_relative_text() -> None:
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    assert dashboard.relative_text(None, now) == "-"
+    assert dashboard.relative_text(now + timedelta(seconds=12), now) == "in 12 s"
+    assert dashboard.relative_text(now - timedelta(minutes=3), now) == "3 min ago"
+    assert dashboard.relative_text(now + timedelta(milliseconds=300), now) == "now"
+
+
+@pytest.mark.unit
+def test_short_text_cuts_with_an_ellipsis() -> None:
+    assert dashboard.short_text(None) == ""
+    assert dashboard.short_text("x" * 80) == "x" * 80
+    assert dashboard.short_text("x" * 81) == "x" * 79 + "\u2026"
+
+
+@pytest.mark.unit
+def test_flash_messages_come_only_from_known_values() -> None:
+    assert dashboard.flash_message(dashboard.flash_value("resent", 3)) == "3 dead deliveries queued again."
+    assert dashboard.flash_message(dashboard.flash_value("resent", 1)) == "1 dead delivery queued again."
+    assert dashboard.flash_message(dashboard.flash_value("resent", 0)) == "No dead deliveries to resend."
+    assert dashboard.flash_message(dashboard.flash_value("resent-one", 7)) == "Delivery 7 queued again."
+    assert dashboard.flash_message("not-dead.7").startswith("Delivery 7 is not dead any more")
+    for forged in (None, "", "you have been hacked", "resent.1 <b>", "resent." + "9" * 40):
+        assert dashboard.flash_message(forged) is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("scheme", "forwarded", "secure"),
+    [
+        ("https", None, True),
+        ("http", None, False),
+        ("http", "https", True),
+        ("http", "HTTPS, http", True),
+        ("http", "http", False),
+        ("http", "", False),
+    ],
+)
+def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
+    assert dashboard.is_https(scheme, forwarded) is secure
+
+
+@pytest.mark.unit
+def test_form_and_query_inputs_are_checked() -> None:
+    assert dashboard.delivery_id("42") == 42
+    for bad in ("", "-1", "4.2", "1" * 19, "٣"):
+        with pytest.raises(InvalidInput, match="delivery id"):
+            dashboard.delivery_id(bad)
+    assert dashboard.state_filter(None) is None
+    assert dashboard.state_filter("dead") == "dead"
+    with pytest.raises(InvalidInput, match=re.escape("must be among")):
+        dashboard.state_filter("lost")

@@ -1,0 +1,107 @@
+"""One health record per endpoint (hooklane/health.py, store.endpoint_health):
+its state decided once, at the database's clock, and the queue counted in
+one statement."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import hooklane
+from hooklane import store
+from hooklane.endpoint_state import EndpointState, PauseReason, Standing
+from hooklane.health import EndpointHealth, as_json, standing_counts
+from tests.conftest import add_endpoint
+
+OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def row(**changes: Any) -> dict[str, Any]:
+    return {
+        "id": 1,
+        "namespace": "default",
+        "name": "a",
+        "tenant": "acme",
+        "url": "http://127.0.0.1:9/a",
+        "state": "active",
+        "paused": False,
+        "signed": True,
+        "max_concurrency": 4,
+        "consecutive_failures": 0,
+        "paused_until": None,
+        "last_error": None,
+        "last_delivered_at": None,
+        "deactivated_reason": None,
+        "pending": 0,
+        "oldest_pending_age": None,
+        "in_flight": 0,
+        "sending_on": None,
+        "dead": 0,
+        "observed_at": OBSERVED,
+        **changes,
+    }
+
+
+@pytest.mark.unit
+def test_the_state_is_decided_at_the_databases_clock():
+    # Paused until one second after the statement read the row: Paused,
+    # whatever the reader's own clock says by the time it looks.
+    paused = EndpointHealth.from_row(
+        row(consecutive_failures=20, paused_until=OBSERVED + timedelta(seconds=1))
+    )
+    assert paused.standing == Standing(EndpointState.PAUSED, PauseReason.CIRCUIT)
+    probing = EndpointHealth.from_row(row(consecutive_failures=20, paused_until=OBSERVED))
+    assert probing.standing == Standing(EndpointState.PROBING)
+
+
+@pytest.mark.unit
+def test_gauge_counts_and_json():
+    healths = [
+        EndpointHealth.from_row(row(name="a")),
+        EndpointHealth.from_row(row(name="b", paused=True)),
+        EndpointHealth.from_row(row(name="c", state="deactivated", paused=True)),
+        EndpointHealth.from_row(row(name="d", paused_until=OBSERVED - timedelta(seconds=5))),
+        EndpointHealth.from_row(row(name="e", paused_until=OBSERVED + timedelta(seconds=5))),
+    ]
+    assert standing_counts(healths) == ({"circuit": 1, "manual": 1, "deactivated": 1}, 1)
+    shown = as_json(
+        EndpointHealth.from_row(
+            row(pending=3, oldest_pending_age=12.5, sending_on=["pod-1"], dead=2, last_error="HTTP 500")
+        )
+    )
+    assert shown["phase"] == "Active" and shown["paused_by"] is None
+    assert (shown["pending"], shown["dead"], shown["sending_on"]) == (3, 2, ["pod-1"])
+    assert shown["oldest_pending_age_seconds"] == 12.5
+    assert shown["circuit"] == {"consecutive_failures": 0, "paused_until": None}
+    assert shown["observed_at"] == "2026-03-01T12:00:00Z"
+
+
+async def test_one_statement_counts_pending_in_flight_and_dead(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await add_endpoint(db, "b", "http://127.0.0.1:9/b", tenant="globex")
+    for i in range(5):
+        await hooklane.publish(db, tenant="acme", type="order.paid", data={"i": i}, id=f"e{i}")
+    ids = [r["id"] for r in await db.fetch("SELECT id FROM deliveries ORDER BY id")]
+    await db.execute("UPDATE deliveries SET state = 'dead' WHERE id = ANY($1::bigint[])", ids[:2])
+    await db.execute("UPDATE deliveries SET state = 'sending', attempted_by = 'pod-1' WHERE id = $1", ids[2])
+    await db.execute("UPDATE deliveries SET created_at = now() - interval '1 minute' WHERE id = $1", ids[3])
+
+    by_name = {h.name: h for h in await store.endpoint_health(db)}
+    assert list(by_name) == ["a", "b"]  # most delayed first
+    h = by_name["a"]
+    assert (h.id, h.pending, h.in_flight, h.dead, h.sending_on) == (a, 2, 1, 2, ("pod-1",))
+    assert h.oldest_pending_age is not None and 59 < h.oldest_pending_age < 600
+    assert h.standing == Standing(EndpointState.ACTIVE)
+    now = await db.fetchval("SELECT now()")
+    assert abs((now - h.observed_at).total_seconds()) < 60
+    idle = by_name["b"]
+    assert (idle.pending, idle.in_flight, idle.dead, idle.oldest_pending_age) == (0, 0, 0, None)
+
+    (one,) = await store.endpoint_health(db, endpoint=("default", "b"))
+    assert one.name == "b"
+    assert await store.endpoint_health(db, endpoint=("default", "missing")) == []
+    partition = await db.fetchval("SELECT partition FROM endpoints WHERE name = 'a'")
+    assert {x.name for x in await store.endpoint_health(db, [partition])} >= {"a"}
+    assert await store.endpoint_health(db, []) == []
