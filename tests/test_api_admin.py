@@ -21,6 +21,7 @@ from hooklane import metrics, store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
 from hooklane.api.tokens import Tokens
+from hooklane.dev.postgres import free_port
 from hooklane.settings import Settings
 from tests.conftest import add_endpoint, wait_for
 from tests.test_cli import hooklane as run_cli
@@ -456,3 +457,20 @@ async def test_answers_match_the_openapi_document(api, db):
     ]
     for method, path, kwargs, schema in answers:
         conforms(await call(api, method, path, kwargs.pop("expect", 200), **kwargs), schema)
+
+
+async def test_a_malformed_cursor_is_refused_even_with_the_database_away(settings: Settings) -> None:
+    configured = replace(settings, admin_tokens=Tokens.parse(ADMIN, "HOOKLANE_ADMIN_TOKENS"))
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/hooklane"
+    pool = await store.create_pool(closed, min_size=0, max_size=2, server_settings=store.API_SESSION)
+    app = make_app(
+        configured, pool, *token_sources(replace(configured, api_tokens=Tokens.parse(INGEST, "t")))
+    )
+    try:
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            refused = await call(client, "GET", f"{EP}/orders/deliveries?cursor=not-a-cursor", 422)
+            assert refused["field"] == "cursor"
+            # A well-formed request does need the database: 503, not a 422.
+            await call(client, "GET", f"{EP}/orders/deliveries", 503)
+    finally:
+        await pool.close()

@@ -414,7 +414,11 @@ async def test_a_change_posted_from_another_site_with_the_cookie_is_refused(
         f'<form method="post" action="{base}/dashboard/endpoints/default/orders/resend">'
         '<button type="submit">win a prize</button></form>'
     )
-    hostile.router.add_get("/", lambda _r: _html(form))
+
+    async def hostile_page(_request: web.Request) -> web.Response:
+        return web.Response(text=form, content_type="text/html")
+
+    hostile.router.add_get("/", hostile_page)
     server = TestServer(hostile, host="127.0.0.1")
     await server.start_server()
     try:
@@ -429,10 +433,6 @@ async def test_a_change_posted_from_another_site_with_the_cookie_is_refused(
     finally:
         await server.close()
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'dead'") == 1
-
-
-async def _html(text: str) -> web.Response:
-    return web.Response(text=text, content_type="text/html")
 
 
 async def _count(values: Awaitable[list[int]], n: int) -> bool:

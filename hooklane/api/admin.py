@@ -79,6 +79,9 @@ async def list_deliveries(request: web.Request) -> web.Response:
     states = [s for value in query.getall("state", []) for s in value.split(",")] or None
     since, until = _time(query, "since"), _time(query, "until")
     limit = _limit(query, _DEFAULT_DELIVERIES)
+    # A malformed cursor is the caller's error (422), even while the
+    # database is away: checked before a connection is taken.
+    store.delivery_position(query.get("cursor"))
     async with store.acquire(request.app[POOL]) as conn:
         page = await store.endpoint_deliveries(
             conn,

@@ -13,6 +13,7 @@ from hooklane.store.connection import (
     connect,
     create_pool,
 )
+from hooklane.store.cursor import delivery_position
 from hooklane.store.deliveries import (
     STATES,
     DeliveryPage,
@@ -81,6 +82,7 @@ __all__ = [
     "create_pool",
     "deactivate_failing",
     "delete_endpoint",
+    "delivery_position",
     "discard_dead",
     "endpoint_deliveries",
     "endpoint_health",
