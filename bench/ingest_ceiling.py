@@ -21,7 +21,6 @@ from aiohttp import web
 from hooklane.api import ingest
 from hooklane.api.auth import Audience, audience, authenticate
 from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, set_started
-from hooklane.api.errors import problem
 from hooklane.api.tokens import Tokens, TokenSource
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
@@ -40,13 +39,9 @@ async def publish_batch(request: web.Request) -> web.Response:
 async def _accept(request: web.Request, *, batch: bool) -> web.Response:
     set_started(request)
     try:
-        received = await ingest.receive(request, batch=batch)
-    except ingest.Refused as exc:
-        return problem(exc.status, exc.code, exc.detail, field=exc.field)
-    except InvalidInput as exc:
-        return problem(422, "invalid", exc.message, field=exc.field)
-    ids = [event.id for event in received.events]
-    return web.json_response({"ids": ids} if batch else {"id": ids[0]}, status=202)
+        return ingest.accepted(await ingest.receive(request, batch=batch))
+    except (ingest.Refused, InvalidInput) as exc:
+        return ingest.refusal(exc)[1]
 
 
 def make_app(token: str) -> web.Application:

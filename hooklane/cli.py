@@ -8,7 +8,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -35,7 +34,6 @@ logger = logging.getLogger("hooklane")
 MAX_SECRET_BYTES = 4096
 # Room for indentation around the event's data, itself at most MAX_DATA_BYTES.
 MAX_DATA_INPUT_BYTES = 4 * MAX_DATA_BYTES
-_DELIVERY_ID = re.compile(r"[0-9]{1,19}")
 # Who discarded, as a discarded delivery's last_error records it.
 _CLI_ACTOR = "hooklane endpoint discard"
 
@@ -444,9 +442,10 @@ def _data(value: str) -> Any:
 
 
 def _delivery_id(text: str) -> int:
-    if not _DELIVERY_ID.fullmatch(text) or not 1 <= int(text) < 2**63:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a delivery id")
-    return int(text)
+    try:
+        return store.check_delivery_id(text)
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a delivery id") from None
 
 
 def _endpoint_name(value: str) -> tuple[str, str]:

@@ -5,7 +5,8 @@ Per-endpoint series carry the endpoint's namespace and name, never its URL.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 DELIVERIES = Counter("hooklane_deliveries_total", "Delivery attempts by outcome.", ["outcome"])
 DELIVERY_DURATION = Histogram(
@@ -77,3 +78,8 @@ API_EVENTS_REFUSED = Counter(
     "Ingest requests refused, by reason (a refused batch counts once).",
     ["reason"],
 )
+
+
+async def exposition(_request: web.Request) -> web.Response:
+    """``GET /metrics`` of the worker's and the API's metrics ports."""
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
+from typing import IO
 
 import asyncpg
 import pytest
@@ -252,6 +253,20 @@ def worker_process(dsn: str, **env: str) -> subprocess.Popen:
         **env,
     }
     return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "worker"], env=environ)
+
+
+def api_process(dsn: str, port: int, stderr: IO[str] | None = None, **env: str) -> subprocess.Popen:
+    """``hooklane api`` as a real process on 127.0.0.1:``port``."""
+    environ = {
+        **os.environ,
+        "HOOKLANE_DATABASE_URL": dsn,
+        "HOOKLANE_API_HOST": "127.0.0.1",
+        "HOOKLANE_API_PORT": str(port),
+        "HOOKLANE_API_DRAIN_SECONDS": "0",
+        "HOOKLANE_METRICS_PORT": "0",
+        **env,
+    }
+    return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "api"], env=environ, stderr=stderr)
 
 
 async def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):

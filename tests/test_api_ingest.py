@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,7 +29,7 @@ from hooklane.api.tokens import Tokens, TokenSource
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput, TransientStoreError
 from hooklane.settings import Settings
-from tests.conftest import LOOPBACK, add_endpoint, wait_for, worker_process
+from tests.conftest import LOOPBACK, add_endpoint, api_process, wait_for, worker_process
 
 TOKEN = "ingest-token-0123456789"
 ACME_ONLY = "acme-only-token-0123456789"
@@ -681,17 +678,7 @@ async def test_an_event_posted_to_hooklane_api_is_delivered(
 ) -> None:
     await add_endpoint(db, "orders", receiver.url("/hook"))
     port = free_port()
-    env = {
-        **os.environ,
-        "HOOKLANE_DATABASE_URL": dsn,
-        "HOOKLANE_API_HOST": "127.0.0.1",
-        "HOOKLANE_API_PORT": str(port),
-        "HOOKLANE_API_TOKENS": TOKEN,
-        "HOOKLANE_API_DRAIN_SECONDS": "0",
-        "HOOKLANE_METRICS_PORT": "0",
-        "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK,
-    }
-    api = subprocess.Popen([sys.executable, "-m", "hooklane.cli", "api"], env=env)
+    api = api_process(dsn, port, HOOKLANE_API_TOKENS=TOKEN, HOOKLANE_ALLOWED_NETWORKS=LOOPBACK)
     worker = worker_process(dsn)
     base = f"http://127.0.0.1:{port}"
     try:

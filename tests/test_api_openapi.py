@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,7 +29,7 @@ from hooklane.api.tokens import Tokens, TokenSource
 from hooklane.dev.postgres import free_port
 from hooklane.manifest import EndpointSpec
 from hooklane.settings import Settings
-from tests.conftest import SECRET
+from tests.conftest import SECRET, api_process
 
 # One token in both lists, so that every operation is reachable with one header.
 TOKEN = "schemathesis-token-0123456789"
@@ -64,20 +62,16 @@ async def _seed(dsn: str) -> None:
 def api_schema(dsn: str) -> Iterator[schemathesis.BaseSchema]:
     asyncio.run(_seed(dsn))
     port = free_port()
-    env = {
-        **os.environ,
-        "HOOKLANE_DATABASE_URL": dsn,
-        "HOOKLANE_API_HOST": "127.0.0.1",
-        "HOOKLANE_API_PORT": str(port),
-        "HOOKLANE_API_TOKENS": TOKEN,
-        "HOOKLANE_ADMIN_TOKENS": TOKEN,
-        "HOOKLANE_API_DRAIN_SECONDS": "0",
-        "HOOKLANE_METRICS_PORT": "0",
-        # Small, so that generated bodies reach the limit too.
-        "HOOKLANE_API_MAX_BODY_BYTES": "65536",
-    }
     with tempfile.TemporaryFile("w+") as log:
-        api = subprocess.Popen([sys.executable, "-m", "hooklane.cli", "api"], env=env, stderr=log)
+        api = api_process(
+            dsn,
+            port,
+            stderr=log,
+            HOOKLANE_API_TOKENS=TOKEN,
+            HOOKLANE_ADMIN_TOKENS=TOKEN,
+            # Small, so that generated bodies reach the limit too.
+            HOOKLANE_API_MAX_BODY_BYTES="65536",
+        )
         try:
             yield _schema(api, f"http://127.0.0.1:{port}")
         finally:

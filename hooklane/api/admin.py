@@ -37,7 +37,6 @@ _ACTOR = "the admin API"
 # A repair's body is a few ids or a time; the limit only bounds a wrong one.
 _MAX_BODY_BYTES = 256 * 1024
 _DEFAULT_DELIVERIES = 100
-_MAX_ID = 2**63 - 1
 
 
 def add_routes(app: web.Application) -> None:
@@ -103,7 +102,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
 @audience(Audience.ADMIN)
 async def resend_delivery(request: web.Request) -> web.Response:
     namespace, name = _endpoint(request)
-    delivery = _delivery_id(request.match_info["id"])
+    delivery = store.check_delivery_id(request.match_info["id"])
     async with store.acquire(request.app[POOL]) as conn:
         count = await store.resend_dead(conn, namespace, name, [delivery])
     if count is None:
@@ -243,12 +242,6 @@ def _limit(query: Any, default: int) -> int:
     return store.check_page(int(value))
 
 
-def _delivery_id(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 1 <= int(text) <= _MAX_ID:
-        raise InvalidInput("id", f"must be a delivery id (a positive whole number), not {shown(text)}")
-    return int(text)
-
-
 def _ids(value: Any) -> list[int] | None:
     """The ``ids`` of a discard: None (all) or delivery ids."""
     if value is None:
@@ -256,7 +249,7 @@ def _ids(value: Any) -> list[int] | None:
     if (
         not isinstance(value, list)
         or not value
-        or not all(type(i) is int and 1 <= i <= _MAX_ID for i in value)
+        or not all(type(i) is int and 1 <= i <= store.MAX_DELIVERY_ID for i in value)
     ):
         raise InvalidInput("ids", f"must be a non-empty list of delivery ids, not {shown(value)}")
     return value

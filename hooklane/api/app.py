@@ -15,7 +15,6 @@ from importlib import resources
 
 import asyncpg
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from hooklane import metrics, store
 from hooklane.api import admin, dashboard, ingest
@@ -146,10 +145,6 @@ def _count(request: web.Request, status: int) -> None:
         metrics.API_REQUESTS.labels(resource.canonical, request.method, str(status)).inc()
 
 
-async def _metrics(_request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 async def run(settings: Settings) -> int:
     """``hooklane api``: serve until SIGTERM or SIGINT; then fail readiness
     for ``api_drain_seconds``, stop taking requests, finish those under way
@@ -163,7 +158,7 @@ async def run(settings: Settings) -> int:
     app = make_app(settings, pool, ingest_tokens, admin_tokens)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.api_ack_timeout_seconds + 5)
     metrics_app = web.Application()
-    metrics_app.router.add_get("/metrics", _metrics)
+    metrics_app.router.add_get("/metrics", metrics.exposition)
     metrics_runner = web.AppRunner(metrics_app, access_log=None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

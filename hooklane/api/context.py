@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import asyncpg
 from aiohttp import web
@@ -32,9 +31,10 @@ def set_grant(request: web.Request, value: Grant) -> None:
 
 
 def started(request: web.Request) -> float:
-    """When the API began handling the request, on the monotonic clock."""
-    return request.get(_STARTED, time.monotonic())
+    """When the API began handling the request, on the event loop's clock:
+    the clock the request's deadlines are set on."""
+    return request.get(_STARTED, asyncio.get_running_loop().time())
 
 
 def set_started(request: web.Request) -> None:
-    request[_STARTED] = time.monotonic()
+    request[_STARTED] = asyncio.get_running_loop().time()

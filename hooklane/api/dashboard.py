@@ -165,8 +165,7 @@ def state_filter(text: str | None) -> str | None:
     """The deliveries page's ``state`` filter: one of the states, or all."""
     if not text:
         return None
-    if text not in store.STATES:
-        raise InvalidInput("state", f"must be among {', '.join(store.STATES)}, not {shown(text)}")
+    store.check_states([text])
     return text
 
 

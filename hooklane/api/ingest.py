@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -246,34 +245,36 @@ async def publish_batch(request: web.Request) -> web.Response:
 async def _publish(request: web.Request, *, batch: bool) -> web.Response:
     try:
         received = await receive(request, batch=batch)
-    except Refused as exc:
-        return _refuse(exc.code, problem(exc.status, exc.code, exc.detail, field=exc.field))
-    except InvalidInput as exc:
-        return _refuse("invalid", problem(422, "invalid", exc.message, field=exc.field))
-    timeout = request.config_dict[SETTINGS].api_ack_timeout_seconds
+    except (Refused, InvalidInput) as exc:
+        reason, response = refusal(exc)
+        metrics.API_EVENTS_REFUSED.labels(reason).inc()
+        return response
+    # The deadline counts from the request's arrival: reading and checking
+    # took part of it already.
+    deadline = started(request) + request.config_dict[SETTINGS].api_ack_timeout_seconds
     try:
-        # The deadline counts from the request's arrival: reading and
-        # checking took part of it already.
-        await request.config_dict[COMMITTER].commit(received.events, _loop_deadline(request, timeout))
+        await request.config_dict[COMMITTER].commit(received.events, deadline)
     except Conflict as exc:
+        metrics.API_EVENTS_REFUSED.labels("conflict").inc()
         field = f"events[{exc.index}].id" if batch else "id"
-        return _refuse("conflict", problem(409, "conflict", exc.conflict.message, field=field))
+        return problem(409, "conflict", exc.conflict.message, field=field)
     except (StoreError, TimeoutError):
         metrics.API_EVENTS_REFUSED.labels("unavailable").inc()
         # The root middleware answers 503 with Retry-After, and logs.
         raise
-    metrics.API_ACK.observe(time.monotonic() - started(request))
+    metrics.API_ACK.observe(asyncio.get_running_loop().time() - started(request))
     metrics.API_EVENTS_ACCEPTED.inc(len(received.events))
+    return accepted(received)
+
+
+def refusal(exc: Refused | InvalidInput) -> tuple[str, web.Response]:
+    """The reason (the label of ``hooklane_api_events_refused_total``) and
+    the answer for a request :func:`receive` refused."""
+    if isinstance(exc, Refused):
+        return exc.code, problem(exc.status, exc.code, exc.detail, field=exc.field)
+    return "invalid", problem(422, "invalid", exc.message, field=exc.field)
+
+
+def accepted(received: Received) -> web.Response:
     ids = [event.id for event in received.events]
-    return web.json_response({"ids": ids} if batch else {"id": ids[0]}, status=202)
-
-
-def _loop_deadline(request: web.Request, timeout: float) -> float:
-    # ``started`` is on time.monotonic, which uvloop's clock need not be.
-    remaining = timeout - (time.monotonic() - started(request))
-    return asyncio.get_running_loop().time() + remaining
-
-
-def _refuse(reason: str, response: web.Response) -> web.Response:
-    metrics.API_EVENTS_REFUSED.labels(reason).inc()
-    return response
+    return web.json_response({"ids": ids} if received.batch else {"id": ids[0]}, status=202)

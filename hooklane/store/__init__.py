@@ -15,11 +15,13 @@ from hooklane.store.connection import (
 )
 from hooklane.store.cursor import delivery_position
 from hooklane.store.deliveries import (
+    MAX_DELIVERY_ID,
     STATES,
     DeliveryPage,
     DeliveryView,
     Result,
     Unrouted,
+    check_delivery_id,
     check_states,
     complete,
     deactivate_failing,
@@ -62,6 +64,7 @@ from hooklane.store.queries import parse as parse_queries
 __all__ = [
     "API_SESSION",
     "CONNECTION_LOST",
+    "MAX_DELIVERY_ID",
     "MAX_PAGE",
     "STATES",
     "WORKER_SESSION",
@@ -75,6 +78,7 @@ __all__ = [
     "Upserted",
     "acquire",
     "available_migrations",
+    "check_delivery_id",
     "check_page",
     "check_states",
     "complete",

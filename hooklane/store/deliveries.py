@@ -150,6 +150,17 @@ class DeliveryPage:
     cursor: str | None
 
 
+# Delivery ids are a bigserial: positive, within 63 bits.
+MAX_DELIVERY_ID = 2**63 - 1
+
+
+def check_delivery_id(text: str, field: str = "id") -> int:
+    """A delivery id as a caller wrote it: digits naming a possible id."""
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 1 <= int(text) <= MAX_DELIVERY_ID:
+        raise InvalidInput(field, f"must be a delivery id (a positive whole number), not {shown(text)}")
+    return int(text)
+
+
 def check_states(states: Sequence[str] | None, field: str = "state") -> list[str] | None:
     if states is None:
         return None

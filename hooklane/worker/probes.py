@@ -9,13 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from hooklane.metrics import exposition
 
 
 def application(ready: Callable[[], bool]) -> web.Application:
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -27,7 +25,7 @@ def application(ready: Callable[[], bool]) -> web.Application:
         )
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", exposition)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
