@@ -42,6 +42,7 @@ from hooklane.store.endpoints import (
     endpoint_health,
     list_endpoints,
     reactivate_endpoint,
+    refresh_endpoint_statistics,
     reseal_secrets,
     upsert_endpoint,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "partition_count",
     "purge_events",
     "reactivate_endpoint",
+    "refresh_endpoint_statistics",
     "replay_since",
     "rescue_expired",
     "reseal_secrets",

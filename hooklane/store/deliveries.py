@@ -70,8 +70,10 @@ async def complete(
     conn: asyncpg.Connection, results: list[Result], circuit: CircuitPolicy
 ) -> list[asyncpg.Record]:
     """Record results in one statement; returns the endpoints touched, with
-    their circuit state after it and ``ready``: whether one now has due work
-    and a free slot, the only reason to run a reservation round for it."""
+    their circuit state after it; ``ready``: whether one now has due work
+    and a free slot, the only reason to run a reservation round for it;
+    ``opened``: whether these results opened its circuit; ``deactivated``:
+    whether they deactivated it (a 410)."""
     return await conn.fetch(
         QUERIES["complete"],
         [r.delivery_id for r in results],
@@ -117,13 +119,38 @@ async def discard_dead(
     return await conn.fetchval(QUERIES["discard_dead"], namespace, name, ids, by)
 
 
-async def replay_since(conn: asyncpg.Connection, namespace: str, name: str, since: datetime) -> int | None:
-    """Queue again, as new deliveries of the same event ids, every event of
-    the endpoint's tenant it had a delivery of created since ``since`` and
-    none pending or in flight now. How many; None if there is no such
-    endpoint."""
+# Events one replay_since statement pages through, and so the most
+# deliveries it inserts: at 10,000 events a day, a replay of a month is 300
+# statements of a few milliseconds each rather than one inserting 300,000
+# rows in a transaction that holds them all until it ends.
+REPLAY_PAGE = 1000
+
+
+async def replay_since(
+    conn: asyncpg.Connection, namespace: str, name: str, since: datetime, *, page: int = REPLAY_PAGE
+) -> int | None:
+    """Queue again, as new deliveries of the same event ids, every stored
+    event of the endpoint's tenant created since ``since`` whose type it
+    receives and that has no delivery to it pending or in flight now,
+    whether or not it had one before (events published while it was
+    deactivated are caught up). How many; None if there is no such endpoint.
+
+    One statement per ``page`` events, in the order they were stored. Outside
+    a transaction each commits on its own, and the worker starts sending the
+    first while the next are queued; if the replay stops half way, what it
+    queued stays queued, and running it again queues only what is not
+    pending or in flight (receivers deduplicate on webhook-id)."""
     check_time(since, "since")
-    return await conn.fetchval(QUERIES["replay_since"], namespace, name, since)
+    replayed = 0
+    xact, after = "0", ""
+    while True:
+        row = await conn.fetchrow(QUERIES["replay_since"], namespace, name, since, xact, after, page)
+        if row is None:
+            return None
+        replayed += row["replayed"]
+        if row["scanned"] < page:
+            return replayed
+        xact, after = row["xact"], row["id"]
 
 
 @dataclass(frozen=True)

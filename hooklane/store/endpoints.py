@@ -139,6 +139,28 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
     return changed
 
 
+def statistics_stale(changed: int, rows: float) -> bool:
+    """Whether ``changed`` rows inserted, updated or deleted since the last
+    analysis of a table the planner believes holds ``rows`` make its
+    statistics worth refreshing: autovacuum's default rule (50 rows and a
+    tenth of the table), which autovacuum itself applies only when it gets
+    to the table (a minute or more later, never with autovacuum off)."""
+    return changed > 50 + 0.1 * rows
+
+
+async def refresh_endpoint_statistics(conn: asyncpg.Connection) -> bool:
+    """Analyse ``endpoints`` when many of its rows changed since it last was
+    (10,000 endpoints applied at once): the planner's estimates of which
+    endpoints a tenant has then hold from the next statement on, whoever
+    wrote them (the operator, the CLI, SQL by hand). True if it analysed."""
+    row = await conn.fetchrow(QUERIES["endpoint_statistics"])
+    assert row is not None, "endpoint_statistics returns one row, always"
+    if not statistics_stale(row["changed"], row["rows"]):
+        return False
+    await conn.execute(QUERIES["analyze_endpoints"])
+    return True
+
+
 async def list_endpoints(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(QUERIES["list_endpoints"])
 

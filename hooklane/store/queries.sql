@@ -198,22 +198,32 @@ SELECT id FROM deleted;
 
 -- name: publish
 -- The outbox write: the event and one delivery per active endpoint of the
--- tenant whose event types match, in the caller's transaction. An event is
--- (tenant, id): another tenant's id is another event. An id the tenant
--- already stored is not stored again and fans out to nothing; `conflict`
--- says whether the stored one differs (type, data as jsonb, coalesce key),
--- so that a different event under a reused id is refused rather than
--- silently dropped, without an SQL error that would abort the caller's
--- transaction. `conflict` is NULL when nothing was stored and the stored
--- event is not in this statement's snapshot (another transaction committed
--- it while this one waited on it): event_conflict then tells. A coalesce key replaces
--- the still-pending delivery of the same key to the same endpoint. Each
--- endpoint that got work gets a wakeup row, and each partition that got work
--- is notified once (Postgres delivers NOTIFY at commit, and folds duplicates
--- within a transaction). Nothing here updates a row that exists already
--- but a coalesced pending delivery, which reservation skips while it is
--- locked: a long application transaction never holds a lock a worker waits
--- on.
+-- tenant whose event types match (hooklane_type_matches), in the caller's
+-- transaction. An event is (tenant, id): another tenant's id is another
+-- event. An id the tenant already stored is not stored again and fans out
+-- to nothing; `conflict` says whether the stored one differs (type, data as
+-- jsonb, coalesce key), so that a different event under a reused id is
+-- refused rather than silently dropped, without an SQL error that would
+-- abort the caller's transaction. `conflict` is NULL when nothing was
+-- stored and the stored event is not in this statement's snapshot (another
+-- transaction committed it while this one waited on it): event_conflict
+-- then tells. A coalesce key replaces the still-pending delivery of the
+-- same key to the same endpoint. Each endpoint that got work gets a wakeup
+-- row, and each partition that got work is notified once (Postgres delivers
+-- NOTIFY at commit, and folds duplicates within a transaction). Nothing
+-- here updates a row that exists already but a coalesced pending delivery,
+-- which reservation skips while it is locked: a long application
+-- transaction never holds a lock a worker waits on.
+-- The endpoints that got work are `matched` itself whenever `event` stored
+-- the event: `queued` turns every matched endpoint into one delivery row,
+-- inserted or (a pending one of the same key) updated, as ON CONFLICT DO
+-- UPDATE without a WHERE never skips a row, and anything else it could do
+-- is an error that aborts the whole statement. So nothing joins `matched`
+-- to another CTE: a CTE's row estimate comes from the statistics of
+-- `endpoints`, which may say 1 row for a tenant of 10,000 until the table
+-- is analysed, and a nested loop over two CTE scans of 10,000 rows each
+-- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once, not
+-- joined.
 -- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5 coalesce_key.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for the
 -- ON CONFLICT.
@@ -225,39 +235,34 @@ matched AS (
     FROM endpoints ep
     WHERE ep.tenant = $2
       AND ep.state = 'active'
-      AND (cardinality(ep.event_types) = 0
-           OR EXISTS (SELECT 1
-                      FROM unnest(ep.event_types) AS p(pattern)
-                      WHERE p.pattern = '*'
-                         OR p.pattern = $3
-                         OR (right(p.pattern, 2) = '.*'
-                             AND starts_with($3, left(p.pattern, -1)))))
+      AND hooklane_type_matches(ep.event_types, $3)
 ),
 event AS (
     INSERT INTO events (id, tenant, type, data, coalesce_key, fanout)
     SELECT $1, $2, $3, $4::jsonb, $5, count(*) FROM matched
     ON CONFLICT (tenant, id) DO NOTHING
-    RETURNING id, fanout
+    RETURNING fanout
 ),
 queued AS (
     INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
-    SELECT m.id, $2, event.id, $5 FROM matched m CROSS JOIN event
+    SELECT m.id, $2, $1, $5 FROM matched m
+    WHERE EXISTS (SELECT FROM event)
     ON CONFLICT (endpoint_id, coalesce_key)
         WHERE state = 'pending' AND coalesce_key IS NOT NULL
     DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
-    RETURNING endpoint_id
 ),
 woken AS (
     SELECT hooklane_wake(array_agg(m.id), array_agg(m.partition))
-    FROM matched m JOIN queued q ON q.endpoint_id = m.id
+    FROM matched m
+    WHERE EXISTS (SELECT FROM event)
 )
 SELECT (SELECT fanout FROM event) AS fanout,
        (SELECT NOT (x.type = $3 AND x.data = $4::jsonb
                     AND x.coalesce_key IS NOT DISTINCT FROM $5)
         FROM existing x) AS conflict,
        (SELECT count(pg_notify('hooklane_ready', p.partition::text))
-        FROM (SELECT DISTINCT m.partition
-              FROM matched m JOIN queued q ON q.endpoint_id = m.id) AS p) AS notified
+        FROM (SELECT DISTINCT m.partition FROM matched m WHERE EXISTS (SELECT FROM event)) AS p)
+         AS notified
 FROM woken;
 
 -- name: event_conflict
@@ -356,7 +361,10 @@ SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 -- below what is in flight only costs the reservation a visit). One with
 -- nothing pending or not deliverable is left alone: its next work wakes it.
 -- `ready` says it is ready now, which is what makes a new reservation worth
--- running. The pending head is read in the statement's snapshot, from before
+-- running. `opened` says this call opened its circuit (its failures were
+-- below the threshold before and are at or past it now, however many this
+-- batch added), `deactivated` that this call deactivated it: what the
+-- worker logs. The pending head is read in the statement's snapshot, from before
 -- its own updates, hence the retries of `recorded` beside it. A failure of
 -- a delivery whose endpoint moved to another tenant while it was in flight
 -- is discarded rather than retried or dead: it was reserved under the old
@@ -365,14 +373,14 @@ SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 -- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
 -- no response), $6 errors, $7 failures that open the circuit, $8 pause step
 -- seconds, $9 pause cap seconds.
--- The steps are in hooklane_complete (migration 0004), one round trip, with
+-- The steps are in hooklane_complete_v2 (migration 0006), one round trip, with
 -- a plan kept per session that looks each result's row up by primary key.
 -- Index: primary keys of deliveries, endpoints and ready_endpoints;
 -- deliveries_queue for each touched endpoint's pending head (see the
 -- function).
-SELECT id, namespace, name, state, paused_until, consecutive_failures, ready
-FROM hooklane_complete($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[],
-                       $7, $8, $9);
+SELECT id, namespace, name, state, paused_until, consecutive_failures, ready, opened, deactivated
+FROM hooklane_complete_v2($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[],
+                          $7, $8, $9);
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -386,6 +394,26 @@ SET state = 'deactivated',
 WHERE state = 'active'
   AND failing_since < now() - make_interval(secs => $1)
 RETURNING id, namespace, name, tenant, url;
+
+-- name: endpoint_statistics
+-- How many rows of `endpoints` were inserted, updated or deleted since it
+-- was last analysed (by autovacuum or by analyze_endpoints), and how many
+-- rows the planner believes it holds (0 until it was first analysed or
+-- vacuumed). Counted by the statistics system, which sees another
+-- session's changes a second or so after its transaction ends.
+-- Parameters: none. Index: none (the statistics views).
+SELECT coalesce(s.n_mod_since_analyze, 0) AS changed, greatest(c.reltuples, 0)::float8 AS rows
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = 'endpoints'::regclass;
+
+-- name: analyze_endpoints
+-- Bring the planner's statistics of `endpoints` up to date (a sample of up
+-- to 30,000 rows). Takes a lock that only VACUUM, ANALYZE and schema
+-- changes of the table conflict with; without the table's ownership it
+-- warns and does nothing.
+-- Parameters: none. Index: none.
+ANALYZE endpoints;
 
 -- name: purge_events
 -- Drop events past retention together with their finished deliveries; an
@@ -549,40 +577,68 @@ discarded AS (
 SELECT (SELECT count(*) FROM discarded) AS discarded FROM endpoint;
 
 -- name: replay_since
--- Send again every event of the endpoint's tenant that had a delivery to
--- the endpoint created since a time: a new pending delivery of the same
--- event id each (receivers deduplicate on webhook-id, the event id), for
--- events with no delivery to it pending or in flight now. Other tenants'
--- events (from before a tenant change) are never replayed. Wakes the
--- endpoint. One row, how many were queued, if the endpoint exists; none if
--- it does not.
--- Parameters: $1 namespace, $2 name, $3 since.
--- Index: the unique (namespace, name) constraint; deliveries_endpoint for
--- the endpoint's deliveries (the time is checked on each); deliveries_event
--- for the pending check.
+-- Send again, page by page, the stored events of the endpoint's tenant
+-- created since a time whose type the endpoint receives
+-- (hooklane_type_matches, publish's rule), whether or not they had a
+-- delivery to it: those published while it was deactivated (publish skips
+-- it then) or before it existed are caught up too. A new pending delivery
+-- of the same event id each (receivers deduplicate on webhook-id, the event
+-- id), in the order the events were stored, for events with no delivery to
+-- the endpoint pending or in flight now. Other tenants' events are never
+-- replayed. Wakes the endpoint. One page is at most $6 of the tenant's
+-- events since the time, in (xact, id) order after the cursor; the caller
+-- runs the next page from the position returned until a page comes back
+-- short, so that no statement inserts more than $6 deliveries however long
+-- the range (store.replay_since). One row, how many were queued, how many
+-- events the page held and its last position, if the endpoint exists; none
+-- if it does not.
+-- Parameters: $1 namespace, $2 name, $3 since, $4 cursor's xact as text and
+-- $5 cursor's id ('0' and '' for the first page), $6 page size.
+-- Index: the unique (namespace, name) constraint; events_tenant_xact for
+-- the page, index-only (created_at is checked on the index entries, as in
+-- list_events; the tenant's events from before the time are walked over
+-- once, on the first page); primary key of events for each event's type;
+-- deliveries_event for the pending check.
 WITH endpoint AS (
-    SELECT id, partition, tenant FROM endpoints WHERE namespace = $1 AND name = $2
+    SELECT id, partition, tenant, event_types FROM endpoints WHERE namespace = $1 AND name = $2
+),
+page AS (
+    SELECT e.tenant, e.xact, e.id
+    FROM endpoint ep
+    JOIN events e ON e.tenant = ep.tenant
+    WHERE (e.xact, e.id) > ($4::text::xid8, $5::text)
+      AND e.created_at >= $3
+    ORDER BY e.xact, e.id
+    LIMIT $6
 ),
 replayed AS (
     INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
-    SELECT DISTINCT ep.id, ep.tenant, d.event_id
-    FROM endpoint ep
-    JOIN deliveries d ON d.endpoint_id = ep.id
-    WHERE d.created_at >= $3
-      AND d.event_tenant = ep.tenant
+    SELECT ep.id, ep.tenant, e.id
+    FROM page p
+    JOIN events e ON e.tenant = p.tenant AND e.id = p.id
+    CROSS JOIN endpoint ep
+    WHERE hooklane_type_matches(ep.event_types, e.type)
       AND NOT EXISTS (SELECT 1 FROM deliveries o
                       WHERE o.event_tenant = ep.tenant
-                        AND o.event_id = d.event_id
+                        AND o.event_id = e.id
                         AND o.endpoint_id = ep.id
                         AND o.state IN ('pending', 'sending'))
+    ORDER BY p.xact, p.id
     RETURNING endpoint_id
 ),
 woken AS (
     SELECT hooklane_wake(array_agg(ep.id), array_agg(ep.partition))
     FROM endpoint ep
-    WHERE EXISTS (SELECT 1 FROM replayed)
+    WHERE EXISTS (SELECT FROM replayed)
+),
+last AS (
+    SELECT p.xact, p.id FROM page p ORDER BY p.xact DESC, p.id DESC LIMIT 1
 )
-SELECT (SELECT count(*) FROM replayed) AS replayed FROM endpoint, woken;
+SELECT (SELECT count(*) FROM replayed) AS replayed,
+       (SELECT count(*) FROM page) AS scanned,
+       (SELECT l.xact::text FROM last l) AS xact,
+       (SELECT l.id FROM last l) AS id
+FROM endpoint, woken;
 
 -- name: unrouted_counts
 -- Events kept although no endpoint matched them, per tenant and type, with

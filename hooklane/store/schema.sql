@@ -99,9 +99,9 @@ CREATE TABLE events (
 
 -- purge_events: events past retention, oldest first
 CREATE INDEX events_created_at ON events (created_at);
--- list_events: one tenant's events in the order of the transactions that
--- stored them; the time range is checked on the included created_at, so
--- that a page is found by an index-only scan
+-- list_events, replay_since: one tenant's events in the order of the
+-- transactions that stored them; the time range is checked on the included
+-- created_at, so that a page is found by an index-only scan
 CREATE INDEX events_tenant_xact ON events (tenant, xact, id) INCLUDE (created_at);
 -- unrouted_events: events that matched no endpoint, kept and counted
 CREATE INDEX events_unrouted ON events (created_at) WHERE fanout = 0;
@@ -175,8 +175,8 @@ CREATE INDEX deliveries_dead
 -- replay_since (what is pending or in flight of an event)
 CREATE INDEX deliveries_event ON deliveries (event_tenant, event_id);
 
--- endpoint_deliveries, replay_since: an endpoint's deliveries of every
--- state, newest first (migration 0005). One more entry per delivery written
+-- endpoint_deliveries: an endpoint's deliveries of every state, newest
+-- first (migration 0005). One more entry per delivery written
 -- or changed; without it, listing a quiet endpoint's delivered rows would
 -- read the whole table.
 CREATE INDEX deliveries_endpoint ON deliveries (endpoint_id, id);
@@ -266,6 +266,30 @@ BEGIN
         ON CONFLICT (endpoint_id) DO UPDATE
         SET ready_at = least(re.ready_at, EXCLUDED.ready_at);
     END IF;
+END;
+$$;
+
+-- Whether endpoints with these event-type patterns receive an event of this
+-- type (migration 0006): none means all, '*' all, 'order.*' the types under
+-- 'order.', else the type itself. The one rule of publish and
+-- replay_since. PL/pgSQL: a LANGUAGE sql body would need a sub-select,
+-- which is never inlined and cost three times as much per endpoint.
+CREATE FUNCTION hooklane_type_matches(patterns text[], type text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    pattern text;
+BEGIN
+    IF cardinality(patterns) = 0 THEN
+        RETURN true;
+    END IF;
+    FOREACH pattern IN ARRAY patterns LOOP
+        IF pattern = '*' OR pattern = type
+           OR (right(pattern, 2) = '.*' AND starts_with(type, left(pattern, -1))) THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+    RETURN false;
 END;
 $$;
 
@@ -440,16 +464,19 @@ BEGIN
 END;
 $$;
 
--- Record a batch of results (migration 0004): `complete` in queries.sql. A
+-- Record a batch of results (migration 0006): `complete` in queries.sql. A
 -- kept plan like the reservation's; no scan of deliveries in it is fenced on
 -- state = 'sending', so that it can never read every in-flight row: each
--- result's row is found by primary key (see the migration).
-CREATE FUNCTION hooklane_complete(ids bigint[], fences integer[], outcomes text[],
-                                  retry_ins double precision[], statuses integer[], errors text[],
-                                  threshold integer, step_seconds double precision,
-                                  cap_seconds double precision)
+-- result's row is found by primary key (see migration 0004). Per touched
+-- endpoint it says whether this call opened its circuit and whether it
+-- deactivated it, comparing the endpoint's row, locked first, with the
+-- updated one.
+CREATE FUNCTION hooklane_complete_v2(ids bigint[], fences integer[], outcomes text[],
+                                     retry_ins double precision[], statuses integer[], errors text[],
+                                     threshold integer, step_seconds double precision,
+                                     cap_seconds double precision)
 RETURNS TABLE (id bigint, namespace text, name text, state text, paused_until timestamptz,
-               consecutive_failures integer, ready boolean)
+               consecutive_failures integer, ready boolean, opened boolean, deactivated boolean)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -498,6 +525,18 @@ BEGIN
         FROM recorded rec
         GROUP BY rec.endpoint_id
     ),
+    -- Each touched endpoint as it is before this statement changes it, its
+    -- row locked (in id order) until the transaction ends: what `opened` and
+    -- `deactivated` compare the updated row with. Locked first, so that no
+    -- other transaction changes the row between this read and the update;
+    -- the update takes the same lock anyway.
+    locked AS MATERIALIZED (
+        SELECT ep.id, ep.state, ep.consecutive_failures
+        FROM per_endpoint pe
+        JOIN endpoints ep ON ep.id = pe.endpoint_id
+        ORDER BY ep.id
+        FOR NO KEY UPDATE OF ep
+    ),
     touched AS (
         UPDATE endpoints ep
         SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
@@ -519,13 +558,18 @@ BEGIN
             deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
                                       THEN 'the receiver answered 410 Gone'
                                       ELSE ep.deactivated_reason END
-        FROM per_endpoint pe
+        FROM per_endpoint pe, locked b
         WHERE ep.id = pe.endpoint_id
+          AND b.id = pe.endpoint_id
         RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
-                  ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable, pe.retried_head
+                  ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable, pe.retried_head,
+                  b.consecutive_failures < threshold AND ep.consecutive_failures >= threshold
+                    AS opened,
+                  b.state = 'active' AND ep.state = 'deactivated' AS deactivated
     ),
     verdict AS (
         SELECT t.id, t.partition, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
+               t.opened, t.deactivated,
                CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
                     WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
                     ELSE greatest(h.head, now())
@@ -543,7 +587,7 @@ BEGIN
         WHERE v.ready_at IS NOT NULL
     )
     SELECT v.id, v.namespace, v.name, v.state, v.paused_until, v.consecutive_failures,
-           coalesce(v.ready_at <= now(), false)
+           coalesce(v.ready_at <= now(), false), v.opened, v.deactivated
     FROM verdict v, made_ready;
 END;
 $$;
@@ -696,5 +740,113 @@ BEGIN
     WHERE r.state = 'sending';
 
     PERFORM hooklane_rerate(candidates);
+END;
+$$;
+
+-- The complete of migration 0004, which says nothing of what it opened;
+-- kept for workers of the release before migration 0006 during a rolling
+-- upgrade. No code of this release calls it, and a migration of the next
+-- release drops it.
+CREATE FUNCTION hooklane_complete(ids bigint[], fences integer[], outcomes text[],
+                                  retry_ins double precision[], statuses integer[], errors text[],
+                                  threshold integer, step_seconds double precision,
+                                  cap_seconds double precision)
+RETURNS TABLE (id bigint, namespace text, name text, state text, paused_until timestamptz,
+               consecutive_failures integer, ready boolean)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH fenced AS MATERIALIZED (
+        SELECT r.id, r.attempts, r.outcome, r.retry_in, r.status, r.error, d.state
+        FROM unnest(ids, fences, outcomes, retry_ins, statuses, errors)
+             AS r(id, attempts, outcome, retry_in, status, error)
+        CROSS JOIN LATERAL (SELECT d.state, d.attempts FROM deliveries d WHERE d.id = r.id OFFSET 0) d
+        WHERE d.state = 'sending' AND d.attempts = r.attempts
+    ),
+    recorded AS (
+        UPDATE deliveries d
+        SET state = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant THEN 'discarded'
+                         WHEN r.outcome = 'retry' THEN 'pending'
+                         ELSE r.outcome END,
+            next_attempt_at = CASE WHEN r.outcome = 'retry'
+                                   THEN now() + make_interval(secs => r.retry_in)
+                                   ELSE d.next_attempt_at END,
+            delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
+            lease_expires_at = NULL,
+            last_status = r.status,
+            last_error = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant
+                              THEN format('discarded: the endpoint''s tenant changed from %s to %s (%s)',
+                                          d.event_tenant, ep.tenant, r.error)
+                              ELSE r.error END
+        FROM fenced r, endpoints ep
+        WHERE d.id = r.id
+          AND d.state = r.state
+          AND d.attempts = r.attempts
+          AND ep.id = d.endpoint_id
+        RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
+    ),
+    per_endpoint AS (
+        SELECT rec.endpoint_id,
+               bool_or(rec.outcome = 'delivered') AS succeeded,
+               count(*) FILTER (WHERE rec.outcome <> 'delivered') AS failures,
+               bool_or(rec.status = 410) AS gone,
+               (array_agg(rec.error ORDER BY rec.id DESC)
+                  FILTER (WHERE rec.outcome <> 'delivered'))[1] AS error,
+               -- The pending head is read in the statement's snapshot, from
+               -- before its own updates: a retry recorded here counts too.
+               min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head
+        FROM recorded rec
+        GROUP BY rec.endpoint_id
+    ),
+    touched AS (
+        UPDATE endpoints ep
+        SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
+                                        ELSE ep.consecutive_failures + pe.failures END,
+            failing_since = CASE WHEN pe.succeeded THEN NULL
+                                 ELSE coalesce(ep.failing_since, now()) END,
+            paused_until = CASE
+                WHEN pe.succeeded THEN NULL
+                WHEN ep.consecutive_failures + pe.failures >= threshold
+                THEN now() + make_interval(secs => least(
+                         cap_seconds, step_seconds * (ep.consecutive_failures + pe.failures - threshold + 1)))
+                ELSE ep.paused_until END,
+            last_error = coalesce(pe.error, ep.last_error),
+            last_delivered_at = CASE WHEN pe.succeeded THEN now()
+                                     ELSE ep.last_delivered_at END,
+            state = CASE WHEN pe.gone THEN 'deactivated' ELSE ep.state END,
+            deactivated_at = CASE WHEN pe.gone AND ep.state = 'active' THEN now()
+                                  ELSE ep.deactivated_at END,
+            deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
+                                      THEN 'the receiver answered 410 Gone'
+                                      ELSE ep.deactivated_reason END
+        FROM per_endpoint pe
+        WHERE ep.id = pe.endpoint_id
+        RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
+                  ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable, pe.retried_head
+    ),
+    verdict AS (
+        SELECT t.id, t.partition, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
+               CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
+                    WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
+                    ELSE greatest(h.head, now())
+               END AS ready_at
+        FROM touched t
+        CROSS JOIN LATERAL (
+            SELECT least((SELECT min(d.next_attempt_at) FROM deliveries d
+                          WHERE d.endpoint_id = t.id AND d.state = 'pending'),
+                         t.retried_head) AS head
+        ) h
+    ),
+    made_ready AS (
+        SELECT hooklane_make_ready(array_agg(v.id), array_agg(v.partition), array_agg(v.ready_at))
+        FROM verdict v
+        WHERE v.ready_at IS NOT NULL
+    )
+    SELECT v.id, v.namespace, v.name, v.state, v.paused_until, v.consecutive_failures,
+           coalesce(v.ready_at <= now(), false)
+    FROM verdict v, made_ready;
 END;
 $$;

@@ -370,15 +370,14 @@ class Worker:
         for result in batch:
             metrics.DELIVERIES.labels(result.outcome).inc()
         for ep in touched:
-            if ep["state"] == "deactivated" or (
-                ep["paused_until"] is not None
-                and ep["consecutive_failures"] == self.settings.circuit.threshold
-            ):
+            # As `complete` says: a batch of failures may jump past the
+            # threshold, and an endpoint deactivated already is not again.
+            if ep["deactivated"] or ep["opened"]:
                 logger.warning(
                     "endpoint %s/%s %s",
                     ep["namespace"],
                     ep["name"],
-                    "deactivated" if ep["state"] == "deactivated" else "paused: circuit open",
+                    "deactivated" if ep["deactivated"] else "paused: circuit open",
                     extra={"action": "circuit", "endpoint": ep["id"]},
                 )
         if any(ep["ready"] for ep in touched):
@@ -441,6 +440,11 @@ class Worker:
                     extra={"action": "deactivate", "endpoint": ep["id"]},
                 )
             await store.purge_events(conn, s.event_retention_seconds)
+            # Publish's fan-out no longer depends on these statistics, but
+            # every other statement on endpoints does, and autovacuum may
+            # take minutes to notice 10,000 endpoints applied at once.
+            if await store.refresh_endpoint_statistics(conn):
+                logger.info("endpoints analysed after many changed", extra={"action": "analyze"})
 
     async def _sweep(self) -> None:
         try:
