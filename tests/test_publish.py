@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.errors import InvalidInput
-from tests.conftest import add_endpoint
+from hooklane.store.endpoints import statistics_stale
+from hooklane.store.queries import QUERIES
+from tests.conftest import SECRET, add_endpoint, wait_for
 
 
 async def _deliveries(db) -> list[tuple[str, str, str]]:
@@ -244,3 +248,78 @@ async def test_the_limits_themselves_are_accepted(db):
     )
     stored = await db.fetchval("SELECT data FROM events WHERE id = $1", event_id)
     assert '"max": 18446744073709551615' in stored and "\\u001b" in stored
+
+
+# A tenant with this many endpoints made every publish of it take 28 s while
+# the planner's statistics of `endpoints` were a fresh table's (issue 18).
+FANOUT = 10_000
+
+BULK_ENDPOINTS = """
+INSERT INTO endpoints (namespace, name, tenant, url, secret, partition)
+SELECT 'default', 'ep-' || i, $2, 'http://127.0.0.1:1/' || i, $3, i % 32
+FROM generate_series(1, $1) i
+"""
+
+
+def _most_rows(plan: dict) -> int:
+    """The most rows (rows x loops) one node of an EXPLAIN ANALYZE plan
+    handled, its init plans and sub-plans included."""
+    own = plan["Actual Rows"] * plan["Actual Loops"]
+    return max([own, *(_most_rows(child) for child in plan.get("Plans", []))])
+
+
+async def test_a_fanout_to_ten_thousand_endpoints_never_depends_on_their_statistics(db):
+    await db.execute("ALTER TABLE endpoints SET (autovacuum_enabled = off)")
+    await db.execute(BULK_ENDPOINTS, FANOUT, "big", SECRET)
+    # what the planner knows of the table: nothing yet (never analysed)
+    assert await db.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'endpoints'::regclass") < 0
+
+    explained = await db.fetchval(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["publish"], "evt-1", "big", "order.created", "{}", None
+    )
+    plan = json.loads(explained)[0]["Plan"]
+    # Each endpoint is read a bounded number of times; a nested loop over
+    # two CTE scans handles FANOUT x FANOUT rows in one node.
+    assert _most_rows(plan) == FANOUT, json.dumps(plan, indent=1)
+    assert await db.fetchval("SELECT fanout FROM events WHERE id = 'evt-1'") == FANOUT
+    assert await db.fetchval("SELECT count(*) FROM deliveries WHERE event_id = 'evt-1'") == FANOUT
+    assert await db.fetchval("SELECT count(DISTINCT endpoint_id) FROM wakeups") == FANOUT
+
+
+async def test_a_coalesced_publish_wakes_every_endpoint_it_replaced_a_delivery_of(db):
+    # every matched endpoint gets a row from the ON CONFLICT DO UPDATE too,
+    # which is why the wakeups need no join with what was queued
+    ids = [await add_endpoint(db, name, f"http://127.0.0.1:1/{name}") for name in ("a", "b")]
+    await hooklane.publish(db, tenant="acme", type="order.updated", data={"v": 1}, coalesce_key="k")
+    await db.execute("DELETE FROM wakeups")
+    await hooklane.publish(db, tenant="acme", type="order.updated", data={"v": 2}, coalesce_key="k")
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 2
+    assert sorted(await db.fetchval("SELECT array_agg(endpoint_id) FROM wakeups")) == sorted(ids)
+    # the same id again stores nothing and wakes nothing
+    await db.execute("DELETE FROM wakeups")
+    await hooklane.publish(db, tenant="acme", type="order.updated", data={"v": 2}, id="once")
+    await hooklane.publish(db, tenant="acme", type="order.updated", data={"v": 2}, id="once")
+    assert await db.fetchval("SELECT count(*) FROM wakeups") == 2
+
+
+@pytest.mark.unit
+def test_endpoint_statistics_are_stale_by_autovacuums_rule():
+    assert statistics_stale(changed=10_000, rows=0)  # never analysed
+    assert not statistics_stale(changed=50, rows=0)
+    assert statistics_stale(changed=1_051, rows=10_000)
+    assert not statistics_stale(changed=1_050, rows=10_000)
+
+
+async def test_the_worker_analyses_endpoints_after_a_bulk_change(db, start_worker):
+    await db.execute("ALTER TABLE endpoints SET (autovacuum_enabled = off)")
+    start_worker()
+    await db.execute(BULK_ENDPOINTS, FANOUT, "big", SECRET)
+    # autovacuum is off for the table: only the worker can have analysed it
+    await wait_for(
+        lambda: db.fetchval("SELECT reltuples = $1 FROM pg_class WHERE oid = 'endpoints'::regclass", FANOUT),
+        timeout=30,
+    )
+    assert (
+        await db.fetchval("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'endpoints'")
+        < 50
+    )

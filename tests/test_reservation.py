@@ -451,3 +451,38 @@ async def test_a_result_of_a_deactivated_endpoint_makes_nothing_ready(db):
     assert touched["state"] == "deactivated"
     assert not touched["ready"]
     assert await _ready_now(db, a) is None
+
+
+async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_deactivated(db):
+    policy = CircuitPolicy(threshold=3, step_seconds=60, cap_seconds=3600)
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=10)
+    await _publish(db, 10)
+    rows = await _reserve(db)
+
+    def failed(r, status=500):
+        return store.Result.retry(
+            r["id"], r["attempts"], retry_in=30.0, status=status, error=f"HTTP {status}"
+        )
+
+    async def flags(results):
+        (touched,) = await store.complete(db, results, policy)
+        return touched["consecutive_failures"], touched["opened"], touched["deactivated"]
+
+    assert await flags([failed(rows[0])]) == (1, False, False)
+    # four failures in one batch take it from 1 to 5, past the threshold of
+    # 3 without ever being at it
+    assert await flags([failed(r) for r in rows[1:5]]) == (5, True, False)
+    # open already: a further failure extends the pause, it opens nothing
+    assert await flags([failed(rows[5])]) == (6, False, False)
+    # a batch with a success in it closes the circuit, whatever failures it holds
+    delivered = store.Result.delivered(rows[6]["id"], rows[6]["attempts"], status=200)
+    assert await flags([failed(rows[7]), delivered, failed(rows[8])]) == (0, False, False)
+    assert await flags([failed(rows[9])]) == (1, False, False)
+    # a 410 deactivates it once; another one later deactivates nothing (and
+    # the failure it also is opens the circuit)
+    await _publish(db, 2)
+    gone = [
+        store.Result.dead(r["id"], r["attempts"], status=410, error="HTTP 410") for r in await _reserve(db)
+    ]
+    assert await flags(gone[:1]) == (2, False, True)
+    assert await flags(gone[1:]) == (3, True, False)

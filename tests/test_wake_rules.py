@@ -7,12 +7,14 @@ tests/test_reservation.py; here, the worker's decisions on top of it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 
 import pytest
 
 import hooklane
 from hooklane import store
+from hooklane.policies import CircuitPolicy
 from hooklane.settings import Settings
 from hooklane.worker.runner import _ROUND_INTERVAL, Worker, round_pause, slot_freed_matters
 from tests.conftest import add_endpoint
@@ -66,5 +68,34 @@ async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_f
         assert worker._wake.is_set()  # its slot is free and the next one is due
         assert await db.fetchval("SELECT ready_at <= now() FROM ready_endpoints WHERE endpoint_id = $1", a)
         assert len(await store.reserve(db, ALL, 10, 10.0, "w")) == 1
+    finally:
+        await worker._pool.close()
+
+
+async def test_the_circuit_log_line_follows_what_complete_opened(db, settings, caplog):
+    # a batch of failures that jumps past the threshold opened the circuit
+    # without the count ever equalling it
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=10)
+    worker = Worker(replace(settings, circuit=CircuitPolicy(threshold=3)))
+    worker._pool = await store.create_pool(settings.database_url, min_size=0, max_size=1)
+    try:
+        for _ in range(7):
+            await hooklane.publish(db, tenant="acme", type="t", data={})
+        rows = await store.reserve(db, ALL, 10, 10.0, "w")
+        failed = [
+            store.Result.retry(r["id"], r["attempts"], retry_in=60.0, status=500, error="HTTP 500")
+            for r in rows
+        ]
+        gone = store.Result.dead(rows[-1]["id"], rows[-1]["attempts"], status=410, error="HTTP 410")
+        with caplog.at_level(logging.WARNING, logger="hooklane.worker.runner"):
+            await worker._record(failed[:2])
+            await worker._record(failed[2:5])  # 2 to 5 failures
+            await worker._record(failed[5:6])  # open already
+            await worker._record([gone])
+        said = [(r.getMessage(), r.__dict__.get("action")) for r in caplog.records]
+        assert said == [
+            ("endpoint default/a paused: circuit open", "circuit"),
+            ("endpoint default/a deactivated", "circuit"),
+        ]
     finally:
         await worker._pool.close()

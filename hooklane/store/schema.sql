@@ -273,7 +273,7 @@ $$;
 -- type (migration 0006): none means all, '*' all, 'order.*' the types under
 -- 'order.', else the type itself. The one rule of publish and
 -- replay_since. PL/pgSQL: a LANGUAGE sql body would need a sub-select,
--- which is never inlined and cost three times as much per endpoint.
+-- which is never inlined, and cost two to three times as much per endpoint.
 CREATE FUNCTION hooklane_type_matches(patterns text[], type text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$

@@ -22,11 +22,13 @@
 -- itself. publish (which endpoints get a delivery) and replay_since (which
 -- stored events an endpoint is sent again) both call it, so that a replay
 -- sends exactly what publish would have.
--- PL/pgSQL, whose plain IF expressions cost about 1.5 us a call: a LANGUAGE
--- sql function holding the EXISTS over unnest(patterns) that the rule
--- needs is never inlined (a sub-select stops it), and ran three times
--- slower, on every endpoint of a tenant at each publish. STRICT: NULL
--- patterns or type match nothing (both columns are NOT NULL).
+-- PL/pgSQL: publish calls it on every endpoint of the tenant. A LANGUAGE sql
+-- function holding the EXISTS over unnest(patterns) the rule needs is never
+-- inlined (a sub-select stops it), and over 10,000 endpoints it cost two to
+-- three times what the rule written out in the statement did; this one
+-- costs about the same as the written-out rule (30 to 40 ms there, on a
+-- shared machine). STRICT: NULL patterns or type match nothing (neither
+-- column can hold NULL).
 CREATE FUNCTION hooklane_type_matches(patterns text[], type text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
