@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         ("reactivate", "reactivate a deactivated endpoint"),
         ("resend", "resend an endpoint's dead deliveries"),
         ("discard", "give up for good on an endpoint's dead deliveries"),
-        ("replay", "send again every event the endpoint had a delivery of since a time"),
+        ("replay", "send again every stored event of the endpoint's tenant and types since a time"),
     ):
         p = esub.add_parser(action, help=text)
         p.add_argument("endpoint", help="NAMESPACE/NAME, or NAME in namespace default")

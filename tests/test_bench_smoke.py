@@ -85,6 +85,15 @@ def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert all(s["reserved"] > 0 for s in result["sizes"])
 
 
+def test_fanout_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("fanout", tmp_path, "--dsn", server_dsn)
+    endpoints = result["config"]["endpoints"]
+    for state in ("stale", "fresh"):
+        assert result[state]["fanout"] == [endpoints]
+        assert result[state]["most_rows_in_one_node"] == endpoints
+    assert result["stale"]["reltuples"] < 0 < result["fresh"]["reltuples"]
+
+
 def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("ingest", tmp_path, "--dsn", server_dsn, timeout=120)
     assert result["postgres_settings"]["synchronous_commit"] == "on"

@@ -141,12 +141,17 @@ async def replay_since(
     queued stays queued, and running it again queues only what is not
     pending or in flight (receivers deduplicate on webhook-id)."""
     check_time(since, "since")
+    tenant = await conn.fetchval(QUERIES["endpoint_tenant"], namespace, name)
+    if tenant is None:
+        return None
     replayed = 0
     xact, after = "0", ""
     while True:
-        row = await conn.fetchrow(QUERIES["replay_since"], namespace, name, since, xact, after, page)
+        row = await conn.fetchrow(QUERIES["replay_since"], namespace, name, tenant, since, xact, after, page)
         if row is None:
-            return None
+            # Deleted, or moved to another tenant, since: nothing more of
+            # this tenant's goes to it.
+            return replayed
         replayed += row["replayed"]
         if row["scanned"] < page:
             return replayed

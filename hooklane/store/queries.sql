@@ -576,6 +576,12 @@ discarded AS (
 )
 SELECT (SELECT count(*) FROM discarded) AS discarded FROM endpoint;
 
+-- name: endpoint_tenant
+-- The tenant of one endpoint, which replay_since then takes as a value.
+-- Parameters: $1 namespace, $2 name. Index: the unique (namespace, name)
+-- constraint.
+SELECT tenant FROM endpoints WHERE namespace = $1 AND name = $2;
+
 -- name: replay_since
 -- Send again, page by page, the stored events of the endpoint's tenant
 -- created since a time whose type the endpoint receives
@@ -584,32 +590,40 @@ SELECT (SELECT count(*) FROM discarded) AS discarded FROM endpoint;
 -- it then) or before it existed are caught up too. A new pending delivery
 -- of the same event id each (receivers deduplicate on webhook-id, the event
 -- id), in the order the events were stored, for events with no delivery to
--- the endpoint pending or in flight now. Other tenants' events are never
--- replayed. Wakes the endpoint. One page is at most $6 of the tenant's
--- events since the time, in (xact, id) order after the cursor; the caller
--- runs the next page from the position returned until a page comes back
--- short, so that no statement inserts more than $6 deliveries however long
--- the range (store.replay_since). One row, how many were queued, how many
--- events the page held and its last position, if the endpoint exists; none
--- if it does not.
--- Parameters: $1 namespace, $2 name, $3 since, $4 cursor's xact as text and
--- $5 cursor's id ('0' and '' for the first page), $6 page size.
--- Index: the unique (namespace, name) constraint; events_tenant_xact for
--- the page, index-only (created_at is checked on the index entries, as in
--- list_events; the tenant's events from before the time are walked over
--- once, on the first page); primary key of events for each event's type;
--- deliveries_event for the pending check.
+-- the endpoint pending or in flight now. Only the events of the tenant
+-- given, and only while it is the endpoint's: other tenants' events are
+-- never replayed. Wakes the endpoint. One page is at most $7 of the
+-- tenant's events since the time, in (xact, id) order after the cursor;
+-- the caller runs the next page from the position returned until a page
+-- comes back short, so that no statement inserts more than $7 deliveries
+-- however long the range (store.replay_since). One row, how many were
+-- queued, how many events the page held and its last position, if the
+-- endpoint exists with that tenant; none if not.
+-- Parameters: $1 namespace, $2 name, $3 the endpoint's tenant (given as a
+-- value, from endpoint_tenant, so that the planner estimates the tenant's
+-- events from the statistics of `events` rather than as any tenant's), $4
+-- since, $5 cursor's xact as text and $6 cursor's id ('0' and '' for the
+-- first page), $7 page size.
+-- Index: the unique (namespace, name) constraint; for the page,
+-- events_tenant_xact walked in order, index-only (created_at is checked on
+-- the index entries, as in list_events: a tenant's events from before the
+-- time are walked over once, on the first pages), or for a short range
+-- events_created_at, or for a small tenant the primary key of events,
+-- whichever the planner finds cheaper; primary key of events for each
+-- event's type; deliveries_event for the pending check.
 WITH endpoint AS (
-    SELECT id, partition, tenant, event_types FROM endpoints WHERE namespace = $1 AND name = $2
+    SELECT id, partition, tenant, event_types
+    FROM endpoints
+    WHERE namespace = $1 AND name = $2 AND tenant = $3
 ),
 page AS (
     SELECT e.tenant, e.xact, e.id
-    FROM endpoint ep
-    JOIN events e ON e.tenant = ep.tenant
-    WHERE (e.xact, e.id) > ($4::text::xid8, $5::text)
-      AND e.created_at >= $3
+    FROM events e
+    WHERE e.tenant = $3
+      AND (e.xact, e.id) > ($5::text::xid8, $6::text)
+      AND e.created_at >= $4
     ORDER BY e.xact, e.id
-    LIMIT $6
+    LIMIT $7
 ),
 replayed AS (
     INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
