@@ -152,10 +152,12 @@ async def refresh_endpoint_statistics(conn: asyncpg.Connection) -> bool:
     """Analyse ``endpoints`` when many of its rows changed since it last was
     (10,000 endpoints applied at once): the planner's estimates of which
     endpoints a tenant has then hold from the next statement on, whoever
-    wrote them (the operator, the CLI, SQL by hand). True if it analysed."""
+    wrote them (the operator, the CLI, SQL by hand). True if it analysed;
+    never when the role connected does not own the table (autovacuum then
+    stays the only one to)."""
     row = await conn.fetchrow(QUERIES["endpoint_statistics"])
     assert row is not None, "endpoint_statistics returns one row, always"
-    if not statistics_stale(row["changed"], row["rows"]):
+    if not row["may_analyze"] or not statistics_stale(row["changed"], row["rows"]):
         return False
     await conn.execute(QUERIES["analyze_endpoints"])
     return True

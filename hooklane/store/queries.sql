@@ -397,12 +397,15 @@ RETURNING id, namespace, name, tenant, url;
 
 -- name: endpoint_statistics
 -- How many rows of `endpoints` were inserted, updated or deleted since it
--- was last analysed (by autovacuum or by analyze_endpoints), and how many
--- rows the planner believes it holds (0 until it was first analysed or
--- vacuumed). Counted by the statistics system, which sees another
+-- was last analysed (by autovacuum or by analyze_endpoints), how many rows
+-- the planner believes it holds (0 until it was first analysed or
+-- vacuumed), and whether this session's role may analyse it (owns it; a
+-- role that does not would only get a warning from ANALYZE, every time).
+-- The counts come from the statistics system, which sees another
 -- session's changes a second or so after its transaction ends.
 -- Parameters: none. Index: none (the statistics views).
-SELECT coalesce(s.n_mod_since_analyze, 0) AS changed, greatest(c.reltuples, 0)::float8 AS rows
+SELECT coalesce(s.n_mod_since_analyze, 0) AS changed, greatest(c.reltuples, 0)::float8 AS rows,
+       pg_has_role(c.relowner, 'MEMBER') AS may_analyze
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'endpoints'::regclass;
@@ -410,8 +413,7 @@ WHERE c.oid = 'endpoints'::regclass;
 -- name: analyze_endpoints
 -- Bring the planner's statistics of `endpoints` up to date (a sample of up
 -- to 30,000 rows). Takes a lock that only VACUUM, ANALYZE and schema
--- changes of the table conflict with; without the table's ownership it
--- warns and does nothing.
+-- changes of the table conflict with.
 -- Parameters: none. Index: none.
 ANALYZE endpoints;
 

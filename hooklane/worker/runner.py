@@ -440,9 +440,10 @@ class Worker:
                     extra={"action": "deactivate", "endpoint": ep["id"]},
                 )
             await store.purge_events(conn, s.event_retention_seconds)
-            # Publish's fan-out no longer depends on these statistics, but
-            # every other statement on endpoints does, and autovacuum may
-            # take minutes to notice 10,000 endpoints applied at once.
+            # Publish's fan-out is written not to depend on these
+            # statistics, but every other statement reading endpoints is
+            # planned from them, and autovacuum may take minutes to notice
+            # 10,000 endpoints applied at once (or never, if it is off).
             if await store.refresh_endpoint_statistics(conn):
                 logger.info("endpoints analysed after many changed", extra={"action": "analyze"})
 
