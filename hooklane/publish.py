@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import uuid
@@ -12,9 +11,12 @@ import asyncpg
 
 from hooklane import store
 from hooklane.errors import InvalidInput, shown
+from hooklane.jsonb import jsonb_text, number_text
 from hooklane.manifest import EVENT_TYPE, check_tenant, check_text, walk
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
+# Of the data as stored and sent: jsonb's text (hooklane/jsonb.py), which a
+# receiver gets byte for byte as the body's "data".
 MAX_DATA_BYTES = 256 * 1024
 # Integers every receiver can read back exactly: 64 bits, signed or unsigned.
 # Most JSON parsers lose digits beyond that, or fail.
@@ -26,7 +28,9 @@ def new_event_id() -> str:
 
 
 def check_event(*, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_key: Any = None) -> str:
-    """Check publish arguments; return ``data`` as JSON text.
+    """Check publish arguments; return ``data`` as JSON text, exactly as
+    Postgres will print the stored jsonb, and so as a receiver gets it: the
+    size limit holds for what is sent, whatever numbers the data holds.
 
     Everything is checked before any SQL: a statement Postgres refuses would
     abort the caller's transaction, and the caller's own writes with it."""
@@ -40,10 +44,7 @@ def check_event(*, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_k
     if coalesce_key is not None:
         check_text(coalesce_key, "coalesce_key", 255)
     _check_data(data)
-    try:
-        data_json = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput("data", f"is not JSON-serialisable: {exc}") from None
+    data_json = jsonb_text(data)
     if len(data_json.encode()) > MAX_DATA_BYTES:
         raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
     return data_json
@@ -51,26 +52,39 @@ def check_event(*, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_k
 
 def _check_data(data: dict[str, Any]) -> None:
     """Refuse what JSON or jsonb cannot hold, before serialising. The walk
-    stops once a lower bound on the size (a byte per value, key character and
-    string character) passes the limit, so a huge or self-repeating tree costs
-    no more to refuse than ``MAX_DATA_BYTES`` values."""
+    stops once a lower bound on the size of jsonb's text passes the limit: a
+    byte per value, and the characters of each key, string and number as
+    jsonb prints it. So a huge or self-repeating tree costs no more to refuse
+    than ``MAX_DATA_BYTES`` values, and the text rendered after the walk is
+    a few times the limit at most (escapes, quotes and separators)."""
     budget = MAX_DATA_BYTES
     for path, node in walk(data, "data", field="data"):
-        budget -= 1 + (len(node) if isinstance(node, str) else 0)
-        if isinstance(node, dict):
-            budget -= sum(len(key) for key in node)
-        if budget < 0:
-            raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
-        if node is None or isinstance(node, (str, bool, dict, list, tuple)):
-            continue
-        if isinstance(node, int):
+        if isinstance(node, str):
+            budget -= 1 + len(node)
+        elif isinstance(node, dict):
+            budget -= 1 + sum(len(key) for key in node)
+        elif node is None or isinstance(node, (bool, list, tuple)):
+            budget -= 1
+        elif isinstance(node, int):
             if not _INT_RANGE[0] <= node <= _INT_RANGE[1]:
                 raise InvalidInput("data", f"has an integer outside the 64-bit range at {path}")
+            budget -= len(int.__repr__(node))
         elif isinstance(node, float):
             if not math.isfinite(node):
                 raise InvalidInput("data", f"has {node} at {path}: JSON has no NaN or infinity")
+            digits = number_text(node)
+            # From 1e16 on, jsonb stores a float as the integer it denotes.
+            if "." not in digits and not _INT_RANGE[0] <= int(digits) <= _INT_RANGE[1]:
+                raise InvalidInput(
+                    "data",
+                    f"has {float.__repr__(node)} at {path}, which jsonb stores as an integer of "
+                    f"{len(digits.lstrip('-'))} digits, outside the 64-bit range",
+                )
+            budget -= len(digits)
         else:
             raise InvalidInput("data", f"has a {node.__class__.__name__} at {path}, which is not JSON")
+        if budget < 0:
+            raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
 
 
 async def publish(

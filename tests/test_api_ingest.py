@@ -666,7 +666,7 @@ def test_event_of_names_the_field_under_its_prefix() -> None:
         ingest.event_of({"type": "a.b", "tenant": "acme", "data": {}, "coalesce_key": 5}, "events[4].")
     assert invalid.value.field == "events[4].coalesce_key"
     event = ingest.event_of({"type": "a.b", "tenant": "acme", "data": {"k": 1}, "id": "own"})
-    assert (event.id, event.data_json) == ("own", '{"k":1}')
+    assert (event.id, event.data_json) == ("own", '{"k": 1}')
 
 
 # --------------------------------------------------------------------------
