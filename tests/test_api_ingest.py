@@ -19,6 +19,7 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from openapi_schema_validator import OAS31Validator
 from prometheus_client import REGISTRY
 
 from hooklane import store
@@ -745,6 +746,9 @@ async def test_a_commit_unanswered_by_the_deadline_is_an_unknown_outcome_with_th
     assert "may have been stored" in answer["detail"]
     assert answer["ids"][0] == "u-1" and answer["ids"][1].startswith("msg_")
     assert sample("hooklane_api_events_refused_total", {"reason": "outcome_unknown"}) == unknown + 1
+    doc = json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
+    described = doc["paths"][ingest.BATCH_PATH]["post"]["responses"]["503"]["content"]["application/json"]
+    OAS31Validator({**described["schema"], "components": doc["components"]}).validate(answer)
     await settled(db)
     # Published again under the ids the answer gave: stored once, whatever
     # became of the first COMMIT.

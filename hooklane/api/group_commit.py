@@ -27,12 +27,13 @@ requests are told is what is known:
 
 Row locks are taken in one order, (tenant, id): the single events of a
 group in one sorted statement, then each batch sorted, the batches in the
-order of their first event. Two transactions can still wait on each other
-when their locks interleave across those parts (a group's singles after
-another's batch, and that batch after the first group's singles), or on the
-pending delivery a coalesce key replaces; Postgres then aborts one of them
-(a deadlock, after ``deadlock_timeout``), and the group is tried again while
-its deadline allows: nothing of an aborted transaction is stored.
+order of their first event: two batches over the same ids never deadlock.
+Two transactions can still wait on each other when their locks interleave
+across those parts (each batch is locked whole before the next, and the
+singles before every batch), or on the pending delivery a coalesce key
+replaces; Postgres then aborts one of them (a deadlock, after
+``deadlock_timeout``), and the group is tried again while its deadline
+allows: nothing of an aborted transaction is stored.
 """
 
 from __future__ import annotations
