@@ -534,22 +534,25 @@ async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Con
     ]
 
 
-def unit(events: int, done: bool = False) -> _Unit:
+def unit(events: int, done: bool = False, deadline: float = 1) -> _Unit:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
     if done:
         future.cancel()
-    return _Unit([Event(str(i), "acme", "a.b", "{}", None) for i in range(events)], future, loop.time() + 1)
+    return _Unit([Event(str(i), "acme", "a.b", "{}", None) for i in range(events)], future, deadline)
 
 
 async def test_take_groups_up_to_the_cap_and_drops_abandoned_units() -> None:
-    queue = deque([unit(1, done=True), unit(2), unit(3), unit(1, done=True), unit(4), unit(1)])
-    first = take(queue, cap=6)
+    queue = deque(
+        [unit(1, done=True), unit(2), unit(3), unit(1, done=True), unit(1, deadline=0), unit(4), unit(1)]
+    )
+    first = take(queue, cap=6, now=0)
     assert [len(u.events) for u in first] == [2, 3]
-    # A unit larger than the cap goes alone.
-    assert [len(u.events) for u in take(queue, cap=3)] == [4]
-    assert [len(u.events) for u in take(queue, cap=3)] == [1]
-    assert take(queue, cap=3) == []
+    assert all(u.taken for u in first)
+    # A unit larger than the cap goes alone; one past its deadline is dropped.
+    assert [len(u.events) for u in take(queue, cap=3, now=0)] == [4]
+    assert [len(u.events) for u in take(queue, cap=3, now=0)] == [1]
+    assert take(queue, cap=3, now=0) == []
 
 
 # --------------------------------------------------------------------------

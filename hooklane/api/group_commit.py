@@ -27,11 +27,11 @@ requests are told is what is known:
 
 Row locks are taken in one order, (tenant, id): the single events of a
 group in one sorted statement, then each batch sorted, the batches in the
-order of their first event: two batches over the same ids never deadlock.
-Two transactions can still wait on each other when their locks interleave
-across those parts (each batch is locked whole before the next, and the
-singles before every batch), or on the pending delivery a coalesce key
-replaces; Postgres then aborts one of them (a deadlock, after
+order of their first event, so that two batches over the same ids never
+deadlock on them. Two transactions can still wait on each other when their
+locks interleave across those parts (each batch is locked whole before the
+next, and the singles before every batch), or on the pending delivery a
+coalesce key replaces; Postgres then aborts one of them (a deadlock, after
 ``deadlock_timeout``), and the group is tried again while its deadline
 allows: nothing of an aborted transaction is stored.
 """
@@ -99,15 +99,16 @@ class _Unit:
         self.atomic = len(self.events) > 1
 
 
-def take(queue: deque[_Unit], cap: int) -> list[_Unit]:
+def take(queue: deque[_Unit], cap: int, now: float) -> list[_Unit]:
     """The units to commit together: the oldest, and those behind it while
-    their events total at most ``cap``. Units already answered (their request
-    gave up) are dropped on the way."""
+    their events total at most ``cap``. Units whose request gave up, or
+    whose deadline is past at ``now`` (their request is about to), are
+    dropped on the way: one would leave its group no time."""
     taken: list[_Unit] = []
     size = 0
     while queue:
         unit = queue[0]
-        if unit.future.done():
+        if unit.future.done() or unit.deadline <= now:
             queue.popleft()
             continue
         if taken and size + len(unit.events) > cap:
@@ -185,7 +186,7 @@ class GroupCommitter:
 
     async def _run(self) -> None:
         while True:
-            units = take(self._queue, self._max_events)
+            units = take(self._queue, self._max_events, asyncio.get_running_loop().time())
             if not units:
                 if self._stopping:
                     return
