@@ -43,6 +43,12 @@ class TransientStoreError(StoreError):
     transient = True
 
 
+class OutcomeUnknown(TransientStoreError):
+    """A COMMIT was sent and its answer did not come back (in time, or at
+    all): the transaction may or may not have committed. Retrying with the
+    same event ids is safe, as an id is stored once."""
+
+
 class DatabaseUnreachable(TransientStoreError):
     """No connection to Hooklane's database could be made, or it was lost."""
 

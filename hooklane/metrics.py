@@ -79,6 +79,13 @@ API_EVENTS_REFUSED = Counter(
     ["reason"],
 )
 
+API_COMMIT_RETRIES = Counter(
+    "hooklane_api_commit_retries_total",
+    "Ingest transactions Postgres aborted to break a lock cycle (deadlock) or a serialization "
+    "conflict, and tried again.",
+    ["reason"],
+)
+
 
 async def exposition(_request: web.Request) -> web.Response:
     """``GET /metrics`` of the worker's and the API's metrics ports."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import signal
 import time
 from collections import deque
@@ -18,6 +19,7 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from openapi_schema_validator import OAS31Validator
 from prometheus_client import REGISTRY
 
 from hooklane import store
@@ -27,7 +29,7 @@ from hooklane.api.group_commit import Event, GroupCommitter, _Unit, take
 from hooklane.api.ingest import COMMITTER, Refused
 from hooklane.api.tokens import Tokens, TokenSource
 from hooklane.dev.postgres import free_port
-from hooklane.errors import InvalidInput, TransientStoreError
+from hooklane.errors import InvalidInput, OutcomeUnknown, TransientStoreError
 from hooklane.settings import Settings
 from tests.conftest import LOOPBACK, add_endpoint, api_process, wait_for, worker_process
 
@@ -532,22 +534,25 @@ async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Con
     ]
 
 
-def unit(events: int, done: bool = False) -> _Unit:
+def unit(events: int, done: bool = False, deadline: float = 1) -> _Unit:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
     if done:
         future.cancel()
-    return _Unit([Event(str(i), "acme", "a.b", "{}", None) for i in range(events)], future, loop.time() + 1)
+    return _Unit([Event(str(i), "acme", "a.b", "{}", None) for i in range(events)], future, deadline)
 
 
 async def test_take_groups_up_to_the_cap_and_drops_abandoned_units() -> None:
-    queue = deque([unit(1, done=True), unit(2), unit(3), unit(1, done=True), unit(4), unit(1)])
-    first = take(queue, cap=6)
+    queue = deque(
+        [unit(1, done=True), unit(2), unit(3), unit(1, done=True), unit(1, deadline=0), unit(4), unit(1)]
+    )
+    first = take(queue, cap=6, now=0)
     assert [len(u.events) for u in first] == [2, 3]
-    # A unit larger than the cap goes alone.
-    assert [len(u.events) for u in take(queue, cap=3)] == [4]
-    assert [len(u.events) for u in take(queue, cap=3)] == [1]
-    assert take(queue, cap=3) == []
+    assert all(u.taken for u in first)
+    # A unit larger than the cap goes alone; one past its deadline is dropped.
+    assert [len(u.events) for u in take(queue, cap=3, now=0)] == [4]
+    assert [len(u.events) for u in take(queue, cap=3, now=0)] == [1]
+    assert take(queue, cap=3, now=0) == []
 
 
 # --------------------------------------------------------------------------
@@ -632,6 +637,191 @@ async def test_a_database_out_of_reach_gets_503(make_client: MakeClient) -> None
     closed = f"postgresql://postgres@127.0.0.1:{free_port()}/hooklane"
     client = await make_client(database_url=closed, api_ack_timeout_seconds=2.0)
     await expect_unavailable(client, EVENT, within=10)
+
+
+# --------------------------------------------------------------------------
+# A 503 tells what is known: nothing stored, or maybe stored (issue 18)
+
+
+async def hold_event(dsn: str, event_id: str) -> tuple[asyncpg.Connection, asyncpg.transaction.Transaction]:
+    """Hold up every publish of (acme, ``event_id``): an uncommitted insert
+    of the same event, which a publish waits on until it ends."""
+    conn = await asyncpg.connect(dsn)
+    tx = conn.transaction()
+    await tx.start()
+    await store.insert_events(conn, [_row(event_id)])
+    return conn, tx
+
+
+def _row(event_id: str) -> store.EventRow:
+    return (event_id, "acme", EVENT["type"], json.dumps(EVENT["data"]), None)
+
+
+def event(event_id: str) -> Event:
+    return Event(*_row(event_id))
+
+
+async def settled(db: asyncpg.Connection) -> None:
+    """Wait until no other session of the test's database is inside a
+    transaction: whatever the API's backends were doing has committed or
+    rolled back."""
+
+    async def quiet() -> bool:
+        busy = await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+        )
+        return busy == 0
+
+    await wait_for(quiet)
+
+
+async def test_a_request_that_gave_up_is_not_committed_with_the_rest_of_its_group(
+    make_client: MakeClient, dsn: str, db: asyncpg.Connection
+) -> None:
+    client = await make_client(api_ack_timeout_seconds=1.0, api_pool_size=2)  # one committer
+    committer: GroupCommitter = client.app[COMMITTER]
+    later = asyncio.get_running_loop().time() + 60
+    first, first_tx = await hold_event(dsn, "w")
+    second, second_tx = await hold_event(dsn, "a")
+    try:
+        # The committer waits on "w" while "a" (over HTTP, 1 s to go) and
+        # "b" (a minute to go) queue behind it: those two make one group,
+        # which then waits on "a" past the first one's deadline.
+        busy = asyncio.create_task(committer.commit([event("w")], later))
+        await wait_for(lambda: committer.committing == 1)
+        gives_up = asyncio.create_task(post(client, "/v1/events", {**EVENT, "id": "a"}))
+        await wait_for(lambda: committer.queued == 1)
+        patient = asyncio.create_task(committer.commit([event("b")], later))
+        await wait_for(lambda: committer.queued == 2)
+        await first_tx.rollback()
+        await busy
+        status, answer = await gives_up
+        assert (status, answer["error"]) == (503, "unavailable")
+        assert "nothing was stored" in answer["detail"]
+    finally:
+        await second_tx.rollback()
+        await first.close()
+        await second.close()
+    [outcome] = await asyncio.gather(patient, return_exceptions=True)
+    await settled(db)
+    ids = [r["id"] for r in await stored(db)]
+    # Told that nothing was stored: so it is not.
+    assert "a" not in ids
+    # The group was abandoned at the earliest deadline: nothing of it stored.
+    assert ids == ["w"]
+    assert isinstance(outcome, TransientStoreError) and not isinstance(outcome, OutcomeUnknown)
+
+
+HOLD_COMMIT = """
+CREATE FUNCTION test_hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(18);
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER test_hold_commit AFTER INSERT ON events
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_hold_commit();
+"""
+
+
+async def test_a_commit_unanswered_by_the_deadline_is_an_unknown_outcome_with_the_ids(
+    make_client: MakeClient, db: asyncpg.Connection
+) -> None:
+    # A trigger run at COMMIT waits for a lock the test holds: the COMMIT
+    # is sent and not answered, as when the server stalls in the middle of it.
+    await db.execute(HOLD_COMMIT)
+    client = await make_client(api_ack_timeout_seconds=1.0)
+    unknown = sample("hooklane_api_events_refused_total", {"reason": "outcome_unknown"})
+    events = [{**EVENT, "id": "u-1"}, {**EVENT, "data": {"generated": True}}]
+    await db.execute("SELECT pg_advisory_lock(18)")
+    try:
+        async with client.post("/v1/events/batch", json={"events": events}, headers=AUTH) as response:
+            status, retry_after, answer = (
+                response.status,
+                response.headers.get("Retry-After"),
+                await response.json(),
+            )
+    finally:
+        await db.execute("SELECT pg_advisory_unlock(18)")
+
+    assert (status, answer["error"]) == (503, "outcome_unknown")
+    assert int(retry_after or 0) > 0
+    assert "may have been stored" in answer["detail"]
+    assert answer["ids"][0] == "u-1" and answer["ids"][1].startswith("msg_")
+    assert sample("hooklane_api_events_refused_total", {"reason": "outcome_unknown"}) == unknown + 1
+    doc = json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
+    described = doc["paths"][ingest.BATCH_PATH]["post"]["responses"]["503"]["content"]["application/json"]
+    OAS31Validator({**described["schema"], "components": doc["components"]}).validate(answer)
+    await settled(db)
+    # Published again under the ids the answer gave: stored once, whatever
+    # became of the first COMMIT.
+    events[1]["id"] = answer["ids"][1]
+    assert await post(client, "/v1/events/batch", {"events": events}) == (202, {"ids": answer["ids"]})
+    assert sorted(r["id"] for r in await stored(db)) == sorted(answer["ids"])
+
+
+# --------------------------------------------------------------------------
+# Batches sharing ids: one lock order, and a deadlock tried again (issue 18)
+
+
+async def test_a_group_aborted_by_a_deadlock_is_tried_again(
+    make_client: MakeClient, dsn: str, db: asyncpg.Connection
+) -> None:
+    client = await make_client(api_ack_timeout_seconds=10.0)
+    retries = sample("hooklane_api_commit_retries_total", {"reason": "deadlock"})
+    other = await asyncpg.connect(dsn)
+    try:
+        # The other transaction holds "y" and then wants "x", which the
+        # batch took first: a lock cycle, which the API's backend detects
+        # (this one would wait a minute before looking) and breaks by
+        # aborting its own transaction.
+        await other.execute("SET deadlock_timeout = '60s'")
+        tx = other.transaction()
+        await tx.start()
+        await store.insert_events(other, [_row("y")])
+        sent = asyncio.create_task(
+            post(client, "/v1/events/batch", {"events": [{**EVENT, "id": "y"}, {**EVENT, "id": "x"}]})
+        )
+
+        async def waiting() -> bool:
+            return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+
+        await wait_for(waiting)
+        await store.insert_events(other, [_row("x")])
+        await tx.commit()
+    finally:
+        await other.close()
+    assert await sent == (202, {"ids": ["y", "x"]})
+    assert sorted(r["id"] for r in await stored(db)) == ["x", "y"]
+    assert sample("hooklane_api_commit_retries_total", {"reason": "deadlock"}) == retries + 1
+
+
+async def test_concurrent_batches_sharing_ids_in_different_orders_are_all_accepted(
+    make_client: MakeClient, db: asyncpg.Connection
+) -> None:
+    client = await make_client(api_ack_timeout_seconds=20.0, api_pool_size=5)  # four committers
+    # Published before: a batch reusing one of these with other content is a
+    # conflict whatever the order the others commit in.
+    earlier = [f"earlier-{i}" for i in range(12)]
+    async with db.transaction():
+        await store.insert_events(db, [_row(i) for i in earlier])
+    shuffle = random.Random(18)
+    ids = [f"shared-{i:02d}" for i in range(40)]
+    batches = []
+    for n in range(120):
+        events = [{**EVENT, "id": i, "data": {"id": i}} for i in shuffle.sample(ids, 20)]
+        if n % 10 == 9:
+            events.insert(7, {**EVENT, "id": earlier[n // 10], "data": {"other": n}})
+        batches.append({"events": events})
+
+    answers = await asyncio.gather(*(post(client, "/v1/events/batch", body) for body in batches))
+
+    assert [a for a in answers if a[0] == 503] == []
+    for n, (status, answer) in enumerate(answers):
+        assert (status, answer.get("field")) == ((409, "events[7].id") if n % 10 == 9 else (202, None))
+    rows = await stored(db)
+    assert sorted(r["id"] for r in rows) == sorted(earlier + ids)
+    assert all(json.loads(r["data"]) == {"id": r["id"]} for r in rows if r["id"] in ids)
 
 
 # --------------------------------------------------------------------------

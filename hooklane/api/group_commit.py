@@ -12,10 +12,28 @@ load one flush acknowledges many requests.
 A unit's outcome is its own: a batch is inserted inside a savepoint, so that
 its conflict rolls back only it, and a single event's conflict stores
 nothing and leaves the transaction usable (``store.insert_event``). When the
-transaction itself fails every unit in it fails with it: nothing of theirs
-is stored, except when the COMMIT was sent and its answer lost, the one case
-where the outcome is unknown (a producer's retry with the same event id is
-then stored once).
+transaction itself fails every unit in it fails with it, and what its
+requests are told is what is known:
+
+- a unit no committer took by its request's deadline is dropped, never to
+  enter a transaction: nothing of it is stored;
+- a unit a committer took is answered by its transaction, which is given
+  until the earliest deadline of its units, so that each of their requests
+  is answered by its own. When that passes before COMMIT was sent, the
+  connection is closed (the server rolls back): nothing is stored. When it
+  passes after, or COMMIT's answer is lost, the outcome is unknown
+  (``OutcomeUnknown``): the events may be stored, and a producer's retry
+  with the same ids is stored once.
+
+Row locks are taken in one order, (tenant, id): the single events of a
+group in one sorted statement, then each batch sorted, the batches in the
+order of their first event, so that two batches over the same ids never
+deadlock on them. Two transactions can still wait on each other when their
+locks interleave across those parts (each batch is locked whole before the
+next, and the singles before every batch), or on the pending delivery a
+coalesce key replaces; Postgres then aborts one of them (a deadlock, after
+``deadlock_timeout``), and the group is tried again while its deadline
+allows: nothing of an aborted transaction is stored.
 """
 
 from __future__ import annotations
@@ -29,9 +47,20 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from hooklane import metrics, store
-from hooklane.errors import EventConflict, StoreError, TransientStoreError
+from hooklane.errors import (
+    DatabaseUnreachable,
+    EventConflict,
+    OutcomeUnknown,
+    StoreError,
+    TransientStoreError,
+)
 
 logger = logging.getLogger(__name__)
+
+# The SQLSTATEs of a transaction Postgres aborted so that another could go
+# on: nothing of it is stored, and the same transaction tried again may
+# commit. The values are the label of hooklane_api_commit_retries_total.
+RETRIED = {"40P01": "deadlock", "40001": "serialization"}
 
 
 @dataclass(frozen=True)
@@ -63,24 +92,28 @@ class _Unit:
     deadline: float
     # In a savepoint: a batch, stored whole or not at all.
     atomic: bool = field(init=False)
+    # Taken by a committer: from then on its transaction answers it.
+    taken: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.atomic = len(self.events) > 1
 
 
-def take(queue: deque[_Unit], cap: int) -> list[_Unit]:
+def take(queue: deque[_Unit], cap: int, now: float) -> list[_Unit]:
     """The units to commit together: the oldest, and those behind it while
-    their events total at most ``cap``. Units already answered (their request
-    gave up) are dropped on the way."""
+    their events total at most ``cap``. Units whose request gave up, or
+    whose deadline is past at ``now`` (their request is about to), are
+    dropped on the way: one would leave its group no time."""
     taken: list[_Unit] = []
     size = 0
     while queue:
         unit = queue[0]
-        if unit.future.done():
+        if unit.future.done() or unit.deadline <= now:
             queue.popleft()
             continue
         if taken and size + len(unit.events) > cap:
             break
+        unit.taken = True
         taken.append(queue.popleft())
         size += len(unit.events)
     return taken
@@ -89,9 +122,8 @@ def take(queue: deque[_Unit], cap: int) -> list[_Unit]:
 class GroupCommitter:
     """``committers`` tasks storing queued units on ``pool``, each
     transaction holding at most ``max_events`` events (a unit larger than
-    that alone). A transaction is given until the last deadline of the
-    requests it serves: once every one of them gave up, it is rolled back
-    rather than committed behind their 503."""
+    that alone). A transaction is given until the earliest deadline of the
+    requests it serves, so that each of them is answered by its own."""
 
     def __init__(self, pool: asyncpg.Pool, *, committers: int, max_events: int) -> None:
         self._pool = pool
@@ -120,25 +152,41 @@ class GroupCommitter:
         await asyncio.gather(*self._tasks)
 
     async def commit(self, events: Sequence[Event], deadline: float) -> None:
-        """Return once ``events`` are committed. ``Conflict`` when one reuses
-        an id (nothing stored), ``TransientStoreError`` when the transaction
-        failed, ``TimeoutError`` at ``deadline`` (the event loop's clock).
-        Giving up before a committer took the unit stores nothing; after,
-        the events may still commit with other requests' (the outcome is
-        unknown, as when a COMMIT's answer is lost)."""
+        """Return once ``events`` are committed, by ``deadline`` (the event
+        loop's clock). ``Conflict`` when one reuses an id (nothing stored),
+        ``OutcomeUnknown`` when the COMMIT was not answered in time (the
+        events may be stored), ``TransientStoreError`` when nothing was
+        stored: the transaction failed, or no committer took the events
+        before ``deadline``."""
         if self._stopping:
             raise TransientStoreError("the API is shutting down")
         unit = _Unit(events, asyncio.get_running_loop().create_future(), deadline)
         self._queue.append(unit)
         self._wakeup.set()
-        # Awaited directly, not shielded: a request that gives up cancels
-        # its future, and a committer then skips the unit.
-        async with asyncio.timeout_at(deadline):
-            await unit.future
+        try:
+            # Shielded: once a committer took the unit, giving up here would
+            # not take its events out of the transaction.
+            async with asyncio.timeout_at(deadline):
+                await asyncio.shield(unit.future)
+            return
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if not unit.taken:
+                # Cancelled, a committer skips it: it never reaches the database.
+                unit.future.cancel()
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                raise TransientStoreError(
+                    "no committer took the events before the request's deadline; nothing of them is stored"
+                ) from None
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        # Taken: the transaction is bounded by the earliest deadline of its
+        # units, this one's at the latest, and answers at once when it passes.
+        await asyncio.shield(unit.future)
 
     async def _run(self) -> None:
         while True:
-            units = take(self._queue, self._max_events)
+            units = take(self._queue, self._max_events, asyncio.get_running_loop().time())
             if not units:
                 if self._stopping:
                     return
@@ -156,8 +204,10 @@ class GroupCommitter:
 
     async def _commit(self, units: list[_Unit]) -> None:
         try:
-            async with asyncio.timeout_at(max(unit.deadline for unit in units)):
-                outcomes = await self._store(units)
+            outcomes = await self._store(units, min(unit.deadline for unit in units))
+        except OutcomeUnknown as exc:
+            _unknown(units, exc)
+            return
         except StoreError as exc:
             if not exc.transient and len(units) > 1:
                 # Postgres refused a statement, not the transaction: one unit
@@ -166,9 +216,6 @@ class GroupCommitter:
                     await self._commit([unit])
                 return
             _fail(units, str(exc), type(exc))
-            return
-        except TimeoutError:
-            _fail(units, "every request gave up before the commit", TransientStoreError)
             return
         except Exception as exc:
             # A bug, not the database: its requests get 503 and the error
@@ -181,13 +228,82 @@ class GroupCommitter:
         for unit, outcome in zip(units, outcomes, strict=True):
             _settle(unit, outcome)
 
-    async def _store(self, units: list[_Unit]) -> list[Conflict | None]:
-        async with store.acquire(self._pool) as conn, conn.transaction():
-            outcomes = await _insert_singles(conn, [u for u in units if not u.atomic])
-            for unit in units:
-                if unit.atomic:
-                    outcomes[unit] = await _insert_batch(conn, unit)
-        return [outcomes[unit] for unit in units]
+    async def _store(self, units: list[_Unit], bound: float) -> list[Conflict | None]:
+        """The units' outcomes once committed by ``bound``, tried again
+        while Postgres aborts the transaction for another's sake."""
+        attempt = _Attempt()
+        try:
+            async with asyncio.timeout_at(bound):
+                while True:
+                    attempt.committing = False
+                    try:
+                        return await self._attempt(units, attempt)
+                    except TransientStoreError as exc:
+                        reason = RETRIED.get(exc.sqlstate or "")
+                        if reason is None:
+                            raise
+                        metrics.API_COMMIT_RETRIES.labels(reason).inc()
+                        logger.info(
+                            "a group of %d publish requests is tried again: %s",
+                            len(units),
+                            exc,
+                            extra={"action": "group_commit_retry", "units": len(units), "reason": reason},
+                        )
+        except TimeoutError:
+            if attempt.committing:
+                raise OutcomeUnknown("COMMIT was sent and not answered by the earliest deadline") from None
+            raise TransientStoreError("not committed by the earliest deadline of its requests") from None
+
+    async def _attempt(self, units: list[_Unit], attempt: _Attempt) -> list[Conflict | None]:
+        async with store.acquire(self._pool) as conn:
+            try:
+                return await _transaction(conn, units, attempt)
+            except BaseException as exc:
+                if not _rolled_back(conn, exc):
+                    # Cancelled at the deadline, or cut off: a ROLLBACK could
+                    # wait as long as the server stalls, and a closed
+                    # connection makes the server roll back by itself.
+                    conn.terminate()
+                if attempt.committing and isinstance(exc, DatabaseUnreachable):
+                    raise OutcomeUnknown(f"COMMIT was sent and its answer lost: {exc}") from exc
+                raise
+
+
+@dataclass
+class _Attempt:
+    # COMMIT was sent: from then on, an answer that does not come leaves
+    # the outcome unknown.
+    committing: bool = False
+
+
+async def _transaction(
+    conn: asyncpg.Connection, units: list[_Unit], attempt: _Attempt
+) -> list[Conflict | None]:
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        outcomes = await _insert_singles(conn, [u for u in units if not u.atomic])
+        for unit in sorted((u for u in units if u.atomic), key=lambda u: min(map(_key, u.events))):
+            outcomes[unit] = await _insert_batch(conn, unit)
+    except StoreError as exc:
+        if _answered(exc):
+            # Postgres refused a statement and is there to roll back.
+            await transaction.rollback()
+        raise
+    attempt.committing = True
+    await transaction.commit()
+    return [outcomes[unit] for unit in units]
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether Postgres answered with this error, the connection still usable."""
+    return (
+        isinstance(exc, StoreError) and exc.sqlstate is not None and not isinstance(exc, DatabaseUnreachable)
+    )
+
+
+def _rolled_back(conn: asyncpg.Connection, exc: BaseException) -> bool:
+    return _answered(exc) and not conn.is_closed() and not conn.is_in_transaction()
 
 
 def _fail(units: list[_Unit], reason: str, error: type[StoreError]) -> None:
@@ -201,23 +317,43 @@ def _fail(units: list[_Unit], reason: str, error: type[StoreError]) -> None:
         _settle(unit, error(f"the transaction failed: {reason}"))
 
 
+def _unknown(units: list[_Unit], exc: OutcomeUnknown) -> None:
+    logger.warning(
+        "a group of %d publish requests may or may not be stored: %s",
+        len(units),
+        exc,
+        extra={"action": "group_commit_unknown", "units": len(units)},
+    )
+    for unit in units:
+        _settle(unit, OutcomeUnknown(str(exc)))
+
+
 async def _insert_singles(conn: asyncpg.Connection, units: list[_Unit]) -> dict[_Unit, Conflict | None]:
     # All in one round trip: a conflict stores nothing of its event and
     # leaves the transaction usable, so no savepoint is needed.
-    conflicting = set(await store.insert_events(conn, [_row(unit.events[0]) for unit in units]))
-    return {unit: _conflict(unit, 0) if i in conflicting else None for i, unit in enumerate(units)}
+    ordered = sorted(units, key=lambda unit: _key(unit.events[0]))
+    conflicting = set(await store.insert_events(conn, [_row(unit.events[0]) for unit in ordered]))
+    return {unit: _conflict(unit, 0) if i in conflicting else None for i, unit in enumerate(ordered)}
 
 
 async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | None:
+    # Stable: of two events under one id, the first in the batch is stored
+    # and the second compared with it, as in the batch's own order.
+    order = sorted(range(len(unit.events)), key=lambda i: _key(unit.events[i]))
     # Rolling back to the savepoint undoes the batch's other events.
     savepoint = conn.transaction()
     await savepoint.start()
-    conflicting = await store.insert_events(conn, [_row(event) for event in unit.events])
+    conflicting = await store.insert_events(conn, [_row(unit.events[i]) for i in order])
     if not conflicting:
         await savepoint.commit()
         return None
     await savepoint.rollback()
-    return _conflict(unit, conflicting[0])
+    return _conflict(unit, min(order[position] for position in conflicting))
+
+
+def _key(event: Event) -> tuple[str, str]:
+    # The order row locks are taken in: the primary key of events.
+    return (event.tenant, event.id)
 
 
 def _row(event: Event) -> store.EventRow:
@@ -230,9 +366,6 @@ def _conflict(unit: _Unit, index: int) -> Conflict:
 
 
 def _settle(unit: _Unit, outcome: Exception | None) -> None:
-    # A unit whose request gave up mid-transaction has a cancelled future.
-    if unit.future.done():
-        return
     if outcome is None:
         unit.future.set_result(None)
     else:

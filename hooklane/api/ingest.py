@@ -7,7 +7,9 @@ costs anything: the token (the :mod:`.auth` middleware), the content type
 ``READ_TIMEOUT_SECONDS``), UTF-8 and JSON (400), the fields (422 naming the
 field), the tenants the token may publish for (403). Only then are the
 events committed, together with other requests' (:mod:`.group_commit`), and
-202 answered once COMMIT returned.
+202 answered once COMMIT returned. A 503 says whether nothing was stored
+(``unavailable``) or the COMMIT went unanswered (``outcome_unknown``, with
+the ids to publish again).
 
 The event checks are ``hooklane.publish.check_event``'s, the same the
 library call makes.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +31,10 @@ from hooklane.api.auth import Audience, audience
 from hooklane.api.context import POOL, SETTINGS, grant, started
 from hooklane.api.errors import problem
 from hooklane.api.group_commit import Conflict, Event, GroupCommitter
-from hooklane.errors import InvalidInput, StoreError
+from hooklane.errors import InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
+
+logger = logging.getLogger(__name__)
 
 EVENTS_PATH = "/v1/events"
 BATCH_PATH = "/v1/events/batch"
@@ -258,9 +263,20 @@ async def _publish(request: web.Request, *, batch: bool) -> web.Response:
         metrics.API_EVENTS_REFUSED.labels("conflict").inc()
         field = f"events[{exc.index}].id" if batch else "id"
         return problem(409, "conflict", exc.conflict.message, field=field)
-    except (StoreError, TimeoutError):
+    except OutcomeUnknown as exc:
+        metrics.API_EVENTS_REFUSED.labels("outcome_unknown").inc()
+        logger.warning(
+            "%s %s: the events may or may not be stored: %s",
+            request.method,
+            request.path,
+            exc,
+            extra={"action": "publish_outcome_unknown", "events": len(received.events)},
+        )
+        return outcome_unknown(received)
+    except StoreError:
         metrics.API_EVENTS_REFUSED.labels("unavailable").inc()
-        # The root middleware answers 503 with Retry-After, and logs.
+        # Nothing was stored: the root middleware answers 503 with
+        # Retry-After, and logs.
         raise
     metrics.API_ACK.observe(asyncio.get_running_loop().time() - started(request))
     metrics.API_EVENTS_ACCEPTED.inc(len(received.events))
@@ -273,6 +289,22 @@ def refusal(exc: Refused | InvalidInput) -> tuple[str, web.Response]:
     if isinstance(exc, Refused):
         return exc.code, problem(exc.status, exc.code, exc.detail, field=exc.field)
     return "invalid", problem(422, "invalid", exc.message, field=exc.field)
+
+
+def outcome_unknown(received: Received) -> web.Response:
+    """503 for events a COMMIT may have stored: the error body of
+    :func:`.errors.problem`, and the ids, which a producer that let the API
+    generate them needs to publish the same events again."""
+    # Imported here: the app module imports this one.
+    from hooklane.api.app import RETRY_AFTER_SECONDS
+
+    body = {
+        "error": "outcome_unknown",
+        "detail": "the database did not confirm the commit in time: the events may have been stored; "
+        "publish them again with the same ids, which are stored once",
+        "ids": [event.id for event in received.events],
+    }
+    return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 def accepted(received: Received) -> web.Response:
