@@ -15,9 +15,9 @@ import hooklane
 from hooklane import store
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
+from hooklane.publish import MAX_DATA_BYTES, check_event
 from hooklane.store.endpoints import statistics_stale
 from hooklane.store.queries import QUERIES
-from hooklane.publish import MAX_DATA_BYTES, check_event
 from tests.conftest import SECRET, add_endpoint, api_process, wait_for
 
 API_TOKEN = "publish-token-0123456789"
@@ -336,6 +336,8 @@ async def test_the_worker_analyses_endpoints_after_a_bulk_change(db, start_worke
         await db.fetchval("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'endpoints'")
         < 50
     )
+
+
 # --------------------------------------------------------------------------
 # The size limit holds for what is sent (issue 18, item 1): through the
 # library, the API and the CLI, to a real receiver through a real worker.
