@@ -20,7 +20,7 @@ from playwright.async_api import Browser, Page, async_playwright
 
 import hooklane
 from hooklane import store
-from hooklane.api import dashboard
+from hooklane.api import dashboard, inputs
 from hooklane.api.app import make_app
 from hooklane.api.auth import SESSION_COOKIE
 from hooklane.api.tokens import Tokens, TokenSource
@@ -506,10 +506,11 @@ def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
 
 @pytest.mark.unit
 def test_form_and_query_inputs_are_checked() -> None:
-    assert dashboard.delivery_id("42") == 42
-    for bad in ("", "-1", "4.2", "1" * 19, "٣"):
+    # The dashboard's delivery ids are the API's and the CLI's (store.check_delivery_id).
+    assert inputs.delivery_id("42") == 42
+    for bad in ("", "-1", "4.2", "1" * 20, "9223372036854775808", "٣"):
         with pytest.raises(InvalidInput, match="delivery id"):
-            dashboard.delivery_id(bad)
+            inputs.delivery_id(bad)
     assert dashboard.state_filter(None) is None
     assert dashboard.state_filter("dead") == "dead"
     with pytest.raises(InvalidInput, match=re.escape("must be among")):
