@@ -34,6 +34,7 @@ from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, l
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
+from hooklane.store.cursor import event_position
 from hooklane.times import parse_time, rfc3339
 
 logger = logging.getLogger("hooklane")
@@ -361,6 +362,8 @@ async def _events(args: argparse.Namespace, settings: Settings) -> int:
     the page is empty: asked again later, it returns what committed since)."""
     since = parse_time(args.since, "--since")
     until = None if args.until is None else parse_time(args.until, "--until")
+    # Checked here to name the option, and before connecting.
+    event_position(args.cursor, "--cursor")
     async with _database(settings) as conn:
         page = await store.list_events(
             conn, args.tenant, since, until, limit=store.check_page(args.limit, "--limit"), cursor=args.cursor

@@ -346,9 +346,7 @@ async def test_reactivating_an_endpoint_that_is_not_deactivated_leaves_its_circu
     """An active endpoint failing (its circuit counting) is not reset by a
     reactivate: 409, and the failures, pause and failing_since stay."""
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
-    circuit = (
-        "SELECT state, consecutive_failures, failing_since, paused_until, updated_at FROM endpoints WHERE name = 'a'"
-    )
+    circuit = "SELECT state, consecutive_failures, failing_since, paused_until, updated_at FROM endpoints WHERE name = 'a'"
     await db.execute(
         "UPDATE endpoints SET consecutive_failures = 7, failing_since = now() - interval '1 hour', "
         "paused_until = now() + interval '1 minute'"

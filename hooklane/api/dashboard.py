@@ -212,8 +212,11 @@ def problem_page(request: web.Request, found: Problem) -> web.Response:
     """A problem (:mod:`.errors`) as a page: the database away is a page
     that retries by itself (a page that was read; a form post is not
     repeated behind the person's back), a bad input a page saying so."""
-    detail = found.detail if found.field is None else f"{found.field} {found.detail}"
-    detail = detail[:1].upper() + detail[1:] + "."
+    detail = (
+        found.detail[:1].upper() + found.detail[1:]
+        if found.field is None
+        else f"{found.field} {found.detail}"
+    )
     if found.retry_after is None:
         return render("problem.html", found.status, title=_TITLES.get(found.status, "Refused"), detail=detail)
     retry = {"retry_seconds": REFRESH_SECONDS} if request.method in ("GET", "HEAD") else {}
@@ -222,7 +225,7 @@ def problem_page(request: web.Request, found: Problem) -> web.Response:
         found.status,
         headers={"Retry-After": str(REFRESH_SECONDS)},
         title=_TITLES.get(found.status, "Unavailable"),
-        detail=detail + (" Retrying by itself." if retry else ""),
+        detail=detail + (". Retrying by itself." if retry else "."),
         **retry,
     )
 

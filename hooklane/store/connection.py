@@ -215,7 +215,10 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[StoreConnection]:
             # Connection.
             yield conn  # type: ignore[misc]
     except (asyncio.CancelledError, TimeoutError, DatabaseUnreachable):
-        conn.terminate()
+        # Released already when the server dropped it (asyncpg's proxy then
+        # refuses every call): nothing left to close.
+        with suppress(asyncpg.InterfaceError):
+            conn.terminate()
         raise
     finally:
         # A failed reset: asyncpg terminated the connection, and the pool
