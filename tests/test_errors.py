@@ -12,8 +12,8 @@ import pytest
 
 from hooklane import store
 from hooklane.errors import (
-    DataRefused,
     DatabaseUnreachable,
+    DataRefused,
     InvalidInput,
     SchemaMissing,
     StoreError,
