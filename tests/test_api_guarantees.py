@@ -261,3 +261,17 @@ async def test_a_refused_expect_continue_is_the_apis_json(api: TestClient) -> No
         writer.close()
     assert head.startswith(b"HTTP/1.1 401") and b"WWW-Authenticate: Bearer" in head
     assert json.loads(body)["error"] == "unauthorized"
+
+
+async def test_a_body_still_arriving_at_the_deadline_is_408(api: TestClient) -> None:  # type: ignore[type-arg]
+    reader, writer = await asyncio.open_connection(api.host, api.port)
+    try:
+        writer.write(
+            f"POST {EP}/a/replay HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f'Authorization: Bearer {ADMIN}\r\nContent-Length: 100\r\n\r\n{{"since"'.encode()
+        )
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout=DEADLINE + SLACK)
+    finally:
+        writer.close()
+    assert line.split()[1] == b"408"

@@ -366,6 +366,26 @@ async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     assert await page.locator("button:has-text('Resend all')").count() == 0
 
 
+async def test_reactivating_an_active_endpoint_resets_nothing(base: str, db: asyncpg.Connection) -> None:
+    await add_endpoint(db, "failing", "http://127.0.0.1:9/failing")
+    await db.execute(
+        "UPDATE endpoints SET consecutive_failures = 4, failing_since = now() - interval '1 hour'"
+    )
+    circuit = "SELECT state, consecutive_failures, failing_since, updated_at FROM endpoints"
+    before = await db.fetchrow(circuit)
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession(headers=auth) as http,
+        http.post(f"{base}/dashboard/endpoints/default/failing/reactivate", allow_redirects=False) as answer,
+    ):
+        assert answer.status == 303
+        flash = answer.cookies[dashboard.FLASH_COOKIE].value
+    assert dashboard.flash_message(flash) == (
+        "The endpoint is not deactivated: nothing to reactivate, its circuit is left as it is."
+    )
+    assert await db.fetchrow(circuit) == before
+
+
 async def test_reactivate_a_deactivated_endpoint_from_the_browser(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
