@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -63,8 +62,6 @@ _STATIC = {
 }
 
 _NOT_DELIVERING = (EndpointState.PAUSED, EndpointState.DEACTIVATED)
-
-Page = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def add_routes(app: web.Application) -> None:
