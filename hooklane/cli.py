@@ -20,12 +20,21 @@ import asyncpg
 import uvloop
 
 from hooklane import __version__, store
-from hooklane.errors import DatabaseUnreachable, InvalidInput, SchemaMissing, StoreError, printable, shown
+from hooklane.errors import (
+    DatabaseUnreachable,
+    DataRefused,
+    InvalidInput,
+    SchemaMissing,
+    StoreError,
+    printable,
+    shown,
+)
 from hooklane.guard import literal_never_allowed
 from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, load_manifest
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
+from hooklane.store.cursor import event_position
 from hooklane.times import parse_time, rfc3339
 
 logger = logging.getLogger("hooklane")
@@ -161,6 +170,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except SchemaMissing:
         print("hooklane: the database has no Hooklane schema: run `hooklane migrate` first", file=sys.stderr)
         return 1
+    except DataRefused as exc:
+        # A value of the command's (a time, a text) that Postgres refused:
+        # the caller's to change, as for InvalidInput.
+        print(f"hooklane: the database refused a value of this command: {exc}", file=sys.stderr)
+        return 2
     except StoreError as exc:
         print(f"hooklane: the database refused: {exc}", file=sys.stderr)
         return 1
@@ -256,8 +270,14 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
     since = parse_time(args.since, "--since") if action == "replay" else None
     async with _database(settings) as conn:
         if action == "reactivate":
-            found = await store.reactivate_endpoint(conn, namespace, name)
-            done = f"{endpoint} reactivated" if found else None
+            reactivation = await store.reactivate_endpoint(conn, namespace, name)
+            if reactivation is store.Reactivation.NOT_DEACTIVATED:
+                print(
+                    f"hooklane: {endpoint} is not deactivated: nothing to reactivate, its circuit is left as it is",
+                    file=sys.stderr,
+                )
+                return 1
+            done = None if reactivation is store.Reactivation.NO_ENDPOINT else f"{endpoint} reactivated"
         elif action == "resend":
             count = await store.resend_dead(conn, namespace, name, args.delivery)
             done = None if count is None else f"{count} dead deliveries of {endpoint} queued again"
@@ -342,6 +362,8 @@ async def _events(args: argparse.Namespace, settings: Settings) -> int:
     the page is empty: asked again later, it returns what committed since)."""
     since = parse_time(args.since, "--since")
     until = None if args.until is None else parse_time(args.until, "--until")
+    # Checked here to name the option, and before connecting.
+    event_position(args.cursor, "--cursor")
     async with _database(settings) as conn:
         page = await store.list_events(
             conn, args.tenant, since, until, limit=store.check_page(args.limit, "--limit"), cursor=args.cursor

@@ -35,6 +35,13 @@ class StoreError(HooklaneError):
         self.sqlstate = sqlstate
 
 
+class DataRefused(StoreError):
+    """Postgres (or the driver, before sending) refused a value of the call:
+    a data exception (SQLSTATE class 22), such as a time out of range or a
+    NUL in a text. The caller's input is at fault, not the database: the
+    HTTP API answers 422 and the CLI exits 2, never "try again"."""
+
+
 class TransientStoreError(StoreError):
     """A store call that may succeed if made again: Postgres aborted the
     statement (deadlock, serialization failure, lock timeout) or could not be

@@ -11,8 +11,10 @@ _MAX_TIME_CHARS = 64
 
 
 def parse_time(text: str, field: str) -> datetime:
-    """An RFC 3339 time (``2026-03-01T12:00:00Z``, ``...+02:00``); refused
-    without a timezone, which would mean another instant on each machine."""
+    """An RFC 3339 time (``2026-03-01T12:00:00Z``, ``...+02:00``), in UTC;
+    refused without a timezone, which would mean another instant on each
+    machine, and when its instant lies outside the years 1 to 9999 in UTC
+    (``0001-01-01T00:00:00+14:00``), which no datetime can hold."""
     try:
         if len(text) > _MAX_TIME_CHARS:
             raise ValueError
@@ -23,7 +25,10 @@ def parse_time(text: str, field: str) -> datetime:
         ) from None
     if value.utcoffset() is None:
         raise InvalidInput(field, f"needs a timezone (2026-03-01T12:00:00Z or +02:00), not {shown(text)}")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(field, f"lies outside the years 1 to 9999 in UTC: {shown(text)}") from None
 
 
 def rfc3339(value: datetime | None) -> str | None:

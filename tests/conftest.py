@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import IO
 
@@ -109,6 +110,56 @@ def database_outage(local_postgres: LocalPostgres) -> Callable[[], AbstractConte
             local_postgres.resume()
 
     return outage
+
+
+def server_processes(local_postgres: LocalPostgres) -> list[int]:
+    """The pids of the tests' PostgreSQL: the postmaster (first) and every
+    process it started (backends, checkpointer, WAL writer...)."""
+    postmaster = int((local_postgres.datadir / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                ppid = int(stat.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == postmaster:
+            children.append(int(entry))
+    return [postmaster, *children]
+
+
+@pytest.fixture
+def database_stall(local_postgres: LocalPostgres) -> Callable[[], AbstractContextManager[None]]:
+    """``with database_stall():`` stops every process of the tests' Postgres
+    (SIGSTOP) for the block: connections stay open and new ones are taken
+    by the kernel, but nothing answers, as with a server frozen by its
+    disk, a VM pause or a network partition that drops no packet. They run
+    again (SIGCONT) when the block ends, even when it fails, since the next
+    tests share the server."""
+
+    @contextmanager
+    def stall() -> Iterator[None]:
+        stopped: list[int] = []
+        try:
+            # The postmaster first, so that it starts no process once its
+            # children are listed.
+            postmaster = server_processes(local_postgres)[0]
+            os.kill(postmaster, signal.SIGSTOP)
+            stopped.append(postmaster)
+            for pid in server_processes(local_postgres)[1:]:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            yield
+        finally:
+            for pid in stopped:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    return stall
 
 
 def _migrate_template(

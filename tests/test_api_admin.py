@@ -336,8 +336,26 @@ async def test_reactivate(api, db):
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
     await db.execute("UPDATE endpoints SET state = 'deactivated', deactivated_reason = 'HTTP 410'")
     assert (await call(api, "GET", f"{EP}/a"))["phase"] == "Deactivated"
-    assert await call(api, "POST", f"{EP}/a/reactivate") == {"reactivated": True}
+    reactivated = await call(api, "POST", f"{EP}/a/reactivate")
+    assert reactivated == {"reactivated": True}
+    conforms(reactivated, "AdminReactivated")
     assert (await call(api, "GET", f"{EP}/a"))["phase"] == "Active"
+
+
+async def test_reactivating_an_endpoint_that_is_not_deactivated_leaves_its_circuit(api, db):
+    """An active endpoint failing (its circuit counting) is not reset by a
+    reactivate: 409, and the failures, pause and failing_since stay."""
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    circuit = "SELECT state, consecutive_failures, failing_since, paused_until, updated_at FROM endpoints WHERE name = 'a'"
+    await db.execute(
+        "UPDATE endpoints SET consecutive_failures = 7, failing_since = now() - interval '1 hour', "
+        "paused_until = now() + interval '1 minute'"
+    )
+    before = await db.fetchrow(circuit)
+    refused = await call(api, "POST", f"{EP}/a/reactivate", 409)
+    assert refused["error"] == "not_deactivated" and "not deactivated" in refused["detail"]
+    assert await db.fetchrow(circuit) == before
+    assert (await call(api, "GET", f"{EP}/a"))["circuit"]["consecutive_failures"] == 7
 
 
 # --- reconciliation ------------------------------------------------------------------
@@ -451,7 +469,7 @@ async def test_answers_match_the_openapi_document(api, db):
         ("POST", f"{EP}/a/discard-dead", {"json": {"ids": [ids[1]]}}, "AdminDiscarded"),
         ("POST", f"{EP}/a/resend-dead", {}, "AdminResent"),
         ("POST", f"{EP}/a/replay", {"json": {"since": since}}, "AdminReplayed"),
-        ("POST", f"{EP}/a/reactivate", {}, "AdminReactivated"),
+        ("POST", f"{EP}/a/reactivate", {"expect": 409}, "Error"),
         ("GET", f"{EP}/missing", {"expect": 404}, "Error"),
         ("GET", f"{EP}/a/deliveries", {"params": {"state": "x"}, "expect": 422}, "Error"),
     ]

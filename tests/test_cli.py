@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -122,6 +123,19 @@ def test_publish_and_status(dsn, db_sync, files):
     status = hooklane(dsn, "status").stdout.splitlines()
     assert status[0].split()[:4] == ["ENDPOINT", "TENANT", "STATE", "PENDING"]
     assert status[1].split()[:4] == ["shop/orders-acme", "acme", "Active", "1"]
+
+
+async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, files, db):
+    assert (await asyncio.to_thread(_apply, dsn, files)).returncode == 0
+    await db.execute("UPDATE endpoints SET consecutive_failures = 3, failing_since = now()")
+    result = await asyncio.to_thread(hooklane, dsn, "endpoint", "reactivate", "shop/orders-acme")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert "shop/orders-acme is not deactivated: nothing to reactivate" in result.stderr
+    assert tuple(await db.fetchrow("SELECT state, consecutive_failures FROM endpoints")) == ("active", 3)
+    await db.execute("UPDATE endpoints SET state = 'deactivated'")
+    result = await asyncio.to_thread(hooklane, dsn, "endpoint", "reactivate", "shop/orders-acme")
+    assert (result.returncode, result.stdout) == (0, "shop/orders-acme reactivated\n")
+    assert tuple(await db.fetchrow("SELECT state, consecutive_failures FROM endpoints")) == ("active", 0)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from playwright.async_api import Browser, Page, async_playwright
 
 import hooklane
 from hooklane import store
-from hooklane.api import dashboard
+from hooklane.api import dashboard, inputs
 from hooklane.api.app import make_app
 from hooklane.api.auth import SESSION_COOKIE
 from hooklane.api.tokens import Tokens, TokenSource
@@ -366,6 +366,26 @@ async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     assert await page.locator("button:has-text('Resend all')").count() == 0
 
 
+async def test_reactivating_an_active_endpoint_resets_nothing(base: str, db: asyncpg.Connection) -> None:
+    await add_endpoint(db, "failing", "http://127.0.0.1:9/failing")
+    await db.execute(
+        "UPDATE endpoints SET consecutive_failures = 4, failing_since = now() - interval '1 hour'"
+    )
+    circuit = "SELECT state, consecutive_failures, failing_since, updated_at FROM endpoints"
+    before = await db.fetchrow(circuit)
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession(headers=auth) as http,
+        http.post(f"{base}/dashboard/endpoints/default/failing/reactivate", allow_redirects=False) as answer,
+    ):
+        assert answer.status == 303
+        flash = answer.cookies[dashboard.FLASH_COOKIE].value
+    assert dashboard.flash_message(flash) == (
+        "The endpoint is not deactivated: nothing to reactivate, its circuit is left as it is."
+    )
+    assert await db.fetchrow(circuit) == before
+
+
 async def test_reactivate_a_deactivated_endpoint_from_the_browser(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
@@ -506,10 +526,11 @@ def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
 
 @pytest.mark.unit
 def test_form_and_query_inputs_are_checked() -> None:
-    assert dashboard.delivery_id("42") == 42
-    for bad in ("", "-1", "4.2", "1" * 19, "٣"):
+    # The dashboard's delivery ids are the API's and the CLI's (store.check_delivery_id).
+    assert inputs.delivery_id("42") == 42
+    for bad in ("", "-1", "4.2", "1" * 20, "9223372036854775808", "٣"):
         with pytest.raises(InvalidInput, match="delivery id"):
-            dashboard.delivery_id(bad)
+            inputs.delivery_id(bad)
     assert dashboard.state_filter(None) is None
     assert dashboard.state_filter("dead") == "dead"
     with pytest.raises(InvalidInput, match=re.escape("must be among")):

@@ -4,6 +4,7 @@ transient, and that the store's connections raise Hooklane's types only."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta, timezone
 
 import asyncpg
 import kopf
@@ -12,6 +13,7 @@ import pytest
 from hooklane import store
 from hooklane.errors import (
     DatabaseUnreachable,
+    DataRefused,
     InvalidInput,
     SchemaMissing,
     StoreError,
@@ -30,9 +32,13 @@ exc = asyncpg.exceptions
     [
         (exc.CheckViolationError("new row violates check constraint"), StoreError),
         (exc.UniqueViolationError("duplicate key value"), StoreError),
-        (exc.DivisionByZeroError("division by zero"), StoreError),
+        # a data exception (SQLSTATE class 22): the caller's value, never an outage
+        (exc.DivisionByZeroError("division by zero"), DataRefused),
+        (exc.DatetimeFieldOverflowError("date/time field value out of range"), DataRefused),
+        (exc.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00'), DataRefused),
+        (exc.DataError("invalid input syntax"), DataRefused),
         # refused by asyncpg before sending: an InterfaceError, but no lost connection
-        (exc.DataError("invalid input for query argument $1"), StoreError),
+        (exc._base.DataError("invalid input for query argument $1: (date value out of range)"), DataRefused),
         (exc.DeadlockDetectedError("deadlock detected"), TransientStoreError),
         (exc.SerializationError("could not serialize access"), TransientStoreError),
         (exc.LockNotAvailableError("canceling statement due to lock timeout"), TransientStoreError),
@@ -110,6 +116,24 @@ async def test_a_constraint_violation_is_a_permanent_store_error(dsn):
                 await conn.execute("INSERT INTO t VALUES (1)")
         assert at_commit.value.sqlstate == "23505"
         assert await conn.fetchval("SELECT count(*) FROM t") == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_value_postgres_or_the_driver_refuses_is_data_refused(dsn):
+    """Never an outage: the same call gets the same refusal, and the caller's
+    value is at fault (the API answers 422, the CLI exits 2)."""
+    conn = await store.connect(dsn)
+    try:
+        for query, args, sqlstate in (
+            ("SELECT 1 / $1::int", (0,), "22012"),
+            ("SELECT $1::text", ("a\x00b",), "22021"),
+            ("SELECT $1::timestamptz", (datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14))),), "22000"),
+        ):
+            with pytest.raises(DataRefused) as raised:
+                await conn.fetchval(query, *args)
+            assert not raised.value.transient and raised.value.sqlstate == sqlstate
+        assert await conn.fetchval("SELECT 1") == 1
     finally:
         await conn.close()
 

@@ -322,6 +322,29 @@ async def test_deactivated_endpoint_is_reactivated_and_dead_deliveries_resent(
     )
 
 
+async def test_the_reactivate_annotation_on_an_active_endpoint_resets_nothing(kube, db, start_operator):
+    start_operator()
+    await kube.apply(secret(SECRET))
+    await kube.apply(endpoint("http://127.0.0.1:9/hooks"))
+    await wait_for(lambda: row(db))
+    await db.execute("UPDATE endpoints SET consecutive_failures = 5, failing_since = now()")
+    before = await row(db)
+    await kube.run("annotate", "whe", "orders-acme", "hooklane.io/reactivate=1")
+
+    async def annotation_removed() -> bool:
+        body = await kube.get()
+        return body is not None and "hooklane.io/reactivate" not in body["metadata"].get("annotations", {})
+
+    await wait_for(annotation_removed, timeout=30)
+    after = await row(db)
+    assert (after["state"], after["consecutive_failures"], after["failing_since"]) == (
+        "active",
+        5,
+        before["failing_since"],
+    )
+    assert "ReactivateRequested" not in await kube.events()
+
+
 async def test_publish_reaches_a_receiver_declared_only_in_kubernetes(
     kube, db, receiver, start_operator, start_worker
 ):

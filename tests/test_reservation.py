@@ -86,7 +86,7 @@ async def test_only_due_active_unpaused_signed_endpoints(db):
     # unpausing, signing and reactivating wake the endpoints up
     await add_endpoint(db, "manual", "http://127.0.0.1:1/m", paused=False)
     await add_endpoint(db, "unsigned", "http://127.0.0.1:1/u")
-    await store.reactivate_endpoint(db, "default", "gone")
+    assert await store.reactivate_endpoint(db, "default", "gone") is store.Reactivation.REACTIVATED
     assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([manual, gone, unsigned])
 
 
@@ -238,7 +238,7 @@ async def test_failing_for_five_days_deactivates_and_keeps_pending(db):
         )
         == 2
     )
-    assert await store.reactivate_endpoint(db, "default", "old")
+    assert await store.reactivate_endpoint(db, "default", "old") is store.Reactivation.REACTIVATED
     assert await db.fetchval("SELECT state FROM endpoints WHERE name = 'old'") == "active"
 
 
@@ -319,14 +319,16 @@ async def test_each_statement_that_wakes_an_endpoint_writes_its_wakeup(db):
     await _publish(db, 1)
     assert await _woken(db) == [a] * 2  # publish
     await db.execute("UPDATE endpoints SET state = 'deactivated'")
-    assert await store.reactivate_endpoint(db, "default", "a")
+    assert await store.reactivate_endpoint(db, "default", "a") is store.Reactivation.REACTIVATED
     assert await _woken(db) == [a] * 3  # reactivate_endpoint
     await db.execute("UPDATE deliveries SET state = 'dead'")
     assert await store.resend_dead(db, "default", "a") == 1
     assert await _woken(db) == [a] * 4  # resend_dead
     # nothing to wake: no row
     assert await store.resend_dead(db, "default", "a") == 0
-    assert not await store.reactivate_endpoint(db, "default", "missing")
+    assert await store.reactivate_endpoint(db, "default", "missing") is store.Reactivation.NO_ENDPOINT
+    # an active endpoint is not deactivated: nothing to reactivate, nothing woken
+    assert await store.reactivate_endpoint(db, "default", "a") is store.Reactivation.NOT_DEACTIVATED
     await _publish(db, 1, tenant="nobody")
     assert await _woken(db) == [a] * 4
 

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
 from hooklane import store
-from hooklane.api.auth import Audience, audience
+from hooklane.api import inputs
+from hooklane.api.auth import Audience, audience, expect_continue
 from hooklane.api.context import POOL
 from hooklane.api.errors import problem
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import as_json
-from hooklane.manifest import check_name, check_namespace, check_tenant
+from hooklane.manifest import check_tenant
 from hooklane.times import parse_time, rfc3339
 
 logger = logging.getLogger(__name__)
@@ -34,8 +34,6 @@ PREFIX = "/v1/admin"
 _ENDPOINT = PREFIX + "/endpoints/{namespace}/{name}"
 # Who discarded, as a discarded delivery's last_error records it.
 _ACTOR = "the admin API"
-# A repair's body is a few ids or a time; the limit only bounds a wrong one.
-_MAX_BODY_BYTES = 256 * 1024
 _DEFAULT_DELIVERIES = 100
 
 
@@ -45,11 +43,14 @@ def add_routes(app: web.Application) -> None:
     router.add_get(PREFIX + "/endpoints", list_endpoints)
     router.add_get(_ENDPOINT, get_endpoint)
     router.add_get(_ENDPOINT + "/deliveries", list_deliveries)
-    router.add_post(_ENDPOINT + "/deliveries/{id}/resend", resend_delivery)
-    router.add_post(_ENDPOINT + "/resend-dead", resend_dead)
-    router.add_post(_ENDPOINT + "/discard-dead", discard_dead)
-    router.add_post(_ENDPOINT + "/replay", replay)
-    router.add_post(_ENDPOINT + "/reactivate", reactivate)
+    for path, handler in (
+        ("/deliveries/{id}/resend", resend_delivery),
+        ("/resend-dead", resend_dead),
+        ("/discard-dead", discard_dead),
+        ("/replay", replay),
+        ("/reactivate", reactivate),
+    ):
+        router.add_post(_ENDPOINT + path, handler, expect_handler=expect_continue)
     router.add_get(PREFIX + "/events", list_events)
     router.add_get(PREFIX + "/unrouted", unrouted)
 
@@ -63,7 +64,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def get_endpoint(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
+    namespace, name = inputs.endpoint_key(request)
     async with store.acquire(request.app[POOL]) as conn:
         found = await store.endpoint_health(conn, endpoint=(namespace, name))
     if not found:
@@ -73,14 +74,12 @@ async def get_endpoint(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def list_deliveries(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
+    namespace, name = inputs.endpoint_key(request)
     query = request.query
     states = [s for value in query.getall("state", []) for s in value.split(",")] or None
-    since, until = _time(query, "since"), _time(query, "until")
-    limit = _limit(query, _DEFAULT_DELIVERIES)
-    # A malformed cursor is the caller's error (422), even while the
-    # database is away: checked before a connection is taken.
-    store.delivery_position(query.get("cursor"))
+    since, until = inputs.time(query, "since"), inputs.time(query, "until")
+    limit = inputs.limit(query, _DEFAULT_DELIVERIES)
+    cursor = inputs.delivery_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:
         page = await store.endpoint_deliveries(
             conn,
@@ -89,7 +88,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
             states=store.check_states(states),
             since=since,
             until=until,
-            cursor=query.get("cursor"),
+            cursor=cursor,
             limit=limit,
         )
     if page is None:
@@ -101,8 +100,8 @@ async def list_deliveries(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def resend_delivery(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
-    delivery = store.check_delivery_id(request.match_info["id"])
+    namespace, name = inputs.endpoint_key(request)
+    delivery = inputs.delivery_id(request.match_info["id"])
     async with store.acquire(request.app[POOL]) as conn:
         count = await store.resend_dead(conn, namespace, name, [delivery])
     if count is None:
@@ -117,7 +116,7 @@ async def resend_delivery(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def resend_dead(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
+    namespace, name = inputs.endpoint_key(request)
     async with store.acquire(request.app[POOL]) as conn:
         count = await store.resend_dead(conn, namespace, name)
     if count is None:
@@ -128,7 +127,7 @@ async def resend_dead(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def discard_dead(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
+    namespace, name = inputs.endpoint_key(request)
     body = await _body(request, required=False)
     ids = _ids(body.get("ids"))
     async with store.acquire(request.app[POOL]) as conn:
@@ -141,7 +140,7 @@ async def discard_dead(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def replay(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
+    namespace, name = inputs.endpoint_key(request)
     body = await _body(request, required=True)
     text = body.get("since")
     if not isinstance(text, str):
@@ -157,11 +156,17 @@ async def replay(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def reactivate(request: web.Request) -> web.Response:
-    namespace, name = _endpoint(request)
+    namespace, name = inputs.endpoint_key(request)
     async with store.acquire(request.app[POOL]) as conn:
-        found = await store.reactivate_endpoint(conn, namespace, name)
-    if not found:
+        done = await store.reactivate_endpoint(conn, namespace, name)
+    if done is store.Reactivation.NO_ENDPOINT:
         return _no_endpoint(namespace, name)
+    if done is store.Reactivation.NOT_DEACTIVATED:
+        return problem(
+            409,
+            "not_deactivated",
+            f"endpoint {namespace}/{name} is not deactivated: nothing to reactivate, its circuit is left as it is",
+        )
     _log("reactivate", namespace, name, 1)
     return web.json_response({"reactivated": True})
 
@@ -169,11 +174,12 @@ async def reactivate(request: web.Request) -> web.Response:
 @audience(Audience.ADMIN)
 async def list_events(request: web.Request) -> web.Response:
     query = request.query
-    tenant = check_tenant(_required(query, "tenant"), "tenant")
-    since, until = parse_time(_required(query, "since"), "since"), _time(query, "until")
-    limit = _limit(query, store.MAX_PAGE)
+    tenant = check_tenant(inputs.required(query, "tenant"), "tenant")
+    since, until = parse_time(inputs.required(query, "since"), "since"), inputs.time(query, "until")
+    limit = inputs.limit(query, store.MAX_PAGE)
+    cursor = inputs.event_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:
-        page = await store.list_events(conn, tenant, since, until, limit=limit, cursor=query.get("cursor"))
+        page = await store.list_events(conn, tenant, since, until, limit=limit, cursor=cursor)
     events = [
         {
             "id": e.id,
@@ -208,38 +214,8 @@ async def unrouted(request: web.Request) -> web.Response:
     )
 
 
-def _endpoint(request: web.Request) -> tuple[str, str]:
-    return (
-        check_namespace(request.match_info["namespace"], "namespace"),
-        check_name(request.match_info["name"], "name"),
-    )
-
-
 def _no_endpoint(namespace: str, name: str) -> web.Response:
     return problem(404, "not_found", f"no endpoint {namespace}/{name}")
-
-
-def _required(query: Any, key: str) -> str:
-    value = query.get(key)
-    if value is None:
-        raise InvalidInput(key, "is required")
-    return str(value)
-
-
-def _time(query: Any, key: str) -> datetime | None:
-    value = query.get(key)
-    return None if value is None else parse_time(value, key)
-
-
-def _limit(query: Any, default: int) -> int:
-    value = query.get("limit")
-    if value is None:
-        return default
-    if not value.isascii() or not value.isdigit() or len(value) > 6:
-        raise InvalidInput(
-            "limit", f"must be a whole number between 1 and {store.MAX_PAGE}, not {shown(value)}"
-        )
-    return store.check_page(int(value))
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -257,24 +233,7 @@ def _ids(value: Any) -> list[int] | None:
 
 async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
     """A repair's JSON object body; {} when it may be left out and is."""
-    if not request.can_read_body:
-        if required:
-            raise InvalidInput("body", "is required: a JSON object")
-        return {}
-    if request.content_type != "application/json":
-        raise web.HTTPUnsupportedMediaType(text="the body must be application/json")
-    if request.content_length is not None and request.content_length > _MAX_BODY_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=_MAX_BODY_BYTES, actual_size=request.content_length)
-    raw = await request.content.read(_MAX_BODY_BYTES + 1)
-    if len(raw) > _MAX_BODY_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=_MAX_BODY_BYTES, actual_size=len(raw))
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):
-        raise web.HTTPBadRequest(text="the body is not valid UTF-8 JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("body", f"must be a JSON object, not {shown(body)}")
-    return body
+    return await inputs.json_body(request, required=required, limit=inputs.ADMIN_MAX_BODY_BYTES)
 
 
 def _delivery(d: store.DeliveryView) -> dict[str, Any]:

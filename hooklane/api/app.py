@@ -1,8 +1,8 @@
 """The aiohttp application of ``hooklane api``, and running it.
 
-Two middlewares wrap every route: the outer one turns every refusal into
-the JSON of :mod:`.errors` and counts the request; the inner one
-(:mod:`.auth`) checks credentials. The routes of each audience live in
+Two middlewares wrap every route: the outer one gives the request its
+deadline, turns every refusal into the answer of :mod:`.errors` and counts
+the request; the inner one (:mod:`.auth`) checks credentials. The routes of each audience live in
 their own module (``ingest``, ``admin``, ``dashboard``).
 """
 
@@ -18,18 +18,15 @@ from aiohttp import web
 
 from hooklane import metrics, store
 from hooklane.api import admin, dashboard, ingest
-from hooklane.api.auth import Audience, Handler, audience, authenticate, token_sources
-from hooklane.api.context import ADMIN_TOKENS, DRAINING, INGEST_TOKENS, POOL, SETTINGS, set_started
-from hooklane.api.errors import problem
+from hooklane.api.auth import Audience, Handler, audience, audience_of, authenticate, count, token_sources
+from hooklane.api.context import ADMIN_TOKENS, DRAINING, INGEST_TOKENS, POOL, SETTINGS, deadline, set_started
+from hooklane.api.errors import Refused, classify, problem, renderer
 from hooklane.api.tokens import TokenSource
-from hooklane.errors import InvalidInput, StoreError, TransientStoreError
+from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-# How long a refused request is told to wait: the database is usually back
-# within seconds (a restart, a failover), and producers retry anyway.
-RETRY_AFTER_SECONDS = 2
 _OPENAPI = resources.files("hooklane.api").joinpath("openapi.json").read_bytes()
 
 
@@ -83,40 +80,53 @@ async def _observe(request: web.Request, handler: Handler) -> web.StreamResponse
         response = await _answer(request, handler)
     except web.HTTPException as exc:
         # A redirect, raised rather than returned.
-        _count(request, exc.status)
+        count(request, exc.status)
         raise
     except asyncio.CancelledError:
         # The client went away before its answer; nginx's word for it.
-        _count(request, 499)
+        count(request, 499)
         raise
-    _count(request, response.status)
+    count(request, response.status)
     return response
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The handler's answer by the request's deadline, every error answered
+    through the one mapping of :mod:`.errors`: JSON, or the page's HTML."""
     try:
-        return await handler(request)
+        async with asyncio.timeout_at(_cutoff(request)) as timer:
+            return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return _http_error(exc)
-    except InvalidInput as exc:
-        return problem(422, "invalid", exc.message, field=exc.field)
-    except (TransientStoreError, TimeoutError) as exc:
-        logger.warning("%s %s: database unavailable: %s", request.method, request.path, exc or "timed out")
-        return unavailable()
-    except StoreError as exc:
-        logger.error("%s %s: the database refused: %s", request.method, request.path, exc)
-        return unavailable()
+    except Exception as exc:
+        error: Exception = exc
+        if timer.expired() and not _body_arrived(request):
+            # The client, not the database, kept it past its deadline.
+            error = Refused(408, "timeout", "the body did not arrive before the request's deadline")
+        found = classify(error, request.method, audience_of(request) is Audience.INGEST)
+        if found is None:
+            raise
+        if found.log_level is not None:
+            logger.log(found.log_level, "%s %s: %s", request.method, request.path, found.log_text)
+        return renderer(request)(request, found)
 
 
-def unavailable() -> web.Response:
-    return problem(
-        503,
-        "unavailable",
-        "the database cannot be reached or did not answer in time; nothing was stored, try again",
-        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-    )
+# Ingest answers by the deadline itself (a request whose events are in a
+# transaction waits for its outcome until then): the root timer is only a
+# backstop behind it.
+_INGEST_BACKSTOP_SECONDS = 1.0
+
+
+def _cutoff(request: web.Request) -> float:
+    if audience_of(request) is Audience.INGEST:
+        return deadline(request) + _INGEST_BACKSTOP_SECONDS
+    return deadline(request)
+
+
+def _body_arrived(request: web.Request) -> bool:
+    return not request.can_read_body or request.content.is_eof()
 
 
 _HTTP_CODES = {
@@ -135,14 +145,6 @@ def _http_error(exc: web.HTTPException) -> web.Response:
     headers = {k: v for k, v in exc.headers.items() if k.lower() in _KEPT_HEADERS}
     detail = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
     return problem(exc.status, _HTTP_CODES.get(exc.status, "refused"), detail, headers=headers)
-
-
-def _count(request: web.Request, status: int) -> None:
-    resource = request.match_info.route.resource
-    if resource is None:
-        metrics.API_REQUESTS.labels("unmatched", "-", str(status)).inc()
-    else:
-        metrics.API_REQUESTS.labels(resource.canonical, request.method, str(status)).inc()
 
 
 async def run(settings: Settings) -> int:

@@ -9,13 +9,14 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import TypeVar
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from hooklane import metrics
-from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, set_grant
-from hooklane.api.errors import problem
-from hooklane.api.tokens import TokenSource, bearer
-from hooklane.errors import InvalidInput
+from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, set_grant
+from hooklane.api.errors import Refused, problem
+from hooklane.api.inputs import ADMIN_MAX_BODY_BYTES, check_length
+from hooklane.api.tokens import Grant, TokenSource, bearer
+from hooklane.errors import InvalidInput, printable
 from hooklane.settings import Settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -55,20 +56,31 @@ def audience_of(request: web.Request) -> Audience | None:
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    found = credentials(request)
+    if isinstance(found, web.StreamResponse):
+        return found
+    if found is not None:
+        set_grant(request, found)
+    return await handler(request)
+
+
+def credentials(request: web.Request) -> Grant | web.Response | None:
+    """The grant of the request's credentials, the refusal of its route's
+    audience, or None for a route that needs none."""
     who = audience_of(request)
     if who is Audience.OPEN or request.match_info.http_exception is not None:
         # Unmatched routes fall through to aiohttp's 404 or 405.
-        return await handler(request)
+        return None
     if who is None:
         raise web.HTTPNotFound()
     if who is Audience.INGEST:
-        return await _with_token(request, handler, request.app[INGEST_TOKENS], "an ingest token")
+        return _token(request, request.app[INGEST_TOKENS], "an ingest token")
     tokens = request.app[ADMIN_TOKENS]
     if not tokens.configured:
         # Without an admin token the admin routes and the dashboard are off.
         raise web.HTTPNotFound()
     if who is Audience.ADMIN or "Authorization" in request.headers:
-        return await _with_token(request, handler, tokens, "an admin token")
+        return _token(request, tokens, "an admin token")
     found = tokens.current().check(request.cookies.get(SESSION_COOKIE, ""))
     if found is None:
         if request.method in _SAFE_METHODS:
@@ -78,18 +90,58 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         # A cookie rides along with any site's form post; the browser's own
         # headers tell whether one of the dashboard's pages sent this one.
         return problem(403, "cross_origin", "a change must come from the dashboard's own pages")
-    set_grant(request, found)
-    return await handler(request)
+    return found
 
 
-async def _with_token(
-    request: web.Request, handler: Handler, tokens: TokenSource, wanted: str
-) -> web.StreamResponse:
+def _token(request: web.Request, tokens: TokenSource, wanted: str) -> Grant | web.Response:
     found = tokens.current().check(bearer(request.headers.get("Authorization")) or "")
-    if found is None:
-        return _unauthorized(request, wanted)
-    set_grant(request, found)
-    return await handler(request)
+    return _unauthorized(request, wanted) if found is None else found
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """The expect handler of every POST route: ``Expect: 100-continue`` is
+    answered 100 only once the credentials and the announced
+    ``Content-Length`` pass the checks the request will meet, so that a
+    client without a token, or with too large a body, never sends it.
+    aiohttp runs this before the middlewares: a refusal is counted here."""
+    try:
+        found = credentials(request)
+        if not isinstance(found, web.StreamResponse):
+            limit = (
+                ADMIN_MAX_BODY_BYTES
+                if audience_of(request) is Audience.ADMIN
+                else request.config_dict[SETTINGS].api_max_body_bytes
+            )
+            check_length(request.content_length, limit)
+    except Refused as exc:
+        found = problem(exc.status, exc.code, exc.detail, exc.field)
+    except web.HTTPException as exc:
+        found = problem(exc.status, "not_found" if exc.status == 404 else "refused", exc.reason)
+    if isinstance(found, web.StreamResponse):
+        # The client may be about to send the body regardless: the
+        # connection is not kept for a next request behind it.
+        found.force_close()
+        count(request, found.status)
+        return found
+    if request.version == HttpVersion11:
+        expect = request.headers.get("Expect", "")
+        if expect.lower() != "100-continue":
+            response = problem(417, "expectation_failed", f"unknown Expect: {printable(expect)}")
+            count(request, response.status)
+            return response
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # The answer's own size counts from here.
+        request.writer.output_size = 0
+    return None
+
+
+def count(request: web.Request, status: int) -> None:
+    """Count an answered request (``hooklane_api_requests_total``)."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        metrics.API_REQUESTS.labels("unmatched", "-", str(status)).inc()
+    else:
+        metrics.API_REQUESTS.labels(resource.canonical, request.method, str(status)).inc()
 
 
 def same_origin(request: web.Request) -> bool:

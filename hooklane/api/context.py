@@ -38,3 +38,9 @@ def started(request: web.Request) -> float:
 
 def set_started(request: web.Request) -> None:
     request[_STARTED] = asyncio.get_running_loop().time()
+
+
+def deadline(request: web.Request) -> float:
+    """When the request must have its answer, on the event loop's clock:
+    ``api_ack_timeout_seconds`` after it began."""
+    return started(request) + request.config_dict[SETTINGS].api_ack_timeout_seconds

@@ -12,11 +12,8 @@ reloading the page never repeats it.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -25,10 +22,11 @@ import jinja2
 from aiohttp import web
 
 from hooklane import store
-from hooklane.api.auth import LOGIN_PATH, SESSION_COOKIE, Audience, audience, same_origin
-from hooklane.api.context import ADMIN_TOKENS, POOL, SETTINGS
+from hooklane.api import inputs
+from hooklane.api.auth import LOGIN_PATH, SESSION_COOKIE, Audience, audience, expect_continue, same_origin
+from hooklane.api.context import ADMIN_TOKENS, POOL
+from hooklane.api.errors import Problem, answers_in
 from hooklane.endpoint_state import EndpointState
-from hooklane.errors import InvalidInput, StoreError, TransientStoreError, shown
 from hooklane.times import rfc3339
 
 logger = logging.getLogger(__name__)
@@ -65,19 +63,21 @@ _STATIC = {
 
 _NOT_DELIVERING = (EndpointState.PAUSED, EndpointState.DEACTIVATED)
 
-Page = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 def add_routes(app: web.Application) -> None:
     """Add the dashboard's pages to ``app``."""
-    app.router.add_get(HOME, endpoints_page)
-    app.router.add_get(LOGIN_PATH, login_page)
-    app.router.add_post(LOGIN_PATH, log_in)
-    app.router.add_post(f"{HOME}/logout", log_out)
-    app.router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
-    app.router.add_post(f"{HOME}/endpoints/{{namespace}}/{{name}}/resend", resend)
-    app.router.add_post(f"{HOME}/endpoints/{{namespace}}/{{name}}/reactivate", reactivate)
-    app.router.add_get(f"{HOME}/static/{{file}}", static)
+    router = app.router
+    router.add_get(HOME, endpoints_page)
+    router.add_get(LOGIN_PATH, login_page)
+    router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
+    router.add_get(f"{HOME}/static/{{file}}", static)
+    for path, handler in (
+        (LOGIN_PATH, log_in),
+        (f"{HOME}/logout", log_out),
+        (f"{HOME}/endpoints/{{namespace}}/{{name}}/resend", resend),
+        (f"{HOME}/endpoints/{{namespace}}/{{name}}/reactivate", reactivate),
+    ):
+        router.add_post(path, handler, expect_handler=expect_continue)
 
 
 # Pure helpers: how values are shown.
@@ -116,7 +116,7 @@ def short_text(text: str | None, limit: int = LAST_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-_FLASH = re.compile(r"(resent|resent-one|not-dead|reactivated|logged-out)(?:\.(\d{1,18}))?")
+_FLASH = re.compile(r"(resent|resent-one|not-dead|reactivated|not-deactivated|logged-out)(?:\.(\d{1,19}))?")
 
 
 def flash_value(what: str, number: int | None = None) -> str:
@@ -141,6 +141,8 @@ def flash_message(value: str | None) -> str | None:
         return f"Delivery {number} is not dead any more (resent or discarded already): nothing to resend."
     if what == "reactivated":
         return "Endpoint reactivated: its pending deliveries go out again."
+    if what == "not-deactivated":
+        return "The endpoint is not deactivated: nothing to reactivate, its circuit is left as it is."
     return "Logged out."
 
 
@@ -152,13 +154,6 @@ def is_https(scheme: str, forwarded_proto: str | None) -> bool:
     if scheme == "https":
         return True
     return (forwarded_proto or "").split(",")[0].strip().lower() == "https"
-
-
-def delivery_id(text: str) -> int:
-    """The delivery id of a resend form."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        raise InvalidInput("id", f"must be a delivery id (digits), not {shown(text)}")
-    return int(text)
 
 
 def state_filter(text: str | None) -> str | None:
@@ -207,39 +202,35 @@ def _shown_once(request: web.Request, template: str, **values: Any) -> web.Respo
     return response
 
 
-def browser_page(page: Page) -> Page:
-    """Answer a browser in HTML rather than the API's JSON: the database
-    away is a page that retries by itself, a bad input a page saying so.
-    Database calls are bounded like the API's, so a page never hangs."""
-
-    @functools.wraps(page)
-    async def answer(request: web.Request) -> web.StreamResponse:
-        try:
-            async with asyncio.timeout(request.app[SETTINGS].api_ack_timeout_seconds):
-                return await page(request)
-        except InvalidInput as exc:
-            return render("problem.html", 422, title="Not understood", detail=f"{exc.field} {exc.message}")
-        except (TransientStoreError, TimeoutError) as exc:
-            logger.warning(
-                "%s %s: database unavailable: %s", request.method, request.path, exc or "timed out"
-            )
-            return _unavailable()
-        except StoreError as exc:
-            logger.error("%s %s: the database refused: %s", request.method, request.path, exc)
-            return _unavailable()
-
-    return answer
+_TITLES = {408: "Too slow", 422: "Not understood", 503: "Database unavailable"}
 
 
-def _unavailable() -> web.Response:
+def problem_page(request: web.Request, found: Problem) -> web.Response:
+    """A problem (:mod:`.errors`) as a page: the database away is a page
+    that retries by itself (a page that was read; a form post is not
+    repeated behind the person's back), a bad input a page saying so."""
+    detail = (
+        found.detail[:1].upper() + found.detail[1:]
+        if found.field is None
+        else f"{found.field} {found.detail}"
+    )
+    if found.retry_after is None:
+        return render("problem.html", found.status, title=_TITLES.get(found.status, "Refused"), detail=detail)
+    retry = {"retry_seconds": REFRESH_SECONDS} if request.method in ("GET", "HEAD") else {}
     return render(
         "problem.html",
-        503,
+        found.status,
         headers={"Retry-After": str(REFRESH_SECONDS)},
-        title="Database unavailable",
-        detail="The database cannot be reached or did not answer in time. Retrying by itself.",
-        retry_seconds=REFRESH_SECONDS,
+        title=_TITLES.get(found.status, "Unavailable"),
+        detail=detail + (". Retrying by itself." if retry else "."),
+        **retry,
     )
+
+
+# A page answers its problems in HTML, through the API's one mapping of
+# errors (:func:`.errors.classify`); its database calls are bounded by the
+# request's deadline, in the root middleware, so a page never hangs.
+browser_page = answers_in(problem_page)
 
 
 def _not_found(namespace: str, name: str) -> web.Response:
@@ -316,9 +307,9 @@ async def endpoints_page(request: web.Request) -> web.Response:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def endpoint_page(request: web.Request) -> web.Response:
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    namespace, name = inputs.endpoint_key(request)
     state = state_filter(request.query.get("state"))
-    before = request.query.get("before") or None
+    before = inputs.delivery_cursor(request.query, "before")
     async with store.acquire(request.app[POOL]) as conn:
         healths = await store.endpoint_health(conn, endpoint=(namespace, name))
         page = await store.endpoint_deliveries(
@@ -345,10 +336,10 @@ async def endpoint_page(request: web.Request) -> web.Response:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def resend(request: web.Request) -> web.Response:
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    namespace, name = inputs.endpoint_key(request)
     form = await request.post()
     one = form.get("id")
-    ids = None if one is None else [delivery_id(str(one))]
+    ids = None if one is None else [inputs.delivery_id(str(one))]
     async with store.acquire(request.app[POOL]) as conn:
         resent = await store.resend_dead(conn, namespace, name, ids)
     if resent is None:
@@ -370,11 +361,13 @@ async def resend(request: web.Request) -> web.Response:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def reactivate(request: web.Request) -> web.Response:
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    namespace, name = inputs.endpoint_key(request)
     async with store.acquire(request.app[POOL]) as conn:
-        found = await store.reactivate_endpoint(conn, namespace, name)
-    if not found:
+        done = await store.reactivate_endpoint(conn, namespace, name)
+    if done is store.Reactivation.NO_ENDPOINT:
         return _not_found(namespace, name)
+    if done is store.Reactivation.NOT_DEACTIVATED:
+        return _redirect(_back(request, namespace, name), flash_value("not-deactivated"))
     logger.info(
         "dashboard: endpoint %s/%s reactivated",
         namespace,

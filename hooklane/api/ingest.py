@@ -18,7 +18,6 @@ library call makes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -27,10 +26,11 @@ from typing import Any
 from aiohttp import web
 
 from hooklane import metrics
-from hooklane.api.auth import Audience, audience
+from hooklane.api.auth import Audience, audience, expect_continue
 from hooklane.api.context import POOL, SETTINGS, grant, started
-from hooklane.api.errors import problem
+from hooklane.api.errors import Refused, problem
 from hooklane.api.group_commit import Conflict, Event, GroupCommitter
+from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
 from hooklane.errors import InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
 
@@ -40,9 +40,6 @@ EVENTS_PATH = "/v1/events"
 BATCH_PATH = "/v1/events/batch"
 COMMITTER = web.AppKey("committer", GroupCommitter)
 
-# A body that has not arrived whole by then is refused: a client trickling
-# bytes (slowloris) must not hold a connection and its buffer for long.
-READ_TIMEOUT_SECONDS = 10.0
 # Committer tasks: each holds one connection for its transaction, and a few
 # in turn keep the disk's flushes busy; the rest of the pool serves the
 # admin routes.
@@ -51,22 +48,11 @@ FIELDS = frozenset({"id", "type", "tenant", "data", "coalesce_key"})
 REQUIRED = ("type", "tenant", "data")
 
 
-class Refused(Exception):
-    """A request refused before its events reach the database."""
-
-    def __init__(self, status: int, code: str, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.field = field
-
-
 def add_routes(app: web.Application) -> None:
     """Add the ingest routes to ``app``, and the group committer that
     serves them to its startup and cleanup."""
-    app.router.add_post(EVENTS_PATH, publish_one)
-    app.router.add_post(BATCH_PATH, publish_batch)
+    app.router.add_post(EVENTS_PATH, publish_one, expect_handler=expect_continue)
+    app.router.add_post(BATCH_PATH, publish_batch, expect_handler=expect_continue)
     app.cleanup_ctx.append(_committer)
 
 
@@ -85,63 +71,6 @@ async def _committer(app: web.Application) -> AsyncIterator[None]:
 
 # --------------------------------------------------------------------------
 # Reading and checking: pure, apart from reading the body
-
-
-def check_media_type(content_type: str, charset: str | None) -> None:
-    if content_type != "application/json":
-        raise Refused(415, "unsupported_media_type", "the body must be application/json")
-    if charset is not None and charset.lower() not in ("utf-8", "utf8"):
-        raise Refused(415, "unsupported_media_type", "the body must be UTF-8 JSON, not " + charset)
-
-
-def check_length(content_length: int | None, limit: int) -> None:
-    if content_length is not None and content_length > limit:
-        raise Refused(413, "too_large", f"the body is larger than {limit} bytes")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    found = dict(pairs)
-    if len(found) != len(pairs):
-        # Parsers disagree on which of two equal keys wins: refused, so that
-        # no receiver reads another event than the one checked here.
-        raise ValueError(f"the key {json.dumps(_first_repeated(pairs))} appears twice in one object")
-    return found
-
-
-def _first_repeated(pairs: list[tuple[str, Any]]) -> str:
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            return key
-        seen.add(key)
-    raise AssertionError("no key repeats")
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; ``Refused`` (400 ``malformed``) for
-    anything else."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Refused(400, "malformed", f"the body is not UTF-8 (byte {exc.start})") from None
-    try:
-        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise Refused(
-            400, "malformed", f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except RecursionError:
-        raise Refused(400, "malformed", "the body nests too deeply") from None
-    except ValueError as exc:
-        # Too many digits for an integer, NaN or Infinity, a duplicate key.
-        raise Refused(400, "malformed", f"the body is not acceptable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise Refused(400, "malformed", "the body must be a JSON object")
-    return value
 
 
 def event_of(body: dict[str, Any], prefix: str = "") -> Event:

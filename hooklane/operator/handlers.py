@@ -303,19 +303,34 @@ async def delete(*, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Log
 
 
 async def reactivate(
-    *, namespace: str, name: str, new: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+    *,
+    namespace: str,
+    name: str,
+    new: str | None,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    **_: Any,
 ) -> None:
     if not new:
         return
     async with _store_errors(), store.acquire(memo.pool) as conn:
-        found = await store.reactivate_endpoint(conn, namespace, name)
-    if found:
+        done = await store.reactivate_endpoint(conn, namespace, name)
+    if done is store.Reactivation.REACTIVATED:
         kopf.event(
             body,
             type=reflect.EventType.NORMAL,
             reason=reflect.EventReason.REACTIVATE_REQUESTED,
             message=f"{reflect.REACTIVATE_ANNOTATION}={new}: the endpoint is active again",
         )
+    elif done is store.Reactivation.NOT_DEACTIVATED:
+        # Its circuit is the worker's: left as it is. The annotation goes, so
+        # that the same value set again once it is deactivated still counts.
+        logger.info(
+            f"{reflect.REACTIVATE_ANNOTATION}={new}: the endpoint is not deactivated; nothing changed"
+        )
+        patch.metadata.annotations[reflect.REACTIVATE_ANNOTATION] = None
 
 
 async def resend_dead(

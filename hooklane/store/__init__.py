@@ -37,6 +37,7 @@ from hooklane.store.deliveries import (
     unrouted_events,
 )
 from hooklane.store.endpoints import (
+    Reactivation,
     Upserted,
     delete_endpoint,
     endpoint_health,
@@ -73,6 +74,7 @@ __all__ = [
     "DeliveryView",
     "EventPage",
     "EventRow",
+    "Reactivation",
     "Result",
     "StoredEvent",
     "Unrouted",

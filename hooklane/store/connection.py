@@ -17,6 +17,7 @@ import asyncpg
 
 from hooklane.errors import (
     DatabaseUnreachable,
+    DataRefused,
     HooklaneError,
     InvalidInput,
     SchemaMissing,
@@ -80,8 +81,14 @@ TRANSIENT = (
 # No Hooklane schema: `hooklane migrate` has not run (yet).
 SCHEMA_MISSING = (asyncpg.exceptions.UndefinedTableError,)
 # asyncpg refusing a query argument before sending anything (an
-# InterfaceError, but the call is wrong, not the connection): an answer.
-_ARGUMENT_REFUSED = (asyncpg.exceptions.DataError,)
+# InterfaceError, but the call is wrong, not the connection), and Postgres'
+# data exceptions (SQLSTATE class 22: a value out of range, a NUL in a
+# text): the caller's input is at fault, whatever retrying.
+_ARGUMENT_REFUSED = (asyncpg.exceptions._base.DataError, asyncpg.exceptions.DataError)
+# How long the reset of a released connection may take (a round trip):
+# past it the connection is closed rather than waited on, so that a stalled
+# server cannot hold the caller in a release.
+RELEASE_TIMEOUT_SECONDS = 2.0
 _DRIVER = (*TRANSIENT, asyncpg.PostgresError)
 
 
@@ -93,7 +100,7 @@ def store_error(exc: BaseException, *, connecting: bool = False) -> StoreError |
     message = printable(str(exc) or type(exc).__name__)
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(exc, _ARGUMENT_REFUSED) and not connecting:
-        return StoreError(message)
+        return DataRefused(message, sqlstate)
     if connecting or isinstance(exc, CONNECTION_LOST):
         return DatabaseUnreachable(message, sqlstate)
     if isinstance(exc, SCHEMA_MISSING):
@@ -192,7 +199,10 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[StoreConnection]:
 
     asyncpg's own ``pool.acquire()`` resets a connection on release; after
     the server went away mid-statement that reset fails, and its error
-    replaces the one the caller was ready to handle.
+    replaces the one the caller was ready to handle. A caller that gives up
+    (cancelled, or timed out) may leave a statement in flight: its
+    connection is closed on the spot, since a reset, or the cancel request
+    asyncpg would send first, waits on a server that may have stalled.
     """
     async with _connecting():
         conn = await pool.acquire()
@@ -204,8 +214,15 @@ async def acquire(pool: asyncpg.Pool) -> AsyncIterator[StoreConnection]:
             # forwards every call to it: the stubs type it as a proxy of a plain
             # Connection.
             yield conn  # type: ignore[misc]
+    except (asyncio.CancelledError, TimeoutError, DatabaseUnreachable):
+        # Released already when the server dropped it (asyncpg's proxy then
+        # refuses every call): nothing left to close.
+        with suppress(asyncpg.InterfaceError):
+            conn.terminate()
+        raise
     finally:
         # A failed reset: asyncpg terminated the connection, and the pool
-        # opens a new one when needed.
+        # opens a new one when needed. A terminated connection is released
+        # without a round trip.
         with suppress(DatabaseUnreachable, *CONNECTION_LOST):
-            await pool.release(conn)
+            await pool.release(conn, timeout=RELEASE_TIMEOUT_SECONDS)

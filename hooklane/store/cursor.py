@@ -12,7 +12,12 @@ import re
 from hooklane.errors import InvalidInput
 
 _MAX_CURSOR_CHARS = 1024
-_EVENTS = re.compile(r"e1:([0-9]{1,20}):(.*)", re.DOTALL)
+# The id part is an event id, or empty before the first event: anything else
+# (a NUL, say) never came from a listing. hooklane.publish's rule, which
+# imports the store, hence written here again (tests/test_cursor.py checks
+# that the two agree).
+EVENT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
+_EVENTS = re.compile(rf"e1:([0-9]{{1,20}}):((?:{EVENT_ID.pattern})?)")
 _DELIVERIES = re.compile(r"d1:([0-9]{1,19})")
 _MAX_XID8 = 2**64 - 1
 _MAX_BIGINT = 2**63 - 1

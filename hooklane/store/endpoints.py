@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import Enum
 
 import asyncpg
 
@@ -167,8 +168,22 @@ async def list_endpoints(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(QUERIES["list_endpoints"])
 
 
-async def reactivate_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -> bool:
-    return await conn.fetchval(QUERIES["reactivate_endpoint"], namespace, name) is not None
+class Reactivation(Enum):
+    """What ``reactivate_endpoint`` did."""
+
+    REACTIVATED = "reactivated"
+    # Active (or paused, or probing): its circuit is left as it is.
+    NOT_DEACTIVATED = "not deactivated"
+    NO_ENDPOINT = "no endpoint"
+
+
+async def reactivate_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -> Reactivation:
+    """Reactivate the endpoint if it is deactivated, and say which case it was."""
+    row = await conn.fetchrow(QUERIES["reactivate_endpoint"], namespace, name)
+    assert row is not None
+    if row["reactivated"]:
+        return Reactivation.REACTIVATED
+    return Reactivation.NOT_DEACTIVATED if row["found"] else Reactivation.NO_ENDPOINT
 
 
 async def delete_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -> bool:

@@ -165,20 +165,25 @@ ORDER BY namespace, name;
 
 -- name: reactivate_endpoint
 -- Bring a deactivated endpoint back and close its circuit; its kept pending
--- deliveries are sent again from the next reservation on.
+-- deliveries are sent again from the next reservation on. Only a
+-- deactivated one: the circuit of an active endpoint is the worker's, and
+-- stays as it is. One row: whether the endpoint exists, and whether it was
+-- reactivated (false for one in another state).
 -- Parameters: $1 namespace, $2 name. Index: unique (namespace, name).
 WITH reactivated AS (
     UPDATE endpoints
     SET state = 'active', deactivated_at = NULL, deactivated_reason = NULL,
         consecutive_failures = 0, failing_since = NULL, paused_until = NULL,
         updated_at = now()
-    WHERE namespace = $1 AND name = $2
+    WHERE namespace = $1 AND name = $2 AND state = 'deactivated'
     RETURNING id, partition
 ),
 woken AS (
     SELECT hooklane_wake(array_agg(id), array_agg(partition)) FROM reactivated
 )
-SELECT r.id FROM reactivated r, woken;
+SELECT EXISTS (SELECT FROM endpoints WHERE namespace = $1 AND name = $2) AS found,
+       EXISTS (SELECT FROM reactivated) AS reactivated
+FROM woken;
 
 -- name: delete_endpoint
 -- Remove an endpoint. Its deliveries, pending and dead alike, go with it (the
