@@ -73,19 +73,30 @@ def classify(exc: BaseException, method: str, ingest: bool) -> Problem | None:
             log_level=logging.WARNING,
             log_text=f"the database refused a value: {exc}",
         )
+    # The group committer raises a StoreError only for a transaction that
+    # stored nothing (an unknown outcome is answered by ingest itself, with
+    # the ids); a timeout, the middleware's backstop, is an unknown outcome.
+    stored_nothing = ingest and isinstance(exc, StoreError)
     if isinstance(exc, TransientStoreError | TimeoutError):
-        return unavailable(method, ingest, logging.WARNING, f"database unavailable: {exc or 'timed out'}")
+        return unavailable(
+            method, ingest, logging.WARNING, f"database unavailable: {exc or 'timed out'}", stored_nothing
+        )
     if isinstance(exc, StoreError):
-        return unavailable(method, ingest, logging.ERROR, f"the database refused: {exc}")
+        return unavailable(method, ingest, logging.ERROR, f"the database refused: {exc}", stored_nothing)
     return None
 
 
-def unavailable(method: str, ingest: bool, log_level: int, log_text: str) -> Problem:
-    """The 503 of a request the database did not answer. When it gave up
-    waiting, the API cannot know whether a write was made: it never says
-    that nothing was, and says what repeats safely."""
+def unavailable(
+    method: str, ingest: bool, log_level: int, log_text: str, stored_nothing: bool = False
+) -> Problem:
+    """The 503 of a request the database did not answer. Unless it is known
+    that nothing was stored, the API cannot know whether a write was made
+    when it gave up waiting: it never says that nothing was, and says what
+    repeats safely."""
     if method in _SAFE_METHODS:
         outcome = "try again"
+    elif stored_nothing:
+        outcome = "nothing was stored, try again"
     elif ingest:
         outcome = (
             "the events may or may not have been stored: publish them again with the same ids, "

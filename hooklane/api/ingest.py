@@ -27,8 +27,8 @@ from aiohttp import web
 
 from hooklane import metrics
 from hooklane.api.auth import Audience, audience, expect_continue
-from hooklane.api.context import POOL, SETTINGS, grant, started
-from hooklane.api.errors import Refused, problem
+from hooklane.api.context import POOL, SETTINGS, deadline, grant, started
+from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, problem
 from hooklane.api.group_commit import Conflict, Event, GroupCommitter
 from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
 from hooklane.errors import InvalidInput, OutcomeUnknown, StoreError
@@ -183,11 +183,10 @@ async def _publish(request: web.Request, *, batch: bool) -> web.Response:
         reason, response = refusal(exc)
         metrics.API_EVENTS_REFUSED.labels(reason).inc()
         return response
-    # The deadline counts from the request's arrival: reading and checking
-    # took part of it already.
-    deadline = started(request) + request.config_dict[SETTINGS].api_ack_timeout_seconds
     try:
-        await request.config_dict[COMMITTER].commit(received.events, deadline)
+        # The deadline counts from the request's arrival: reading and
+        # checking took part of it already.
+        await request.config_dict[COMMITTER].commit(received.events, deadline(request))
     except Conflict as exc:
         metrics.API_EVENTS_REFUSED.labels("conflict").inc()
         field = f"events[{exc.index}].id" if batch else "id"
@@ -224,9 +223,6 @@ def outcome_unknown(received: Received) -> web.Response:
     """503 for events a COMMIT may have stored: the error body of
     :func:`.errors.problem`, and the ids, which a producer that let the API
     generate them needs to publish the same events again."""
-    # Imported here: the app module imports this one.
-    from hooklane.api.app import RETRY_AFTER_SECONDS
-
     body = {
         "error": "outcome_unknown",
         "detail": "the database did not confirm the commit in time: the events may have been stored; "

@@ -47,10 +47,14 @@ WORKER_SESSION = {
 # Session settings for the API's connections: a statement stuck behind a
 # lock must not keep a producer waiting past its answer's deadline (the
 # request is answered 503 at api_ack_timeout_seconds anyway; this frees
-# the connection too). JIT costs more than these short statements take.
+# the connection too). JIT costs more than these short statements take. A
+# connection the API abandoned at a deadline is closed; the server checks
+# for that every second even while its statement waits on a lock, so an
+# abandoned transaction stops holding its row locks at once.
 API_SESSION = {
     "jit": "off",
     "lock_timeout": "5s",
+    "client_connection_check_interval": "1s",
     "tcp_keepalives_idle": "10",
     "tcp_keepalives_interval": "5",
     "tcp_keepalives_count": "3",
