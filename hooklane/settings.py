@@ -167,6 +167,14 @@ class Settings:
     api_drain_seconds: Annotated[float, Field(ge=0, le=300, allow_inf_nan=False)] = 5.0
     # Connections of one API process to Postgres.
     api_pool_size: Annotated[int, Field(ge=2, le=1000)] = 10
+    # A connection that has not sent a whole request head (request line and
+    # headers) this long after connecting, or after its previous answer, is
+    # closed: a client trickling headers, or none, holds no socket longer.
+    api_header_timeout_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 10.0
+    # Connections open at once to the API's port; past it, a new one is
+    # answered 503 and closed. It must fit, with the pool, in the open files
+    # limit (hooklane/api/server.py checks at start).
+    api_max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 
