@@ -2,8 +2,8 @@
 
 aiohttp's server keeps a connection that never sends a whole request head
 for an hour (its keep-alive timeout), and takes as many connections as the
-process has file descriptors: a few hundred idle sockets without any token
-were enough to make every real publish fail. Here:
+process has file descriptors: about a thousand idle sockets, without any
+token, were enough to make every real publish fail. Here:
 
 - a connection that has not sent a complete request head (request line and
   headers) within ``api_header_timeout_seconds`` of connecting, or of its
@@ -69,6 +69,8 @@ def raise_open_files_limit(max_connections: int, pool_size: int) -> int:
     fit in it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = open_files_needed(max_connections, pool_size)
+    if soft == resource.RLIM_INFINITY:
+        return soft
     # An unlimited hard limit cannot be a soft one on Linux (fs.nr_open caps it).
     target = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
     if soft < target:
