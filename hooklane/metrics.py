@@ -85,6 +85,19 @@ API_COMMIT_RETRIES = Counter(
     "conflict, and tried again.",
     ["reason"],
 )
+API_CONNECTIONS_OPEN = Gauge(
+    "hooklane_api_connections_open",
+    "Connections open to the API's port (HOOKLANE_API_MAX_CONNECTIONS at most).",
+)
+API_CONNECTIONS_SHED = Counter(
+    "hooklane_api_connections_shed_total",
+    "Connections the API closed by itself, by reason: limit (HOOKLANE_API_MAX_CONNECTIONS reached, answered 503),"
+    " header_timeout (no complete request head within HOOKLANE_API_HEADER_TIMEOUT_SECONDS),"
+    " idle (a keep-alive connection unused as long).",
+    ["reason"],
+)
+for _reason in ("limit", "header_timeout", "idle"):
+    API_CONNECTIONS_SHED.labels(_reason)
 
 
 async def exposition(_request: web.Request) -> web.Response:

@@ -68,22 +68,24 @@ def _keyring(value: Any) -> Any:
 EncryptionKey = Annotated[Keyring, BeforeValidator(_keyring)]
 
 
-def _tokens(variable: str) -> BeforeValidator:
+def _tokens(variable: str, *, tenants_allowed: bool) -> BeforeValidator:
     # From the environment: the token list, read by `Tokens.parse`, whose
     # messages never quote a token; from code, Tokens already.
     def parse(value: Any) -> Any:
         if not isinstance(value, str):
             return value
         try:
-            return Tokens.parse(value, variable)
+            return Tokens.parse(value, variable, tenants_allowed=tenants_allowed)
         except InvalidInput as exc:
             raise ValueError(exc.message) from None
 
     return BeforeValidator(parse)
 
 
-ApiTokens = Annotated[Tokens, _tokens("HOOKLANE_API_TOKENS")]
-AdminTokens = Annotated[Tokens, _tokens("HOOKLANE_ADMIN_TOKENS")]
+ApiTokens = Annotated[Tokens, _tokens("HOOKLANE_API_TOKENS", tenants_allowed=True)]
+# Admin tokens act for every tenant; a file read for them (TokenSource)
+# takes its rule from the Tokens given here, hence the default's.
+AdminTokens = Annotated[Tokens, _tokens("HOOKLANE_ADMIN_TOKENS", tenants_allowed=False)]
 TokenFile = Annotated[str | None, Field(min_length=1)]
 
 # Printable and short enough for a pod name, which is what it usually is.
@@ -151,7 +153,7 @@ class Settings:
     api_tokens: ApiTokens = field(default_factory=Tokens)
     api_tokens_file: TokenFile = None
     # Tokens of the admin API and the dashboard; without any, both answer 404.
-    admin_tokens: AdminTokens = field(default_factory=Tokens)
+    admin_tokens: AdminTokens = field(default_factory=lambda: Tokens(tenants_allowed=False))
     admin_tokens_file: TokenFile = None
     # A request body larger than this is refused (413) before it is read whole.
     api_max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
@@ -165,6 +167,14 @@ class Settings:
     api_drain_seconds: Annotated[float, Field(ge=0, le=300, allow_inf_nan=False)] = 5.0
     # Connections of one API process to Postgres.
     api_pool_size: Annotated[int, Field(ge=2, le=1000)] = 10
+    # A connection that has not sent a whole request head (request line and
+    # headers) this long after connecting, or after its previous answer, is
+    # closed: a client trickling headers, or none, holds no socket longer.
+    api_header_timeout_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 10.0
+    # Connections open at once to the API's port; past it, a new one is
+    # answered 503 and closed. It must fit, with the pool, in the open files
+    # limit (hooklane/api/server.py checks at start).
+    api_max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 

@@ -53,7 +53,7 @@ async def make_client(settings: Settings) -> AsyncIterator[MakeClient]:
         pool = await store.create_pool(
             cfg.database_url, min_size=0, max_size=cfg.api_pool_size, server_settings=store.API_SESSION
         )
-        tokens = TokenSource(Tokens.parse(f"{TOKEN}\n{ACME_ONLY} acme", "test"), None, "test")
+        tokens = TokenSource(Tokens.parse(f"{TOKEN}\n{ACME_ONLY} tenants=acme", "test"), None, "test")
         app = make_app(cfg, pool, tokens, TokenSource(Tokens(), None, "test"))
         client = TestClient(TestServer(app))
         await client.start_server()

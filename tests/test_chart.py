@@ -302,7 +302,8 @@ def test_the_token_file_is_what_the_api_reads(tools):
     (secret,) = tools.render(
         *REQUIRED[:2],
         "--set",
-        "api.tokens.ingest={ingest-token-0123456789,scoped-token-0123456789 acme globex}",
+        # --set splits a list at commas: the one between tenants is escaped.
+        "api.tokens.ingest={ingest-token-0123456789,scoped-token-0123456789 tenants=acme\\,globex}",
         "--show-only",
         "templates/api-tokens-secret.yaml",
     )
@@ -320,28 +321,41 @@ def test_the_token_file_is_what_the_api_reads(tools):
         "a" * 16,
         "A-Z_a.z~0+9/=-" + "x" * 2,
         "x" * 512,
-        "t" * 20 + " acme",
-        "t" * 20 + " acme  globex.example",
+        "t" * 20 + " tenants=acme",
+        "t" * 20 + "  tenants=acme,globex.example",
+        "t" * 20 + " tenants=a=b,#c",
         "t" * 15,
         "x" * 513,
         "t" * 19 + "#",
         "t" * 19 + ",",
-        "t" * 20 + " ac,me",
+        "t" * 20 + ",acme",
+        # The syntax before tenants=: refused, not misread.
+        "t" * 20 + " acme",
+        "t" * 20 + " acme globex",
+        "t" * 20 + " acme,globex-corporation-eu",
+        "t" * 20 + " ,acme",
+        "t" * 20 + " tenants=",
+        "t" * 20 + " tenants=acme,",
+        "t" * 20 + " tenants=acme,,globex",
+        "t" * 20 + " tenants=acme tenants=globex",
+        "t" * 20 + " tenants=ac\u2028me",
+        "t" * 20 + " tenant=acme",
         "t" * 20 + " ",
         " " + "t" * 20,
+        "t" * 20 + "\n" + "u" * 20,
     ],
 )
 def test_the_schema_takes_the_token_entries_the_api_takes(entry):
     """values.schema.json checks token entries at install time; it must take
     exactly what hooklane/api/tokens.py takes as one entry of a file (one
-    line: a comma would make two entries of it)."""
+    line, without the spaces around it the API would forgive)."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     pattern = schema["definitions"]["tokenEntries"]["items"]["pattern"]
     try:
         parsed = len(Tokens.parse(entry, "entry")) == 1
     except InvalidInput:
         parsed = False
-    parsed = parsed and "," not in entry and entry == entry.strip()
+    parsed = parsed and entry == entry.strip()
     assert bool(re.search(pattern, entry)) == parsed, entry
 
 
@@ -366,6 +380,7 @@ def test_the_schema_takes_the_token_entries_the_api_takes(entry):
         ("api.replicas=two", "at '/api/replicas': got string, want integer"),
         ("api.tokens.ingest[1]=short", "at '/api/tokens/ingest/1': 'short' does not match pattern"),
         ("api.tokens.ingest[1]=a-token-with-a-comma\\,0123", "at '/api/tokens/ingest/1'"),
+        ("api.tokens.ingest[1]=scoped-token-0123456789 acme", "at '/api/tokens/ingest/1'"),
         ("api.tokens.admin[0]=admin-token-0123456789 acme", "at '/api/tokens/admin/0'"),
         ("api.tokens.existingSecret.ingest=Producers", "at '/api/tokens/existingSecret/ingest'"),
         ("api.tokens.existingSecret.ingset=producers", "additional properties 'ingset' not allowed"),
@@ -374,6 +389,8 @@ def test_the_schema_takes_the_token_entries_the_api_takes(entry):
         ("api.ingress.paths[0]=v1/events", "at '/api/ingress/paths/0'"),
         ("api.ingress.host=Hooks.Example.com", "at '/api/ingress/host'"),
         ("api.drainSeconds=600", "at '/api/drainSeconds': maximum"),
+        ("api.maxConnections=0", "at '/api/maxConnections': minimum"),
+        ("api.headerTimeoutSeconds=0", "at '/api/headerTimeoutSeconds'"),
         ("metrics.prometheusRule.apiErrorRatio=5", "at '/metrics/prometheusRule/apiErrorRatio'"),
         ("metrics.prometheusRule.apiAckP99Seconds=0", "at '/metrics/prometheusRule/apiAckP99Seconds'"),
         ("networkPolicy.apiFrom=anyone", "at '/networkPolicy/apiFrom': got string, want array"),
@@ -393,6 +410,7 @@ def test_the_schema_refuses_wrong_types_and_unknown_keys(tools, setting, error):
         ("extraEnv[0].name=HOOKLANE_ENCRYPTION_KEY", "encryptionKey.existingSecret"),
         ("config.HOOKLANE_API_PORT=9000", "api.port"),
         ("api.config.HOOKLANE_API_DRAIN_SECONDS=1", "api.drainSeconds"),
+        ("config.HOOKLANE_API_HEADER_TIMEOUT_SECONDS=1", "api.headerTimeoutSeconds"),
         ("api.config.HOOKLANE_API_TOKENS_FILE=/t", "api.tokens.ingest"),
         ("extraEnv[0].name=HOOKLANE_ADMIN_TOKENS", "api.tokens.admin"),
     ],

@@ -195,7 +195,7 @@ def release(cluster: Cluster, image: str, database: tuple[str, str]) -> dict[str
         "image.pullPolicy": "IfNotPresent",
         "database.existingSecret": "hooklane-database",
         "worker.replicas": "2",
-        "api.tokens.ingest[0]": f"{INGEST_TOKEN} {API_TENANT}",
+        "api.tokens.ingest[0]": f"{INGEST_TOKEN} tenants={API_TENANT}",
         # The receivers live on the host, behind the node address; everything
         # else stays refused, as in production.
         "config.HOOKLANE_ALLOWED_NETWORKS": f"{cluster.node_ip}/32",

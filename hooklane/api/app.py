@@ -17,10 +17,10 @@ import asyncpg
 from aiohttp import web
 
 from hooklane import metrics, store
-from hooklane.api import admin, dashboard, ingest
+from hooklane.api import admin, dashboard, ingest, server
 from hooklane.api.auth import Audience, Handler, audience, audience_of, authenticate, count, token_sources
 from hooklane.api.context import ADMIN_TOKENS, DRAINING, INGEST_TOKENS, POOL, SETTINGS, deadline, set_started
-from hooklane.api.errors import Refused, classify, problem, renderer
+from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, classify, problem, renderer
 from hooklane.api.tokens import TokenSource
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
@@ -152,6 +152,7 @@ async def run(settings: Settings) -> int:
     for ``api_drain_seconds``, stop taking requests, finish those under way
     and return 0."""
     ingest_tokens, admin_tokens = token_sources(settings)
+    server.raise_open_files_limit(settings.api_max_connections, settings.api_pool_size)
     # No connection is made yet: the API starts, and answers 503, while the
     # database is away.
     pool = await store.create_pool(
@@ -159,9 +160,16 @@ async def run(settings: Settings) -> int:
     )
     app = make_app(settings, pool, ingest_tokens, admin_tokens)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.api_ack_timeout_seconds + 5)
+    connections = server.Connections(
+        settings.api_header_timeout_seconds, settings.api_max_connections, RETRY_AFTER_SECONDS
+    )
     metrics_app = web.Application()
     metrics_app.router.add_get("/metrics", metrics.exposition)
-    metrics_runner = web.AppRunner(metrics_app, access_log=None)
+    # The metrics port is no producer's: aiohttp's own keep-alive timer,
+    # which runs from the connection until a whole head came, is its bound.
+    metrics_runner = web.AppRunner(
+        metrics_app, access_log=None, keepalive_timeout=settings.api_header_timeout_seconds
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -169,15 +177,19 @@ async def run(settings: Settings) -> int:
     try:
         await runner.setup()
         await metrics_runner.setup()
-        await _listen(runner, settings.api_host, settings.api_port, "HOOKLANE_API_PORT")
+        await _listen(
+            server.BoundedSite(runner, settings.api_host, settings.api_port, connections), "HOOKLANE_API_PORT"
+        )
         if settings.metrics_port:
             await _listen(
-                metrics_runner, settings.metrics_host, settings.metrics_port, "HOOKLANE_METRICS_PORT"
+                web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port),
+                "HOOKLANE_METRICS_PORT",
             )
         logger.info(
-            "hooklane api listening on %s:%d; admin API and dashboard %s",
+            "hooklane api listening on %s:%d (%d connections at most); admin API and dashboard %s",
             settings.api_host,
             settings.api_port,
+            settings.api_max_connections,
             "on" if admin_tokens.configured else "off (no HOOKLANE_ADMIN_TOKENS)",
         )
         await stop.wait()
@@ -188,12 +200,13 @@ async def run(settings: Settings) -> int:
         await runner.cleanup()
         await metrics_runner.cleanup()
         await pool.close()
+        connections.close()
     logger.info("hooklane api stopped")
     return 0
 
 
-async def _listen(runner: web.AppRunner, host: str, port: int, variable: str) -> None:
+async def _listen(site: web.BaseSite, variable: str) -> None:
     try:
-        await web.TCPSite(runner, host, port).start()
+        await site.start()
     except OSError as exc:
-        raise InvalidInput(variable, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise InvalidInput(variable, f"cannot listen on {site.name}: {exc.strerror}") from None

@@ -1,10 +1,14 @@
 """Bearer tokens of the HTTP API: what each may do, and checking one.
 
-A token list is text: entries separated by commas or new lines (a file
-holds one per line), each a token optionally followed by the tenants it may
-publish for, separated by spaces; ``#`` starts a comment line in a file.
-Several tokens may be valid at once, which is how they are rotated: add the
-new one, move the producers, remove the old one.
+A token list is text, in a setting or a file alike: one entry per line,
+either ``TOKEN`` (any tenant) or ``TOKEN tenants=t1,t2`` (those tenants
+only); a line whose first character (after spaces) is ``#`` is a comment.
+Nothing else is taken: a line that could be read two ways (the comma that
+used to separate entries, tenants separated by spaces) is refused at start
+with its line number and the fix, because a misread entry can turn a
+tenant's name into a token valid for every tenant. Several tokens may be
+valid at once, which is how they are rotated: add the new one, move the
+producers, remove the old one.
 
 A presented token is compared with every configured one, each by the
 SHA-256 of both in constant time, so that neither a token's characters nor
@@ -28,8 +32,17 @@ logger = logging.getLogger(__name__)
 # RFC 6750's b64token characters; 16 at least, so that a token is never a
 # guessable word.
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
+_TENANTS = "tenants="
 # A token file is a handful of lines; the limit only bounds a wrong path.
 MAX_TOKEN_FILE_BYTES = 256 * 1024
+# What every refusal of a line's shape ends with: the whole syntax, and what
+# an entry of the former syntax becomes in it. No refusal quotes a word
+# of the line: any of them may be a token.
+_SYNTAX = (
+    "an entry is `TOKEN` (any tenant) or `TOKEN tenants=t1,t2` (those tenants only), one per line;"
+    " a comma no longer separates entries and a space no longer separates tenants:"
+    " write `T1,T2` as two lines and `TOKEN t1 t2` as `TOKEN tenants=t1,t2`"
+)
 
 
 @dataclass(frozen=True)
@@ -47,44 +60,60 @@ class Grant:
 class _Entry:
     digest: bytes
     grant: Grant
+    # "HOOKLANE_API_TOKENS line 3": where a conflicting duplicate is.
+    where: str
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """A set of valid tokens. Its repr never shows one."""
+    """A set of valid tokens. Its repr never shows one.
+
+    ``tenants_allowed`` is False for admin tokens, which act for every
+    tenant: a ``tenants=`` there would look like a limit that is none, and
+    is refused; a file read for this list is held to the same rule."""
 
     entries: tuple[_Entry, ...] = field(default=(), repr=False)
+    tenants_allowed: bool = True
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def __add__(self, other: Tokens) -> Tokens:
-        return Tokens(self.entries + other.entries)
+        """Both lists; ``InvalidInput`` when a token is in both with other
+        grants, since which of them holds would not show."""
+        mine = {entry.digest: entry for entry in self.entries}
+        for entry in other.entries:
+            before = mine.get(entry.digest)
+            if before is not None and before.grant != entry.grant:
+                source, _, line = entry.where.partition(" ")
+                raise InvalidInput(
+                    source,
+                    f"{line}: the same token as {before.where} with other tenants: give each token once",
+                )
+        return Tokens(self.entries + other.entries, self.tenants_allowed and other.tenants_allowed)
 
     @classmethod
-    def parse(cls, text: str, source: str) -> Tokens:
+    def parse(cls, text: str, source: str, *, tenants_allowed: bool = True) -> Tokens:
         """Read a token list; ``InvalidInput`` names ``source`` and the
-        entry's position, never the token."""
-        entries = []
-        for position, line in enumerate(re.split(r"[,\n]", text), start=1):
+        line, never the token."""
+        entries: dict[bytes, _Entry] = {}
+        for number, line in enumerate(text.split("\n"), start=1):
             words = line.split()
             if not words or words[0].startswith("#"):
                 continue
-            token, tenants = words[0], words[1:]
-            if not _TOKEN.fullmatch(token):
+            try:
+                token, grant = _entry(words, tenants_allowed)
+            except ValueError as exc:
+                raise InvalidInput(source, f"line {number}: {exc}") from None
+            entry = _Entry(_digest(token), grant, f"{source} line {number}")
+            before = entries.setdefault(entry.digest, entry)
+            if before.grant != grant:
                 raise InvalidInput(
                     source,
-                    f"entry {position}: a token is 16 to 512 of the characters A-Z a-z 0-9 . _ ~ + / = -",
+                    f"line {number}: the same token as {before.where.removeprefix(source + ' ')}"
+                    " with other tenants: give each token once",
                 )
-            for tenant in tenants:
-                try:
-                    check_tenant(tenant, "tenant")
-                except InvalidInput as exc:
-                    raise InvalidInput(
-                        source, f"entry {position}: tenant {shown(tenant)} {exc.message}"
-                    ) from None
-            entries.append(_Entry(_digest(token), Grant(frozenset(tenants) if tenants else None)))
-        return cls(tuple(entries))
+        return cls(tuple(entries.values()), tenants_allowed)
 
     def check(self, token: str) -> Grant | None:
         """The grant of ``token``, None when it is not valid."""
@@ -95,6 +124,43 @@ class Tokens:
             if hmac.compare_digest(entry.digest, presented):
                 found = entry.grant
         return found
+
+
+def _entry(words: list[str], tenants_allowed: bool) -> tuple[str, Grant]:
+    """The token and grant of one line's words; ValueError says what is
+    wrong without quoting a word."""
+    token, rest = words[0], words[1:]
+    if "," in token:
+        raise ValueError(f"a comma cannot be part of a token; {_SYNTAX}")
+    if not _TOKEN.fullmatch(token):
+        raise ValueError("a token is 16 to 512 of the characters A-Z a-z 0-9 . _ ~ + / = -")
+    if not rest:
+        return token, Grant(None)
+    if len(rest) > 1 or not rest[0].startswith(_TENANTS):
+        raise ValueError(f"only `tenants=t1,t2` may follow a token, once; {_SYNTAX}")
+    if not tenants_allowed:
+        raise ValueError("an admin token acts for every tenant: give it alone, without `tenants=`")
+    return token, Grant(frozenset(_tenants(rest[0].removeprefix(_TENANTS))))
+
+
+def _tenants(listed: str) -> list[str]:
+    if not listed:
+        raise ValueError(
+            "`tenants=` is empty: name at least one tenant, or give the token alone for every tenant"
+        )
+    tenants = listed.split(",")
+    for position, tenant in enumerate(tenants, start=1):
+        if not tenant:
+            raise ValueError(f"tenant {position} of `tenants=` is empty: two commas, or one at an end")
+        try:
+            check_tenant(tenant, "tenant")
+        except InvalidInput:
+            # Not the check's own message, which quotes the value: a word of
+            # a line that went wrong may be a token.
+            raise ValueError(
+                f"tenant {position} of `tenants=` is not a tenant name (1 to 253 characters, no control characters)"
+            ) from None
+    return tenants
 
 
 def _digest(token: str) -> bytes:
@@ -151,7 +217,12 @@ class TokenSource:
     def _load(self, seen: tuple[int, int, int], *, strict: bool) -> None:
         assert self._path is not None
         try:
-            self._tokens = self._inline + Tokens.parse(_read(self._path, self._variable), self._variable)
+            read = Tokens.parse(
+                _read(self._path, self._variable),
+                self._variable,
+                tenants_allowed=self._inline.tenants_allowed,
+            )
+            self._tokens = self._inline + read
         except InvalidInput as exc:
             if strict:
                 raise

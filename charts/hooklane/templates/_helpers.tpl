@@ -151,6 +151,8 @@ encryption key.
   "HOOKLANE_DRAIN_SECONDS" "worker.drainSeconds"
   "HOOKLANE_API_PORT" "api.port"
   "HOOKLANE_API_DRAIN_SECONDS" "api.drainSeconds"
+  "HOOKLANE_API_HEADER_TIMEOUT_SECONDS" "api.headerTimeoutSeconds"
+  "HOOKLANE_API_MAX_CONNECTIONS" "api.maxConnections"
   "HOOKLANE_API_TOKENS" "api.tokens.ingest"
   "HOOKLANE_API_TOKENS_FILE" "api.tokens.ingest"
   "HOOKLANE_ADMIN_TOKENS" "api.tokens.admin"
