@@ -223,6 +223,10 @@ async def test_connections_past_the_limit_are_shed_while_producers_publish(dsn: 
                 assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
                 assert b"Retry-After: 2\r\n" in answer and b'"error": "unavailable"' in answer
             assert await api.metric("hooklane_api_connections_shed_total", reason="limit") == before + 5
+            # Liveness, probed on the metrics port, holds: the flood must not get the pod restarted.
+            url = f"http://127.0.0.1:{api.metrics_port}/healthz"
+            async with aiohttp.ClientSession() as session, session.get(url) as response:
+                assert response.status == 200
             # The producer's connection, open before, still publishes.
             assert await publish(*producer, "during-the-flood") == 202
             for _, writer in idle:

@@ -165,6 +165,10 @@ async def run(settings: Settings) -> int:
     )
     metrics_app = web.Application()
     metrics_app.router.add_get("/metrics", metrics.exposition)
+    # Liveness is probed here, not on the API's port: a flood that keeps
+    # that port at its connection limit must make the pod unready (its
+    # /readyz is refused), never get it restarted.
+    metrics_app.router.add_get("/healthz", _healthz)
     # The metrics port is no producer's: aiohttp's own keep-alive timer,
     # which runs from the connection until a whole head came, is its bound.
     metrics_runner = web.AppRunner(
