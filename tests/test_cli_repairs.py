@@ -58,7 +58,7 @@ async def test_events_list_prints_json_lines_and_the_next_cursor(dsn, db):
 
     for args, message in (
         (["--limit", "0"], "hooklane: --limit: must be between 1 and 1000"),
-        (["--cursor", "nonsense"], "hooklane: cursor: is not a cursor this listing returned"),
+        (["--cursor", "nonsense"], "hooklane: --cursor: is not a cursor this listing returned"),
         (["--until", "tomorrow"], "hooklane: --until: must be an RFC 3339 time"),
     ):
         refused = run_cli(dsn, "events", "list", "--tenant", "acme", "--since", since, *args)
