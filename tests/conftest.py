@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import IO
 
+import aiohttp
 import asyncpg
 import pytest
 from pytest_postgresql import factories
@@ -318,6 +319,21 @@ def api_process(dsn: str, port: int, stderr: IO[str] | None = None, **env: str) 
         **env,
     }
     return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "api"], env=environ, stderr=stderr)
+
+
+async def wait_api_up(session: aiohttp.ClientSession, base: str, api: subprocess.Popen) -> None:
+    """Wait until the ``hooklane api`` process at ``base`` answers its
+    liveness probe; fail at once should it exit."""
+
+    async def up() -> bool:
+        try:
+            async with session.get(f"{base}/healthz") as response:
+                return response.status == 200
+        except aiohttp.ClientConnectionError:
+            assert api.poll() is None, "hooklane api exited"
+            return False
+
+    await wait_for(up, timeout=30)
 
 
 async def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):

@@ -31,7 +31,7 @@ from hooklane.api.tokens import Tokens, TokenSource
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput, OutcomeUnknown, TransientStoreError
 from hooklane.settings import Settings
-from tests.conftest import LOOPBACK, add_endpoint, api_process, wait_for, worker_process
+from tests.conftest import LOOPBACK, add_endpoint, api_process, wait_api_up, wait_for, worker_process
 
 TOKEN = "ingest-token-0123456789"
 ACME_ONLY = "acme-only-token-0123456789"
@@ -873,16 +873,7 @@ async def test_an_event_posted_to_hooklane_api_is_delivered(
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
-
-            async def up() -> bool:
-                try:
-                    async with session.get(f"{base}/healthz") as response:
-                        return response.status == 200
-                except aiohttp.ClientConnectionError:
-                    assert api.poll() is None, "hooklane api exited"
-                    return False
-
-            await wait_for(up, timeout=30)
+            await wait_api_up(session, base, api)
             async with session.post(
                 f"{base}/v1/events", json={**EVENT, "id": "e2e-1"}, headers=AUTH
             ) as response:

@@ -18,7 +18,7 @@ from hooklane.errors import InvalidInput
 from hooklane.publish import MAX_DATA_BYTES, check_event
 from hooklane.store.endpoints import statistics_stale
 from hooklane.store.queries import QUERIES
-from tests.conftest import SECRET, add_endpoint, api_process, wait_for
+from tests.conftest import SECRET, add_endpoint, api_process, wait_api_up, wait_for
 
 API_TOKEN = "publish-token-0123456789"
 
@@ -390,20 +390,12 @@ async def test_the_api_refuses_data_that_would_be_sent_larger_than_the_limit(dsn
     try:
         async with aiohttp.ClientSession() as session:
 
-            async def up() -> bool:
-                try:
-                    async with session.get(f"{base}/healthz") as response:
-                        return response.status == 200
-                except aiohttp.ClientConnectionError:
-                    assert api.poll() is None, "hooklane api exited"
-                    return False
-
             async def post(data: dict) -> tuple[int, dict]:
                 body = f'{{"tenant":"acme","type":"reading.taken","data":{_compact(data)}}}'
                 async with session.post(f"{base}/v1/events", data=body, headers=headers) as response:
                     return response.status, await response.json()
 
-            await wait_for(up, timeout=30)
+            await wait_api_up(session, base, api)
             for data in (TINY, HUGE):
                 status, answer = await post(data)
                 assert (status, answer["field"]) == (422, "data")
