@@ -13,7 +13,7 @@ from hooklane.store.connection import (
     connect,
     create_pool,
 )
-from hooklane.store.cursor import delivery_position
+from hooklane.store.cursor import delivery_position, endpoint_position
 from hooklane.store.deliveries import (
     MAX_DELIVERY_ID,
     STATES,
@@ -37,10 +37,15 @@ from hooklane.store.deliveries import (
     unrouted_events,
 )
 from hooklane.store.endpoints import (
+    EndpointFilter,
+    EndpointPage,
+    EndpointTotals,
     Reactivation,
     Upserted,
     delete_endpoint,
     endpoint_health,
+    endpoint_page,
+    endpoint_totals,
     list_endpoints,
     reactivate_endpoint,
     refresh_endpoint_statistics,
@@ -72,6 +77,9 @@ __all__ = [
     "WORKER_SESSION",
     "DeliveryPage",
     "DeliveryView",
+    "EndpointFilter",
+    "EndpointPage",
+    "EndpointTotals",
     "EventPage",
     "EventRow",
     "Reactivation",
@@ -93,6 +101,9 @@ __all__ = [
     "discard_dead",
     "endpoint_deliveries",
     "endpoint_health",
+    "endpoint_page",
+    "endpoint_position",
+    "endpoint_totals",
     "insert_event",
     "insert_events",
     "list_endpoints",
