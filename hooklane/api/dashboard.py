@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import re
 from datetime import datetime
-from urllib.parse import urlencode
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
