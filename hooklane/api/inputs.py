@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -18,7 +17,6 @@ from aiohttp import web
 
 from hooklane import store
 from hooklane.api.errors import Refused
-from hooklane.endpoint_state import EndpointState
 from hooklane.errors import InvalidInput, shown
 from hooklane.manifest import check_name, check_namespace, check_tenant
 from hooklane.store.cursor import endpoint_position, event_position
@@ -31,10 +29,6 @@ READ_TIMEOUT_SECONDS = 10.0
 # wrong one.
 ADMIN_MAX_BODY_BYTES = 256 * 1024
 _MAX_LIMIT_DIGITS = 6
-# A prefix of an endpoint's name: what a name may hold, dots and dashes
-# anywhere (a prefix may end in one).
-_NAME_PREFIX = re.compile(r"[a-z0-9.-]{1,253}")
-_PHASES = {str(p).lower(): p for p in EndpointState}
 
 # --------------------------------------------------------------------------
 # The URL and the query
@@ -98,27 +92,6 @@ def endpoint_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None
     return value
 
 
-def phase(text: str | None, field: str = "phase") -> EndpointState | None:
-    """An endpoint phase (Active, Paused, Probing, Deactivated; any case)."""
-    if not text:
-        return None
-    found = _PHASES.get(text.lower())
-    if found is None:
-        raise InvalidInput(field, f"must be one of {', '.join(map(str, EndpointState))}, not {shown(text)}")
-    return found
-
-
-def name_prefix(text: str | None, field: str = "name_prefix") -> str | None:
-    """The start of endpoint names: lowercase letters, digits, dots, dashes."""
-    if not text:
-        return None
-    if not _NAME_PREFIX.fullmatch(text):
-        raise InvalidInput(
-            field, f"must be the start of a lowercase DNS-style name (a-z, 0-9, '.', '-'), not {shown(text)}"
-        )
-    return text
-
-
 def flag(query: Mapping[str, str], key: str) -> bool:
     """A true/false parameter, false when left out."""
     value = query.get(key, "false")
@@ -134,8 +107,8 @@ def endpoint_filter(query: Mapping[str, str]) -> store.EndpointFilter:
     tenant = query.get("tenant") or None
     return store.EndpointFilter(
         tenant=None if tenant is None else check_tenant(tenant, "tenant"),
-        name_prefix=name_prefix(query.get("name_prefix")),
-        phase=phase(query.get("phase")),
+        name_prefix=store.check_name_prefix(query.get("name_prefix") or None, "name_prefix"),
+        phase=store.check_phase(query.get("phase") or None, "phase"),
         not_delivering=flag(query, "not_delivering"),
     )
 

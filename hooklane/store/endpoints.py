@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 import asyncpg
 
 from hooklane.endpoint_state import EndpointState
-from hooklane.errors import InvalidInput
+from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
 from hooklane.manifest import EndpointSpec
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, unseal
@@ -19,6 +20,10 @@ from hooklane.store.queries import QUERIES
 logger = logging.getLogger(__name__)
 
 _RESEAL_BATCH = 500
+# The start of an endpoint's name: what a name may hold, a dot or a dash
+# anywhere (a prefix may end in one).
+_NAME_PREFIX = re.compile(r"[a-z0-9.-]{1,253}")
+_PHASES = {str(p).lower(): p for p in EndpointState}
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,25 @@ async def endpoint_health(
     namespace, name = endpoint or (None, None)
     rows = await conn.fetch(QUERIES["endpoint_health"], partitions, namespace, name)
     return [EndpointHealth.from_row(r) for r in rows]
+
+
+def check_phase(text: str | None, field: str) -> EndpointState | None:
+    """An endpoint phase (Active, Paused, Probing, Deactivated; any case)."""
+    if text is None:
+        return None
+    found = _PHASES.get(text.lower())
+    if found is None:
+        raise InvalidInput(field, f"must be one of {', '.join(map(str, EndpointState))}, not {shown(text)}")
+    return found
+
+
+def check_name_prefix(text: str | None, field: str) -> str | None:
+    """The start of endpoint names: lowercase letters, digits, dots, dashes."""
+    if text is not None and not _NAME_PREFIX.fullmatch(text):
+        raise InvalidInput(
+            field, f"must be the start of a lowercase DNS-style name (a-z, 0-9, '.', '-'), not {shown(text)}"
+        )
+    return text
 
 
 @dataclass(frozen=True)
