@@ -30,7 +30,8 @@ from hooklane.errors import (
     shown,
 )
 from hooklane.guard import literal_never_allowed
-from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, load_manifest
+from hooklane.health import EndpointHealth
+from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, check_tenant, load_manifest
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
@@ -45,6 +46,8 @@ MAX_SECRET_BYTES = 4096
 MAX_DATA_INPUT_BYTES = 4 * MAX_DATA_BYTES
 # Who discarded, as a discarded delivery's last_error records it.
 _CLI_ACTOR = "hooklane endpoint discard"
+# What `hooklane status` shows unless told: the worst endpoints, a screenful.
+_LISTED = 50
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +67,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("migrate", help="apply the database migrations (idempotent)")
     sub.add_parser("worker", help="deliver: reserve, send, record; SIGTERM drains then exits")
-    sub.add_parser("status", help="per-endpoint queue, in flight, oldest pending age, circuit")
+    status = sub.add_parser(
+        "status",
+        help="per-endpoint queue, in flight, oldest pending age, circuit: the most delayed first",
+    )
+    _listing_options(status)
     sub.add_parser("api", help="serve the HTTP API: ingest, admin API, dashboard (HOOKLANE_API_PORT)")
     sub.add_parser(
         "operator",
@@ -88,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     apply = esub.add_parser("apply", help="create or update an endpoint from a WebhookEndpoint manifest")
     apply.add_argument("-f", "--filename", required=True, help="the manifest (YAML), or - for stdin")
     apply.add_argument("--secret-file", required=True, help="file holding the whsec_ signing secret")
-    esub.add_parser("list", help="list endpoints")
+    _listing_options(esub.add_parser("list", help="list endpoints, the most delayed first"))
     for action, text in (
         ("reactivate", "reactivate a deactivated endpoint"),
         ("resend", "resend an endpoint's dead deliveries"),
@@ -122,6 +129,27 @@ def _parser() -> argparse.ArgumentParser:
     dsub.add_parser("controlplane", help="run kube-apiserver and etcd (envtest); prints the kubeconfig path")
     dsub.add_parser("demo", help="the main job on this machine: many endpoints, one slow", add_help=False)
     return parser
+
+
+def _listing_options(parser: argparse.ArgumentParser) -> None:
+    """The filters and the page of ``status`` and ``endpoint list``."""
+    parser.add_argument("--tenant", help="only this tenant's endpoints")
+    parser.add_argument(
+        "--phase", help="only endpoints in this phase: Active, Paused, Probing or Deactivated"
+    )
+    parser.add_argument(
+        "--not-delivering",
+        action="store_true",
+        help="only endpoints nothing is sent to now (deactivated, paused, circuit open, unsigned)",
+    )
+    parser.add_argument("--name-prefix", help="only endpoints whose name starts with this")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=_LISTED,
+        help=f"show this many, the most delayed first (default {_LISTED}, at most {store.MAX_PAGE})",
+    )
+    parser.add_argument("--cursor", help="the cursor a previous listing printed: continue after it")
 
 
 # Commands whose options belong to another parser: the rest of argv is theirs.
@@ -246,8 +274,7 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
     if action == "apply":
         return await _endpoint_apply(args, settings)
     if action == "list":
-        async with _database(settings) as conn:
-            healths = await store.endpoint_health(conn)
+        healths = await _listed(args, settings)
         _print_table(
             ["NAMESPACE", "NAME", "TENANT", "URL", "MAX", "STATE", "FAILURES", "PAUSED UNTIL"],
             [
@@ -261,7 +288,7 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
                     h.consecutive_failures,
                     _time(h.paused_until),
                 ]
-                for h in sorted(healths, key=lambda h: (h.namespace, h.name))
+                for h in healths
             ],
         )
         return 0
@@ -317,9 +344,33 @@ async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _status(args: argparse.Namespace, settings: Settings) -> int:
+async def _listed(args: argparse.Namespace, settings: Settings) -> list[EndpointHealth]:
+    """The page of endpoints ``args`` ask for. When more match than it
+    holds, stderr says how many and how to see the next ones, so that
+    the table on stdout stays a table."""
+    chosen = store.EndpointFilter(
+        tenant=None if args.tenant is None else check_tenant(args.tenant, "--tenant"),
+        name_prefix=store.check_name_prefix(args.name_prefix, "--name-prefix"),
+        phase=store.check_phase(args.phase, "--phase"),
+        not_delivering=args.not_delivering,
+    )
+    limit = store.check_page(args.limit, "--limit")
+    store.endpoint_position(args.cursor, "--cursor")
     async with _database(settings) as conn:
-        healths = await store.endpoint_health(conn)
+        page = await store.endpoint_page(conn, chosen, cursor=args.cursor, limit=limit)
+        totals = await store.endpoint_totals(conn, chosen) if page.cursor is not None else None
+    if page.cursor is not None and totals is not None:
+        print(
+            f"hooklane: {len(page.endpoints)} shown of {totals.endpoints} endpoints"
+            f"{' matching' if chosen != store.EndpointFilter() else ''}, the most delayed first; "
+            f"the next ones: --cursor {page.cursor}",
+            file=sys.stderr,
+        )
+    return page.endpoints
+
+
+async def _status(args: argparse.Namespace, settings: Settings) -> int:
+    healths = await _listed(args, settings)
     _print_table(
         [
             "ENDPOINT",

@@ -104,6 +104,49 @@ def standing_counts(healths: Iterable[EndpointHealth]) -> tuple[dict[str, int], 
     return dict(paused), probing
 
 
+def exported_endpoints(healths: Iterable[EndpointHealth], mode: str, top: int) -> list[EndpointHealth]:
+    """The endpoints whose per-endpoint gauges a worker exports
+    (HOOKLANE_METRICS_ENDPOINTS): every one ("all"), none ("tenant"), or
+    ("top") the ``top`` most delayed with something pending and the ``top``
+    with the most dead deliveries: what the lagging and dead-letter alerts
+    look at, in at most 2 x ``top`` endpoints."""
+    if mode == "all":
+        return list(healths)
+    if mode == "tenant":
+        return []
+    found = list(healths)
+    delayed = sorted(
+        (h for h in found if h.oldest_pending_age is not None),
+        key=lambda h: (-(h.oldest_pending_age or 0.0), h.namespace, h.name),
+    )[:top]
+    dead = sorted((h for h in found if h.dead), key=lambda h: (-h.dead, h.namespace, h.name))[:top]
+    chosen = {h.id: h for h in (*delayed, *dead)}
+    return sorted(chosen.values(), key=lambda h: (h.namespace, h.name))
+
+
+@dataclass(frozen=True)
+class TenantTotals:
+    pending: int
+    in_flight: int
+    dead: int
+    oldest_pending_age: float  # seconds; 0 when nothing is pending
+
+
+def tenant_totals(healths: Iterable[EndpointHealth]) -> dict[str, TenantTotals]:
+    """Per tenant: the sums of its endpoints' queues and its oldest pending
+    age, the gauges of HOOKLANE_METRICS_ENDPOINTS=tenant."""
+    found: dict[str, TenantTotals] = {}
+    for h in healths:
+        was = found.get(h.tenant, TenantTotals(0, 0, 0, 0.0))
+        found[h.tenant] = TenantTotals(
+            was.pending + h.pending,
+            was.in_flight + h.in_flight,
+            was.dead + h.dead,
+            max(was.oldest_pending_age, h.oldest_pending_age or 0.0),
+        )
+    return found
+
+
 def as_json(h: EndpointHealth) -> dict[str, Any]:
     """The admin API's (and the dashboard's) form of a record."""
     return {

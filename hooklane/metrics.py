@@ -50,6 +50,24 @@ EVENTS_UNROUTED = Gauge("hooklane_events_unrouted", "Events kept although they m
 
 PER_ENDPOINT = (ENDPOINT_PENDING, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_PENDING_AGE, ENDPOINT_DEAD)
 
+# HOOKLANE_METRICS_ENDPOINTS=tenant: the same, summed per tenant of this
+# worker's partitions (the oldest age is the tenant's oldest).
+TENANT_PENDING = Gauge("hooklane_tenant_pending", "Pending deliveries per tenant.", ["tenant"])
+TENANT_IN_FLIGHT = Gauge("hooklane_tenant_in_flight", "Deliveries in flight per tenant.", ["tenant"])
+TENANT_OLDEST_PENDING_AGE = Gauge(
+    "hooklane_tenant_oldest_pending_age_seconds",
+    "Age of the oldest pending delivery among a tenant's endpoints.",
+    ["tenant"],
+)
+TENANT_DEAD = Gauge("hooklane_tenant_dead_deliveries", "Dead deliveries kept per tenant.", ["tenant"])
+PER_TENANT = (TENANT_PENDING, TENANT_IN_FLIGHT, TENANT_OLDEST_PENDING_AGE, TENANT_DEAD)
+ENDPOINTS_EXPORTED = Gauge(
+    "hooklane_endpoints_exported",
+    "Endpoints of this worker's partitions with per-endpoint series (HOOKLANE_METRICS_ENDPOINTS), "
+    "and how many it has in all.",
+    ["kind"],
+)
+
 DESTINATIONS_DENIED = Counter(
     "hooklane_destinations_denied_total",
     "Delivery attempts refused before connecting: the address is not allowed (HOOKLANE_ALLOWED_NETWORKS).",

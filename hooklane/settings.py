@@ -10,7 +10,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import field, fields
 from ipaddress import IPv4Network, IPv6Network
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
@@ -122,6 +122,15 @@ class Settings:
     rebalance_seconds: Seconds = 1.0
     # How often per-endpoint gauges are refreshed from Postgres.
     gauges_seconds: Seconds = 10.0
+    # Which endpoints get series of their own (hooklane/health.py,
+    # exported_endpoints): "top", the metrics_endpoints_top most delayed and
+    # the as many with the most dead deliveries of each worker's partitions,
+    # so that a worker exports a bounded number however many endpoints
+    # there are and the alerts still see the worst ones; "all", every
+    # endpoint (4 series each: 40,000 at 10,000 endpoints); "tenant", none,
+    # per-tenant sums instead (hooklane_tenant_*).
+    metrics_endpoints: Literal["top", "all", "tenant"] = "top"
+    metrics_endpoints_top: Count = 100
     # How often maintenance runs (rescue, deactivation, retention).
     maintenance_seconds: Seconds = 5.0
     # How often a worker checks that every endpoint of its partitions with

@@ -23,7 +23,7 @@ from hooklane.api.auth import token_sources
 from hooklane.api.tokens import Tokens
 from hooklane.dev.postgres import free_port
 from hooklane.settings import Settings
-from tests.conftest import add_endpoint, wait_for
+from tests.conftest import SECRET, add_endpoint, wait_for
 from tests.test_cli import hooklane as run_cli
 
 ADMIN = "admin-token-0123456789"
@@ -87,7 +87,7 @@ async def test_the_admin_api_needs_an_admin_token(api):
         response = await api.get("/v1/admin/endpoints", headers=headers)
         assert response.status == 401
         assert (await response.json())["error"] == "unauthorized"
-    assert (await call(api, "GET", "/v1/admin/endpoints")) == {"endpoints": []}
+    assert (await call(api, "GET", "/v1/admin/endpoints")) == {"endpoints": [], "next_cursor": None}
 
 
 # --- endpoints -------------------------------------------------------------------
@@ -195,6 +195,135 @@ async def test_api_status_and_gauges_agree(api, db, dsn, start_worker):
             }
         )
     )
+
+
+# --- endpoint listing: pages and filters ------------------------------------------
+
+
+async def _many_endpoints(db: asyncpg.Connection) -> None:
+    """Eleven endpoints of two tenants in every phase: some with pending
+    deliveries of distinct ages, two tied on the same oldest one, some with
+    nothing pending (listed last, by name)."""
+    names = [f"ep-{i:02d}" for i in range(11)]
+    for i, name in enumerate(names):
+        await add_endpoint(
+            db,
+            name,
+            f"http://127.0.0.1:9/{name}",
+            tenant="acme" if i % 2 else "globex",
+            paused=i == 3,
+            secret=None if i == 9 else SECRET,
+        )
+    for tenant in ("acme", "globex"):
+        await publish(db, 1, tenant=tenant)
+    # Pending on ep-00..ep-07, ep-04 and ep-05 tied; none on the rest.
+    await db.execute(
+        """UPDATE deliveries d SET created_at = timestamptz '2026-01-01' + (CASE ep.name
+               WHEN 'ep-05' THEN 4 ELSE substr(ep.name, 4)::int END) * interval '1 minute'
+           FROM endpoints ep WHERE ep.id = d.endpoint_id"""
+    )
+    await db.execute(
+        "DELETE FROM deliveries d USING endpoints ep WHERE ep.id = d.endpoint_id AND ep.name >= 'ep-08'"
+    )
+    await db.execute(
+        """UPDATE endpoints SET consecutive_failures = 9, failing_since = now(),
+                  paused_until = now() + CASE name WHEN 'ep-01' THEN interval '1 hour'
+                                                   ELSE interval '-1 minute' END
+           WHERE name IN ('ep-01', 'ep-06')"""
+    )
+    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE name IN ('ep-02', 'ep-10')")
+
+
+async def _walk(api: TestClient, query: str, limit: int) -> list[list[str]]:
+    pages, cursor = [], ""
+    while True:
+        body = await call(api, "GET", f"/v1/admin/endpoints?limit={limit}&cursor={cursor}{query}")
+        pages.append([e["name"] for e in body["endpoints"]])
+        assert len(pages[-1]) <= limit
+        if body["next_cursor"] is None:
+            return pages
+        cursor = body["next_cursor"]
+
+
+async def test_endpoint_list_pages_by_cursor_in_the_oldest_pending_order(api, db):
+    await _many_endpoints(db)
+    order = [h.name for h in await store.endpoint_health(db)]
+    assert order[:8] == ["ep-00", "ep-01", "ep-02", "ep-03", "ep-04", "ep-05", "ep-06", "ep-07"]
+    for limit in (1, 2, 3, 4, 11):
+        pages = await _walk(api, "", limit)
+        assert [n for page in pages for n in page] == order, limit
+        # Only the last page may be short; none is empty unless all are.
+        assert all(len(page) == limit for page in pages[:-1]) and pages[-1], limit
+    # The default page holds them all, and says there is no more.
+    body = await call(api, "GET", "/v1/admin/endpoints")
+    assert [e["name"] for e in body["endpoints"]] == order and body["next_cursor"] is None
+
+
+async def test_endpoint_list_paging_survives_a_delivered_head(api, db):
+    """An endpoint whose oldest pending delivery goes meanwhile moves later
+    in the order: every endpoint that stayed put is still listed once."""
+    await _many_endpoints(db)
+    body = await call(api, "GET", "/v1/admin/endpoints?limit=3")
+    first = [e["name"] for e in body["endpoints"]]
+    await db.execute(
+        "UPDATE deliveries d SET state = 'delivered' FROM endpoints ep "
+        "WHERE ep.id = d.endpoint_id AND ep.name = 'ep-01'"
+    )
+    body = await call(api, "GET", f"/v1/admin/endpoints?limit=100&cursor={body['next_cursor']}")
+    rest = [e["name"] for e in body["endpoints"]]
+    everything = [h.name for h in await store.endpoint_health(db)]
+    assert first == ["ep-00", "ep-01", "ep-02"]
+    assert set(first) | set(rest) == set(everything) and len(set(rest)) == len(rest)
+    # It moved behind the cursor, among those with nothing pending: seen twice.
+    assert rest[-3:] == ["ep-01", "ep-09", "ep-10"] or "ep-01" in rest
+
+
+@pytest.mark.parametrize(
+    ("query", "chosen"),
+    [
+        ("tenant=acme", lambda h: h.tenant == "acme"),
+        ("name_prefix=ep-0", lambda h: h.name.startswith("ep-0")),
+        ("name_prefix=ep-1", lambda h: h.name.startswith("ep-1")),
+        ("phase=Active", lambda h: h.standing.state == "Active"),
+        ("phase=Paused", lambda h: h.standing.state == "Paused"),
+        ("phase=probing", lambda h: h.standing.state == "Probing"),
+        ("phase=Deactivated", lambda h: h.standing.state == "Deactivated"),
+        ("not_delivering=true", lambda h: h.standing.state != "Active" or not h.signed),
+        ("not_delivering=false", lambda h: True),
+        (
+            "tenant=globex&not_delivering=true",
+            lambda h: h.tenant == "globex" and h.standing.state != "Active",
+        ),
+        ("tenant=&phase=&name_prefix=", lambda h: True),
+    ],
+)
+async def test_endpoint_list_filters_agree_with_the_health_records(api, db, query, chosen):
+    """The filters are SQL; the phases are health.py's: both decide alike."""
+    await _many_endpoints(db)
+    expected = [h.name for h in await store.endpoint_health(db) if chosen(h)]
+    assert expected
+    for limit in (2, 100):
+        assert [n for page in await _walk(api, "&" + query, limit) for n in page] == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("phase=Sleeping", "phase"),
+        ("not_delivering=yes", "not_delivering"),
+        ("name_prefix=Ep", "name_prefix"),
+        ("name_prefix=ep_", "name_prefix"),
+        ("tenant=%00", "tenant"),
+        ("limit=0", "limit"),
+        (f"limit={store.MAX_PAGE + 1}", "limit"),
+        ("cursor=not-a-cursor", "cursor"),
+        # A deliveries cursor is no endpoint cursor.
+        (f"cursor={store.cursor.delivery_cursor(5)}", "cursor"),
+    ],
+)
+async def test_endpoint_list_refuses_what_it_cannot_read(api, query, field):
+    body = await call(api, "GET", f"/v1/admin/endpoints?{query}", 422)
+    assert (body["error"], body["field"]) == ("invalid", field)
 
 
 # --- deliveries ------------------------------------------------------------------

@@ -105,3 +105,12 @@ def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
     # Each 202 means committed: the database holds every event acknowledged.
     assert result["stored"] == result["acknowledged"] > 0
     assert result["summary"]["every_202_stored"]
+
+
+def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("listings", tmp_path, "--dsn", server_dsn, timeout=120)
+    timed = {r["what"]: r for r in result["runs"]["this tree"]}
+    assert all(r["seconds"]["n"] == result["config"]["runs"] for r in timed.values())
+    # A page, not every endpoint: the smoke preset has 300.
+    assert timed["admin GET /v1/admin/endpoints"]["bytes"] < 300 * 600
+    assert any("deliveries_queue" in line for line in result["plan"])

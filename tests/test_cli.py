@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hooklane import __version__
+from hooklane import publish as publish_event
 from tests.conftest import LOOPBACK, SECRET, add_endpoint
 from tests.test_manifest import LAUGHS
 
@@ -438,3 +439,54 @@ def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
         assert (
             result.stderr == "hooklane: the database has no Hooklane schema: run `hooklane migrate` first\n"
         )
+
+
+async def test_status_shows_the_worst_fifty_and_says_how_many_more(dsn, db):
+    for i in range(55):
+        await add_endpoint(
+            db, f"ep-{i:02d}", "http://127.0.0.1:9/x", tenant=("acme", "globex")[i % 2], paused=i == 7
+        )
+    for tenant in ("acme", "globex"):
+        await publish_event(db, tenant=tenant, type="order.paid", data={})
+    # The higher the number, the older its pending delivery: ep-54 is the worst.
+    await db.execute(
+        "UPDATE deliveries d SET created_at = now() - substr(ep.name, 4)::int * interval '1 minute' "
+        "FROM endpoints ep WHERE ep.id = d.endpoint_id"
+    )
+    worst = [f"default/ep-{i:02d}" for i in range(54, -1, -1)]
+
+    first = hooklane(dsn, "status")
+    assert first.returncode == 0, first.stderr
+    assert [line.split()[0] for line in first.stdout.splitlines()[1:]] == worst[:50]
+    (note,) = first.stderr.splitlines()
+    assert note.startswith("hooklane: 50 shown of 55 endpoints, the most delayed first")
+    cursor = note.rpartition("--cursor ")[2]
+    rest = hooklane(dsn, "status", "--cursor", cursor)
+    assert [line.split()[0] for line in rest.stdout.splitlines()[1:]] == worst[50:] and rest.stderr == ""
+
+    acme = hooklane(dsn, "status", "--tenant", "acme", "--limit", "3")
+    assert [line.split()[0] for line in acme.stdout.splitlines()[1:]] == worst[0:5:2]
+    assert "3 shown of 28 endpoints matching" in acme.stderr
+    paused = hooklane(dsn, "status", "--phase", "paused")
+    assert [line.split()[0] for line in paused.stdout.splitlines()[1:]] == ["default/ep-07"]
+    assert paused.stderr == ""
+    held = hooklane(dsn, "endpoint", "list", "--not-delivering", "--name-prefix", "ep-0")
+    assert [line.split()[:2] for line in held.stdout.splitlines()[1:]] == [["default", "ep-07"]]
+    listed = hooklane(dsn, "endpoint", "list", "--limit", "2", "--tenant", "globex")
+    assert [line.split()[1] for line in listed.stdout.splitlines()[1:]] == ["ep-53", "ep-51"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--phase", "Sleeping"], "--phase: must be one of Active, Paused, Probing, Deactivated"),
+        (["--limit", "0"], "--limit: must be between 1 and 1000"),
+        (["--name-prefix", "Ep"], "--name-prefix: must be the start of a lowercase DNS-style name"),
+        (["--tenant", ""], "--tenant"),
+        (["--cursor", "nope"], "--cursor: is not a cursor this listing returned"),
+    ],
+)
+def test_listing_options_are_checked(dsn, args, message):
+    for command in (["status"], ["endpoint", "list"]):
+        result = hooklane(dsn, *command, *args)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 
 from hooklane.errors import InvalidInput
 from hooklane.publish import _ID as PUBLISHED_ID
-from hooklane.store.cursor import EVENT_ID, delivery_cursor, delivery_position, event_cursor, event_position
+from hooklane.store.cursor import (
+    EVENT_ID,
+    EndpointPosition,
+    delivery_cursor,
+    delivery_position,
+    endpoint_cursor,
+    endpoint_position,
+    event_cursor,
+    event_position,
+)
 from hooklane.times import parse_time, rfc3339
 
 pytestmark = pytest.mark.unit
@@ -78,3 +87,34 @@ def test_times_need_a_timezone():
         with pytest.raises(InvalidInput) as refused:
             parse_time(text, "until")
         assert refused.value.field == "until" and words in refused.value.message
+
+
+@given(
+    st.none() | st.datetimes(timezones=st.just(UTC)),
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,100}[a-z0-9])?", fullmatch=True),
+)
+def test_an_endpoint_cursor_comes_back_as_the_position_it_was(at, namespace, name):
+    position = EndpointPosition(at, namespace, name)
+    assert endpoint_position(endpoint_cursor(position)) == position
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["n1::default", "n1:x:default:a", "n2::default:a", "n1::Default:a", "n1::default:a:b", "d1:5", ""],
+)
+def test_what_no_endpoint_listing_returned_is_refused(text):
+    with pytest.raises(InvalidInput) as refused:
+        endpoint_position(_encode_text(text) or "=")
+    assert refused.value.field == "cursor"
+
+
+def test_an_endpoint_cursor_past_any_time_is_refused():
+    with pytest.raises(InvalidInput):
+        endpoint_position(_encode_text(f"n1:{10**19 - 1}:default:a"))
+
+
+def _encode_text(text: str) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")

@@ -242,6 +242,102 @@ async def test_endpoints_are_listed_by_oldest_pending_age_with_their_phase(
     assert types == ["order.paid", "order.paid"]
 
 
+async def _sixty_endpoints(db: asyncpg.Connection) -> list[str]:
+    """Sixty endpoints of three tenants, the first forty with one pending
+    delivery each, older the lower the number; a few paused by hand. Their
+    names, in the listing's order."""
+    for i in range(60):
+        await add_endpoint(
+            db,
+            f"ep-{i:02d}",
+            f"http://127.0.0.1:9/{i}",
+            tenant=("acme", "globex", "initech")[i % 3],
+            paused=i % 7 == 0,
+        )
+    for tenant in ("acme", "globex", "initech"):
+        await publish(db, 1, tenant)
+    await db.execute(
+        "DELETE FROM deliveries d USING endpoints ep WHERE ep.id = d.endpoint_id AND ep.name >= 'ep-40'"
+    )
+    await db.execute(
+        """UPDATE deliveries d SET created_at = now() - (100 - substr(ep.name, 4)::int) * interval '1 minute'
+           FROM endpoints ep WHERE ep.id = d.endpoint_id"""
+    )
+    return [h.name for h in await store.endpoint_health(db)]
+
+
+async def shown(page: Page) -> list[str]:
+    names = await endpoint_rows(page).evaluate_all("rows => rows.map(r => r.dataset.endpoint)")
+    return [n.removeprefix("default/") for n in names]
+
+
+async def test_the_endpoints_page_shows_the_most_delayed_fifty_and_pages_on(
+    base: str, page: Page, db: asyncpg.Connection
+) -> None:
+    order = await _sixty_endpoints(db)
+    assert order[:3] == ["ep-00", "ep-01", "ep-02"]
+    await log_in(page, base)
+    assert await shown(page) == order[:50]
+    assert "60" in (await page.locator(".totals li").first.text_content() or "")
+    assert await page.locator("a.first").count() == 0
+
+    await page.click("a.next")
+    await page.wait_for_url(re.compile(r".*/dashboard\?after="))
+    assert await shown(page) == order[50:]
+    assert await page.locator("a.next").count() == 0
+    await page.click("a.first")
+    await page.wait_for_url(f"{base}/dashboard")
+    assert await shown(page) == order[:50]
+
+
+async def test_search_by_tenant_name_and_phase_keeps_the_order_and_pages_within(
+    base: str, page: Page, db: asyncpg.Connection
+) -> None:
+    order = await _sixty_endpoints(db)
+    healths = {h.name: h for h in await store.endpoint_health(db)}
+    await log_in(page, base)
+
+    await page.fill("input[name=tenant]", "acme")
+    await page.fill("input[name=name_prefix]", "ep-1")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_url(re.compile(r".*tenant=acme&name_prefix=ep-1.*"))
+    expected = [n for n in order if healths[n].tenant == "acme" and n.startswith("ep-1")]
+    assert await shown(page) == expected and expected
+    assert await page.input_value("input[name=tenant]") == "acme"
+    # The page refreshes itself with the same search.
+    await page.wait_for_selector("#refresh-status:has-text('updated')")
+    assert await shown(page) == expected
+
+    await page.goto(f"{base}/dashboard")
+    await page.select_option("select[name=phase]", "Paused")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_url(re.compile(r".*phase=Paused.*"))
+    assert await shown(page) == [n for n in order if healths[n].standing.state == "Paused"]
+
+    await page.goto(f"{base}/dashboard")
+    await page.check("input[name=not_delivering]")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_url(re.compile(r".*not_delivering=true.*"))
+    assert await shown(page) == [n for n in order if healths[n].paused]
+    totals = await page.locator(".totals li").all_text_contents()
+    assert totals[0].split()[0] == str(sum(1 for h in healths.values() if h.paused))
+
+    # Fifty of the forty-odd active ones, then the next page keeps the search.
+    await page.goto(f"{base}/dashboard?phase=Active")
+    active = [n for n in order if healths[n].standing.state == "Active"]
+    assert len(active) > 50
+    assert await shown(page) == active[:50]
+    await page.click("a.next")
+    await page.wait_for_url(re.compile(r".*phase=Active&after=.*"))
+    assert await shown(page) == active[50:]
+
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+        async with http.get(f"{base}/dashboard?phase=Sleeping") as answer:
+            assert answer.status == 422 and "phase must be one of" in await answer.text()
+        async with http.get(f"{base}/dashboard?after=nope") as answer:
+            assert answer.status == 422 and "after is not a cursor" in await answer.text()
+
+
 async def test_an_open_circuit_shows_its_failures_and_next_probe(
     base: str, page: Page, db: asyncpg.Connection
 ) -> None:

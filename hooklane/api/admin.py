@@ -35,6 +35,7 @@ _ENDPOINT = PREFIX + "/endpoints/{namespace}/{name}"
 # Who discarded, as a discarded delivery's last_error records it.
 _ACTOR = "the admin API"
 _DEFAULT_DELIVERIES = 100
+_DEFAULT_ENDPOINTS = 100
 
 
 def add_routes(app: web.Application) -> None:
@@ -57,9 +58,13 @@ def add_routes(app: web.Application) -> None:
 
 @audience(Audience.ADMIN)
 async def list_endpoints(request: web.Request) -> web.Response:
+    query = request.query
+    chosen = inputs.endpoint_filter(query)
+    limit = inputs.limit(query, _DEFAULT_ENDPOINTS)
+    cursor = inputs.endpoint_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:
-        healths = await store.endpoint_health(conn)
-    return web.json_response({"endpoints": [as_json(h) for h in healths]})
+        page = await store.endpoint_page(conn, chosen, cursor=cursor, limit=limit)
+    return web.json_response({"endpoints": [as_json(h) for h in page.endpoints], "next_cursor": page.cursor})
 
 
 @audience(Audience.ADMIN)

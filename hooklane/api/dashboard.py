@@ -17,6 +17,7 @@ import re
 from datetime import datetime
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
@@ -37,6 +38,10 @@ FLASH_COOKIE = "hooklane_flash"
 REFRESH_SECONDS = 5
 # Enough for the recent past at a glance; older ones are a click ("older") away.
 DELIVERIES_PER_PAGE = 50
+# The most delayed endpoints are what a glance needs; the rest are a click
+# ("next") or a search away. 50 rows keep the page a few tens of kB however
+# many endpoints there are.
+ENDPOINTS_PER_PAGE = 50
 LAST_ERROR_CHARS = 80
 
 # Scripts and styles from this server only, never inline: should a value
@@ -60,8 +65,6 @@ _STATIC = {
     for item in resources.files("hooklane.api").joinpath("static").iterdir()
     if (suffix := "." + item.name.rpartition(".")[2]) in _STATIC_TYPES
 }
-
-_NOT_DELIVERING = (EndpointState.PAUSED, EndpointState.DEACTIVATED)
 
 
 def add_routes(app: web.Application) -> None:
@@ -289,19 +292,36 @@ async def log_out(_request: web.Request) -> web.Response:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def endpoints_page(request: web.Request) -> web.Response:
+    chosen = inputs.endpoint_filter(request.query)
+    after = inputs.endpoint_cursor(request.query, "after")
     async with store.acquire(request.app[POOL]) as conn:
-        healths = await store.endpoint_health(conn)
+        page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
+        totals = await store.endpoint_totals(conn, chosen)
+    search = search_query(chosen)
     return _shown_once(
         request,
         "endpoints.html",
-        endpoints=healths,
-        totals={
-            "pending": sum(h.pending for h in healths),
-            "in_flight": sum(h.in_flight for h in healths),
-            "dead": sum(h.dead for h in healths),
-            "not_delivering": sum(1 for h in healths if h.standing.state in _NOT_DELIVERING),
-        },
+        endpoints=page.endpoints,
+        totals=totals,
+        chosen=chosen,
+        phases=list(EndpointState),
+        searched=bool(search),
+        later=after is not None,
+        first_url=f"{HOME}?{urlencode(search)}" if search else HOME,
+        next_url=None if page.cursor is None else f"{HOME}?{urlencode([*search, ('after', page.cursor)])}",
     )
+
+
+def search_query(chosen: store.EndpointFilter) -> list[tuple[str, str]]:
+    """The query string of a search, as the search form sends it (without
+    what is left empty), for the links that page through its results."""
+    values = [
+        ("tenant", chosen.tenant),
+        ("name_prefix", chosen.name_prefix),
+        ("phase", None if chosen.phase is None else str(chosen.phase)),
+        ("not_delivering", "true" if chosen.not_delivering else None),
+    ]
+    return [(key, value) for key, value in values if value]
 
 
 @audience(Audience.DASHBOARD)

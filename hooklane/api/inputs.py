@@ -18,8 +18,8 @@ from aiohttp import web
 from hooklane import store
 from hooklane.api.errors import Refused
 from hooklane.errors import InvalidInput, shown
-from hooklane.manifest import check_name, check_namespace
-from hooklane.store.cursor import event_position
+from hooklane.manifest import check_name, check_namespace, check_tenant
+from hooklane.store.cursor import endpoint_position, event_position
 from hooklane.times import parse_time
 
 # A body that has not arrived whole by then is refused: a client trickling
@@ -83,6 +83,34 @@ def delivery_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None
     value = query.get(key) or None
     store.delivery_position(value, key)
     return value
+
+
+def endpoint_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None:
+    """An endpoint listing's cursor, checked (and handed on as it came)."""
+    value = query.get(key) or None
+    endpoint_position(value, key)
+    return value
+
+
+def flag(query: Mapping[str, str], key: str) -> bool:
+    """A true/false parameter, false when left out."""
+    value = query.get(key, "false")
+    if value not in ("true", "false"):
+        raise InvalidInput(key, f"must be true or false, not {shown(value)}")
+    return value == "true"
+
+
+def endpoint_filter(query: Mapping[str, str]) -> store.EndpointFilter:
+    """Which endpoints a listing shows: ``tenant``, ``phase``,
+    ``not_delivering`` (true/false) and ``name_prefix``; each left out (or
+    empty, as a search form sends it) chooses all."""
+    tenant = query.get("tenant") or None
+    return store.EndpointFilter(
+        tenant=None if tenant is None else check_tenant(tenant, "tenant"),
+        name_prefix=store.check_name_prefix(query.get("name_prefix") or None, "name_prefix"),
+        phase=store.check_phase(query.get("phase") or None, "phase"),
+        not_delivering=flag(query, "not_delivering"),
+    )
 
 
 # --------------------------------------------------------------------------

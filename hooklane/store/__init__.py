@@ -13,7 +13,7 @@ from hooklane.store.connection import (
     connect,
     create_pool,
 )
-from hooklane.store.cursor import delivery_position
+from hooklane.store.cursor import delivery_position, endpoint_position
 from hooklane.store.deliveries import (
     MAX_DELIVERY_ID,
     STATES,
@@ -37,10 +37,17 @@ from hooklane.store.deliveries import (
     unrouted_events,
 )
 from hooklane.store.endpoints import (
+    EndpointFilter,
+    EndpointPage,
+    EndpointTotals,
     Reactivation,
     Upserted,
+    check_name_prefix,
+    check_phase,
     delete_endpoint,
     endpoint_health,
+    endpoint_page,
+    endpoint_totals,
     list_endpoints,
     reactivate_endpoint,
     refresh_endpoint_statistics,
@@ -72,6 +79,9 @@ __all__ = [
     "WORKER_SESSION",
     "DeliveryPage",
     "DeliveryView",
+    "EndpointFilter",
+    "EndpointPage",
+    "EndpointTotals",
     "EventPage",
     "EventRow",
     "Reactivation",
@@ -82,7 +92,9 @@ __all__ = [
     "acquire",
     "available_migrations",
     "check_delivery_id",
+    "check_name_prefix",
     "check_page",
+    "check_phase",
     "check_states",
     "complete",
     "connect",
@@ -93,6 +105,9 @@ __all__ = [
     "discard_dead",
     "endpoint_deliveries",
     "endpoint_health",
+    "endpoint_page",
+    "endpoint_position",
+    "endpoint_totals",
     "insert_event",
     "insert_events",
     "list_endpoints",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from hooklane.errors import InvalidInput
 
@@ -70,3 +72,40 @@ def delivery_position(cursor: str | None, field: str = "cursor") -> int | None:
     if delivery_id > _MAX_BIGINT:
         raise InvalidInput(field, "is not a cursor this listing returned")
     return delivery_id
+
+
+# The endpoint listing's position: the oldest pending delivery's created_at
+# in microseconds since the epoch (empty for an endpoint with nothing
+# pending), then the namespace and the name (DNS names: no colon in them).
+_ENDPOINTS = re.compile(r"n1:(-?[0-9]{1,19})?:([a-z0-9-]{1,63}):([a-z0-9.-]{1,253})")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class EndpointPosition(NamedTuple):
+    """Where an endpoint listing's page ends: its last endpoint's oldest
+    pending delivery (None for nothing pending), namespace and name."""
+
+    oldest_pending_at: datetime | None
+    namespace: str
+    name: str
+
+
+def endpoint_cursor(position: EndpointPosition) -> str:
+    """The position after ``position`` in the oldest-pending-first listing."""
+    at = position.oldest_pending_at
+    micros = "" if at is None else str((at - _EPOCH) // timedelta(microseconds=1))
+    return _encode(f"n1:{micros}:{position.namespace}:{position.name}")
+
+
+def endpoint_position(cursor: str | None, field: str = "cursor") -> EndpointPosition | None:
+    """The position of an :func:`endpoint_cursor`; None for the first page."""
+    if cursor is None:
+        return None
+    match = _decode(cursor, _ENDPOINTS, field)
+    at = None
+    if match[1] is not None:
+        try:
+            at = _EPOCH + timedelta(microseconds=int(match[1]))
+        except OverflowError:
+            raise InvalidInput(field, "is not a cursor this listing returned") from None
+    return EndpointPosition(at, match[2], match[3])

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 import asyncpg
 
-from hooklane.errors import InvalidInput
+from hooklane.endpoint_state import EndpointState
+from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
 from hooklane.manifest import EndpointSpec
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, unseal
+from hooklane.store.cursor import EndpointPosition, endpoint_cursor, endpoint_position
 from hooklane.store.queries import QUERIES
 
 logger = logging.getLogger(__name__)
 
 _RESEAL_BATCH = 500
+# The start of an endpoint's name: what a name may hold, a dot or a dash
+# anywhere (a prefix may end in one).
+_NAME_PREFIX = re.compile(r"[a-z0-9.-]{1,253}")
+_PHASES = {str(p).lower(): p for p in EndpointState}
 
 
 @dataclass(frozen=True)
@@ -199,3 +206,84 @@ async def endpoint_health(
     namespace, name = endpoint or (None, None)
     rows = await conn.fetch(QUERIES["endpoint_health"], partitions, namespace, name)
     return [EndpointHealth.from_row(r) for r in rows]
+
+
+def check_phase(text: str | None, field: str) -> EndpointState | None:
+    """An endpoint phase (Active, Paused, Probing, Deactivated; any case)."""
+    if text is None:
+        return None
+    found = _PHASES.get(text.lower())
+    if found is None:
+        raise InvalidInput(field, f"must be one of {', '.join(map(str, EndpointState))}, not {shown(text)}")
+    return found
+
+
+def check_name_prefix(text: str | None, field: str) -> str | None:
+    """The start of endpoint names: lowercase letters, digits, dots, dashes."""
+    if text is not None and not _NAME_PREFIX.fullmatch(text):
+        raise InvalidInput(
+            field, f"must be the start of a lowercase DNS-style name (a-z, 0-9, '.', '-'), not {shown(text)}"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class EndpointFilter:
+    """Which endpoints a listing shows; every field left out chooses all.
+    ``not_delivering``: deactivated, paused, circuit open (Paused or
+    Probing) or unsigned."""
+
+    tenant: str | None = None
+    name_prefix: str | None = None
+    phase: EndpointState | None = None
+    not_delivering: bool = False
+
+    def parameters(self) -> tuple[str | None, str | None, str | None, bool]:
+        phase = None if self.phase is None else str(self.phase)
+        return self.tenant, self.name_prefix, phase, self.not_delivering
+
+
+@dataclass(frozen=True)
+class EndpointPage:
+    endpoints: list[EndpointHealth]
+    # The next page's cursor; None when this page is the last.
+    cursor: str | None
+
+
+@dataclass(frozen=True)
+class EndpointTotals:
+    endpoints: int
+    not_delivering: int
+    pending: int
+    in_flight: int
+    dead: int
+
+
+async def endpoint_page(
+    conn: asyncpg.Connection, chosen: EndpointFilter, *, cursor: str | None = None, limit: int
+) -> EndpointPage:
+    """A page of the endpoints ``chosen`` picks, with their health, most
+    delayed first (as :func:`endpoint_health`), after ``cursor``.
+
+    Keyset paging: an endpoint whose oldest pending delivery stays put
+    while the pages are walked is listed exactly once. One whose position
+    moves meanwhile (its oldest pending delivered: it moves later; a resend
+    of old dead deliveries: earlier) may be listed twice, or not at all."""
+    after = endpoint_position(cursor)
+    oldest, namespace, name = after or (None, None, None)
+    rows = await conn.fetch(
+        QUERIES["endpoint_page"], *chosen.parameters(), oldest, namespace, name, limit + 1
+    )
+    healths = [EndpointHealth.from_row(r) for r in rows[:limit]]
+    more = None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        more = endpoint_cursor(EndpointPosition(last["oldest_pending_at"], last["namespace"], last["name"]))
+    return EndpointPage(healths, more)
+
+
+async def endpoint_totals(conn: asyncpg.Connection, chosen: EndpointFilter) -> EndpointTotals:
+    """How many endpoints ``chosen`` picks and their deliveries, in counts."""
+    row = await conn.fetchrow(QUERIES["endpoint_totals"], *chosen.parameters())
+    assert row is not None, "endpoint_totals returns one row, always"
+    return EndpointTotals(**dict(row))

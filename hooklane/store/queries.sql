@@ -530,6 +530,105 @@ WHERE ($1::int[] IS NULL OR ep.partition = ANY($1::int[]))
 GROUP BY ep.id
 ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 
+-- name: endpoint_page
+-- A page of endpoints with their health (the columns of endpoint_health,
+-- plus oldest_pending_at), in endpoint_health's order: oldest pending
+-- delivery first (most delayed), endpoints with nothing pending last, then
+-- namespace and name. Keyset paging on (oldest_pending_at, namespace, name)
+-- with NULLS LAST: the page starts after the cursor's position.
+-- Filters: tenant; name prefix; phase as hooklane/endpoint_state.py decides
+-- it at now() (the same CASE as endpoint_totals; tests/test_listings.py
+-- checks they agree); not delivering: deactivated, paused by hand, circuit
+-- open (Paused or Probing) or unsigned, i.e. nothing is sent to it now or
+-- only a probe.
+-- Parameters: $1 tenant or NULL, $2 name prefix or NULL, $3 phase
+-- (Active, Paused, Probing, Deactivated) or NULL, $4 not delivering only;
+-- $5 the cursor's oldest_pending_at (NULL: among endpoints with nothing
+-- pending), $6 its namespace (NULL: the first page) and $7 its name; $8 how
+-- many rows.
+-- Index: deliveries_queue, probed once per endpoint for its pending count
+-- and oldest (only pending rows are read, never the delivered millions);
+-- then, for the page's rows only, deliveries_in_flight and deliveries_dead.
+-- endpoints itself is read whole (10,000 rows, a few ms): the order is
+-- the queue's, which no index of endpoints holds.
+WITH chosen AS (
+    SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
+           ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+           q.pending, q.oldest_pending_at
+    FROM endpoints ep
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(d.created_at) AS oldest_pending_at
+        FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'pending'
+    ) q
+    WHERE ($1::text IS NULL OR ep.tenant = $1)
+      AND ($2::text IS NULL OR starts_with(ep.name, $2))
+      AND ($3::text IS NULL OR CASE WHEN ep.state = 'deactivated' THEN 'Deactivated'
+                 WHEN ep.paused THEN 'Paused'
+                 WHEN ep.paused_until IS NULL THEN 'Active'
+                 WHEN ep.paused_until > now() THEN 'Paused'
+                 ELSE 'Probing' END = $3)
+      AND (NOT $4::boolean OR (ep.state = 'deactivated' OR ep.paused OR ep.paused_until IS NOT NULL OR ep.secret IS NULL))
+),
+page AS (
+    SELECT *
+    FROM chosen c
+    WHERE $6::text IS NULL
+       OR ($5::timestamptz IS NULL
+           AND c.oldest_pending_at IS NULL AND (c.namespace, c.name) > ($6, $7::text))
+       OR ($5 IS NOT NULL
+           AND (c.oldest_pending_at IS NULL OR c.oldest_pending_at > $5
+                OR (c.oldest_pending_at = $5 AND (c.namespace, c.name) > ($6, $7))))
+    ORDER BY c.oldest_pending_at NULLS LAST, c.namespace, c.name
+    LIMIT $8
+)
+SELECT p.*,
+       extract(epoch FROM now() - p.oldest_pending_at) AS oldest_pending_age,
+       f.in_flight, f.sending_on,
+       (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = p.id AND d.state = 'dead') AS dead,
+       now() AS observed_at
+FROM page p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS in_flight,
+           array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
+             FILTER (WHERE d.attempted_by IS NOT NULL) AS sending_on
+    FROM deliveries d
+    WHERE d.endpoint_id = p.id AND d.state = 'sending'
+) f
+ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
+
+-- name: endpoint_totals
+-- The totals over the endpoints endpoint_page's filters choose: how many,
+-- how many not delivering, and their pending, in-flight and dead
+-- deliveries. Counts only, no per-endpoint health: the dashboard's header.
+-- Parameters: $1 tenant or NULL, $2 name prefix or NULL, $3 phase or NULL,
+-- $4 not delivering only (as in endpoint_page).
+-- Index: deliveries_queue, deliveries_in_flight and deliveries_dead, each
+-- read once (index-only where the visibility map allows), hash-joined to
+-- the chosen endpoints; the cost follows the pending and dead rows, not
+-- the delivered ones.
+WITH chosen AS (
+    SELECT ep.id, (ep.state = 'deactivated' OR ep.paused OR ep.paused_until IS NOT NULL OR ep.secret IS NULL) AS not_delivering
+    FROM endpoints ep
+    WHERE ($1::text IS NULL OR ep.tenant = $1)
+      AND ($2::text IS NULL OR starts_with(ep.name, $2))
+      AND ($3::text IS NULL OR CASE WHEN ep.state = 'deactivated' THEN 'Deactivated'
+                 WHEN ep.paused THEN 'Paused'
+                 WHEN ep.paused_until IS NULL THEN 'Active'
+                 WHEN ep.paused_until > now() THEN 'Paused'
+                 ELSE 'Probing' END = $3)
+      AND (NOT $4::boolean OR (ep.state = 'deactivated' OR ep.paused OR ep.paused_until IS NOT NULL OR ep.secret IS NULL))
+)
+SELECT (SELECT count(*) FROM chosen) AS endpoints,
+       (SELECT count(*) FROM chosen WHERE not_delivering) AS not_delivering,
+       (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
+        WHERE d.state = 'pending') AS pending,
+       (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
+        WHERE d.state = 'sending') AS in_flight,
+       (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
+        WHERE d.state = 'dead') AS dead;
+
 -- name: endpoint_deliveries
 -- A page of an endpoint's deliveries, newest first, after the cursor's id,
 -- optionally of some states only and created in a time range; each with

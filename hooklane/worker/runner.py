@@ -26,7 +26,7 @@ import asyncpg
 
 from hooklane import metrics, store
 from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
-from hooklane.health import standing_counts
+from hooklane.health import exported_endpoints, standing_counts, tenant_totals
 from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
@@ -465,15 +465,25 @@ class Worker:
         async with store.acquire(self.pool) as conn:
             healths = await store.endpoint_health(conn, owned)
             unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
-        for gauge in metrics.PER_ENDPOINT:
+        s = self.settings
+        exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)
+        for gauge in (*metrics.PER_ENDPOINT, *metrics.PER_TENANT):
             gauge.clear()
-        for h in healths:
+        metrics.ENDPOINTS_EXPORTED.labels("exported").set(len(exported))
+        metrics.ENDPOINTS_EXPORTED.labels("owned").set(len(healths))
+        for h in exported:
             labels = (h.namespace, h.name)
             metrics.ENDPOINT_PENDING.labels(*labels).set(h.pending)
             metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(h.in_flight)
             metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(h.oldest_pending_age or 0.0)
             if h.dead:
                 metrics.ENDPOINT_DEAD.labels(*labels).set(h.dead)
+        if s.metrics_endpoints == "tenant":
+            for tenant, sums in tenant_totals(healths).items():
+                metrics.TENANT_PENDING.labels(tenant).set(sums.pending)
+                metrics.TENANT_IN_FLIGHT.labels(tenant).set(sums.in_flight)
+                metrics.TENANT_OLDEST_PENDING_AGE.labels(tenant).set(sums.oldest_pending_age)
+                metrics.TENANT_DEAD.labels(tenant).set(sums.dead)
         paused, probing = standing_counts(healths)
         for reason, count in paused.items():
             metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
