@@ -537,10 +537,10 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- namespace and name. Keyset paging on (oldest_pending_at, namespace, name)
 -- with NULLS LAST: the page starts after the cursor's position.
 -- Filters: tenant; name prefix; phase as hooklane/endpoint_state.py decides
--- it at now() (the same CASE as endpoint_totals; tests/test_listings.py
--- checks they agree); not delivering: deactivated, paused by hand, circuit
--- open (Paused or Probing) or unsigned, i.e. nothing is sent to it now or
--- only a probe.
+-- it at now() (hooklane_phase; tests/test_api_admin.py checks that they
+-- agree); not delivering: hooklane_not_delivering (deactivated, paused by
+-- hand, unsigned, or its circuit open: nothing is sent to it now, or only
+-- a probe).
 -- Parameters: $1 tenant or NULL, $2 name prefix or NULL, $3 phase
 -- (Active, Paused, Probing, Deactivated) or NULL, $4 not delivering only;
 -- $5 the cursor's oldest_pending_at (NULL: among endpoints with nothing
@@ -564,12 +564,8 @@ WITH chosen AS (
     ) q
     WHERE ($1::text IS NULL OR ep.tenant = $1)
       AND ($2::text IS NULL OR starts_with(ep.name, $2))
-      AND ($3::text IS NULL OR CASE WHEN ep.state = 'deactivated' THEN 'Deactivated'
-                 WHEN ep.paused THEN 'Paused'
-                 WHEN ep.paused_until IS NULL THEN 'Active'
-                 WHEN ep.paused_until > now() THEN 'Paused'
-                 ELSE 'Probing' END = $3)
-      AND (NOT $4::boolean OR (ep.state = 'deactivated' OR ep.paused OR ep.paused_until IS NOT NULL OR ep.secret IS NULL))
+      AND ($3::text IS NULL OR hooklane_phase(ep) = $3)
+      AND (NOT $4::boolean OR hooklane_not_delivering(ep))
 ),
 page AS (
     SELECT *
@@ -609,16 +605,12 @@ ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 -- the chosen endpoints; the cost follows the pending and dead rows, not
 -- the delivered ones.
 WITH chosen AS (
-    SELECT ep.id, (ep.state = 'deactivated' OR ep.paused OR ep.paused_until IS NOT NULL OR ep.secret IS NULL) AS not_delivering
+    SELECT ep.id, hooklane_not_delivering(ep) AS not_delivering
     FROM endpoints ep
     WHERE ($1::text IS NULL OR ep.tenant = $1)
       AND ($2::text IS NULL OR starts_with(ep.name, $2))
-      AND ($3::text IS NULL OR CASE WHEN ep.state = 'deactivated' THEN 'Deactivated'
-                 WHEN ep.paused THEN 'Paused'
-                 WHEN ep.paused_until IS NULL THEN 'Active'
-                 WHEN ep.paused_until > now() THEN 'Paused'
-                 ELSE 'Probing' END = $3)
-      AND (NOT $4::boolean OR (ep.state = 'deactivated' OR ep.paused OR ep.paused_until IS NOT NULL OR ep.secret IS NULL))
+      AND ($3::text IS NULL OR hooklane_phase(ep) = $3)
+      AND (NOT $4::boolean OR hooklane_not_delivering(ep))
 )
 SELECT (SELECT count(*) FROM chosen) AS endpoints,
        (SELECT count(*) FROM chosen WHERE not_delivering) AS not_delivering,

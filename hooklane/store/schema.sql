@@ -233,6 +233,28 @@ LANGUAGE sql STABLE AS $$
     SELECT ep.state = 'active' AND NOT ep.paused AND ep.secret IS NOT NULL
 $$;
 
+-- The phase of an endpoint at the transaction's time (migration 0007), as
+-- hooklane/endpoint_state.py decides it: Deactivated; Paused (by hand, or
+-- its circuit open until paused_until); Probing (the pause is over, probes
+-- go out); else Active. endpoint_page and endpoint_totals filter on it;
+-- a single expression, inlined into them.
+CREATE FUNCTION hooklane_phase(ep endpoints) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN ep.state = 'deactivated' THEN 'Deactivated'
+                WHEN ep.paused THEN 'Paused'
+                WHEN ep.paused_until IS NULL THEN 'Active'
+                WHEN ep.paused_until > now() THEN 'Paused'
+                ELSE 'Probing' END
+$$;
+
+-- Whether nothing but a probe goes to the endpoint now: not deliverable
+-- (deactivated, paused by hand, unsigned) or its circuit open. Migration
+-- 0007; the listings' "not delivering" filter.
+CREATE FUNCTION hooklane_not_delivering(ep endpoints) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT hooklane_deliverable(ep) OR ep.paused_until IS NOT NULL
+$$;
+
 -- Wake endpoints that got work: upsert_endpoint, reactivate_endpoint,
 -- publish, resend_dead, replay_since. This and hooklane_make_ready keep one
 -- plan per session (PL/pgSQL): a LANGUAGE sql function that writes is
