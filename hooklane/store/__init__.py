@@ -62,6 +62,7 @@ from hooklane.store.locks import live_workers, try_lock, unlock
 from hooklane.store.migrations import available as available_migrations
 from hooklane.store.migrations import migrate
 from hooklane.store.queries import parse as parse_queries
+from hooklane.store.reflection import Changed, endpoint_health_changed
 
 __all__ = [
     "API_SESSION",
@@ -70,6 +71,7 @@ __all__ = [
     "MAX_PAGE",
     "STATES",
     "WORKER_SESSION",
+    "Changed",
     "DeliveryPage",
     "DeliveryView",
     "EventPage",
@@ -93,6 +95,7 @@ __all__ = [
     "discard_dead",
     "endpoint_deliveries",
     "endpoint_health",
+    "endpoint_health_changed",
     "insert_event",
     "insert_events",
     "list_endpoints",
