@@ -24,7 +24,6 @@ Decisions live in :mod:`hooklane.operator.reflect`, SQL in the store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -177,18 +176,18 @@ async def startup(
         writes_per_second=config.operator_status_writes_per_second,
     )
     memo.indexes = (endpoints, secrets, observed)
-    memo.status_loop = None
 
 
 def start_status_loop(memo: kopf.Memo) -> None:
     """From the first resource handler: kopf runs none before its indexes
     are filled, and a pass before that would take every resource for one
     this operator does not watch."""
-    if memo.status_loop is None:
-        config: Settings = memo.config
-        memo.status_loop = asyncio.create_task(
-            reflector.run_forever(config.operator_status_seconds, lambda: status_pass(memo))
-        )
+    config: Settings = memo.config
+    # kopf hands each resource's handlers a shallow copy of the memo: the
+    # task lives on the Reflector they all share.
+    memo.reflector.start(
+        lambda: reflector.run_forever(config.operator_status_seconds, lambda: status_pass(memo))
+    )
 
 
 def kopf_resource() -> Any:
@@ -198,10 +197,7 @@ def kopf_resource() -> Any:
 
 
 async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:
-    if memo.status_loop is not None:
-        memo.status_loop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await memo.status_loop
+    await memo.reflector.stop()
     await memo.pool.close()
 
 

@@ -17,8 +17,9 @@ the per-resource work stays in kopf's event handlers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -97,6 +98,17 @@ class Reflector:
         self._ids: dict[Key, int] = {}
         # The loop clock at which the last query began.
         self.taken: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     def forget(self, key: Key) -> None:
         """Reflect ``key`` at the next pass whether or not its health changed."""
