@@ -144,6 +144,10 @@ class Settings:
     # How often the operator writes queue health back onto each
     # WebhookEndpoint's status; one query serves all endpoints per interval.
     operator_status_seconds: Seconds = 10.0
+    # At most this many status patches and Events per second from the
+    # operator's status pass, whatever changed at once, so that a burst (a
+    # restart, an outage of many receivers) never floods the API server.
+    operator_status_writes_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 50.0
     # Networks deliveries may reach beyond globally routable addresses
     # (hooklane/guard.py): receivers inside the cluster, loopback for tests.
     # Empty by default, so that nothing private is reachable by accident.

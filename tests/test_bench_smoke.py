@@ -114,3 +114,18 @@ def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
     # A page, not every endpoint: the smoke preset has 300.
     assert timed["admin GET /v1/admin/endpoints"]["bytes"] < 300 * 600
     assert any("deliveries_queue" in line for line in result["plan"])
+
+
+# From docs/benchmarks.md: an idle operator holds about 40 KB per resource
+# at 1,000 once its status pass replaced kopf's timer per resource (about 290 KB
+# before); the bound leaves room for allocator noise at 200 resources.
+MAX_KB_PER_RESOURCE = 180
+
+
+@pytest.mark.kube
+def test_scale_smoke_idle_operator_memory_per_resource(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("scale", tmp_path, "--dsn", server_dsn, "--log-dir", str(tmp_path), timeout=240)
+    assert result["idle"]["kb_per_resource"] < MAX_KB_PER_RESOURCE, result["idle"]
+    # Nothing changed, so nothing is written.
+    assert result["idle"]["writes_per_second"].get("PATCH", 0) == 0, result["idle"]
+    assert result["restart"]["status_current_seconds"] > 0

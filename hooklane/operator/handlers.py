@@ -11,9 +11,9 @@ The flow for one endpoint:
   a rotation reaches the workers (they read the secret at each reservation)
   without a restart;
 - deletion waits on a finalizer until the row is gone;
-- a status timer writes Postgres' view back, from one snapshot of all
-  queues taken at most twice per interval whatever the number of endpoints,
-  and patches only what changed;
+- one status pass per interval (:mod:`hooklane.operator.reflector`) reads
+  from Postgres only the endpoints whose visible health changed and patches
+  only those resources, paced; no timer per resource;
 - a store error is waited out and retried when it is transient, and
   otherwise reported once (:func:`kopf_error`); a spec Postgres refuses
   turns Ready False with reason StoreRefused, as an invalid spec does.
@@ -34,26 +34,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import asyncpg
 import kopf
 
 from hooklane import store
 from hooklane.errors import InvalidInput, StoreError
 from hooklane.health import EndpointHealth
 from hooklane.manifest import EndpointSpec, parse_spec
-from hooklane.operator import reflect
+from hooklane.operator import reflect, reflector
+from hooklane.operator.reflector import Observed
 from hooklane.settings import Settings
 
 GROUP = "hooklane.io"
 VERSION = "v1alpha1"
 PLURAL = "webhookendpoints"
 FINALIZER = "hooklane.io/finalizer"
-STATUS_TIMER = "reflect_status"
 
 # A database outage is waited out, not reported as a broken resource.
 RETRY_DELAY_SECONDS = 5.0
-# See startup(): how often a deletion checks that the status timer exited.
-TIMER_EXIT_POLL_SECONDS = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +75,7 @@ class Tracked:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     synced: reflect.Synced | None = None
     # A Secret it uses changed and the upsert has not succeeded yet. kopf
-    # never retries an event handler, so the status timer does.
+    # never retries an event handler, so the status pass does.
     stale: bool = False
     # What the last upsert stored (in Snapshot.stored's terms) and the loop
     # time Postgres acknowledged it at.
@@ -87,41 +84,6 @@ class Tracked:
     # Events a sync decided on, for the next handler that has the body to
     # post them on (a Secret's handler does not).
     events: list[reflect.KubeEvent] = field(default_factory=list)
-
-
-class Snapshot:
-    """Every endpoint's queue row, refreshed at most once per ``max_age``
-    however many status timers ask for it."""
-
-    def __init__(self, pool: asyncpg.Pool, max_age: float) -> None:
-        self._pool = pool
-        self._max_age = max_age
-        self._lock = asyncio.Lock()
-        self._taken: float | None = None
-        self._queues: dict[Key, reflect.Queue] = {}
-        self._stored: dict[Key, tuple[Any, ...]] = {}
-
-    async def queues(self) -> dict[Key, reflect.Queue]:
-        async with self._lock:
-            clock = asyncio.get_running_loop().time()
-            if self._taken is None or clock - self._taken >= self._max_age:
-                async with _store_errors(), store.acquire(self._pool) as conn:
-                    healths = await store.endpoint_health(conn)
-                self._queues = {(h.namespace, h.name): reflect.Queue.from_health(h) for h in healths}
-                self._stored = {(h.namespace, h.name): stored(h) for h in healths}
-                self._taken = clock
-        return self._queues
-
-    def forgot(self, key: Key, tracked: Tracked) -> bool:
-        """Postgres no longer holds what the last upsert of ``key`` stored,
-        although Postgres acknowledged it before this snapshot began."""
-        if tracked.written is None or tracked.written_at is None or self._taken is None:
-            return False
-        # The clock is read before the query: a write acknowledged later
-        # may be missing from this snapshot without being lost.
-        if self._taken <= tracked.written_at:
-            return False
-        return self._stored.get(key) != tracked.written
 
 
 def stored(endpoint: EndpointSpec | EndpointHealth) -> tuple[Any, ...]:
@@ -153,11 +115,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     """Wire the handlers into ``registry``. Done here rather than with
-    decorators at import because the status interval is a setting."""
+    decorators at import so that each operator has a registry of its own."""
     resource = (GROUP, VERSION, PLURAL)
     # An explicit registry starts without kopf's default logins.
     kopf.on.login(registry=registry)(login)
-    kopf.on.startup(registry=registry)(startup)
+    kopf.on.startup(registry=registry)(startup)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.probe(id="database", registry=registry)(database)
 
@@ -168,6 +130,7 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     kopf.index("v1", "secrets", id="secrets", registry=registry)(index_secret)  # type: ignore[arg-type]
     kopf.index(*resource, id="endpoints", registry=registry)(index_endpoint)  # type: ignore[arg-type]
     kopf.index(*resource, id="endpoints_by_secret", registry=registry)(index_endpoint_by_secret)  # type: ignore[arg-type]
+    kopf.index(*resource, id="observed", registry=registry)(index_observed)  # type: ignore[arg-type]
 
     kopf.on.resume(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
     kopf.on.create(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
@@ -186,30 +149,55 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         field=("metadata", "annotations", reflect.RESEND_DEAD_ANNOTATION),
         registry=registry,
     )(resend_dead)  # type: ignore[arg-type]
-    kopf.timer(*resource, id=STATUS_TIMER, interval=config.operator_status_seconds, registry=registry)(
-        reflect_status  # type: ignore[arg-type]
-    )
 
 
-async def startup(*, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(
+    *,
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    observed: kopf.Index[Key, Observed],
+    **_: Any,
+) -> None:
     config: Settings = memo.config
     settings.persistence.finalizer = FINALIZER
-    # A deletion stops the resource's status timer before the finalizer
-    # goes. When the timer is mid-run (waiting on Postgres or the API, as
-    # during any outage or lock), kopf looks again only every
-    # cancellation_polling, 60 s by default, and the resource stays
-    # Terminating that long. A status pass takes milliseconds.
-    settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
     # kopf would post an Event for every handler run; the resource's Events
     # are the ones this module posts, plus handler failures.
     settings.posting.level = logging.WARNING
     async with _store_errors():
         memo.pool = await store.create_pool(config.database_url, min_size=1, max_size=4)
-    memo.snapshot = Snapshot(memo.pool, config.operator_status_seconds / 2)
     memo.tracked = {}
+    memo.reflector = reflector.Reflector(
+        memo.pool,
+        settings,
+        kopf_resource(),
+        age_step=config.operator_status_seconds,
+        writes_per_second=config.operator_status_writes_per_second,
+    )
+    memo.indexes = (endpoints, secrets, observed)
+
+
+def start_status_loop(memo: kopf.Memo) -> None:
+    """From the first resource handler: kopf runs none before its indexes
+    are filled, and a pass before that would take every resource for one
+    this operator does not watch."""
+    config: Settings = memo.config
+    # kopf hands each resource's handlers a shallow copy of the memo: the
+    # task lives on the Reflector they all share.
+    memo.reflector.start(
+        lambda: reflector.run_forever(config.operator_status_seconds, lambda: status_pass(memo))
+    )
+
+
+def kopf_resource() -> Any:
+    from kopf._cogs.structs import references
+
+    return references.Resource(GROUP, VERSION, PLURAL, namespaced=True, subresources=frozenset({"status"}))
 
 
 async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:
+    await memo.reflector.stop()
     await memo.pool.close()
 
 
@@ -234,6 +222,14 @@ def index_endpoint(
     return {(namespace, name): Declared(dict(spec), meta.get("generation"))}
 
 
+def index_observed(
+    *, namespace: str, name: str, status: kopf.Status, meta: kopf.Meta, **_: Any
+) -> dict[Key, Observed]:
+    if meta.get("deletionTimestamp"):
+        return {}
+    return {(namespace, name): Observed(meta["uid"], dict(status))}
+
+
 def index_endpoint_by_secret(
     *, namespace: str, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
 ) -> dict[Key, str]:
@@ -255,10 +251,14 @@ async def sync(
     secrets: kopf.Index[Key, dict[str, str | None]],
     **_: Any,
 ) -> None:
+    start_status_loop(memo)
     synced = await _sync(memo, endpoints, secrets, namespace, name)
-    queues = await memo.snapshot.queues()
-    _write(body, status, patch, queues.get((namespace, name)), synced, memo.config)
+    async with _store_errors(), store.acquire(memo.pool) as conn:
+        found = await store.endpoint_health(conn, endpoint=(namespace, name))
+    _write(body, status, patch, reflect.Queue.from_health(found[0]) if found else None, synced, memo.config)
     _post(body, _tracked(memo, (namespace, name)))
+    # What this patch writes is not what the status pass reflected last.
+    memo.reflector.forget((namespace, name))
 
 
 async def secret_changed(
@@ -272,7 +272,7 @@ async def secret_changed(
     **_: Any,
 ) -> None:
     """Store the new secret (or none, once deleted) in every endpoint that
-    references this Secret; their status timers report the outcome."""
+    references this Secret; the status pass reports the outcome."""
     referrers = list(endpoints_by_secret.get((namespace, name), ()))
     for endpoint in referrers:
         _tracked(memo, (namespace, endpoint)).stale = True
@@ -351,33 +351,74 @@ async def resend_dead(
     )
 
 
-async def reflect_status(
-    *,
-    namespace: str,
-    name: str,
-    status: kopf.Status,
-    body: kopf.Body,
-    patch: kopf.Patch,
+async def status_pass(memo: kopf.Memo) -> None:
+    """Retry the syncs a Secret change left undone, store again what
+    Postgres lost, then reflect what changed there onto the resources."""
+    endpoints, secrets, observed = memo.indexes
+    config: Settings = memo.config
+    refl: reflector.Reflector = memo.reflector
+    for key, tracked in list(memo.tracked.items()):
+        if tracked.stale:
+            await _sync(memo, endpoints, secrets, *key)
+            refl.forget(key)
+    async with _store_errors():
+        changed = await refl.changed()
+    for endpoint_id in changed.gone:
+        key = refl.gone(endpoint_id)
+        if key is not None and _forgot(memo, key, None) and endpoints.get(key):
+            await _resync(memo, endpoints, secrets, key)
+    writes = []
+    for health, digest in changed.health:
+        key = (health.namespace, health.name)
+        if _forgot(memo, key, health) and endpoints.get(key):
+            await _resync(memo, endpoints, secrets, key)
+            continue
+        tracked = memo.tracked.get(key)
+        write = refl.plan(
+            health,
+            digest,
+            _first(observed.get(key, ())),
+            tracked.synced if tracked else None,
+            config.operator_status_seconds,
+        )
+        if write is not None:
+            writes.append(write)
+    for key, tracked in list(memo.tracked.items()):
+        if tracked.events and (seen := _first(observed.get(key, ()))) is not None:
+            events, tracked.events = tracked.events, []
+            await refl.post(key, seen, events)
+    for write in writes:
+        await refl.write(write)
+
+
+def _forgot(memo: kopf.Memo, key: Key, health: EndpointHealth | None) -> bool:
+    """Postgres no longer holds what the last upsert of ``key`` stored,
+    although Postgres acknowledged it before this pass's query began."""
+    tracked = memo.tracked.get(key)
+    taken = memo.reflector.taken
+    if tracked is None or tracked.written is None or tracked.written_at is None or taken is None:
+        return False
+    # A write acknowledged after the query began may be missing from it
+    # without being lost.
+    if taken <= tracked.written_at:
+        return False
+    return health is None or stored(health) != tracked.written
+
+
+async def _resync(
     memo: kopf.Memo,
     endpoints: kopf.Index[Key, Declared],
     secrets: kopf.Index[Key, dict[str, str | None]],
-    **_: Any,
+    key: Key,
 ) -> None:
-    tracked = _tracked(memo, (namespace, name))
-    if tracked.stale:
-        await _sync(memo, endpoints, secrets, namespace, name)
-    queues = await memo.snapshot.queues()
-    if memo.snapshot.forgot((namespace, name), tracked) and endpoints.get((namespace, name)):
-        # The resource is the source of truth: store it again.
-        logger.warning(
-            "%s/%s: Postgres no longer holds what was stored there; storing it again",
-            namespace,
-            name,
-            extra={"action": "resync"},
-        )
-        await _sync(memo, endpoints, secrets, namespace, name)
-    _write(body, status, patch, queues.get((namespace, name)), tracked.synced, memo.config)
-    _post(body, tracked)
+    # The resource is the source of truth: store it again.
+    logger.warning(
+        "%s/%s: Postgres no longer holds what was stored there; storing it again",
+        *key,
+        extra={"action": "resync"},
+    )
+    await _sync(memo, endpoints, secrets, *key)
+    memo.reflector.forget(key)
 
 
 async def _sync(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import secrets
 
 import kopf
@@ -44,14 +43,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _QuietStatusPasses(logging.Filter):
-    """kopf logs every timer run; one status pass per endpoint per interval
-    would drown everything else. Failures still show."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != f"Timer {handlers.STATUS_TIMER!r} succeeded."
-
-
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     config = Settings.from_env()
@@ -59,7 +50,6 @@ def main(argv: list[str]) -> int:
         raise InvalidInput("HOOKLANE_DATABASE_URL", "is not set: point it at the PostgreSQL database")
     if config.operator_status_seconds <= 0:
         raise InvalidInput("HOOKLANE_OPERATOR_STATUS_SECONDS", "must be positive")
-    logging.getLogger("kopf.objects").addFilter(_QuietStatusPasses())
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
     kopf.run(

@@ -69,6 +69,7 @@ from hooklane.store.locks import live_workers, try_lock, unlock
 from hooklane.store.migrations import available as available_migrations
 from hooklane.store.migrations import migrate
 from hooklane.store.queries import parse as parse_queries
+from hooklane.store.reflection import Changed, endpoint_health_changed
 
 __all__ = [
     "API_SESSION",
@@ -77,6 +78,7 @@ __all__ = [
     "MAX_PAGE",
     "STATES",
     "WORKER_SESSION",
+    "Changed",
     "DeliveryPage",
     "DeliveryView",
     "EndpointFilter",
@@ -105,6 +107,7 @@ __all__ = [
     "discard_dead",
     "endpoint_deliveries",
     "endpoint_health",
+    "endpoint_health_changed",
     "endpoint_page",
     "endpoint_position",
     "endpoint_totals",

@@ -789,3 +789,49 @@ SELECT pg_try_advisory_lock($1::int, $2::int) AS locked;
 -- Release an advisory lock this session holds.
 -- Parameters: $1 class, $2 key. Index: none.
 SELECT pg_advisory_unlock($1::int, $2::int) AS released;
+
+-- name: endpoint_health_changed
+-- The operator's status pass: endpoint_health's rows, each with `digest`
+-- (a hash of everything its status shows, the oldest pending age in steps
+-- of $3 seconds up to ten steps and of a tenth beyond), of only the
+-- endpoints whose digest differs from the one the operator reflected last
+-- (or that it has not reflected yet); plus, with a NULL id and their
+-- `known_id`, the endpoints it knew that are gone. An idle pass returns
+-- nothing, whatever the number of endpoints.
+-- Parameters: $1 ids and $2 digests (arrays of the same length) the
+-- operator reflected last; $3 the age step in seconds (its status interval).
+-- Index: as endpoint_health (the join visits only pending, sending and
+-- dead deliveries); the primary key for the known ids.
+WITH health AS (
+    SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
+           ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+           count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
+           extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
+             AS oldest_pending_age,
+           count(d.id) FILTER (WHERE d.state = 'sending') AS in_flight,
+           array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
+             FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
+           count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+           now() AS observed_at
+    FROM endpoints ep
+    LEFT JOIN deliveries d
+           ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending', 'dead')
+    GROUP BY ep.id
+), digested AS (
+    SELECT h.*,
+           md5(row(h.tenant, h.url, h.state, h.paused, h.signed, h.max_concurrency,
+                   h.consecutive_failures, h.paused_until, h.paused_until > h.observed_at,
+                   h.last_error, h.last_delivered_at, h.deactivated_reason,
+                   h.pending, h.in_flight, h.dead,
+                   CASE WHEN h.oldest_pending_age IS NULL THEN -1
+                        WHEN h.oldest_pending_age < 10 * $3::float8
+                          THEN floor(h.oldest_pending_age / $3::float8)
+                        ELSE 10 + floor(ln(h.oldest_pending_age / (10 * $3::float8)) / ln(1.1))
+                   END)::text) AS digest
+    FROM health h
+)
+SELECT d.*, known.id AS known_id
+FROM digested d
+FULL JOIN unnest($1::bigint[], $2::text[]) AS known(id, digest) ON known.id = d.id
+WHERE d.id IS NULL OR known.digest IS DISTINCT FROM d.digest;
