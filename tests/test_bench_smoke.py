@@ -116,9 +116,10 @@ def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert any("deliveries_queue" in line for line in result["plan"])
 
 
-# From docs/benchmarks.md: an idle operator holds about 40 KB per resource
-# at 1,000 once its status pass replaced kopf's timer per resource (about 290 KB
-# before); the bound leaves room for allocator noise at 200 resources.
+# From docs/benchmarks.md section 8: with the status pass in place of kopf's
+# timer per resource, an idle operator holds about 126 KB per resource at 200
+# and 135 KB at 1,000; the timers' operator held 590 KB at 1,000, side by
+# side. The bound leaves room for allocator noise at 200 resources.
 MAX_KB_PER_RESOURCE = 180
 
 
