@@ -11,16 +11,20 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import IO
 
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from pytest_postgresql import factories
 
 from hooklane import store
+from hooklane.api.app import make_app
+from hooklane.api.auth import token_sources
+from hooklane.api.tokens import Tokens
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.guard import parse_networks
 from hooklane.manifest import EndpointSpec
@@ -319,6 +323,27 @@ def api_process(dsn: str, port: int, stderr: IO[str] | None = None, **env: str) 
         **env,
     }
     return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "api"], env=environ, stderr=stderr)
+
+
+@asynccontextmanager
+async def in_process_api(
+    dsn: str, settings: Settings, ingest: str, admin: str, **overrides: object
+) -> AsyncIterator[TestClient]:
+    """``hooklane api``'s app in this process on loopback, with one ingest
+    and one admin token and ``overrides`` of ``settings``."""
+    configured = replace(
+        settings,
+        api_tokens=Tokens.parse(ingest, "HOOKLANE_API_TOKENS"),
+        admin_tokens=Tokens.parse(admin, "HOOKLANE_ADMIN_TOKENS"),
+        **overrides,
+    )
+    pool = await store.create_pool(dsn, min_size=0, max_size=4, server_settings=store.API_SESSION)
+    app = make_app(configured, pool, *token_sources(configured))
+    try:
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            yield client
+    finally:
+        await pool.close()
 
 
 async def wait_api_up(session: aiohttp.ClientSession, base: str, api: subprocess.Popen) -> None:

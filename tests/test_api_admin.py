@@ -23,7 +23,7 @@ from hooklane.api.auth import token_sources
 from hooklane.api.tokens import Tokens
 from hooklane.dev.postgres import free_port
 from hooklane.settings import Settings
-from tests.conftest import SECRET, add_endpoint, wait_for
+from tests.conftest import SECRET, add_endpoint, in_process_api, wait_for
 from tests.test_cli import hooklane as run_cli
 
 ADMIN = "admin-token-0123456789"
@@ -33,19 +33,9 @@ EP = "/v1/admin/endpoints/default"
 
 
 @pytest.fixture
-async def api(dsn: str, settings: Settings) -> AsyncIterator[TestClient]:
-    configured = replace(
-        settings,
-        api_tokens=Tokens.parse(INGEST, "HOOKLANE_API_TOKENS"),
-        admin_tokens=Tokens.parse(ADMIN, "HOOKLANE_ADMIN_TOKENS"),
-    )
-    pool = await store.create_pool(dsn, min_size=0, max_size=4, server_settings=store.API_SESSION)
-    app = make_app(configured, pool, *token_sources(configured))
-    try:
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield client
-    finally:
-        await pool.close()
+async def api(dsn: str, settings: Settings) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
+    async with in_process_api(dsn, settings, INGEST, ADMIN) as client:
+        yield client
 
 
 async def call(api: TestClient, method: str, path: str, status: int = 200, **kwargs: Any) -> Any:

@@ -12,19 +12,15 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from prometheus_client import REGISTRY
 
 from hooklane import store
-from hooklane.api.app import make_app
-from hooklane.api.auth import token_sources
-from hooklane.api.tokens import Tokens
 from hooklane.settings import Settings
-from tests.conftest import add_endpoint
+from tests.conftest import add_endpoint, in_process_api
 from tests.test_cli import hooklane as run_cli
 
 ADMIN = "admin-token-0123456789"
@@ -44,19 +40,8 @@ NUL_CURSOR = base64.urlsafe_b64encode(b"e1:5:a\x00b").decode().rstrip("=")
 
 @pytest.fixture
 async def api(dsn: str, settings: Settings) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
-    configured = replace(
-        settings,
-        api_tokens=Tokens.parse(INGEST, "HOOKLANE_API_TOKENS"),
-        admin_tokens=Tokens.parse(ADMIN, "HOOKLANE_ADMIN_TOKENS"),
-        api_ack_timeout_seconds=DEADLINE,
-    )
-    pool = await store.create_pool(dsn, min_size=0, max_size=4, server_settings=store.API_SESSION)
-    app = make_app(configured, pool, *token_sources(configured))
-    try:
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield client
-    finally:
-        await pool.close()
+    async with in_process_api(dsn, settings, INGEST, ADMIN, api_ack_timeout_seconds=DEADLINE) as client:
+        yield client
 
 
 def requests_counted(route: str, method: str, status: int) -> float:

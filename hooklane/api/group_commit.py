@@ -206,7 +206,7 @@ class GroupCommitter:
         try:
             outcomes = await self._store(units, min(unit.deadline for unit in units))
         except OutcomeUnknown as exc:
-            _unknown(units, exc)
+            _fail(units, str(exc), OutcomeUnknown)
             return
         except StoreError as exc:
             if not exc.transient and len(units) > 1:
@@ -307,25 +307,18 @@ def _rolled_back(conn: asyncpg.Connection, exc: BaseException) -> bool:
 
 
 def _fail(units: list[_Unit], reason: str, error: type[StoreError]) -> None:
+    """Answer every unit with ``error``: an ``OutcomeUnknown`` may have been
+    stored, any other stored nothing, and the log says which."""
+    unknown = issubclass(error, OutcomeUnknown)
     logger.warning(
-        "a group of %d publish requests failed, nothing of theirs is stored: %s",
+        "a group of %d publish requests %s: %s",
         len(units),
+        "may or may not be stored" if unknown else "failed, nothing of theirs is stored",
         reason,
-        extra={"action": "group_commit_failed", "units": len(units)},
+        extra={"action": "group_commit_unknown" if unknown else "group_commit_failed", "units": len(units)},
     )
     for unit in units:
-        _settle(unit, error(f"the transaction failed: {reason}"))
-
-
-def _unknown(units: list[_Unit], exc: OutcomeUnknown) -> None:
-    logger.warning(
-        "a group of %d publish requests may or may not be stored: %s",
-        len(units),
-        exc,
-        extra={"action": "group_commit_unknown", "units": len(units)},
-    )
-    for unit in units:
-        _settle(unit, OutcomeUnknown(str(exc)))
+        _settle(unit, error(reason if unknown else f"the transaction failed: {reason}"))
 
 
 async def _insert_singles(conn: asyncpg.Connection, units: list[_Unit]) -> dict[_Unit, Conflict | None]:
