@@ -217,6 +217,34 @@ async def explain_page(dsn: str, tree: Path) -> list[str] | None:
     return [r[0] for r in rows]
 
 
+async def measure_status_pass(dsn: str, runs: int) -> list[dict[str, object]]:
+    """The operator's status pass statement (this tree's), on its first
+    pass (no digest known: every endpoint is returned) and when idle (every
+    digest known: nothing is)."""
+    from hooklane import store
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        results = []
+        for label, known in (("first", False), ("idle", True)):
+            digests: dict[int, str] = {}
+            if known:
+                first = await store.endpoint_health_changed(conn, {}, 10.0)
+                digests = {health.id: digest for health, digest in first.health}
+            seconds, sizes = [], []
+            for _ in range(runs):
+                started = time.perf_counter()
+                changed = await store.endpoint_health_changed(conn, digests, 10.0)
+                seconds.append(time.perf_counter() - started)
+                sizes.append(len(changed.health))
+            results.append(
+                {"what": f"operator status pass, {label}", "seconds": summary(seconds), "rows": max(sizes)}
+            )
+        return results
+    finally:
+        await conn.close()
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     cfg = PRESETS[args.preset]
     cfg = replace(
@@ -234,6 +262,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             for label, tree in trees.items():
                 result["runs"][label] = await asyncio.to_thread(measure_tree, dsn, cfg, tree)
             result["plan"] = await explain_page(dsn, REPO)
+            result["status_pass"] = await measure_status_pass(dsn, cfg.runs)
     return result
 
 

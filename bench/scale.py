@@ -5,17 +5,22 @@ A throwaway control plane (hooklane/dev/controlplane.py) and Postgres, one
 (250 per call, as a platform onboarding its customers would), then:
 
 - the time until every resource is stored in Postgres, and until every
-  resource shows a status phase;
+  resource shows a status phase; then how long ``kubectl get
+  webhookendpoints -A`` takes to print them all (its columns);
 - idle, once nothing changes: the operator's RSS, its CPU over the idle
   window, and the API server's own count of writes (PATCH/UPDATE on
   webhookendpoints, from its /metrics) over the same window;
 - the latency of one spec change reaching Postgres (several samples);
+- with ``--churn-seconds``, 1% of the resources changed per minute: the
+  operator's CPU, RSS and own writes meanwhile;
 - after a restart of the operator: how long until a change made at once
-  reaches Postgres, and until status that changed in Postgres while the
-  operator was down shows on the resources.
+  reaches Postgres, until status that changed in Postgres while the
+  operator was down shows on the resources, and its RSS and CPU once idle
+  again.
 
-``--tracemalloc FILE`` runs the operator under tracemalloc and writes where
-its memory is at idle (by file and by line) to FILE.
+``--tracemalloc FILE`` runs the operator under tracemalloc (six frames a
+trace; it runs several times slower) and writes where its memory is at idle
+(by file and by line) to FILE.
 ``--tree DIR`` runs the operator of another source tree (before/after).
 
     python -m bench.scale --preset 1k --json out.json
@@ -170,7 +175,7 @@ def start_operator(
     argv = ["operator", "--standalone", "--namespace", NAMESPACE]
     if traced:
         # PYTHONPATH below picks the tree.
-        cmd = [sys.executable, "-c", _TRACED, "25", args.tracemalloc, *argv]
+        cmd = [sys.executable, "-c", _TRACED, "6", args.tracemalloc, *argv]
     else:
         cmd = python_module("hooklane.cli", *argv, tree=args.tree)
     env = {
@@ -236,6 +241,30 @@ async def change_latency(api: Api, db: asyncpg.Connection, name: str, tag: str, 
     return time.monotonic() - start
 
 
+async def churn(api: Api, op: Proc, names: list[str], seconds: float) -> dict[str, Any]:
+    """1% of the resources changed per minute, evenly spread, for
+    ``seconds``: the operator's CPU and RSS meanwhile, and its own writes
+    (the API server's PATCH count less this loop's spec patches)."""
+    per_minute = max(1, len(names) // 100)
+    writes0, cpu0, t0 = await asyncio.to_thread(api.writes), op.cpu_seconds(), time.monotonic()
+    changed = 0
+    while time.monotonic() - t0 < seconds:
+        name = random.choice(names)
+        await asyncio.to_thread(api.patch_spec, name, {"maxConcurrency": 1 + changed % 8})
+        changed += 1
+        await asyncio.sleep(max(0.0, t0 + changed * 60 / per_minute - time.monotonic()))
+    writes1, cpu1, t1 = await asyncio.to_thread(api.writes), op.cpu_seconds(), time.monotonic()
+    elapsed = t1 - t0
+    patches = writes1.get("PATCH", 0) - writes0.get("PATCH", 0) - changed
+    return {
+        "changes_per_minute": per_minute,
+        "changes": changed,
+        "rss_mb": op.rss_mb(),
+        "cpu_cores": (cpu1 - cpu0) / elapsed,
+        "operator_patches_per_second": patches / elapsed,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     preset = PRESETS[args.preset]
     n = args.resources or preset["resources"]
@@ -297,6 +326,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await wait_until(all_status, args.timeout, every=2)
                 result["status_all_seconds"] = time.monotonic() - start
                 progress("all have status")
+                listed_at = time.monotonic()
+                listed = await asyncio.to_thread(cp.kubectl, "get", "webhookendpoints", "-A", "--no-headers")
+                result["kubectl_get_all"] = {
+                    "seconds": time.monotonic() - listed_at,
+                    "rows": len(listed.stdout.splitlines()),
+                }
 
                 # Idle: nothing changes anywhere.
                 await asyncio.sleep(max(2 * args.status_seconds, 5))
@@ -329,6 +364,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "p99": percentile(latencies, 99),
                     "max": max(latencies),
                 }
+                if args.churn_seconds:
+                    result["churn"] = await churn(api, op, names, args.churn_seconds)
+                    progress("churn measured")
 
                 # Restart: status changes in Postgres meanwhile, then a change
                 # is made the moment the new operator starts.
@@ -354,6 +392,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
                 await wait_until(reflected, args.timeout, every=1)
                 result["restart"]["status_current_seconds"] = time.monotonic() - restarted
+                # What a restarted operator holds once idle: its start met
+                # every resource at once, not one creation at a time.
+                await asyncio.sleep(max(2 * args.status_seconds, 5))
+                cpu0, t0 = op.cpu_seconds(), time.monotonic()
+                await asyncio.sleep(idle_seconds)
+                result["restart"]["idle_rss_mb"] = op.rss_mb()
+                result["restart"]["idle_cpu_cores"] = (op.cpu_seconds() - cpu0) / (time.monotonic() - t0)
                 result["machine"]["load_at_end"] = os.getloadavg()
             finally:
                 op.stop()
@@ -374,6 +419,12 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float)
     parser.add_argument("--status-seconds", type=float, default=10.0, help="HOOKLANE_OPERATOR_STATUS_SECONDS")
     parser.add_argument("--timeout", type=float, default=900.0, help="for each wait")
+    parser.add_argument(
+        "--churn-seconds",
+        type=float,
+        default=0.0,
+        help="after the idle window, change 1%% of the resources per minute for this long",
+    )
     parser.add_argument(
         "--dsn", help="a Postgres server to create the database on (default: a throwaway one)"
     )

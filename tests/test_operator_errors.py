@@ -26,12 +26,13 @@ async def memo(settings: Settings):
     memo.config = settings
     memo.pool = await store.create_pool(settings.database_url, min_size=0, max_size=2)
     memo.tracked = {}
+    memo.at_start = handlers.AtStart()
     yield memo
     await memo.pool.close()
 
 
 async def _sync(memo: kopf.Memo) -> reflect.Synced | None:
-    endpoints = {(NAMESPACE, NAME): [handlers.Declared(SPEC, generation=1)]}
+    endpoints = {(NAMESPACE, NAME): [handlers.Declared.of(SPEC, 1, "uid-1", {})]}
     return await handlers._sync(memo, endpoints, {}, NAMESPACE, NAME)
 
 

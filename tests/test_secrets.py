@@ -174,6 +174,24 @@ async def test_secrets_are_stored_sealed_and_plaintext_ones_are_sealed_by_reseal
     assert OLD.removeprefix("whsec_") not in dump and NEW.removeprefix("whsec_") not in dump
 
 
+async def test_what_the_operator_compares_at_start_is_what_the_upsert_stored(db):
+    """The operator's restart skips an endpoint whose stored spec and
+    secret equal the resource's: read through the keyring, a sealed secret
+    compares as its plaintext, and one no key opens never compares equal."""
+    await _apply(db, "a", "http://127.0.0.1:1/a", OLD, RING1)
+    await _apply(db, "plain", "http://127.0.0.1:1/p", OLD, None)
+    await _apply(db, "none", "http://127.0.0.1:1/n", None, RING1)
+    spec = EndpointSpec(namespace="default", name="a", url="http://127.0.0.1:1/a", tenant="acme")
+
+    held = await store.stored_endpoints(db, RING21)
+    assert held[("default", "a")] == store.stored_form(spec, OLD)
+    assert held[("default", "a")] != store.stored_form(spec, NEW)
+    assert held[("default", "plain")][-1] == OLD
+    assert held[("default", "none")][-1] is None
+    # Sealed with k1, which RING2 no longer holds: left out, so upserted again.
+    assert ("default", "a") not in await store.stored_endpoints(db, RING2)
+
+
 async def test_a_sealed_secret_copied_to_another_endpoint_signs_nothing(db, receiver, start_worker):
     await _apply(db, "a", receiver.url("a"), NEW, RING1)
     await _apply(db, "b", receiver.url("b"), OLD, RING1)

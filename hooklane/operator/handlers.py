@@ -2,11 +2,15 @@
 
 The flow for one endpoint:
 
-- create, update (of spec) and resume upsert it through the same store call
-  as ``hooklane endpoint apply``; the signing secret comes from the
+- create and update (of spec) upsert it through the same store call as
+  ``hooklane endpoint apply``; the signing secret comes from the
   ``secrets`` index, so a missing or malformed Secret stores the endpoint
   without one (never reserved, nothing sent unsigned) and says why in the
   Ready condition;
+- at the operator's start, kopf runs those handlers for what changed while
+  it was down, and one loop compares every other resource with what one
+  query read from Postgres, upserting only where they differ: a restart
+  costs no write and no handler per unchanged resource;
 - a change to a referenced Secret upserts every endpoint that uses it, so
   a rotation reaches the workers (they read the secret at each reservation)
   without a restart;
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -40,7 +45,7 @@ from hooklane import store
 from hooklane.errors import InvalidInput, StoreError
 from hooklane.health import EndpointHealth
 from hooklane.manifest import EndpointSpec, parse_spec
-from hooklane.operator import reflect, reflector
+from hooklane.operator import kopf_fixes, reflect, reflector
 from hooklane.operator.reflector import Observed
 from hooklane.settings import Settings
 
@@ -58,15 +63,32 @@ Key = tuple[str, str]  # (namespace, name)
 _V = TypeVar("_V")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Declared:
-    """What the ``endpoints`` index keeps of a WebhookEndpoint."""
+    """What the ``endpoints`` index keeps of a WebhookEndpoint: its spec and
+    status as JSON text, decoded only when an event or a status pass needs
+    them. Held as decoded objects they were most of the operator's memory
+    per resource (docs/benchmarks.md, section 8)."""
 
-    spec: Mapping[str, Any]
+    spec_text: str
     generation: int | None
+    uid: str
+    status_text: str
+
+    @classmethod
+    def of(
+        cls, spec: Mapping[str, Any], generation: int | None, uid: str, status: Mapping[str, Any]
+    ) -> Declared:
+        return cls(_compact(spec), generation, uid, _compact(status))
+
+    def spec(self) -> dict[str, Any]:
+        return dict(json.loads(self.spec_text))
+
+    def observed(self) -> Observed:
+        return Observed(self.uid, json.loads(self.status_text))
 
 
-@dataclass
+@dataclass(slots=True)
 class Tracked:
     """Per endpoint, shared by its handlers, the Secret handler and the
     status timer. The lock makes each read-index-then-upsert one step, so a
@@ -116,6 +138,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     """Wire the handlers into ``registry``. Done here rather than with
     decorators at import so that each operator has a registry of its own."""
+    kopf_fixes.apply()
     resource = (GROUP, VERSION, PLURAL)
     # An explicit registry starts without kopf's default logins.
     kopf.on.login(registry=registry)(login)
@@ -130,9 +153,11 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     kopf.index("v1", "secrets", id="secrets", registry=registry)(index_secret)  # type: ignore[arg-type]
     kopf.index(*resource, id="endpoints", registry=registry)(index_endpoint)  # type: ignore[arg-type]
     kopf.index(*resource, id="endpoints_by_secret", registry=registry)(index_endpoint_by_secret)  # type: ignore[arg-type]
-    kopf.index(*resource, id="observed", registry=registry)(index_observed)  # type: ignore[arg-type]
 
-    kopf.on.resume(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
+    # No resume handler: kopf runs create and update handlers for what
+    # changed while the operator was down, and the first status pass
+    # compares every other resource with Postgres in one loop.
+    kopf.on.event(*resource, id="indexed", when=_after_indexing, registry=registry)(_never)
     kopf.on.create(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
     kopf.on.update(*resource, id="sync", field="spec", registry=registry)(sync)  # type: ignore[arg-type]
     kopf.on.event("v1", "secrets", when=_referenced, registry=registry)(secret_changed)  # type: ignore[arg-type]
@@ -157,7 +182,6 @@ async def startup(
     memo: kopf.Memo,
     endpoints: kopf.Index[Key, Declared],
     secrets: kopf.Index[Key, dict[str, str | None]],
-    observed: kopf.Index[Key, Observed],
     **_: Any,
 ) -> None:
     config: Settings = memo.config
@@ -168,6 +192,7 @@ async def startup(
     async with _store_errors():
         memo.pool = await store.create_pool(config.database_url, min_size=1, max_size=4)
     memo.tracked = {}
+    memo.at_start = AtStart()
     memo.reflector = reflector.Reflector(
         memo.pool,
         settings,
@@ -175,12 +200,12 @@ async def startup(
         age_step=config.operator_status_seconds,
         writes_per_second=config.operator_status_writes_per_second,
     )
-    memo.indexes = (endpoints, secrets, observed)
+    memo.indexes = (endpoints, secrets)
 
 
 def start_status_loop(memo: kopf.Memo) -> None:
-    """From the first resource handler: kopf runs none before its indexes
-    are filled, and a pass before that would take every resource for one
+    """Once kopf's indexes are filled (it runs no handler and evaluates no
+    filter before): a pass before that would take every resource for one
     this operator does not watch."""
     config: Settings = memo.config
     # kopf hands each resource's handlers a shallow copy of the memo: the
@@ -208,29 +233,27 @@ async def database(*, memo: kopf.Memo, **_: Any) -> bool:
     return True
 
 
-def index_secret(*, namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, str | None]]:
+async def index_secret(
+    *, namespace: str, name: str, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, str | None]]:
     return {(namespace, name): reflect.signing_values(body.get("data"))}
 
 
-def index_endpoint(
-    *, namespace: str, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+async def index_endpoint(
+    *, namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
 ) -> dict[Key, Declared]:
     # A resource on its way out must not be stored again by a late Secret
-    # event; an empty mapping drops it from the index.
+    # event, nor reflected onto; an empty mapping drops it from the index.
     if meta.get("deletionTimestamp"):
         return {}
-    return {(namespace, name): Declared(dict(spec), meta.get("generation"))}
+    return {(namespace, name): Declared.of(spec, meta.get("generation"), meta["uid"], status)}
 
 
-def index_observed(
-    *, namespace: str, name: str, status: kopf.Status, meta: kopf.Meta, **_: Any
-) -> dict[Key, Observed]:
-    if meta.get("deletionTimestamp"):
-        return {}
-    return {(namespace, name): Observed(meta["uid"], dict(status))}
+def _compact(value: Mapping[str, Any]) -> str:
+    return json.dumps(dict(value), separators=(",", ":"))
 
 
-def index_endpoint_by_secret(
+async def index_endpoint_by_secret(
     *, namespace: str, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
 ) -> dict[Key, str]:
     ref = spec.get("secretRef") or {}
@@ -261,6 +284,18 @@ async def sync(
     memo.reflector.forget((namespace, name))
 
 
+def _after_indexing(*, memo: kopf.Memo, **_: Any) -> bool:
+    """kopf evaluates handler filters only once every index is filled: the
+    first evaluation starts the status loop. It lets no event through, so
+    that no handler runs per resource."""
+    start_status_loop(memo)
+    return False
+
+
+async def _never(**_: Any) -> None:
+    """The handler that :func:`_after_indexing` filters every event out of."""
+
+
 async def secret_changed(
     *,
     namespace: str,
@@ -278,7 +313,10 @@ async def secret_changed(
         _tracked(memo, (namespace, endpoint)).stale = True
     for endpoint in referrers:
         try:
-            await _sync(memo, endpoints, secrets, namespace, endpoint)
+            # At the start, every Secret is listed: most of its endpoints
+            # already hold its value.
+            if not await _unchanged(memo, endpoints, secrets, namespace, endpoint):
+                await _sync(memo, endpoints, secrets, namespace, endpoint)
         except kopf.TemporaryError as exc:
             logger.warning(
                 "%s/%s keeps its old secret until the next status pass: %s",
@@ -299,6 +337,7 @@ async def delete(*, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Log
     async with _tracked(memo, (namespace, name)).lock, _store_errors(), store.acquire(memo.pool) as conn:
         found = await store.delete_endpoint(conn, namespace, name)
     memo.tracked.pop((namespace, name), None)
+    memo.at_start.record((namespace, name), None)
     logger.info("removed from Postgres with its deliveries" if found else "was not in Postgres")
 
 
@@ -354,9 +393,12 @@ async def resend_dead(
 async def status_pass(memo: kopf.Memo) -> None:
     """Retry the syncs a Secret change left undone, store again what
     Postgres lost, then reflect what changed there onto the resources."""
-    endpoints, secrets, observed = memo.indexes
+    endpoints, secrets = memo.indexes
     config: Settings = memo.config
     refl: reflector.Reflector = memo.reflector
+    if not memo.at_start.reconciled:
+        await _reconcile(memo, endpoints, secrets)
+    memo.at_start.expire(after=max(60.0, 6 * config.operator_status_seconds))
     for key, tracked in list(memo.tracked.items()):
         if tracked.stale:
             await _sync(memo, endpoints, secrets, *key)
@@ -374,19 +416,20 @@ async def status_pass(memo: kopf.Memo) -> None:
             await _resync(memo, endpoints, secrets, key)
             continue
         tracked = memo.tracked.get(key)
+        declared = _first(endpoints.get(key, ()))
         write = refl.plan(
             health,
             digest,
-            _first(observed.get(key, ())),
+            declared.observed() if declared is not None else None,
             tracked.synced if tracked else None,
             config.operator_status_seconds,
         )
         if write is not None:
             writes.append(write)
     for key, tracked in list(memo.tracked.items()):
-        if tracked.events and (seen := _first(observed.get(key, ()))) is not None:
+        if tracked.events and (declared := _first(endpoints.get(key, ()))) is not None:
             events, tracked.events = tracked.events, []
-            await refl.post(key, seen, events)
+            await refl.post(key, declared.observed(), events)
     for write in writes:
         await refl.write(write)
 
@@ -421,6 +464,130 @@ async def _resync(
     memo.reflector.forget(key)
 
 
+@dataclass
+class AtStart:
+    """What Postgres holds of every endpoint, while the operator starts:
+    loaded in one query when the first status pass or Secret event asks, kept up
+    to date by every upsert, and dropped once the start is over."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stored: dict[Key, store.Stored] | None = None
+    loaded_at: float | None = None
+    # Every resource indexed at the start has been compared with Postgres.
+    reconciled: bool = False
+
+    async def get(self, memo: kopf.Memo, key: Key) -> store.Stored | None:
+        async with self.lock:
+            if self.loaded_at is None:
+                config: Settings = memo.config
+                async with _store_errors(), store.acquire(memo.pool) as conn:
+                    self.stored = await store.stored_endpoints(conn, config.encryption_key)
+                self.loaded_at = asyncio.get_running_loop().time()
+        return None if self.stored is None else self.stored.get(key)
+
+    def record(self, key: Key, stored: store.Stored | None) -> None:
+        """What an upsert stored, or None once the row is deleted."""
+        if self.stored is None:
+            return
+        if stored is None:
+            self.stored.pop(key, None)
+        else:
+            self.stored[key] = stored
+
+    def expire(self, after: float) -> None:
+        if self.loaded_at is not None and asyncio.get_running_loop().time() - self.loaded_at > after:
+            self.stored = None
+
+
+async def _reconcile(
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+) -> None:
+    """The start's one loop over every resource: store what Postgres does
+    not hold as the resource and its Secret say (edited in Postgres, or
+    restored from an older backup, while the operator was down), and
+    record the sync state of the rest, for the Ready condition."""
+    keys = list(endpoints)
+    stored_again = 0
+    for done, key in enumerate(keys):
+        if not await _unchanged(memo, endpoints, secrets, *key):
+            await _sync(memo, endpoints, secrets, *key)
+            memo.reflector.forget(key)
+            stored_again += 1
+        if done % 200 == 199:
+            # Changes are served meanwhile.
+            await asyncio.sleep(0)
+    memo.at_start.reconciled = True
+    logger.info(
+        "start: %d resources compared with Postgres, %d stored again",
+        len(keys),
+        stored_again,
+        extra={"action": "reconcile"},
+    )
+
+
+async def _unchanged(
+    memo: kopf.Memo,
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    namespace: str,
+    name: str,
+) -> bool:
+    """Postgres holds what an upsert of ``namespace/name`` would store; its
+    sync state is then recorded as if the upsert had run."""
+    key = (namespace, name)
+    held = await memo.at_start.get(memo, key)
+    if held is None:
+        return False
+    tracked = _tracked(memo, key)
+    async with tracked.lock:
+        try:
+            wanted = _wanted(endpoints, secrets, namespace, name)
+        except InvalidInput:
+            return False
+        if wanted is None or store.stored_form(wanted.spec, wanted.check.secret) != held:
+            return False
+        tracked.written = stored(wanted.spec)
+        tracked.written_at = asyncio.get_running_loop().time()
+        tracked.synced = wanted.synced()
+        tracked.stale = False
+    memo.reflector.forget(key)
+    return True
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the resource and its Secret say Postgres should hold."""
+
+    declared: Declared
+    spec: EndpointSpec
+    check: reflect.SecretCheck
+
+    def synced(self) -> reflect.Synced:
+        return reflect.Synced(
+            self.declared.generation, self.spec.paused, self.check.reason, self.check.message
+        )
+
+
+def _wanted(
+    endpoints: kopf.Index[Key, Declared],
+    secrets: kopf.Index[Key, dict[str, str | None]],
+    namespace: str,
+    name: str,
+) -> Wanted | None:
+    """From the indexes; None when the resource is gone or being deleted.
+    Raises ``InvalidInput`` for a spec the CRD schema should have refused."""
+    declared = _first(endpoints.get((namespace, name), ()))
+    if declared is None:
+        return None
+    spec = parse_spec(namespace, name, declared.spec())
+    values = None
+    if spec.secret_ref is not None:
+        values = _first(secrets.get((namespace, spec.secret_ref.name), ()))
+    return Wanted(declared, spec, reflect.check_secret(namespace, spec.secret_ref, values))
+
+
 async def _sync(
     memo: kopf.Memo,
     endpoints: kopf.Index[Key, Declared],
@@ -432,20 +599,18 @@ async def _sync(
     it is gone or being deleted."""
     tracked = _tracked(memo, (namespace, name))
     async with tracked.lock:
-        declared = _first(endpoints.get((namespace, name), ()))
-        if declared is None:
-            return None
         try:
-            spec = parse_spec(namespace, name, dict(declared.spec))
+            wanted = _wanted(endpoints, secrets, namespace, name)
         except InvalidInput as exc:
-            # The CRD schema should refuse this first; retrying cannot help.
-            tracked.synced = reflect.Synced(declared.generation, False, reflect.Reason.INVALID_SPEC, str(exc))
+            # Retrying cannot help.
+            declared = _first(endpoints.get((namespace, name), ()))
+            generation = declared.generation if declared is not None else None
+            tracked.synced = reflect.Synced(generation, False, reflect.Reason.INVALID_SPEC, str(exc))
             tracked.stale = False
             return tracked.synced
-        values = None
-        if spec.secret_ref is not None:
-            values = _first(secrets.get((namespace, spec.secret_ref.name), ()))
-        check = reflect.check_secret(namespace, spec.secret_ref, values)
+        if wanted is None:
+            return None
+        declared, spec, check = wanted.declared, wanted.spec, wanted.check
         config: Settings = memo.config
         try:
             async with store.acquire(memo.pool) as conn:
@@ -460,6 +625,7 @@ async def _sync(
                 # take the previous write for this one.
                 tracked.written = stored(spec)
                 tracked.written_at = asyncio.get_running_loop().time()
+                memo.at_start.record((namespace, name), store.stored_form(spec, check.secret))
         except StoreError as exc:
             if exc.transient:
                 raise kopf_error(exc) from exc
@@ -485,7 +651,7 @@ async def _sync(
             tracked.events.append(
                 reflect.tenant_changed(upserted.previous_tenant, spec.tenant, upserted.discarded)
             )
-        tracked.synced = reflect.Synced(declared.generation, spec.paused, check.reason, check.message)
+        tracked.synced = wanted.synced()
         tracked.stale = False
         return tracked.synced
 

@@ -89,7 +89,7 @@ class SecretCheck:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Synced:
     """The outcome of the last write of a spec to Postgres."""
 

@@ -3,7 +3,7 @@
 Every ``HOOKLANE_OPERATOR_STATUS_SECONDS`` one statement returns the
 endpoints whose visible health differs from the digest this loop last
 reflected onto their resource (store.endpoint_health_changed); only those
-are compared with the status the resource carries (the ``observed`` index)
+are compared with the status the resource carries (the ``endpoints`` index)
 and patched where :func:`hooklane.operator.reflect.reflect` finds a
 difference. An idle pass costs one statement and no API call, whatever the
 number of resources. Writes (status patches and Events) are paced at
@@ -42,10 +42,10 @@ Key = tuple[str, str]
 EVENTS = references.Resource("", "v1", "events", namespaced=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observed:
-    """What the ``observed`` index keeps of a resource: enough to reflect
-    onto it and to post Events about it."""
+    """What a status pass reads of a resource: enough to reflect onto it
+    and to post Events about it."""
 
     uid: str
     status: Mapping[str, Any]

@@ -41,6 +41,7 @@ from hooklane.store.endpoints import (
     EndpointPage,
     EndpointTotals,
     Reactivation,
+    Stored,
     Upserted,
     check_name_prefix,
     check_phase,
@@ -52,6 +53,8 @@ from hooklane.store.endpoints import (
     reactivate_endpoint,
     refresh_endpoint_statistics,
     reseal_secrets,
+    stored_endpoints,
+    stored_form,
     upsert_endpoint,
 )
 from hooklane.store.events import (
@@ -88,6 +91,7 @@ __all__ = [
     "EventRow",
     "Reactivation",
     "Result",
+    "Stored",
     "StoredEvent",
     "Unrouted",
     "Upserted",
@@ -127,6 +131,8 @@ __all__ = [
     "reseal_secrets",
     "resend_dead",
     "reserve",
+    "stored_endpoints",
+    "stored_form",
     "sweep_ready",
     "try_lock",
     "unlock",

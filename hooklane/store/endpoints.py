@@ -111,6 +111,50 @@ async def upsert_endpoint(
     return upserted
 
 
+# What upsert_endpoint stores of a spec and its signing secret (plaintext,
+# or None without one), in a form to compare: equal means an upsert would
+# change nothing.
+Stored = tuple[str, str, int, tuple[str, ...], int, bool, str | None]
+
+
+def stored_form(spec: EndpointSpec, secret: str | None) -> Stored:
+    return (
+        spec.tenant,
+        spec.url,
+        spec.max_concurrency,
+        tuple(spec.event_types),
+        spec.timeout_seconds,
+        spec.paused,
+        secret,
+    )
+
+
+async def stored_endpoints(
+    conn: asyncpg.Connection, keyring: Keyring | None
+) -> dict[tuple[str, str], Stored]:
+    """(namespace, name) → what Postgres holds of every endpoint. A secret
+    the keys at hand cannot open is left out of the map, so that the next
+    upsert replaces it."""
+    found: dict[tuple[str, str], Stored] = {}
+    for row in await conn.fetch(QUERIES["stored_endpoints"]):
+        secret = row["secret"]
+        if secret is not None:
+            try:
+                secret = unseal(keyring, secret, owner(row["namespace"], row["name"]))
+            except InvalidInput:
+                continue
+        found[(row["namespace"], row["name"])] = (
+            row["tenant"],
+            row["url"],
+            row["max_concurrency"],
+            tuple(row["event_types"]),
+            row["timeout_seconds"],
+            row["paused"],
+            secret,
+        )
+    return found
+
+
 async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
     """Seal with the active key every signing secret stored in plaintext or
     with another key, and drop previous secrets past their overlap; returns
