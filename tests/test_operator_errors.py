@@ -45,7 +45,7 @@ async def test_a_spec_postgres_refuses_is_reported_once_and_not_retried(db, memo
     assert "no_refused" in synced.message
     assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
     tracked = memo.tracked[(NAMESPACE, NAME)]
-    assert not tracked.stale  # nor does the status timer try again
+    assert not tracked.stale  # nor does the status pass try again
 
     first = reflect.reflect(previous={}, queue=None, synced=synced, now=datetime.now(UTC), age_resolution=10)
     ready = next(c for c in first.patch["conditions"] if c["type"] == reflect.READY)

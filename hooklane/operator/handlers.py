@@ -91,7 +91,7 @@ class Declared:
 @dataclass(slots=True)
 class Tracked:
     """Per endpoint, shared by its handlers, the Secret handler and the
-    status timer. The lock makes each read-index-then-upsert one step, so a
+    status pass. The lock makes each read-index-then-upsert one step, so a
     Secret event and a spec edit never store a stale mix."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
