@@ -596,6 +596,10 @@ async def converge(
     raise AssertionError(f"not converged {timeout:.0f} s after the fault (seed {churn.figures.seed}): {last}")
 
 
+def _handling(output: str) -> bool:
+    return "Handler 'sync'" in output or "resources compared with Postgres" in output
+
+
 async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], timeout: float, what: str) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -657,7 +661,9 @@ async def test_operator_sigkilled_while_reconciling(
         # Once this incarnation handles resources (its startup alone takes
         # a second or two), changes start, and it dies a random moment into
         # them, with handlers in flight; the changes go on while it is down.
-        await wait_until(lambda op=op: "Handler 'sync'" in op.output(), 60, "operator handling resources")
+        # A restarted one upserts nothing unchanged: its first status pass
+        # compares every resource with Postgres and says so.
+        await wait_until(lambda op=op: _handling(op.output()), 60, "operator handling resources")
         burst = asyncio.create_task(churn.burst(12))
         await asyncio.sleep(rng.uniform(0.1, 0.6))
         op.kill()
