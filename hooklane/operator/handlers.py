@@ -477,13 +477,17 @@ class AtStart:
     reconciled: bool = False
 
     async def get(self, memo: kopf.Memo, key: Key) -> store.Stored | None:
+        if self.loaded_at is None:
+            await self._load(memo)
+        return None if self.stored is None else self.stored.get(key)
+
+    async def _load(self, memo: kopf.Memo) -> None:
         async with self.lock:
             if self.loaded_at is None:
                 config: Settings = memo.config
                 async with _store_errors(), store.acquire(memo.pool) as conn:
                     self.stored = await store.stored_endpoints(conn, config.encryption_key)
                 self.loaded_at = asyncio.get_running_loop().time()
-        return None if self.stored is None else self.stored.get(key)
 
     def record(self, key: Key, stored: store.Stored | None) -> None:
         """What an upsert stored, or None once the row is deleted."""
@@ -548,10 +552,7 @@ async def _unchanged(
             return False
         if wanted is None or store.stored_form(wanted.spec, wanted.check.secret) != held:
             return False
-        tracked.written = stored(wanted.spec)
-        tracked.written_at = asyncio.get_running_loop().time()
-        tracked.synced = wanted.synced()
-        tracked.stale = False
+        _stored_as(tracked, wanted)
     memo.reflector.forget(key)
     return True
 
@@ -568,6 +569,14 @@ class Wanted:
         return reflect.Synced(
             self.declared.generation, self.spec.paused, self.check.reason, self.check.message
         )
+
+
+def _stored_as(tracked: Tracked, wanted: Wanted) -> None:
+    """Postgres holds what ``wanted`` says, as of now."""
+    tracked.written = stored(wanted.spec)
+    tracked.written_at = asyncio.get_running_loop().time()
+    tracked.synced = wanted.synced()
+    tracked.stale = False
 
 
 def _wanted(
@@ -623,8 +632,7 @@ async def _sync(
                 )
                 # Before the release awaits: a status pass in between must not
                 # take the previous write for this one.
-                tracked.written = stored(spec)
-                tracked.written_at = asyncio.get_running_loop().time()
+                _stored_as(tracked, wanted)
                 memo.at_start.record((namespace, name), store.stored_form(spec, check.secret))
         except StoreError as exc:
             if exc.transient:
@@ -651,8 +659,6 @@ async def _sync(
             tracked.events.append(
                 reflect.tenant_changed(upserted.previous_tenant, spec.tenant, upserted.discarded)
             )
-        tracked.synced = wanted.synced()
-        tracked.stale = False
         return tracked.synced
 
 
