@@ -32,14 +32,16 @@ deadlock on them. Two transactions can still wait on each other when their
 locks interleave across those parts (each batch is locked whole before the
 next, and the singles before every batch), or on the pending delivery a
 coalesce key replaces; Postgres then aborts one of them (a deadlock, after
-``deadlock_timeout``), and the group is tried again while its deadline
-allows: nothing of an aborted transaction is stored.
+``deadlock_timeout``), and the group is tried again after a short random
+pause while its deadline allows: nothing of an aborted transaction is
+stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,6 +63,18 @@ logger = logging.getLogger(__name__)
 # on: nothing of it is stored, and the same transaction tried again may
 # commit. The values are the label of hooklane_api_commit_retries_total.
 RETRIED = {"40P01": "deadlock", "40001": "serialization"}
+# The pause before the group is tried again, doubling from the first and
+# drawn at random from its upper half: the transaction Postgres let go on was woken by
+# the abort and still has to take the locks it waited for, and a retry that
+# took them back at once would close the same cycle again.
+RETRY_PAUSE_SECONDS = 0.02
+RETRY_PAUSE_CAP_SECONDS = 0.5
+
+
+def retry_pause(tries: int, rng: random.Random | None = None) -> float:
+    """Seconds to wait before the ``tries``-th retry (from 1)."""
+    bound = min(RETRY_PAUSE_SECONDS * 2 ** (tries - 1), RETRY_PAUSE_CAP_SECONDS)
+    return (rng or random).uniform(bound / 2, bound)
 
 
 @dataclass(frozen=True)
@@ -232,6 +246,7 @@ class GroupCommitter:
         """The units' outcomes once committed by ``bound``, tried again
         while Postgres aborts the transaction for another's sake."""
         attempt = _Attempt()
+        tries = 0
         try:
             async with asyncio.timeout_at(bound):
                 while True:
@@ -249,6 +264,8 @@ class GroupCommitter:
                             exc,
                             extra={"action": "group_commit_retry", "units": len(units), "reason": reason},
                         )
+                        tries += 1
+                        await asyncio.sleep(retry_pause(tries))
         except TimeoutError:
             if attempt.committing:
                 raise OutcomeUnknown("COMMIT was sent and not answered by the earliest deadline") from None
