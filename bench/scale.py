@@ -12,12 +12,16 @@ preset 50 per call, each once the previous ones are stored), then:
   window, and the API server's own count of writes (PATCH/UPDATE on
   webhookendpoints, from its /metrics) over the same window;
 - the latency of one spec change reaching Postgres (several samples);
+- with ``--stall-seconds``, the operator stopped that long halfway through
+  the creation (the burst it then meets is what it holds afterwards);
 - with ``--churn-seconds``, 1% of the resources changed per minute: the
   operator's CPU, RSS and own writes meanwhile;
 - after a restart of the operator: how long until a change made at once
   reaches Postgres, until status that changed in Postgres while the
   operator was down shows on the resources, and its RSS and CPU once idle
-  again.
+  again; ``--restarts K`` measures K restarts, and ``--restart-tree`` (given
+  twice or more) restarts into each tree in turn, side by side on the same
+  resources.
 
 ``--tracemalloc FILE`` runs the operator under tracemalloc (six frames a
 trace; it runs several times slower) and writes where its memory is at idle
@@ -268,6 +272,16 @@ async def churn(api: Api, op: Proc, names: list[str], seconds: float) -> dict[st
     }
 
 
+async def stalled(op: Proc, seconds: float) -> None:
+    """The operator stopped (SIGSTOP) for ``seconds``, as a busy node or a
+    long pause would stop it, while the creation goes on."""
+    op.proc.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        op.proc.send_signal(signal.SIGCONT)
+
+
 async def measure_restart(
     args: argparse.Namespace,
     api: Api,
@@ -277,8 +291,9 @@ async def measure_restart(
     changed: list[str],
     restarted: float,
     into: dict[str, Any],
+    turn: int,
 ) -> None:
-    into["first_change_seconds"] = await change_latency(api, db, names[-1], "restart", args.timeout)
+    into["first_change_seconds"] = await change_latency(api, db, names[-1], f"restart-{turn}", args.timeout)
     into["first_change_from_start_seconds"] = time.monotonic() - restarted
     progress("first change after restart stored")
 
@@ -307,6 +322,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "resources": n,
             "idle_seconds": idle_seconds,
             "status_seconds": args.status_seconds,
+            "stall_seconds": args.stall_seconds,
             "tree": str(args.tree or REPO),
         },
         "machine": {**machine(), "load_at_start": os.getloadavg()},
@@ -339,14 +355,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
                     return check
 
+                stall: asyncio.Task[None] | None = None
                 for first in range(0, n, per_call):
                     count = min(per_call, n - first)
+                    if args.stall_seconds and stall is None and first >= n // 2:
+                        stall = asyncio.create_task(stalled(op, args.stall_seconds))
                     await asyncio.to_thread(
                         cp.kubectl, "-n", NAMESPACE, "create", "-f", "-", stdin=manifests(first, count)
                     )
                     if preset.get("paced"):
                         await wait_until(stored(first + count), args.timeout, every=0.1)
                 result["create_seconds"] = time.monotonic() - start
+                if stall is not None:
+                    await stall
                 await wait_until(stored(n), args.timeout, every=0.5)
                 result["sync_all_seconds"] = time.monotonic() - start
                 progress("all stored")
@@ -401,24 +422,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["churn"] = await churn(api, op, names, args.churn_seconds)
                     progress("churn measured")
 
-                # Restart: status changes in Postgres meanwhile, then a change
-                # is made the moment the new operator starts.
-                op.stop()
-                changed = random.sample(names, min(20, n))
-                await db.execute(
-                    "UPDATE endpoints SET state = 'deactivated', deactivated_at = now(), "
-                    "deactivated_reason = 'bench' WHERE namespace = $1 AND name = ANY($2)",
-                    NAMESPACE,
-                    changed,
-                )
-                restarted = time.monotonic()
-                op = start_operator(cp, dsn, logdir / "operator.log", args)
-                result["restart"] = {}
-                try:
-                    await measure_restart(args, api, db, op, names, changed, restarted, result["restart"])
-                except TimeoutError:
-                    # A restart that never serves a change is a result too.
-                    result["restart"]["timed_out_after_seconds"] = args.timeout
+                # Restarts: status changes in Postgres meanwhile, then a change
+                # is made the moment the new operator starts; with
+                # --restart-tree, the trees take turns on the same resources.
+                trees = args.restart_tree or [args.tree]
+                result["restarts"] = []
+                for turn in range(args.restarts * len(trees)):
+                    op.stop()
+                    args.tree = trees[turn % len(trees)]
+                    changed = random.sample(names, min(20, n))
+                    await db.execute(
+                        "UPDATE endpoints SET state = 'deactivated', deactivated_at = now(), "
+                        "deactivated_reason = 'bench' WHERE namespace = $1 AND name = ANY($2)",
+                        NAMESPACE,
+                        changed,
+                    )
+                    restarted = time.monotonic()
+                    op = start_operator(cp, dsn, logdir / "operator.log", args)
+                    restart: dict[str, Any] = {"tree": str(args.tree or REPO)}
+                    result["restarts"].append(restart)
+                    try:
+                        await measure_restart(args, api, db, op, names, changed, restarted, restart, turn)
+                    except TimeoutError:
+                        # A restart that never serves a change is a result too.
+                        restart["timed_out_after_seconds"] = args.timeout
+                    await db.execute(
+                        "UPDATE endpoints SET state = 'active', deactivated_at = NULL, "
+                        "deactivated_reason = NULL WHERE namespace = $1 AND name = ANY($2)",
+                        NAMESPACE,
+                        changed,
+                    )
+                if result["restarts"]:
+                    result["restart"] = result["restarts"][0]
                 result["machine"]["load_at_end"] = os.getloadavg()
             finally:
                 op.stop()
@@ -448,7 +483,20 @@ def main() -> None:
     parser.add_argument(
         "--dsn", help="a Postgres server to create the database on (default: a throwaway one)"
     )
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=0.0,
+        help="stop the operator (SIGSTOP) this long once half the resources are created",
+    )
     parser.add_argument("--tree", type=Path, help="run the operator of this source tree")
+    parser.add_argument("--restarts", type=int, default=1, help="restarts measured (per restart tree)")
+    parser.add_argument(
+        "--restart-tree",
+        type=Path,
+        action="append",
+        help="restart into this tree (repeat it: the trees take turns, side by side on the same resources)",
+    )
     parser.add_argument(
         "--tracemalloc", metavar="FILE", help="profile the operator's memory at idle into FILE"
     )

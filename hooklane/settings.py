@@ -148,6 +148,11 @@ class Settings:
     # operator's status pass, whatever changed at once, so that a burst (a
     # restart, an outage of many receivers) never floods the API server.
     operator_status_writes_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 50.0
+    # At most this many resources handled at once by the operator once its
+    # start is over (kopf's worker limit, see operator/kopf_fixes.py): a
+    # burst of changes waits as raw events, not as that many handlers in
+    # progress, each holding its resource's state.
+    operator_workers: Count = 500
     # Networks deliveries may reach beyond globally routable addresses
     # (hooklane/guard.py): receivers inside the cluster, loopback for tests.
     # Empty by default, so that nothing private is reachable by accident.

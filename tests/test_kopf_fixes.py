@@ -1,14 +1,21 @@
 """hooklane.operator.kopf_fixes: kopf's start with thousands of resources,
 as its queueing does it (a toggle per listed resource, each handler waiting
-until none is left), without the N² wakeups."""
+until none is left), without the N² wakeups; and the essence kopf compares
+a resource by, built without copying what it leaves out."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 
-from kopf._cogs.aiokits import aiotoggles
+import pytest
+from kopf._cogs.aiokits import aiotasks, aiotoggles
+from kopf._cogs.configs import diffbase
+from kopf._cogs.structs import bodies, dicts
 
 from hooklane.operator import kopf_fixes
+
+pytestmark = pytest.mark.unit
 
 RESOURCES = 500
 
@@ -61,3 +68,98 @@ async def test_a_single_toggle_still_wakes_its_waiters():
     assert paused.is_on()
     await paused.drop_toggle(toggle)
     assert paused.is_off()
+
+
+BODY = {
+    "apiVersion": "hooklane.io/v1alpha1",
+    "kind": "WebhookEndpoint",
+    "metadata": {
+        "name": "orders",
+        "namespace": "shop",
+        "uid": "0b0e",
+        "generation": 3,
+        "finalizers": ["hooklane.io/endpoint"],
+        "labels": {"team": "payments"},
+        "annotations": {
+            "kopf.zalando.org/last-handled-configuration": '{"spec":{"url":"https://a.example/"}}',
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            "hooklane.io/reactivate": "1",
+        },
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:url": {}}}}],
+    },
+    "spec": {"url": "https://a.example/", "tenant": "shop", "secretRef": {"name": "s", "key": "k"}},
+    "status": {"phase": "Active", "conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+@pytest.mark.parametrize(
+    "extra_fields",
+    [
+        None,
+        [("metadata", "annotations", "hooklane.io/reactivate")],
+        [("status", "phase")],
+        [("metadata", "finalizers"), "spec.url"],
+        [("metadata", "labels", "team"), ("status",)],
+    ],
+)
+def test_the_essence_kopf_compares_is_the_one_kopf_builds(
+    extra_fields: list[dicts.FieldSpec] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = diffbase.AnnotationsDiffBaseStorage()
+    with monkeypatch.context() as kopf_as_released:
+        kopf_as_released.setattr(diffbase.DiffBaseStorage, "build", kopf_fixes._kopf_build)
+        expected = storage.build(body=bodies.Body(copy.deepcopy(BODY)), extra_fields=extra_fields)
+    kopf_fixes.apply()
+    body = copy.deepcopy(BODY)
+    assert storage.build(body=bodies.Body(body), extra_fields=extra_fields) == expected
+    assert body == BODY
+
+
+async def test_while_the_first_listing_is_indexed_every_resource_gets_a_worker() -> None:
+    # kopf's own shape: each worker indexes its resource, then waits until
+    # every resource is indexed. A limit in force now would never end.
+    kopf_fixes.apply()
+    indexed = aiotoggles.ToggleSet(all)
+    scheduler = aiotasks.Scheduler(limit=2)
+    handled = 0
+
+    async def worker(toggle: aiotoggles.Toggle) -> None:
+        nonlocal handled
+        await indexed.drop_toggle(toggle)
+        await indexed.wait_for(True)
+        handled += 1
+
+    try:
+        for number in range(10):
+            await scheduler.spawn(worker(await indexed.make_toggle(name=str(number))))
+        await asyncio.wait_for(scheduler.wait(), timeout=10)
+    finally:
+        await scheduler.close()
+    assert handled == 10
+
+
+async def test_once_every_index_is_filled_the_worker_limit_holds() -> None:
+    kopf_fixes.apply()
+    indexed = aiotoggles.ToggleSet(all)
+    await indexed.drop_toggle(await indexed.make_toggle(name="listed"))
+    scheduler = aiotasks.Scheduler(limit=2)
+    release = asyncio.Event()
+    running = most = 0
+
+    async def worker() -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+
+    try:
+        for _ in range(10):
+            await scheduler.spawn(worker())
+        await asyncio.sleep(0.05)
+        assert running == 2
+        release.set()
+        await asyncio.wait_for(scheduler.wait(), timeout=10)
+    finally:
+        await scheduler.close()
+    assert most == 2

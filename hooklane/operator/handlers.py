@@ -60,6 +60,15 @@ RETRY_DELAY_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
+# One encoder for every index entry: json.dumps with separators builds one
+# per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+# The longest a loop over thousands of endpoints (the start's comparison, a
+# shared Secret's change) waits between its steps for the event loop to
+# be idle: long enough to let a restart's burst of events through, short
+# enough to finish within a minute at 10,000 endpoints.
+IDLE_WAIT_SECONDS = 1.0
+WORKER_IDLE_SECONDS = 1.0
 _V = TypeVar("_V")
 
 
@@ -76,10 +85,8 @@ class Declared:
     status_text: str
 
     @classmethod
-    def of(
-        cls, spec: Mapping[str, Any], generation: int | None, uid: str, status: Mapping[str, Any]
-    ) -> Declared:
-        return cls(_compact(spec), generation, uid, _compact(status))
+    def of(cls, spec: dict[str, Any], generation: int | None, uid: str, status: dict[str, Any]) -> Declared:
+        return cls(_COMPACT.encode(spec), generation, uid, _COMPACT.encode(status))
 
     def spec(self) -> dict[str, Any]:
         return dict(json.loads(self.spec_text))
@@ -157,8 +164,7 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     # No resume handler: kopf runs create and update handlers for what
     # changed while the operator was down, and the first status pass
     # compares every other resource with Postgres in one loop.
-    kopf.on.event(*resource, id="indexed", when=_after_indexing, registry=registry)(_never)
-    kopf.on.create(*resource, id="sync", registry=registry)(sync)  # type: ignore[arg-type]
+    kopf.on.create(*resource, id="sync", when=_after_indexing, registry=registry)(sync)  # type: ignore[arg-type]
     kopf.on.update(*resource, id="sync", field="spec", registry=registry)(sync)  # type: ignore[arg-type]
     kopf.on.event("v1", "secrets", when=_referenced, registry=registry)(secret_changed)  # type: ignore[arg-type]
     kopf.on.delete(*resource, registry=registry)(delete)  # type: ignore[arg-type]
@@ -186,6 +192,11 @@ async def startup(
 ) -> None:
     config: Settings = memo.config
     settings.persistence.finalizer = FINALIZER
+    settings.queueing.worker_limit = config.operator_workers
+    # A worker keeps its slot until it has been idle this long (kopf's
+    # default is 5 s): at the limit, that would cap handling at a fifth of
+    # the limit per second.
+    settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     # kopf would post an Event for every handler run; the resource's Events
     # are the ones this module posts, plus handler failures.
     settings.posting.level = logging.WARNING
@@ -240,17 +251,16 @@ async def index_secret(
 
 
 async def index_endpoint(
-    *, namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
+    *, namespace: str, name: str, body: kopf.Body, meta: kopf.Meta, **_: Any
 ) -> dict[Key, Declared]:
     # A resource on its way out must not be stored again by a late Secret
     # event, nor reflected onto; an empty mapping drops it from the index.
     if meta.get("deletionTimestamp"):
         return {}
+    # The body's own dicts: kopf's spec and status views resolve their path
+    # again for every key read, a restart's largest cost of this function.
+    spec, status = body.get("spec") or {}, body.get("status") or {}
     return {(namespace, name): Declared.of(spec, meta.get("generation"), meta["uid"], status)}
-
-
-def _compact(value: Mapping[str, Any]) -> str:
-    return json.dumps(dict(value), separators=(",", ":"))
 
 
 async def index_endpoint_by_secret(
@@ -285,15 +295,12 @@ async def sync(
 
 
 def _after_indexing(*, memo: kopf.Memo, **_: Any) -> bool:
-    """kopf evaluates handler filters only once every index is filled: the
-    first evaluation starts the status loop. It lets no event through, so
-    that no handler runs per resource."""
+    """kopf evaluates handler filters only once every index is filled, and
+    then evaluates the first changing handler's for every resource's event
+    (to learn whether any handler is for it): the first evaluation starts
+    the status loop. It lets every event through."""
     start_status_loop(memo)
-    return False
-
-
-async def _never(**_: Any) -> None:
-    """The handler that :func:`_after_indexing` filters every event out of."""
+    return True
 
 
 async def secret_changed(
@@ -311,7 +318,10 @@ async def secret_changed(
     referrers = list(endpoints_by_secret.get((namespace, name), ()))
     for endpoint in referrers:
         _tracked(memo, (namespace, endpoint)).stale = True
-    for endpoint in referrers:
+    for done, endpoint in enumerate(referrers):
+        if done % 200 == 199:
+            # Thousands of endpoints may share it: changes are served first.
+            await reflector.idle_turn(most=IDLE_WAIT_SECONDS)
         try:
             # At the start, every Secret is listed: most of its endpoints
             # already hold its value.
@@ -520,8 +530,8 @@ async def _reconcile(
             memo.reflector.forget(key)
             stored_again += 1
         if done % 200 == 199:
-            # Changes are served meanwhile.
-            await asyncio.sleep(0)
+            # Changes are served first.
+            await reflector.idle_turn(most=IDLE_WAIT_SECONDS)
     memo.at_start.reconciled = True
     logger.info(
         "start: %d resources compared with Postgres, %d stored again",

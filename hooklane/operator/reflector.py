@@ -209,10 +209,32 @@ class Reflector:
             )
 
 
+# A sleep this long that wakes this much late or more: the event loop has
+# callbacks queued (kopf's handlers have events to work through).
+IDLE_PROBE_SECONDS = 0.005
+IDLE_LATE_SECONDS = 0.005
+
+
+async def idle_turn(most: float) -> None:
+    """Return once the event loop has nothing queued, or after ``most``
+    seconds. Background work (the status pass, the comparisons of a start)
+    waits here, so that a change an event brings is not served after it:
+    at a restart kopf wakes every resource's handlers at once."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + most
+    while loop.time() < deadline:
+        asked = loop.time()
+        await asyncio.sleep(IDLE_PROBE_SECONDS)
+        if loop.time() - asked < IDLE_PROBE_SECONDS + IDLE_LATE_SECONDS:
+            return
+
+
 async def run_forever(interval: float, one_pass: Callable[[], Awaitable[None]]) -> None:
     """``one_pass`` every ``interval`` seconds (after the previous one
-    ends); a failed pass is logged and the next one tries again."""
+    ends, and once the event loop is idle, for at most another interval);
+    a failed pass is logged and the next one tries again."""
     while True:
+        await idle_turn(most=interval)
         try:
             await one_pass()
         except (StoreError, kopf.TemporaryError) as exc:
