@@ -55,9 +55,12 @@ die() { log "$*"; exit 1; }
 # command line names a file under $cluster_dir, which guards against a
 # recycled PID.
 pid_of() {
-  local pid
+  local pid cmdline
   pid=$(cat "$run_dir/$1.pid" 2>/dev/null) || return 1
-  [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$cluster_dir/" || return 1
+  # No pipe into grep -q: under pipefail, tr killed by SIGPIPE once grep
+  # has its match would make a running component look gone.
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmdline == *"$cluster_dir/"* ]] || return 1
   echo "$pid"
 }
 
