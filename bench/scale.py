@@ -272,6 +272,11 @@ async def churn(api: Api, op: Proc, names: list[str], seconds: float) -> dict[st
     }
 
 
+def idle_window(args: argparse.Namespace) -> float:
+    """Seconds over which idle RSS, CPU and writes are measured."""
+    return float(args.idle_seconds or PRESETS[args.preset]["idle_seconds"])
+
+
 async def stalled(op: Proc, seconds: float) -> None:
     """The operator stopped (SIGSTOP) for ``seconds``, as a busy node or a
     long pause would stop it, while the creation goes on."""
@@ -307,7 +312,7 @@ async def measure_restart(
     # resource at once, not one creation at a time.
     await asyncio.sleep(max(2 * args.status_seconds, 5))
     cpu0, t0 = op.cpu_seconds(), time.monotonic()
-    await asyncio.sleep(args.idle_seconds or PRESETS[args.preset]["idle_seconds"])
+    await asyncio.sleep(idle_window(args))
     into["idle_rss_mb"] = op.rss_mb()
     into["idle_cpu_cores"] = (op.cpu_seconds() - cpu0) / (time.monotonic() - t0)
 
@@ -315,7 +320,7 @@ async def measure_restart(
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     preset = PRESETS[args.preset]
     n = args.resources or preset["resources"]
-    idle_seconds = args.idle_seconds or preset["idle_seconds"]
+    idle_seconds = idle_window(args)
     result: dict[str, Any] = {
         "config": {
             "preset": args.preset,

@@ -63,11 +63,9 @@ Key = tuple[str, str]  # (namespace, name)
 # One encoder for every index entry: json.dumps with separators builds one
 # per call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
-# The longest a loop over thousands of endpoints (the start's comparison, a
-# shared Secret's change) waits between its steps for the event loop to
-# be idle: long enough to let a restart's burst of events through, short
-# enough to finish within a minute at 10,000 endpoints.
-IDLE_WAIT_SECONDS = 1.0
+# A kopf worker keeps its slot until it has been idle this long (kopf's
+# default is 5 s): at the worker limit, that would cap handling at a fifth
+# of the limit per second.
 WORKER_IDLE_SECONDS = 1.0
 _V = TypeVar("_V")
 
@@ -193,9 +191,6 @@ async def startup(
     config: Settings = memo.config
     settings.persistence.finalizer = FINALIZER
     settings.queueing.worker_limit = config.operator_workers
-    # A worker keeps its slot until it has been idle this long (kopf's
-    # default is 5 s): at the limit, that would cap handling at a fifth of
-    # the limit per second.
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     # kopf would post an Event for every handler run; the resource's Events
     # are the ones this module posts, plus handler failures.
@@ -318,10 +313,8 @@ async def secret_changed(
     referrers = list(endpoints_by_secret.get((namespace, name), ()))
     for endpoint in referrers:
         _tracked(memo, (namespace, endpoint)).stale = True
-    for done, endpoint in enumerate(referrers):
-        if done % 200 == 199:
-            # Thousands of endpoints may share it: changes are served first.
-            await reflector.idle_turn(most=IDLE_WAIT_SECONDS)
+    # Thousands of endpoints may share it: changes are served first.
+    async for endpoint in reflector.idle_steps(referrers):
         try:
             # At the start, every Secret is listed: most of its endpoints
             # already hold its value.
@@ -524,14 +517,12 @@ async def _reconcile(
     record the sync state of the rest, for the Ready condition."""
     keys = list(endpoints)
     stored_again = 0
-    for done, key in enumerate(keys):
+    # Changes are served first.
+    async for key in reflector.idle_steps(keys):
         if not await _unchanged(memo, endpoints, secrets, *key):
             await _sync(memo, endpoints, secrets, *key)
             memo.reflector.forget(key)
             stored_again += 1
-        if done % 200 == 199:
-            # Changes are served first.
-            await reflector.idle_turn(most=IDLE_WAIT_SECONDS)
     memo.at_start.reconciled = True
     logger.info(
         "start: %d resources compared with Postgres, %d stored again",

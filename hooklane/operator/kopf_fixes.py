@@ -32,10 +32,10 @@ a burst (thousands of resources created while the operator was stopped
 for a moment) had every one of them in progress at once: at 10,000
 resources, an operator stopped for 20 s halfway through their creation
 held 1,449 MB afterwards, where one that kept pace held 255 MB (320 MB
-with the limit; docs/benchmarks.md, section 8). kopf's ``worker_limit`` bounds that, but kopf also applies it while
-it holds every listed resource's handlers until all are indexed, and the
-first ``worker_limit`` resources then wait for others that never get a
-worker. The third fix applies the limit only while no index is being
+with the limit; docs/benchmarks.md, section 8). kopf's ``worker_limit``
+bounds that, but kopf also applies it while it holds every listed
+resource's handlers until all are indexed, and the first ``worker_limit``
+resources then wait for others that never get a worker. The third fix applies the limit only while no index is being
 filled (kopf's index gates, every ``ToggleSet(all)``, are on): at the start
 and when a new namespace's listing is indexed, as many workers as
 resources, as kopf does without a limit; otherwise at most the limit,
