@@ -26,7 +26,7 @@ import asyncpg
 
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
-from hooklane.manifest import EndpointSpec
+from hooklane.spec import EndpointSpec
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,9 +21,10 @@ from aiohttp import web
 from hooklane.api import ingest
 from hooklane.api.auth import Audience, audience, authenticate
 from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, set_started
-from hooklane.api.tokens import Tokens, TokenSource
+from hooklane.api.tokens import TokenSource
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
+from hooklane.tokens import Tokens
 
 
 @audience(Audience.INGEST)

@@ -63,11 +63,13 @@ from bench.common import (
     python_module,
     run_and_report,
 )
+from hooklane.crd import GROUP, PLURAL, VERSION
 from hooklane.dev.controlplane import ControlPlane
+from hooklane.spec import API_VERSION, KIND
 
 NAMESPACE = "scale"
 PER_CALL = 250
-GROUP_PATH = f"/apis/hooklane.io/v1alpha1/namespaces/{NAMESPACE}/webhookendpoints"
+GROUP_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Created 50 at a time, each call once the operator has stored the
@@ -139,7 +141,7 @@ class Api:
         text = self.request("GET", "/metrics").decode()
         counts: dict[str, float] = {}
         for line in text.splitlines():
-            if not line.startswith("apiserver_request_total{") or 'resource="webhookendpoints"' not in line:
+            if not line.startswith("apiserver_request_total{") or f'resource="{PLURAL}"' not in line:
                 continue
             verb = re.search(r'verb="([A-Z]+)"', line)
             if verb and verb.group(1) in ("PATCH", "UPDATE", "POST", "DELETE"):
@@ -200,8 +202,8 @@ def start_operator(
 def manifests(start: int, count: int) -> str:
     items = [
         {
-            "apiVersion": "hooklane.io/v1alpha1",
-            "kind": "WebhookEndpoint",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": f"ep-{i:05d}"},
             "spec": {
                 "url": f"https://customer-{i}.example.com/hooks",

@@ -12,7 +12,6 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +19,8 @@ import asyncpg
 import uvloop
 
 from hooklane import __version__, store
+from hooklane.bounded_yaml import MAX_MANIFEST_BYTES
+from hooklane.checks import check_name, check_namespace
 from hooklane.errors import (
     DatabaseUnreachable,
     DataRefused,
@@ -29,14 +30,15 @@ from hooklane.errors import (
     printable,
     shown,
 )
+from hooklane.files import decode_utf8, read_bounded
 from hooklane.guard import literal_never_allowed
 from hooklane.health import EndpointHealth
-from hooklane.manifest import MAX_MANIFEST_BYTES, check_name, check_namespace, check_tenant, load_manifest
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
+from hooklane.spec import check_tenant, load_manifest
 from hooklane.store.cursor import event_position
-from hooklane.times import parse_time, rfc3339
+from hooklane.times import parse_time, rfc3339, rfc3339_seconds
 
 logger = logging.getLogger("hooklane")
 
@@ -286,7 +288,7 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
                     h.max_concurrency,
                     h.standing,
                     h.consecutive_failures,
-                    _time(h.paused_until),
+                    rfc3339_seconds(h.paused_until) or "-",
                 ]
                 for h in healths
             ],
@@ -323,11 +325,14 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
-    spec = load_manifest(_read_input(args.filename, "--filename", MAX_MANIFEST_BYTES), "--filename")
+    spec = load_manifest(
+        read_bounded(args.filename, "--filename", MAX_MANIFEST_BYTES, stdin=True), "--filename"
+    )
     refusal = literal_never_allowed(urlsplit(spec.url).hostname or "", settings.allowed_networks)
     if refusal is not None:
         raise InvalidInput("spec.url", f"{refusal} (HOOKLANE_ALLOWED_NETWORKS does not list it)")
-    secret = _text(_read_input(args.secret_file, "--secret-file", MAX_SECRET_BYTES), "--secret-file").strip()
+    raw = read_bounded(args.secret_file, "--secret-file", MAX_SECRET_BYTES, stdin=True)
+    secret = decode_utf8(raw, "--secret-file").strip()
     parse_secret(secret)
     async with _database(settings) as conn:
         result = await store.upsert_endpoint(
@@ -398,7 +403,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
                 h.max_concurrency,
                 _age(h.oldest_pending_age),
                 h.consecutive_failures,
-                _time(h.paused_until),
+                rfc3339_seconds(h.paused_until) or "-",
                 (h.last_error or "")[:60],
             ]
             for h in healths
@@ -475,37 +480,15 @@ def _dev(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _read_input(path: str, option: str, limit: int) -> bytes:
-    """The bytes of a file, or of stdin for "-"; refused past ``limit``
-    without reading further."""
-    try:
-        if path == "-":
-            raw = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(path, "rb") as file:
-                raw = file.read(limit + 1)
-    except OSError as exc:
-        raise InvalidInput(option, f"cannot read {printable(path)}: {exc.strerror}") from None
-    if len(raw) > limit:
-        raise InvalidInput(option, f"is larger than {limit} bytes")
-    return raw
-
-
-def _text(raw: bytes, option: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(option, f"is not UTF-8 (byte {exc.start})") from None
-
-
 def _data(value: str) -> Any:
     """``--data``: inline JSON, @FILE, or - for stdin (no shell argument
     limit on those)."""
     if value == "-" or value.startswith("@"):
-        text = _text(_read_input(value.removeprefix("@"), "--data", MAX_DATA_INPUT_BYTES), "--data")
+        raw = read_bounded(value.removeprefix("@"), "--data", MAX_DATA_INPUT_BYTES, stdin=True)
+        text = decode_utf8(raw, "--data")
     else:
         # Arguments that are not UTF-8 reach Python as lone surrogates.
-        text = _text(value.encode("utf-8", "surrogatepass"), "--data")
+        text = decode_utf8(value.encode("utf-8", "surrogatepass"), "--data")
     try:
         return json.loads(text)
     except RecursionError:
@@ -540,10 +523,6 @@ def _age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds // 60}m"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def _time(value: datetime | None) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else "-"
 
 
 def _print_table(headers: list[str], rows: list[list[Any]]) -> None:

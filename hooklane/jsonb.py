@@ -24,7 +24,7 @@ def jsonb_text(value: Any) -> str:
     """``value`` as ``SELECT $1::jsonb::text`` prints it when ``$1`` is the
     value's JSON text (``json.dumps``). ``value`` is a tree as
     ``hooklane.publish`` checks it: string keys, finite floats, no NUL, no
-    lone surrogate, at most ``manifest.MAX_DEPTH`` deep."""
+    lone surrogate, at most ``checks.MAX_DEPTH`` deep."""
     parts: list[str] = []
     _render(value, parts.append)
     return "".join(parts)

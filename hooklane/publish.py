@@ -10,9 +10,10 @@ from typing import Any
 import asyncpg
 
 from hooklane import store
+from hooklane.checks import EVENT_TYPE, check_text, walk
 from hooklane.errors import InvalidInput, shown
 from hooklane.jsonb import jsonb_text, number_text
-from hooklane.manifest import EVENT_TYPE, check_tenant, check_text, walk
+from hooklane.spec import check_tenant
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 # Of the data as stored and sent: jsonb's text (hooklane/jsonb.py), which a

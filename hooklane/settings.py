@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
-from hooklane.api.tokens import Tokens
 from hooklane.errors import InvalidInput
 from hooklane.guard import parse_networks
 from hooklane.policies import CircuitPolicy, Count, RetryPolicy, Seconds
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring
+from hooklane.tokens import Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Settings:
     # `hooklane api`: where it listens (its /metrics is on metrics_port).
     api_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"
     api_port: Annotated[int, Field(ge=1, le=65535)] = 8080
-    # Tokens that may publish (hooklane/api/tokens.py has the format), from
+    # Tokens that may publish (hooklane/tokens.py has the format), from
     # the variable, a file re-read when it changes (a mounted Secret), or
     # both. Without any, `hooklane api` refuses to start.
     api_tokens: ApiTokens = field(default_factory=Tokens)

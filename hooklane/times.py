@@ -34,3 +34,10 @@ def parse_time(text: str, field: str) -> datetime:
 def rfc3339(value: datetime | None) -> str | None:
     """``value`` in UTC, as ``2026-03-01T12:00:00.123456Z``."""
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def rfc3339_seconds(value: datetime | None) -> str | None:
+    """``value`` in UTC to the second, as ``2026-03-01T12:00:00Z``: for a
+    person's eyes (the CLI's tables) and for Kubernetes, whose own times
+    (a condition's lastTransitionTime) have this form."""
+    return None if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -43,7 +43,7 @@ import hooklane
 from bench.common import create_database, drop_database
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
-from hooklane.manifest import EndpointSpec
+from hooklane.spec import EndpointSpec
 from hooklane.store.connection import TRANSIENT
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
 from tests.receivers import Answer, Receiver

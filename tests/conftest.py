@@ -24,11 +24,11 @@ from pytest_postgresql import factories
 from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
-from hooklane.api.tokens import Tokens
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.guard import parse_networks
-from hooklane.manifest import EndpointSpec
 from hooklane.settings import Settings
+from hooklane.spec import EndpointSpec
+from hooklane.tokens import Tokens
 from hooklane.worker.runner import Worker
 from tests.receivers import Receiver
 

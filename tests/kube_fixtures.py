@@ -21,10 +21,12 @@ from typing import Any
 
 import pytest
 
+from hooklane.crd import PRINTER_COLUMNS
 from hooklane.dev.controlplane import ControlPlane, ControlPlaneError
 
-# What `kubectl get whe` shows: the CRD's printer columns, as a user reads them.
-WHE_COLUMNS = ["NAME", "TENANT", "URL", "MAXCONCURRENCY", "PHASE", "PENDING", "OLDESTPENDINGAGE", "AGE"]
+# What `kubectl get whe` shows: the name, then the CRD's printer columns,
+# which kubectl heads in capitals.
+WHE_COLUMNS = ["NAME", *(column["name"].upper() for column in PRINTER_COLUMNS)]
 _PR_SET_PDEATHSIG = 1
 
 

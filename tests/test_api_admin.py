@@ -20,9 +20,9 @@ import hooklane
 from hooklane import metrics, store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
-from hooklane.api.tokens import Tokens
 from hooklane.dev.postgres import free_port
 from hooklane.settings import Settings
+from hooklane.tokens import Tokens
 from tests.conftest import SECRET, add_endpoint, in_process_api, wait_for
 from tests.test_cli import hooklane as run_cli
 

@@ -16,10 +16,11 @@ from prometheus_client import REGISTRY
 from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
-from hooklane.api.tokens import Grant, Tokens, TokenSource, bearer
+from hooklane.api.tokens import TokenSource, bearer
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
+from hooklane.tokens import Grant, Tokens
 
 TOKEN = "9tq0oZ7qkY8v1H5XyV4m2sT3bQ0cR6eJ"
 LIMITED = "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4G5h6"

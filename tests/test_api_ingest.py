@@ -35,10 +35,11 @@ from hooklane.api.group_commit import (
     take,
 )
 from hooklane.api.ingest import COMMITTER, Refused
-from hooklane.api.tokens import Tokens, TokenSource
+from hooklane.api.tokens import TokenSource
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput, OutcomeUnknown, TransientStoreError
 from hooklane.settings import Settings
+from hooklane.tokens import Tokens
 from tests.conftest import LOOPBACK, add_endpoint, api_process, wait_api_up, wait_for, worker_process
 
 TOKEN = "ingest-token-0123456789"

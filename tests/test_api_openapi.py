@@ -25,10 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import Audience
-from hooklane.api.tokens import Tokens, TokenSource
+from hooklane.api.tokens import TokenSource
 from hooklane.dev.postgres import free_port
-from hooklane.manifest import EndpointSpec
 from hooklane.settings import Settings
+from hooklane.spec import EndpointSpec
+from hooklane.tokens import Tokens
 from tests.conftest import SECRET, api_process
 
 # One token in both lists, so that every operation is reachable with one header.

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hooklane.api.tokens import Grant, Tokens, TokenSource
+from hooklane.api.tokens import TokenSource
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
+from hooklane.tokens import Grant, Tokens
 from tests.conftest import api_process
 
 TOKEN = "9tq0oZ7qkY8v1H5XyV4m2sT3bQ0cR6eJ"

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hooklane.api.tokens import Grant, Tokens
 from hooklane.dev.controlplane import ControlPlane
 from hooklane.errors import InvalidInput
+from hooklane.tokens import Grant, Tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "hooklane"
@@ -347,7 +347,7 @@ def test_the_token_file_is_what_the_api_reads(tools):
 )
 def test_the_schema_takes_the_token_entries_the_api_takes(entry):
     """values.schema.json checks token entries at install time; it must take
-    exactly what hooklane/api/tokens.py takes as one entry of a file (one
+    exactly what hooklane/tokens.py takes as one entry of a file (one
     line, without the spaces around it the API would forgive)."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     pattern = schema["definitions"]["tokenEntries"]["items"]["pattern"]

@@ -12,6 +12,7 @@ import kubernetes
 import pytest
 import yaml
 
+from hooklane.crd import CRD_NAME
 from hooklane.dev.controlplane import ControlPlane
 from tests.kube_fixtures import WHE_COLUMNS
 
@@ -39,7 +40,7 @@ def test_kubeconfig_works_for_the_python_client(kubeconfig: Path) -> None:
     api = kubernetes.client.ApiextensionsV1Api(
         kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
     )
-    crd = api.read_custom_resource_definition("webhookendpoints.hooklane.io")
+    crd = api.read_custom_resource_definition(CRD_NAME)
     established = {c.type: c.status for c in crd.status.conditions}["Established"]
     assert established == "True"
 

@@ -1,4 +1,4 @@
-"""The endpoint field rules (``SPEC`` in hooklane/manifest.py) against the
+"""The endpoint field rules (``SPEC`` in hooklane/spec.py) against the
 other places that enforce them: the API server, through the CRD written from
 them, and Postgres' CHECK constraints, the database's backstop."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from hooklane.dev.controlplane import ControlPlane
 from hooklane.errors import InvalidInput
-from hooklane.manifest import API_VERSION, KIND, SPEC, FieldRule, parse_manifest, parse_spec
+from hooklane.spec import API_VERSION, KIND, SPEC, FieldRule, parse_manifest, parse_spec
 
 SPEC_ = {
     "url": "https://hooks.acme.example/orders",

@@ -23,13 +23,15 @@ from hooklane import store
 from hooklane.api import dashboard, inputs
 from hooklane.api.app import make_app
 from hooklane.api.auth import SESSION_COOKIE
-from hooklane.api.tokens import Tokens, TokenSource
+from hooklane.api.tokens import TokenSource
+from hooklane.checks import check_url
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
-from hooklane.manifest import EndpointSpec, check_url
 from hooklane.policies import CircuitPolicy
+from hooklane.results import Result
 from hooklane.settings import Settings
-from hooklane.store.deliveries import Result
+from hooklane.spec import EndpointSpec
+from hooklane.tokens import Tokens
 from tests.conftest import SECRET, add_endpoint, wait_for
 from tests.receivers import Answer, Receiver
 

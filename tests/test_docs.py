@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from hooklane import cli
-from hooklane.api.tokens import Tokens
 from hooklane.operator import main as operator_main
 from hooklane.settings import _NESTED, _TOOLING, Settings, _variable
+from hooklane.tokens import Tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

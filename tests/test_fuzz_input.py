@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hooklane
+from hooklane.checks import EVENT_TYPE
 from hooklane.errors import InvalidInput
-from hooklane.manifest import API_VERSION, EVENT_TYPE, KIND, load_manifest, parse_manifest
 from hooklane.publish import check_event
+from hooklane.spec import API_VERSION, KIND, load_manifest, parse_manifest
 
 # Text with what breaks storage or terminals mixed in: NUL, lone surrogates,
 # newlines and other controls.

@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from hooklane.bounded_yaml import MAX_MANIFEST_BYTES
+from hooklane.checks import check_url
+from hooklane.crd import CRD_PATH, crd_yaml
 from hooklane.errors import InvalidInput
-from hooklane.manifest import (
-    CRD_PATH,
-    MAX_MANIFEST_BYTES,
-    SecretRef,
-    check_url,
-    crd_yaml,
-    load_manifest,
-    parse_manifest,
-)
+from hooklane.spec import SecretRef, load_manifest, parse_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -231,7 +226,7 @@ def test_values_of_the_wrong_type_or_size_name_the_field(path, value):
 
 def test_the_committed_crd_is_what_hack_gen_crd_writes():
     committed = (Path(__file__).parent.parent / CRD_PATH).read_text()
-    assert committed == crd_yaml(), "the CRD differs from the rules in hooklane/manifest.py: run hack/gen-crd"
+    assert committed == crd_yaml(), "the CRD differs from hooklane/spec.py and crd.py: run hack/gen-crd"
 
 
 def test_values_at_the_limits_are_accepted():

@@ -42,15 +42,17 @@ import pytest
 import yaml
 
 from hooklane import store
+from hooklane.crd import GROUP, PLURAL, VERSION
 from hooklane.dev.controlplane import ControlPlaneError
 from hooklane.dev.postgres import LocalPostgres
+from hooklane.operator.handlers import FINALIZER
+from hooklane.spec import API_VERSION, KIND
 from tests.conftest import SECRET
 from tests.kube_fixtures import Operator, RestartableControlPlane
 
 pytestmark = [pytest.mark.kube, pytest.mark.chaos]
 
-GROUP_PATH = "/apis/hooklane.io/v1alpha1"
-FINALIZER = "hooklane.io/finalizer"
+GROUP_PATH = f"/apis/{GROUP}/{VERSION}"
 SECRET_NAME = "chaos-signing"
 FIELD_MANAGER = "hooklane-chaos"
 # About this many resources live at any moment; every burst creates, edits
@@ -281,15 +283,14 @@ class Api:
     async def apply_endpoint(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
         """Server-side apply: creates or updates, and sending it twice is a no-op."""
         doc = {
-            "apiVersion": "hooklane.io/v1alpha1",
-            "kind": "WebhookEndpoint",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": name, "namespace": namespace},
             "spec": spec,
         }
         await self.until_done(
             "PATCH",
-            f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints/{name}"
-            f"?fieldManager={FIELD_MANAGER}&force=true",
+            f"{GROUP_PATH}/namespaces/{namespace}/{PLURAL}/{name}?fieldManager={FIELD_MANAGER}&force=true",
             doc,
             ok=frozenset({200, 201}),
             content_type="application/apply-patch+yaml",
@@ -299,12 +300,12 @@ class Api:
         # 404 is success too: a retried delete may find it already finalised.
         await self.until_done(
             "DELETE",
-            f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints/{name}",
+            f"{GROUP_PATH}/namespaces/{namespace}/{PLURAL}/{name}",
             ok=frozenset({200, 202, 404}),
         )
 
     async def endpoints(self, namespace: str) -> list[dict[str, Any]]:
-        status, payload = await self.call("GET", f"{GROUP_PATH}/namespaces/{namespace}/webhookendpoints")
+        status, payload = await self.call("GET", f"{GROUP_PATH}/namespaces/{namespace}/{PLURAL}")
         if status != 200:
             raise aiohttp.ClientError(f"list returned HTTP {status}")
         return payload["items"]

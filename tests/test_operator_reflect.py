@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing
-from hooklane.manifest import SecretRef
 from hooklane.operator import reflect
 from hooklane.operator.reflect import Queue, Synced
+from hooklane.spec import SecretRef
 from tests.conftest import SECRET
 
 pytestmark = pytest.mark.unit

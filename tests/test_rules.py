@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hooklane.store.deliveries import Result, ResultOutcome
+from hooklane.results import Result, ResultOutcome
 from hooklane.worker.rules import (
     Attempt,
     Dead,

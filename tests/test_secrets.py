@@ -21,9 +21,9 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 import hooklane
 from hooklane import store
 from hooklane.errors import InvalidInput
-from hooklane.manifest import EndpointSpec
 from hooklane.secrets import Keyring, seal, unseal
 from hooklane.settings import Settings
+from hooklane.spec import EndpointSpec
 from tests.conftest import LOOPBACK, wait_for
 from tests.receivers import Answer
 

@@ -66,6 +66,7 @@ def test_values_are_read_and_typed():
         ("HOOKLANE_POLL_SECONDS", "soon"),
         ("HOOKLANE_LEASE_GRACE_SECONDS", "NaN"),
         ("HOOKLANE_DRAIN_SECONDS", "-1"),
+        ("HOOKLANE_OPERATOR_STATUS_SECONDS", "0"),
         ("HOOKLANE_METRICS_PORT", "65536"),
         ("HOOKLANE_METRICS_PORT", "-1"),
         ("HOOKLANE_METRICS_PORT", "http"),
@@ -126,13 +127,21 @@ def test_an_unknown_variable_is_named_in_a_warning(caplog):
     ]
 
 
-def test_the_worker_refuses_to_start_on_a_bad_setting():
-    env = {**os.environ, "HOOKLANE_DATABASE_URL": "postgresql://127.0.0.1:1/x", "HOOKLANE_POLL_SECONDS": "0"}
+@pytest.mark.parametrize(
+    "command, variable",
+    [
+        (["worker"], "HOOKLANE_POLL_SECONDS"),
+        # Settings' bound is the operator's only check of its interval.
+        (["operator", "-A", "--standalone"], "HOOKLANE_OPERATOR_STATUS_SECONDS"),
+    ],
+)
+def test_a_process_refuses_to_start_on_a_bad_setting(command, variable):
+    env = {**os.environ, "HOOKLANE_DATABASE_URL": "postgresql://127.0.0.1:1/x", variable: "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "hooklane.cli", "worker"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hooklane.cli", *command], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
     assert (
         done.stderr.strip().splitlines()[-1]
-        == "hooklane: HOOKLANE_POLL_SECONDS: input should be greater than 0, not '0'"
+        == f"hooklane: {variable}: input should be greater than 0, not '0'"
     )

@@ -19,8 +19,8 @@ from standardwebhooks.webhooks import Webhook
 import hooklane
 from hooklane import store
 from hooklane.errors import EventConflict, InvalidInput
-from hooklane.manifest import EndpointSpec
 from hooklane.policies import CircuitPolicy
+from hooklane.spec import EndpointSpec
 from tests.conftest import LOOPBACK, SECRET, add_endpoint, wait_for
 
 ALL = list(range(32))

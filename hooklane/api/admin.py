@@ -25,7 +25,7 @@ from hooklane.api.context import POOL
 from hooklane.api.errors import problem
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import as_json
-from hooklane.manifest import check_tenant
+from hooklane.spec import check_tenant
 from hooklane.times import parse_time, rfc3339
 
 logger = logging.getLogger(__name__)

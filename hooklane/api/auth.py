@@ -15,9 +15,10 @@ from hooklane import metrics
 from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, set_grant
 from hooklane.api.errors import Refused, problem
 from hooklane.api.inputs import ADMIN_MAX_BODY_BYTES, check_length
-from hooklane.api.tokens import Grant, TokenSource, bearer
+from hooklane.api.tokens import TokenSource, bearer
 from hooklane.errors import InvalidInput, printable
 from hooklane.settings import Settings
+from hooklane.tokens import Grant
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 H = TypeVar("H", bound=Handler)

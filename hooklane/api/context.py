@@ -7,8 +7,9 @@ import asyncio
 import asyncpg
 from aiohttp import web
 
-from hooklane.api.tokens import Grant, TokenSource
+from hooklane.api.tokens import TokenSource
 from hooklane.settings import Settings
+from hooklane.tokens import Grant
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)

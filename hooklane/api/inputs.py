@@ -17,8 +17,9 @@ from aiohttp import web
 
 from hooklane import store
 from hooklane.api.errors import Refused
+from hooklane.checks import check_name, check_namespace
 from hooklane.errors import InvalidInput, shown
-from hooklane.manifest import check_name, check_namespace, check_tenant
+from hooklane.spec import check_tenant
 from hooklane.store.cursor import endpoint_position, event_position
 from hooklane.times import parse_time
 

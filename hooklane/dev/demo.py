@@ -24,7 +24,7 @@ from aiohttp import web
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
-from hooklane.manifest import EndpointSpec
+from hooklane.spec import EndpointSpec
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -42,16 +42,14 @@ from typing import Any, TypeVar
 import kopf
 
 from hooklane import store
+from hooklane.crd import GROUP, PLURAL, VERSION
 from hooklane.errors import InvalidInput, StoreError
 from hooklane.health import EndpointHealth
-from hooklane.manifest import EndpointSpec, parse_spec
 from hooklane.operator import kopf_fixes, reflect, reflector
 from hooklane.operator.reflector import Observed
 from hooklane.settings import Settings
+from hooklane.spec import EndpointSpec, parse_spec
 
-GROUP = "hooklane.io"
-VERSION = "v1alpha1"
-PLURAL = "webhookendpoints"
 FINALIZER = "hooklane.io/finalizer"
 
 # A database outage is waited out, not reported as a broken resource.

@@ -48,8 +48,6 @@ def main(argv: list[str]) -> int:
     config = Settings.from_env()
     if not config.database_url:
         raise InvalidInput("HOOKLANE_DATABASE_URL", "is not set: point it at the PostgreSQL database")
-    if config.operator_status_seconds <= 0:
-        raise InvalidInput("HOOKLANE_OPERATOR_STATUS_SECONDS", "must be positive")
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
     kopf.run(

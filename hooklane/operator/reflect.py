@@ -13,7 +13,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -21,8 +21,9 @@ from hooklane.endpoint_state import EndpointState, PauseReason, Standing, endpoi
 from hooklane.errors import InvalidInput
 from hooklane.guard import is_refusal
 from hooklane.health import EndpointHealth
-from hooklane.manifest import SecretRef
 from hooklane.signing import SECRET_PREFIX, parse_secret
+from hooklane.spec import SecretRef
+from hooklane.times import rfc3339_seconds
 
 # Condition types. Ready: the spec is stored in Postgres with a usable
 # signing secret. Delivering: deliveries go out right now.
@@ -258,9 +259,9 @@ def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: flo
         age = old_age
     return {
         "consecutiveFailures": queue.consecutive_failures,
-        "pausedUntil": _time(queue.paused_until),
+        "pausedUntil": rfc3339_seconds(queue.paused_until),
         "lastError": queue.last_error,
-        "lastDeliveredAt": _time(queue.last_delivered_at),
+        "lastDeliveredAt": rfc3339_seconds(queue.last_delivered_at),
         "pending": queue.pending,
         "inFlight": queue.in_flight,
         "dead": queue.dead,
@@ -299,9 +300,9 @@ def _delivering(queue: Queue | None, synced: Synced | None) -> tuple[str, Reason
         )
     if standing.state in (EndpointState.PAUSED, EndpointState.PROBING):
         when = (
-            f"probing since {_time(queue.paused_until)}"
+            f"probing since {rfc3339_seconds(queue.paused_until)}"
             if standing.state == EndpointState.PROBING
-            else f"paused until {_time(queue.paused_until)}"
+            else f"paused until {rfc3339_seconds(queue.paused_until)}"
         )
         return (
             "False",
@@ -323,7 +324,7 @@ def _condition(
     generation: int | None,
     now: datetime,
 ) -> dict[str, Any]:
-    since = _time(now)
+    since = rfc3339_seconds(now)
     if old is not None and old.get("status") == status:
         since = old.get("lastTransitionTime", since)
     condition: dict[str, Any] = {
@@ -398,9 +399,3 @@ def tenant_changed(previous: str, tenant: str, discarded: int) -> KubeEvent:
         f"spec.tenant changed from {previous} to {tenant}: {discarded} pending or dead deliveries "
         f"of {previous}'s events discarded, never to be sent to this endpoint",
     )
-
-
-def _time(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

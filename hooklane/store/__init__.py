@@ -5,6 +5,7 @@ as ``store.<name>``; the SQL itself lives in ``queries.sql``, the schema in
 ``migrations/`` (and, whole, in ``schema.sql``).
 """
 
+from hooklane.results import Result
 from hooklane.store.connection import (
     API_SESSION,
     CONNECTION_LOST,
@@ -19,7 +20,6 @@ from hooklane.store.deliveries import (
     STATES,
     DeliveryPage,
     DeliveryView,
-    Result,
     Unrouted,
     check_delivery_id,
     check_states,

@@ -5,55 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
 import asyncpg
 
 from hooklane.errors import InvalidInput, shown
 from hooklane.policies import CircuitPolicy
+from hooklane.results import Result
 from hooklane.store.cursor import delivery_cursor, delivery_position
 from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
 
 # A delivery's states (the CHECK constraint of deliveries.state).
 STATES = ("pending", "sending", "delivered", "dead", "discarded")
-
-
-class ResultOutcome(StrEnum):
-    """What a finished attempt did, in the words of the ``complete``
-    statement (queries.sql), and the ``outcome`` label of
-    ``hooklane_deliveries_total``."""
-
-    DELIVERED = "delivered"
-    RETRY = "retry"
-    DEAD = "dead"
-
-
-@dataclass(frozen=True)
-class Result:
-    """One finished attempt, as the worker records it. Made by
-    :meth:`delivered`, :meth:`retry` or :meth:`dead`."""
-
-    delivery_id: int
-    attempts: int  # the fence: the attempt number the worker reserved
-    outcome: ResultOutcome
-    retry_in: float | None
-    status: int | None
-    error: str | None
-
-    @classmethod
-    def delivered(cls, delivery_id: int, attempts: int, *, status: int) -> Result:
-        return cls(delivery_id, attempts, ResultOutcome.DELIVERED, None, status, None)
-
-    @classmethod
-    def retry(
-        cls, delivery_id: int, attempts: int, *, retry_in: float, status: int | None, error: str
-    ) -> Result:
-        return cls(delivery_id, attempts, ResultOutcome.RETRY, retry_in, status, error)
-
-    @classmethod
-    def dead(cls, delivery_id: int, attempts: int, *, status: int | None, error: str) -> Result:
-        return cls(delivery_id, attempts, ResultOutcome.DEAD, None, status, error)
 
 
 async def reserve(

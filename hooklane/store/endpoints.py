@@ -12,8 +12,8 @@ import asyncpg
 from hooklane.endpoint_state import EndpointState
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
-from hooklane.manifest import EndpointSpec
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, unseal
+from hooklane.spec import EndpointSpec
 from hooklane.store.cursor import EndpointPosition, endpoint_cursor, endpoint_position
 from hooklane.store.queries import QUERIES
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from hooklane.policies import RetryPolicy
-from hooklane.store.deliveries import Result
+from hooklane.results import Result
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,341 @@
+"""The ``WebhookEndpoint`` resource as Hooklane reads it, in local mode
+(``hooklane endpoint apply``) and in the operator alike: its apiVersion and
+kind, the rules of its spec and the parser.
+
+``SPEC`` is the one definition of the spec's fields: ``parse_spec`` checks a
+spec against it, and ``hack/gen-crd`` writes the CRD's schema from it
+(hooklane/crd.py, into crds/webhookendpoints.hooklane.io.yaml), so that the
+parser and the API server accept the same manifests."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hooklane.bounded_yaml import load_yaml
+from hooklane.checks import (
+    EVENT_TYPE_PATTERN,
+    K8S_NAME_PATTERN,
+    MAX_NODES,
+    MAX_URL_LENGTH,
+    NO_CONTROLS_PATTERN,
+    SECRET_KEY_PATTERN,
+    URL_TEXT_PATTERN,
+    check_name,
+    check_namespace,
+    check_url,
+    shown_key,
+    unstorable,
+    walk,
+)
+from hooklane.errors import InvalidInput, shown
+
+API_VERSION = "hooklane.io/v1alpha1"
+KIND = "WebhookEndpoint"
+
+MAX_TENANT_LENGTH = 253
+
+# status comes along in what `kubectl get -o yaml` exports; it is the
+# operator's to write, so it is ignored here rather than refused.
+_TOP_LEVEL = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+# Every field of Kubernetes' ObjectMeta: a manifest saved with `kubectl get -o
+# yaml` carries the server's (uid, resourceVersion, managedFields, ...) and must
+# apply as it is. Only name and namespace are read; anything else is a typo.
+_METADATA = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """One field of the spec: what ``parse_spec`` checks and what the CRD's
+    schema says, in the terms of an OpenAPI schema."""
+
+    type: Literal["string", "integer", "boolean", "array", "object"]
+    description: str | None = None
+    # Taken when the field is absent or null, here and by the API server.
+    default: Any = None
+    min_length: int | None = None
+    max_length: int | None = None
+    # Matched against the whole value (see EVENT_TYPE_PATTERN in hooklane/checks.py).
+    pattern: str | None = None
+    # The error message when the pattern does not match.
+    pattern_message: str = "has the wrong form"
+    minimum: int | None = None
+    maximum: int | None = None
+    max_items: int | None = None
+    items: FieldRule | None = None
+    properties: Mapping[str, FieldRule] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+    # For the API server only: an OpenAPI format and CEL rules (rule,
+    # message), saying in CEL what ``check`` says in Python where CEL can.
+    format: str | None = None
+    cel: tuple[tuple[str, str], ...] = ()
+    # For Python only: what a schema cannot say (a URL's host and port).
+    check: Callable[[Any], Any] | None = None
+    # The endpoints column whose CHECK constraint and default repeat this
+    # rule's bounds and default, the database's backstop (tested to agree).
+    column: str | None = None
+
+
+SPEC = FieldRule(
+    "object",
+    required=("url", "tenant", "secretRef"),
+    properties={
+        "url": FieldRule(
+            "string",
+            "http(s) URL the deliveries are POSTed to.",
+            min_length=1,
+            max_length=MAX_URL_LENGTH,
+            pattern=URL_TEXT_PATTERN,
+            pattern_message="must not contain whitespace, control characters or a #fragment",
+            format="uri",
+            cel=(
+                (
+                    "isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",
+                    "must be an absolute http:// or https:// URL with a host",
+                ),
+                (
+                    "!self.matches('^[^:/?#]*://[^/?#]*@')",
+                    "must not hold user:password@: it would be sent as Basic auth",
+                ),
+            ),
+            check=check_url,
+        ),
+        "tenant": FieldRule(
+            "string",
+            "The customer whose events go to this endpoint.",
+            min_length=1,
+            max_length=MAX_TENANT_LENGTH,
+            pattern=NO_CONTROLS_PATTERN,
+            pattern_message="must not contain control characters",
+        ),
+        "secretRef": FieldRule(
+            "object",
+            "Secret in this namespace holding the Standard Webhooks signing secret (whsec_ + base64).",
+            required=("name", "key"),
+            properties={
+                "name": FieldRule(
+                    "string",
+                    min_length=1,
+                    max_length=253,
+                    pattern=K8S_NAME_PATTERN,
+                    pattern_message="must be a lowercase DNS-style name (RFC 1123)",
+                ),
+                "key": FieldRule(
+                    "string",
+                    min_length=1,
+                    max_length=253,
+                    pattern=SECRET_KEY_PATTERN,
+                    pattern_message="must be 1 to 253 letters, digits and '-._'",
+                ),
+            },
+        ),
+        "maxConcurrency": FieldRule(
+            "integer",
+            "Deliveries in flight at once to this endpoint, exact across all workers.",
+            default=4,
+            minimum=1,
+            maximum=256,
+            column="max_concurrency",
+        ),
+        "eventTypes": FieldRule(
+            "array",
+            'Event-type patterns this endpoint receives ("order.*", "*"); empty means all.',
+            max_items=64,
+            items=FieldRule(
+                "string",
+                min_length=1,
+                max_length=255,
+                pattern=EVENT_TYPE_PATTERN,
+                pattern_message="must be a pattern like 'order.created', 'order.*' or '*'",
+            ),
+        ),
+        "timeoutSeconds": FieldRule(
+            "integer",
+            "Deadline for the whole call (connect, TLS, send and response).",
+            default=5,
+            minimum=1,
+            maximum=60,
+            column="timeout_seconds",
+        ),
+        "paused": FieldRule(
+            "boolean", "Manual pause; pending deliveries are kept.", default=False, column="paused"
+        ),
+    },
+)
+_FIELDS = SPEC.properties
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    namespace: str
+    name: str
+    url: str
+    tenant: str
+    secret_ref: SecretRef | None = None
+    max_concurrency: int = _FIELDS["maxConcurrency"].default
+    event_types: tuple[str, ...] = field(default_factory=tuple)
+    timeout_seconds: int = _FIELDS["timeoutSeconds"].default
+    paused: bool = _FIELDS["paused"].default
+
+
+def check_tenant(value: Any, field: str) -> str:
+    """A tenant, by the same rule as spec.tenant."""
+    if value is None:
+        raise InvalidInput(field, "is required")
+    tenant: str = _checked(SPEC.properties["tenant"], value, field)
+    return tenant
+
+
+def _checked(rule: FieldRule, value: Any, path: str) -> Any:
+    """``value`` (not None) checked against ``rule``; ``InvalidInput`` names
+    the first bad field, or the list for a bad item."""
+    match rule.type:
+        case "string":
+            _check_string(rule, value, path)
+        case "integer":
+            _check_integer(rule, value, path)
+        case "boolean":
+            if not isinstance(value, bool):
+                raise InvalidInput(path, f"must be true or false, not {shown(value)}")
+        case "array":
+            _check_array(rule, value, path)
+        case "object":
+            return _check_object(rule, value, path)
+    if rule.check is not None:
+        rule.check(value)
+    return value
+
+
+def _check_string(rule: FieldRule, value: Any, path: str) -> None:
+    low, high = rule.min_length or 0, rule.max_length
+    if not isinstance(value, str) or len(value) < low or (high is not None and len(value) > high):
+        size = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise InvalidInput(path, f"must be a string of {size} characters, not {shown(value)}")
+    if problem := unstorable(value):
+        raise InvalidInput(path, problem)
+    if rule.pattern is not None and not re.fullmatch(rule.pattern, value):
+        raise InvalidInput(path, f"{rule.pattern_message}: {shown(value)}")
+
+
+def _check_integer(rule: FieldRule, value: Any, path: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(path, f"must be an integer, not {shown(value)}")
+    if (rule.minimum is not None and value < rule.minimum) or (
+        rule.maximum is not None and value > rule.maximum
+    ):
+        raise InvalidInput(path, f"must be between {rule.minimum} and {rule.maximum}, not {shown(value)}")
+
+
+def _check_array(rule: FieldRule, value: Any, path: str) -> None:
+    if not isinstance(value, list):
+        raise InvalidInput(path, f"must be a list, not {shown(value)}")
+    if rule.max_items is not None and len(value) > rule.max_items:
+        raise InvalidInput(path, f"has more than {rule.max_items} items")
+    if rule.items is None:
+        return
+    for i, item in enumerate(value):
+        try:
+            _checked(rule.items, item, path)
+        except InvalidInput as exc:
+            raise InvalidInput(path, f"item {i}: {exc.message}") from None
+
+
+def _check_object(rule: FieldRule, value: Any, path: str) -> dict[str, Any]:
+    """The object with every field checked and defaults filled in."""
+    if not isinstance(value, dict):
+        raise InvalidInput(path, f"must be a mapping with {', '.join(rule.properties)}")
+    _refuse_unknown(value, path, frozenset(rule.properties))
+    checked: dict[str, Any] = {}
+    for key, field_rule in rule.properties.items():
+        # The API server prunes nulls before it defaults and checks.
+        given = value.get(key)
+        if given is None:
+            if key in rule.required:
+                raise InvalidInput(f"{path}.{key}", "is required")
+            checked[key] = field_rule.default
+        else:
+            checked[key] = _checked(field_rule, given, f"{path}.{key}")
+    return checked
+
+
+def _refuse_unknown(mapping: dict[Any, Any], path: str, known: frozenset[str]) -> None:
+    unknown = sorted(shown_key(k) for k in mapping if k not in known)
+    if unknown:
+        raise InvalidInput(
+            path, f"unknown field(s): {', '.join(unknown[:5])} (known: {', '.join(sorted(known))})"
+        )
+
+
+def parse_spec(namespace: str, name: str, spec: Any) -> EndpointSpec:
+    """Check a ``spec`` mapping against ``SPEC``; ``InvalidInput`` names the
+    first bad field."""
+    if spec is None:
+        raise InvalidInput("spec", "is required and must be a mapping")
+    checked = _checked(SPEC, spec, "spec")
+    ref = checked["secretRef"]
+    return EndpointSpec(
+        namespace=namespace,
+        name=name,
+        url=checked["url"],
+        tenant=checked["tenant"],
+        secret_ref=SecretRef(ref["name"], ref["key"]),
+        max_concurrency=checked["maxConcurrency"],
+        event_types=tuple(checked["eventTypes"] or ()),
+        timeout_seconds=checked["timeoutSeconds"],
+        paused=checked["paused"],
+    )
+
+
+def parse_manifest(doc: Any) -> EndpointSpec:
+    """Check a whole ``WebhookEndpoint`` document (apiVersion, kind,
+    metadata.name, metadata.namespace defaulting to ``default``, spec)."""
+    if not isinstance(doc, dict):
+        raise InvalidInput("manifest", "must be a YAML mapping")
+    _refuse_unknown(doc, "manifest", _TOP_LEVEL)
+    for count, _ in enumerate(walk(doc, "")):
+        if count >= MAX_NODES:
+            raise InvalidInput("manifest", f"has more than {MAX_NODES} values")
+    if doc.get("apiVersion") != API_VERSION:
+        raise InvalidInput("apiVersion", f"must be {API_VERSION!r}, not {shown(doc.get('apiVersion'))}")
+    if doc.get("kind") != KIND:
+        raise InvalidInput("kind", f"must be {KIND!r}, not {shown(doc.get('kind'))}")
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict):
+        raise InvalidInput("metadata", "is required")
+    _refuse_unknown(metadata, "metadata", _METADATA)
+    name = check_name(metadata.get("name"), "metadata.name")
+    namespace = metadata.get("namespace")
+    namespace = "default" if namespace in (None, "") else check_namespace(namespace, "metadata.namespace")
+    return parse_spec(namespace, name, doc.get("spec"))
+
+
+def load_manifest(raw: bytes, source: str) -> EndpointSpec:
+    """A ``WebhookEndpoint`` from the bytes of a YAML (or JSON) file, at a
+    bounded cost whatever they hold; ``source`` names the file in errors."""
+    return parse_manifest(load_yaml(raw, source))
