@@ -35,6 +35,7 @@ from hooklane import store
 from hooklane.errors import StoreError
 from hooklane.health import EndpointHealth
 from hooklane.operator import reflect
+from hooklane.spec import KIND
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class Reflector:
         namespace, name = key
         ref = {
             "apiVersion": f"{self._resource.group}/{self._resource.version}",
-            "kind": "WebhookEndpoint",
+            "kind": KIND,
             "name": name,
             "namespace": namespace,
             "uid": observed.uid,
