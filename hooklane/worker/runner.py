@@ -1,14 +1,13 @@
 """The worker process: reserve under the partition locks, send, record.
 
 Tasks, all in one event loop:
-- the reservation loop, woken by NOTIFY from publish, by recorded results
-  that leave an endpoint with due work and a free slot, by a finished
-  delivery when the worker was at its own limit, and by a short poll for
-  due retries;
+- the reservation loop, woken by its trigger (hooklane/worker/trigger.py)
+  and by a short poll for due retries;
 - one task per delivery in flight;
 - the recorder, which writes results in batches (one statement per batch);
-- the rebalancer, which keeps this worker's fair share of partitions;
-- maintenance (rescue, deactivation, retention) and the per-endpoint gauges.
+- the background jobs (hooklane/worker/jobs.py): the rebalancer, which
+  keeps this worker's fair share of partitions, maintenance (rescue,
+  deactivation, retention), the ready sweep and the per-endpoint gauges.
 If any background task dies, the worker stops rather than limping on.
 """
 
@@ -19,20 +18,21 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import asyncpg
 
 from hooklane import metrics, store
 from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
-from hooklane.health import exported_endpoints, standing_counts, tenant_totals
+from hooklane.policies import CircuitPolicy
 from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
+from hooklane.worker.jobs import Gauges, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.rules import Attempt, Dead, Outcome, classify, result_of
 from hooklane.worker.sender import Sender, event_body
+from hooklane.worker.trigger import Trigger
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +45,6 @@ _RECORD_BATCH = 500
 # one whose endpoint this worker holds at its limit is written at once
 # (Worker._record_loop).
 _RECORD_INTERVAL = 0.1
-# How often rounds may start while slots are plentiful (round_pause). A
-# wakeup after a quiet spell is not delayed, so latency when idle is not
-# either; at a steady rate an event waits half of this on average.
-_ROUND_INTERVAL = 0.02
-# Housekeeping that needs doing by one worker only runs on the owner of
-# partition 0, so that replicas do not repeat it.
-_HOUSEKEEPER_PARTITION = 0
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:
@@ -63,40 +56,16 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     round trip came with every batch of results."""
 
 
-def round_pause(since_last: float, in_flight: int, concurrency: int) -> float:
-    """How long a woken reservation waits before its round. A round costs
-    Postgres about the same for one delivery as for many, and at an everyday
-    rate every publish wakes the worker on its own: rounds start at most once
-    per ``_ROUND_INTERVAL``, so that the wakeups within it share one. A worker
-    woken after a quiet spell goes at once (latency when idle), and one using
-    half its slots or more never waits: freed slots are its throughput."""
-    if in_flight * 2 >= concurrency:
-        return 0.0
-    return max(0.0, _ROUND_INTERVAL - since_last)
-
-
-def slot_freed_matters(in_flight: int, concurrency: int) -> bool:
-    """Whether a delivery that just finished, leaving ``in_flight``, should
-    wake the reservation: only if the worker was at its limit, when rounds
-    stop until a slot frees. Below it, the slot changes nothing a round would
-    find; the endpoint's own slot is the recorded result's to announce."""
-    return in_flight + 1 >= concurrency
-
-
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._wake = asyncio.Event()
+        self.trigger = Trigger(settings.worker_concurrency)
         self._stopping = asyncio.Event()
         self._sending: set[asyncio.Task] = set()
         # This worker's deliveries in flight per endpoint, to tell a result
         # that frees a slot its endpoint is waiting for (see _deliver).
         self._load: dict[int, int] = {}
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
-        # Set when a result needs recording at once, or a recorded one left
-        # an endpoint ready now: neither waits for its interval.
-        self._urgent_result = asyncio.Event()
-        self._prompt = False
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
         self._sender: Sender | None = None
@@ -126,7 +95,7 @@ class Worker:
     def stop(self) -> None:
         """Stop reserving; in-flight deliveries finish, then ``run`` returns."""
         self._stopping.set()
-        self._wake.set()
+        self.trigger.stopping()
 
     async def run(self) -> None:
         s = self.settings
@@ -136,12 +105,13 @@ class Worker:
         self._sender = Sender(s.allowed_networks)
         reserve = asyncio.create_task(self._reserve_loop(), name="reservation")
         recorder = asyncio.create_task(self._record_loop(), name="recorder")
-        background = [
-            asyncio.create_task(self._every(s.rebalance_seconds, self._rebalance), name="rebalancer"),
-            asyncio.create_task(self._every(s.maintenance_seconds, self._maintain), name="maintenance"),
-            asyncio.create_task(self._every(s.sweep_seconds, self._sweep), name="sweep"),
-            asyncio.create_task(self._every(s.gauges_seconds, self._refresh_gauges), name="gauges"),
+        jobs: list[Job] = [
+            Rebalancer(s, self.owner, self.trigger, self._reconnect),
+            Maintenance(s, self.owner, self.pool, self.trigger),
+            ReadySweep(s, self.owner, self.trigger),
+            Gauges(s, self.owner, self.pool),
         ]
+        background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
         try:
             done, _ = await asyncio.wait(
                 [reserve, recorder, *background], return_when=asyncio.FIRST_COMPLETED
@@ -178,7 +148,9 @@ class Worker:
                 )
                 async with store.acquire(self._pool) as conn:
                     partition_count = await store.partition_count(conn)
-                self._owner = PartitionOwner(s.database_url, partition_count, lambda _p: self._wake.set())
+                self._owner = PartitionOwner(
+                    s.database_url, partition_count, lambda _p: self.trigger.published()
+                )
                 await self.owner.connect()
                 return True
             except SchemaMissing:
@@ -217,8 +189,7 @@ class Worker:
         s = self.settings
         started = 0.0
         while not self._stopping.is_set():
-            self._wake.clear()
-            self._prompt = False
+            self.trigger.round_starts()
             free = min(s.worker_concurrency - len(self._sending), s.reserve_batch)
             reserved = 0
             if free > 0 and self.owner.owned:
@@ -248,13 +219,8 @@ class Worker:
                 metrics.IN_FLIGHT.set(len(self._sending))
             if reserved and reserved == free:
                 continue  # more may be ready: go again before sleeping
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=s.poll_seconds)
-            pause = (
-                0.0
-                if self._prompt
-                else round_pause(time.perf_counter() - started, len(self._sending), s.worker_concurrency)
-            )
+            wake = await self.trigger.wait(s.poll_seconds)
+            pause = self.trigger.pause(wake, time.perf_counter() - started, len(self._sending))
             if pause > 0:
                 await asyncio.sleep(pause)
 
@@ -263,8 +229,7 @@ class Worker:
         metrics.IN_FLIGHT.set(len(self._sending))
         if not task.cancelled() and task.exception() is not None:
             logger.error("delivery task failed", exc_info=task.exception(), extra={"action": "deliver"})
-        if slot_freed_matters(len(self._sending), self.settings.worker_concurrency):
-            self._wake.set()
+        self.trigger.slot_freed(len(self._sending))
 
     async def _deliver(self, row: asyncpg.Record) -> None:
         started = time.perf_counter()
@@ -295,7 +260,7 @@ class Worker:
             self._load[endpoint_id] = load - 1
         self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome))
         if load >= row["max_concurrency"]:
-            self._urgent_result.set()
+            self.trigger.result_awaited()
         if isinstance(outcome, Dead):
             logger.warning(
                 "delivery %d to %s/%s is dead: %s",
@@ -336,10 +301,7 @@ class Worker:
             batch: list[store.Result] = []
             item = await self._results.get()
             pause = last + _RECORD_INTERVAL - time.monotonic()
-            if item is not None and pause > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent_result.wait(), timeout=pause)
-            self._urgent_result.clear()
+            await self.trigger.record_window(pause if item is not None else 0.0)
             last = time.monotonic()
             while item is not None:
                 batch.append(item)
@@ -347,53 +309,11 @@ class Worker:
                     break
                 item = self._results.get_nowait()
             if batch:
-                await self._record(batch)
+                await record(self.pool, batch, self.settings.circuit, self.trigger)
             if item is None:
                 if self._results.empty():
                     return
                 self._results.put_nowait(None)
-
-    async def _record(self, batch: list[store.Result]) -> None:
-        """Write a batch of results, retrying while Postgres is unreachable or
-        aborts the statement: a result is never dropped while the worker lives
-        (and if it dies, the lease runs out and the delivery is sent again)."""
-        delay = 0.1
-        while True:
-            try:
-                async with store.acquire(self.pool) as conn:
-                    touched = await store.complete(conn, batch, self.settings.circuit)
-                break
-            except TransientStoreError as exc:
-                logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        for result in batch:
-            metrics.DELIVERIES.labels(result.outcome).inc()
-        for ep in touched:
-            # As `complete` says: a batch of failures may jump past the
-            # threshold, and an endpoint deactivated already is not again.
-            if ep["deactivated"] or ep["opened"]:
-                logger.warning(
-                    "endpoint %s/%s %s",
-                    ep["namespace"],
-                    ep["name"],
-                    "deactivated" if ep["deactivated"] else "paused: circuit open",
-                    extra={"action": "circuit", "endpoint": ep["id"]},
-                )
-        if any(ep["ready"] for ep in touched):
-            self._prompt = True
-            self._wake.set()
-
-    async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
-        """Run ``job`` every ``seconds``. Losing Postgres for a while is
-        survivable and retried; any other error is a bug and stops the worker."""
-        while not self._stopping.is_set():
-            try:
-                await job()
-            except TransientStoreError as exc:
-                logger.warning("%s failed, retrying: %s", job.__name__, exc, extra={"action": "retry"})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
     async def _reconnect(self) -> None:
         """Open a new lock connection after the old one failed; partitions are
@@ -406,88 +326,35 @@ class Worker:
                 logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
                 await asyncio.sleep(1.0)
 
-    async def _rebalance(self) -> None:
-        try:
-            taken, _ = await self.owner.rebalance()
-        except LostOwnership:
-            await self._reconnect()
-            return
-        metrics.PARTITIONS_OWNED.set(len(self.owner.owned))
-        if taken:
-            self._wake.set()
 
-    async def _maintain(self) -> None:
-        s = self.settings
+async def record(
+    pool: asyncpg.Pool, batch: list[store.Result], circuit: CircuitPolicy, trigger: Trigger
+) -> None:
+    """Write a batch of results, retrying while Postgres is unreachable or
+    aborts the statement: a result is never dropped while the worker lives
+    (and if it dies, the lease runs out and the delivery is sent again)."""
+    delay = 0.1
+    while True:
         try:
-            rescued = await self.owner.run(store.rescue_expired)
-        except LostOwnership:
-            return
-        if rescued:
-            metrics.RESCUED.inc(rescued)
+            async with store.acquire(pool) as conn:
+                touched = await store.complete(conn, batch, circuit)
+            break
+        except TransientStoreError as exc:
+            logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    for result in batch:
+        metrics.DELIVERIES.labels(result.outcome).inc()
+    for ep in touched:
+        # As `complete` says: a batch of failures may jump past the
+        # threshold, and an endpoint deactivated already is not again.
+        if ep["deactivated"] or ep["opened"]:
             logger.warning(
-                "requeued %d deliveries whose worker lost them", rescued, extra={"action": "rescue"}
+                "endpoint %s/%s %s",
+                ep["namespace"],
+                ep["name"],
+                "deactivated" if ep["deactivated"] else "paused: circuit open",
+                extra={"action": "circuit", "endpoint": ep["id"]},
             )
-            self._wake.set()
-        if _HOUSEKEEPER_PARTITION not in self.owner.owned:
-            return
-        async with store.acquire(self.pool) as conn:
-            for ep in await store.deactivate_failing(conn, s.deactivate_after_seconds):
-                logger.warning(
-                    "endpoint %s/%s deactivated after failing for %d s; its pending deliveries are kept",
-                    ep["namespace"],
-                    ep["name"],
-                    s.deactivate_after_seconds,
-                    extra={"action": "deactivate", "endpoint": ep["id"]},
-                )
-            await store.purge_events(conn, s.event_retention_seconds)
-            # Publish's fan-out is written not to depend on these
-            # statistics, but every other statement reading endpoints is
-            # planned from them, and autovacuum may take minutes to notice
-            # 10,000 endpoints applied at once (or never, if it is off).
-            if await store.refresh_endpoint_statistics(conn):
-                logger.info("endpoints analysed after many changed", extra={"action": "analyze"})
-
-    async def _sweep(self) -> None:
-        try:
-            found = await self.owner.run(store.sweep_ready)
-        except LostOwnership:
-            return
-        if found:
-            logger.warning(
-                "%d endpoints had pending deliveries but were not ready; made ready",
-                found,
-                extra={"action": "sweep"},
-            )
-            self._wake.set()
-
-    async def _refresh_gauges(self) -> None:
-        owned = sorted(self.owner.owned)
-        async with store.acquire(self.pool) as conn:
-            healths = await store.endpoint_health(conn, owned)
-            unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
-        s = self.settings
-        exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)
-        for gauge in (*metrics.PER_ENDPOINT, *metrics.PER_TENANT):
-            gauge.clear()
-        metrics.ENDPOINTS_EXPORTED.labels("exported").set(len(exported))
-        metrics.ENDPOINTS_EXPORTED.labels("owned").set(len(healths))
-        for h in exported:
-            labels = (h.namespace, h.name)
-            metrics.ENDPOINT_PENDING.labels(*labels).set(h.pending)
-            metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(h.in_flight)
-            metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(h.oldest_pending_age or 0.0)
-            if h.dead:
-                metrics.ENDPOINT_DEAD.labels(*labels).set(h.dead)
-        if s.metrics_endpoints == "tenant":
-            for tenant, sums in tenant_totals(healths).items():
-                metrics.TENANT_PENDING.labels(tenant).set(sums.pending)
-                metrics.TENANT_IN_FLIGHT.labels(tenant).set(sums.in_flight)
-                metrics.TENANT_OLDEST_PENDING_AGE.labels(tenant).set(sums.oldest_pending_age)
-                metrics.TENANT_DEAD.labels(tenant).set(sums.dead)
-        paused, probing = standing_counts(healths)
-        for reason, count in paused.items():
-            metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
-        metrics.ENDPOINTS_PROBING.set(probing)
-        # Only the owner of partition 0 counts; the others show 0, not the
-        # count from when they last owned it, which would hide a later rise.
-        metrics.EVENTS_UNROUTED.set(unrouted or 0)
+    if any(ep["ready"] for ep in touched):
+        trigger.endpoint_ready()

@@ -1,0 +1,239 @@
+"""The worker's background jobs, in the shape of River's maintenance services.
+
+Each job is built with what it needs, does one pass in ``run_once`` and
+returns what it did, and ``run_every`` runs it every ``period`` seconds (its
+setting) while the worker lives. The hot path (reserve, send, record) is the
+runner's; these keep the partitions shared, the leases and the ready list
+repaired, the tables bounded and the gauges current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import asyncpg
+
+from hooklane import metrics, store
+from hooklane.errors import TransientStoreError
+from hooklane.health import exported_endpoints, standing_counts, tenant_totals
+from hooklane.settings import Settings
+from hooklane.worker.partitions import LostOwnership, PartitionOwner
+from hooklane.worker.trigger import Trigger
+
+logger = logging.getLogger(__name__)
+
+# Housekeeping that needs doing by one worker only runs on the owner of
+# partition 0, so that replicas do not repeat it.
+_HOUSEKEEPER_PARTITION = 0
+
+
+class Job(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def period(self) -> float: ...
+
+    async def run_once(self) -> object: ...
+
+
+async def run_every(job: Job, stopping: asyncio.Event) -> None:
+    """Run ``job`` every ``job.period`` seconds until ``stopping`` is set.
+    Losing Postgres for a while is survivable and retried next period; any
+    other error is a bug and stops the worker."""
+    while not stopping.is_set():
+        try:
+            await job.run_once()
+        except TransientStoreError as exc:
+            logger.warning("%s failed, retrying: %s", job.name, exc, extra={"action": "retry"})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=job.period)
+
+
+@dataclass(frozen=True)
+class Rebalanced:
+    taken: frozenset[int] = frozenset()
+    released: frozenset[int] = frozenset()
+    # The lock connection had failed: a new one is open, and the partitions
+    # are taken again on the next pass.
+    reconnected: bool = False
+
+
+class Rebalancer:
+    """Keeps this worker's fair share of the partitions."""
+
+    name = "rebalancer"
+
+    def __init__(
+        self,
+        settings: Settings,
+        owner: PartitionOwner,
+        trigger: Trigger,
+        reconnect: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.period = settings.rebalance_seconds
+        self._owner = owner
+        self._trigger = trigger
+        self._reconnect = reconnect
+
+    async def run_once(self) -> Rebalanced:
+        try:
+            taken, released = await self._owner.rebalance()
+        except LostOwnership:
+            await self._reconnect()
+            return Rebalanced(reconnected=True)
+        metrics.PARTITIONS_OWNED.set(len(self._owner.owned))
+        if taken:
+            self._trigger.partitions_taken()
+        return Rebalanced(frozenset(taken), frozenset(released))
+
+
+@dataclass(frozen=True)
+class Maintained:
+    rescued: int = 0
+    # The rest is done by the owner of partition 0 only (``housekeeper``).
+    housekeeper: bool = False
+    deactivated: tuple[str, ...] = ()  # namespace/name
+    purged: int = 0
+    analysed: bool = False
+
+
+class Maintenance:
+    """Rescues expired leases in the partitions this worker owns; on the
+    owner of partition 0, also deactivates endpoints failing for too long,
+    purges events past retention and refreshes the endpoints' statistics."""
+
+    name = "maintenance"
+
+    def __init__(
+        self, settings: Settings, owner: PartitionOwner, pool: asyncpg.Pool, trigger: Trigger
+    ) -> None:
+        self.period = settings.maintenance_seconds
+        self._settings = settings
+        self._owner = owner
+        self._pool = pool
+        self._trigger = trigger
+
+    async def run_once(self) -> Maintained:
+        try:
+            rescued = await self._owner.run(store.rescue_expired)
+        except LostOwnership:
+            return Maintained()
+        if rescued:
+            metrics.RESCUED.inc(rescued)
+            logger.warning(
+                "requeued %d deliveries whose worker lost them", rescued, extra={"action": "rescue"}
+            )
+            self._trigger.work_found()
+        if _HOUSEKEEPER_PARTITION not in self._owner.owned:
+            return Maintained(rescued)
+        s = self._settings
+        async with store.acquire(self._pool) as conn:
+            deactivated = await store.deactivate_failing(conn, s.deactivate_after_seconds)
+            for ep in deactivated:
+                logger.warning(
+                    "endpoint %s/%s deactivated after failing for %d s; its pending deliveries are kept",
+                    ep["namespace"],
+                    ep["name"],
+                    s.deactivate_after_seconds,
+                    extra={"action": "deactivate", "endpoint": ep["id"]},
+                )
+            purged = await store.purge_events(conn, s.event_retention_seconds)
+            # Publish's fan-out is written not to depend on these
+            # statistics, but every other statement reading endpoints is
+            # planned from them, and autovacuum may take minutes to notice
+            # 10,000 endpoints applied at once (or never, if it is off).
+            analysed = await store.refresh_endpoint_statistics(conn)
+            if analysed:
+                logger.info("endpoints analysed after many changed", extra={"action": "analyze"})
+        return Maintained(
+            rescued,
+            housekeeper=True,
+            deactivated=tuple(f"{ep['namespace']}/{ep['name']}" for ep in deactivated),
+            purged=purged,
+            analysed=analysed,
+        )
+
+
+class ReadySweep:
+    """Makes ready the endpoints of this worker's partitions that have
+    pending deliveries but neither a ready row nor a wakeup; returns how
+    many. Should find none in steady state (docs/state-machine.md)."""
+
+    name = "sweep"
+
+    def __init__(self, settings: Settings, owner: PartitionOwner, trigger: Trigger) -> None:
+        self.period = settings.sweep_seconds
+        self._owner = owner
+        self._trigger = trigger
+
+    async def run_once(self) -> int:
+        try:
+            found = await self._owner.run(store.sweep_ready)
+        except LostOwnership:
+            return 0
+        if found:
+            logger.warning(
+                "%d endpoints had pending deliveries but were not ready; made ready",
+                found,
+                extra={"action": "sweep"},
+            )
+            self._trigger.work_found()
+        return found
+
+
+@dataclass(frozen=True)
+class Exported:
+    exported: int  # endpoints with per-endpoint gauges
+    owned: int  # endpoints of the partitions this worker owns
+
+
+class Gauges:
+    """Sets the per-endpoint and per-tenant gauges of the endpoints of this
+    worker's partitions, as many as ``HOOKLANE_METRICS_ENDPOINTS`` says."""
+
+    name = "gauges"
+
+    def __init__(self, settings: Settings, owner: PartitionOwner, pool: asyncpg.Pool) -> None:
+        self.period = settings.gauges_seconds
+        self._settings = settings
+        self._owner = owner
+        self._pool = pool
+
+    async def run_once(self) -> Exported:
+        owned = sorted(self._owner.owned)
+        async with store.acquire(self._pool) as conn:
+            healths = await store.endpoint_health(conn, owned)
+            unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
+        s = self._settings
+        exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)
+        for gauge in (*metrics.PER_ENDPOINT, *metrics.PER_TENANT):
+            gauge.clear()
+        metrics.ENDPOINTS_EXPORTED.labels("exported").set(len(exported))
+        metrics.ENDPOINTS_EXPORTED.labels("owned").set(len(healths))
+        for h in exported:
+            labels = (h.namespace, h.name)
+            metrics.ENDPOINT_PENDING.labels(*labels).set(h.pending)
+            metrics.ENDPOINT_IN_FLIGHT.labels(*labels).set(h.in_flight)
+            metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(h.oldest_pending_age or 0.0)
+            if h.dead:
+                metrics.ENDPOINT_DEAD.labels(*labels).set(h.dead)
+        if s.metrics_endpoints == "tenant":
+            for tenant, sums in tenant_totals(healths).items():
+                metrics.TENANT_PENDING.labels(tenant).set(sums.pending)
+                metrics.TENANT_IN_FLIGHT.labels(tenant).set(sums.in_flight)
+                metrics.TENANT_OLDEST_PENDING_AGE.labels(tenant).set(sums.oldest_pending_age)
+                metrics.TENANT_DEAD.labels(tenant).set(sums.dead)
+        paused, probing = standing_counts(healths)
+        for reason, count in paused.items():
+            metrics.ENDPOINTS_PAUSED.labels(reason).set(count)
+        metrics.ENDPOINTS_PROBING.set(probing)
+        # Only the owner of partition 0 counts; the others show 0, not the
+        # count from when they last owned it, which would hide a later rise.
+        metrics.EVENTS_UNROUTED.set(unrouted or 0)
+        return Exported(exported=len(exported), owned=len(healths))
