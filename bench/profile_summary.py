@@ -21,14 +21,17 @@ AREAS = [
     ("building the body", re.compile(r"event_body")),
     ("classify / results", re.compile(r"\bclassify\b|_result \(hooklane/worker/runner")),
     ("reserve (asyncpg + decode)", re.compile(r"_reserve_loop|reserve \(hooklane/store")),
-    ("record results (complete)", re.compile(r"_record \(hooklane|complete \(hooklane/store|_record_loop")),
+    (
+        "record results (complete)",
+        re.compile(r"\brecord \(hooklane/worker/runner|complete \(hooklane/store|_record_loop"),
+    ),
     (
         "aiohttp client (send)",
         re.compile(r"aiohttp/(client|connector|client_reqrep|streams|http_writer|client_proto)"),
     ),
     ("timeouts / timers", re.compile(r"timeout|call_at|call_later")),
     ("metrics", re.compile(r"prometheus_client")),
-    ("gauges / maintenance", re.compile(r"_refresh_gauges|_maintain|_rebalance")),
+    ("gauges / maintenance", re.compile(r"hooklane/worker/jobs")),
 ]
 _LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
 
