@@ -215,10 +215,6 @@ async def refresh_endpoint_statistics(conn: asyncpg.Connection) -> bool:
     return True
 
 
-async def list_endpoints(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await conn.fetch(QUERIES["list_endpoints"])
-
-
 class Reactivation(Enum):
     """What ``reactivate_endpoint`` did."""
 

@@ -153,16 +153,6 @@ WHERE ep.id = r.id
   AND ep.secret IS NOT DISTINCT FROM r.read_secret
   AND ep.previous_secret IS NOT DISTINCT FROM r.read_previous;
 
--- name: list_endpoints
--- Every endpoint with its circuit state, for `hooklane endpoint list`.
--- Parameters: none. Index: the unique (namespace, name) constraint, for order.
-SELECT id, namespace, name, tenant, url, secret IS NOT NULL AS signed,
-       max_concurrency, event_types, timeout_seconds, paused, state,
-       partition, consecutive_failures, paused_until, last_error,
-       last_delivered_at
-FROM endpoints
-ORDER BY namespace, name;
-
 -- name: stored_endpoints
 -- What Postgres holds of every endpoint's spec and secret, for the
 -- operator's start: a resource whose spec and Secret match its row needs no
