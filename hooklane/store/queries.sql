@@ -70,8 +70,9 @@ SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- the ready index.
 -- An endpoint that moves to another tenant must never send the old tenant's
 -- events to whoever now owns the receiver: its pending and dead deliveries
--- of any other tenant are discarded, with the reason. (Those still in an
--- open publish, or in flight, are discarded by reservation and by complete.)
+-- of any other tenant are discarded, with the reason
+-- (hooklane_tenant_discard). (Those still in an open publish, or in flight,
+-- are discarded by reservation and by complete.)
 -- Runs after lock_endpoint_secret in the same transaction, so `before` is
 -- the row as it is now.
 -- Parameters: namespace, name, tenant, url, secret (as stored; NULL when
@@ -108,14 +109,13 @@ RETURNING id, partition, tenant, (xmax = 0) AS created
 discarded AS (
     UPDATE deliveries d
     SET state = 'discarded',
-        last_error = format('discarded: the endpoint''s tenant changed from %%s to %%s',
-                            d.event_tenant, u.tenant)
+        last_error = hooklane_tenant_discard(d.event_tenant, u.tenant)
     FROM upserted u, before b
     WHERE b.id = u.id
       AND b.tenant <> u.tenant
       AND d.endpoint_id = u.id
       AND d.state IN ('pending', 'dead')
-      AND d.event_tenant <> u.tenant
+      AND hooklane_tenant_discard(d.event_tenant, u.tenant) IS NOT NULL
     RETURNING d.id
 ),
 woken AS (
