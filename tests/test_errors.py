@@ -157,7 +157,7 @@ async def test_a_database_without_the_schema_says_so(dsn):
     try:
         await conn.execute("DROP TABLE endpoints CASCADE")
         with pytest.raises(SchemaMissing):
-            await store.list_endpoints(conn)
+            await store.stored_endpoints(conn, None)
     finally:
         await conn.close()
 

@@ -285,8 +285,10 @@ async def test_a_fanout_to_ten_thousand_endpoints_never_depends_on_their_statist
     # what the planner knows of the table: nothing yet (never analysed)
     assert await db.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'endpoints'::regclass") < 0
 
+    publish = QUERIES["publish"]
     explained = await db.fetchval(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["publish"], "evt-1", "big", "order.created", "{}", None
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + publish.sql,
+        *publish.args(id="evt-1", tenant="big", type="order.created", data="{}", coalesce_key=None),
     )
     nodes = _nodes(json.loads(explained)[0]["Plan"])
     # Each endpoint is read a bounded number of times; a nested loop over

@@ -26,7 +26,11 @@ async def reserve(
     endpoints that may have work; each records ``worker_id`` as the worker
     that attempted it. Call only while this session holds those partitions'
     advisory locks."""
-    return await conn.fetch(QUERIES["reserve"], partitions, limit, lease_grace_seconds, worker_id)
+    return await conn.fetch(
+        *QUERIES["reserve"](
+            partitions=partitions, limit=limit, lease_grace_seconds=lease_grace_seconds, worker_id=worker_id
+        )
+    )
 
 
 async def complete(
@@ -38,39 +42,40 @@ async def complete(
     ``opened``: whether these results opened its circuit; ``deactivated``:
     whether they deactivated it (a 410)."""
     return await conn.fetch(
-        QUERIES["complete"],
-        [r.delivery_id for r in results],
-        [r.attempts for r in results],
-        [r.outcome for r in results],
-        [r.retry_in for r in results],
-        [r.status for r in results],
-        [r.error for r in results],
-        circuit.threshold,
-        circuit.step_seconds,
-        circuit.cap_seconds,
+        *QUERIES["complete"](
+            ids=[r.delivery_id for r in results],
+            attempts=[r.attempts for r in results],
+            outcomes=[r.outcome for r in results],
+            retry_ins=[r.retry_in for r in results],
+            statuses=[r.status for r in results],
+            errors=[r.error for r in results],
+            threshold=circuit.threshold,
+            step_seconds=circuit.step_seconds,
+            cap_seconds=circuit.cap_seconds,
+        )
     )
 
 
 async def rescue_expired(conn: asyncpg.Connection, partitions: list[int]) -> int:
     """Requeue deliveries whose lease expired. Call under the partitions' locks."""
-    return len(await conn.fetch(QUERIES["rescue_expired"], partitions))
+    return len(await conn.fetch(*QUERIES["rescue_expired"](partitions=partitions)))
 
 
 async def sweep_ready(conn: asyncpg.Connection, partitions: list[int]) -> int:
     """Make ready the endpoints with pending deliveries the ready index lacks.
     Call under the partitions' locks."""
-    return len(await conn.fetch(QUERIES["sweep_ready"], partitions))
+    return len(await conn.fetch(*QUERIES["sweep_ready"](partitions=partitions)))
 
 
 async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> list[asyncpg.Record]:
-    return await conn.fetch(QUERIES["deactivate_failing"], after_seconds)
+    return await conn.fetch(*QUERIES["deactivate_failing"](after_seconds=after_seconds))
 
 
 async def resend_dead(
     conn: asyncpg.Connection, namespace: str, name: str, ids: list[int] | None = None
 ) -> int | None:
     """How many dead deliveries were queued again; None if there is no such endpoint."""
-    return await conn.fetchval(QUERIES["resend_dead"], namespace, name, ids)
+    return await conn.fetchval(*QUERIES["resend_dead"](namespace=namespace, name=name, ids=ids))
 
 
 async def discard_dead(
@@ -79,7 +84,7 @@ async def discard_dead(
     """Give up for good on dead deliveries of one endpoint (all, or ``ids``),
     recording ``by`` (who discarded them) in last_error. How many; None if
     there is no such endpoint."""
-    return await conn.fetchval(QUERIES["discard_dead"], namespace, name, ids, by)
+    return await conn.fetchval(*QUERIES["discard_dead"](namespace=namespace, name=name, ids=ids, by=by))
 
 
 # Events one replay_since statement pages through, and so the most
@@ -104,13 +109,23 @@ async def replay_since(
     queued stays queued, and running it again queues only what is not
     pending or in flight (receivers deduplicate on webhook-id)."""
     check_time(since, "since")
-    tenant = await conn.fetchval(QUERIES["endpoint_tenant"], namespace, name)
+    tenant = await conn.fetchval(*QUERIES["endpoint_tenant"](namespace=namespace, name=name))
     if tenant is None:
         return None
     replayed = 0
     xact, after = "0", ""
     while True:
-        row = await conn.fetchrow(QUERIES["replay_since"], namespace, name, tenant, since, xact, after, page)
+        row = await conn.fetchrow(
+            *QUERIES["replay_since"](
+                namespace=namespace,
+                name=name,
+                tenant=tenant,
+                since=since,
+                cursor_xact=xact,
+                cursor_id=after,
+                page_size=page,
+            )
+        )
         if row is None:
             # Deleted, or moved to another tenant, since: nothing more of
             # this tenant's goes to it.
@@ -179,14 +194,17 @@ async def endpoint_deliveries(
     """A page of the endpoint's deliveries, newest first, of ``states``
     (all when None) created in [since, until); None if there is no such
     endpoint."""
-    args = (
-        check_states(states),
-        check_time(since, "since"),
-        check_time(until, "until"),
-        delivery_position(cursor),
-        check_page(limit),
+    rows = await conn.fetch(
+        *QUERIES["endpoint_deliveries"](
+            namespace=namespace,
+            name=name,
+            states=check_states(states),
+            since=check_time(since, "since"),
+            until=check_time(until, "until"),
+            before_id=delivery_position(cursor),
+            limit=check_page(limit),
+        )
     )
-    rows = await conn.fetch(QUERIES["endpoint_deliveries"], namespace, name, *args)
     if not rows:
         return None
     page = [
@@ -210,7 +228,7 @@ async def endpoint_deliveries(
 
 
 async def unrouted_events(conn: asyncpg.Connection) -> int:
-    return await conn.fetchval(QUERIES["unrouted_events"])
+    return await conn.fetchval(*QUERIES["unrouted_events"]())
 
 
 @dataclass(frozen=True)
@@ -225,9 +243,9 @@ class Unrouted:
 
 
 async def unrouted_counts(conn: asyncpg.Connection) -> list[Unrouted]:
-    rows = await conn.fetch(QUERIES["unrouted_counts"])
+    rows = await conn.fetch(*QUERIES["unrouted_counts"]())
     return [Unrouted(r["tenant"], r["type"], r["events"], r["oldest"], r["newest"]) for r in rows]
 
 
 async def partition_count(conn: asyncpg.Connection) -> int:
-    return await conn.fetchval(QUERIES["partition_count"])
+    return await conn.fetchval(*QUERIES["partition_count"]())

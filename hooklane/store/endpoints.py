@@ -59,7 +59,9 @@ async def upsert_endpoint(
     discards the pending and dead deliveries of the old one."""
     bound = owner(spec.namespace, spec.name)
     async with conn.transaction():
-        stored = await conn.fetchval(QUERIES["lock_endpoint_secret"], spec.namespace, spec.name)
+        stored = await conn.fetchval(
+            *QUERIES["lock_endpoint_secret"](namespace=spec.namespace, name=spec.name)
+        )
         replaced = None
         if stored is not None and secret is not None:
             try:
@@ -77,18 +79,19 @@ async def upsert_endpoint(
                 if current != secret:
                     replaced = seal(keyring, current, bound)
         row = await conn.fetchrow(
-            QUERIES["upsert_endpoint"],
-            spec.namespace,
-            spec.name,
-            spec.tenant,
-            spec.url,
-            None if secret is None else seal(keyring, secret, bound),
-            spec.max_concurrency,
-            list(spec.event_types),
-            spec.timeout_seconds,
-            spec.paused,
-            replaced,
-            grace_seconds,
+            *QUERIES["upsert_endpoint"](
+                namespace=spec.namespace,
+                name=spec.name,
+                tenant=spec.tenant,
+                url=spec.url,
+                secret=None if secret is None else seal(keyring, secret, bound),
+                max_concurrency=spec.max_concurrency,
+                event_types=list(spec.event_types),
+                timeout_seconds=spec.timeout_seconds,
+                paused=spec.paused,
+                replaced_secret=replaced,
+                grace_seconds=grace_seconds,
+            )
         )
     assert row is not None, "upsert_endpoint returns one row, always"
     upserted = Upserted(
@@ -136,7 +139,7 @@ async def stored_endpoints(
     the keys at hand cannot open is left out of the map, so that the next
     upsert replaces it."""
     found: dict[tuple[str, str], Stored] = {}
-    for row in await conn.fetch(QUERIES["stored_endpoints"]):
+    for row in await conn.fetch(*QUERIES["stored_endpoints"]()):
         secret = row["secret"]
         if secret is not None:
             try:
@@ -165,7 +168,11 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
     after = 0
     unreadable: InvalidInput | None = None
     while True:
-        rows = await conn.fetch(QUERIES["secrets_to_reseal"], keyring.sealed_prefix, after, _RESEAL_BATCH)
+        rows = await conn.fetch(
+            *QUERIES["secrets_to_reseal"](
+                sealed_prefix=keyring.sealed_prefix, after_id=after, batch_size=_RESEAL_BATCH
+            )
+        )
         if not rows:
             break
         after = rows[-1]["id"]
@@ -184,7 +191,16 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
                 continue
             batch.append((r["id"], r["secret"], secret, r["previous_secret"], previous))
         if batch:
-            status = await conn.execute(QUERIES["reseal_secrets"], *map(list, zip(*batch, strict=False)))
+            ids, read_secrets, secrets, read_previous, previous_secrets = map(list, zip(*batch, strict=True))
+            status = await conn.execute(
+                *QUERIES["reseal_secrets"](
+                    ids=ids,
+                    read_secrets=read_secrets,
+                    secrets=secrets,
+                    read_previous=read_previous,
+                    previous_secrets=previous_secrets,
+                )
+            )
             changed += int(status.split()[-1])
     if unreadable is not None:
         raise unreadable
@@ -207,16 +223,12 @@ async def refresh_endpoint_statistics(conn: asyncpg.Connection) -> bool:
     wrote them (the operator, the CLI, SQL by hand). True if it analysed;
     never when the role connected does not own the table (autovacuum then
     stays the only one to)."""
-    row = await conn.fetchrow(QUERIES["endpoint_statistics"])
+    row = await conn.fetchrow(*QUERIES["endpoint_statistics"]())
     assert row is not None, "endpoint_statistics returns one row, always"
     if not row["may_analyze"] or not statistics_stale(row["changed"], row["rows"]):
         return False
-    await conn.execute(QUERIES["analyze_endpoints"])
+    await conn.execute(*QUERIES["analyze_endpoints"]())
     return True
-
-
-async def list_endpoints(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await conn.fetch(QUERIES["list_endpoints"])
 
 
 class Reactivation(Enum):
@@ -230,7 +242,7 @@ class Reactivation(Enum):
 
 async def reactivate_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -> Reactivation:
     """Reactivate the endpoint if it is deactivated, and say which case it was."""
-    row = await conn.fetchrow(QUERIES["reactivate_endpoint"], namespace, name)
+    row = await conn.fetchrow(*QUERIES["reactivate_endpoint"](namespace=namespace, name=name))
     assert row is not None
     if row["reactivated"]:
         return Reactivation.REACTIVATED
@@ -238,7 +250,7 @@ async def reactivate_endpoint(conn: asyncpg.Connection, namespace: str, name: st
 
 
 async def delete_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -> bool:
-    return await conn.fetchval(QUERIES["delete_endpoint"], namespace, name) is not None
+    return await conn.fetchval(*QUERIES["delete_endpoint"](namespace=namespace, name=name)) is not None
 
 
 async def endpoint_health(
@@ -248,7 +260,9 @@ async def endpoint_health(
     ``endpoint``, a (namespace, name)), most delayed first: the records
     every view shows (:mod:`hooklane.health`)."""
     namespace, name = endpoint or (None, None)
-    rows = await conn.fetch(QUERIES["endpoint_health"], partitions, namespace, name)
+    rows = await conn.fetch(
+        *QUERIES["endpoint_health"](partitions=partitions, namespace=namespace, name=name)
+    )
     return [EndpointHealth.from_row(r) for r in rows]
 
 
@@ -282,9 +296,14 @@ class EndpointFilter:
     phase: EndpointState | None = None
     not_delivering: bool = False
 
-    def parameters(self) -> tuple[str | None, str | None, str | None, bool]:
-        phase = None if self.phase is None else str(self.phase)
-        return self.tenant, self.name_prefix, phase, self.not_delivering
+    def parameters(self) -> dict[str, str | bool | None]:
+        """The filter parameters of endpoint_page and endpoint_totals."""
+        return {
+            "tenant": self.tenant,
+            "name_prefix": self.name_prefix,
+            "phase": None if self.phase is None else str(self.phase),
+            "not_delivering": self.not_delivering,
+        }
 
 
 @dataclass(frozen=True)
@@ -316,7 +335,13 @@ async def endpoint_page(
     after = endpoint_position(cursor)
     oldest, namespace, name = after or (None, None, None)
     rows = await conn.fetch(
-        QUERIES["endpoint_page"], *chosen.parameters(), oldest, namespace, name, limit + 1
+        *QUERIES["endpoint_page"](
+            **chosen.parameters(),
+            cursor_oldest_pending_at=oldest,
+            cursor_namespace=namespace,
+            cursor_name=name,
+            limit=limit + 1,
+        )
     )
     healths = [EndpointHealth.from_row(r) for r in rows[:limit]]
     more = None
@@ -328,6 +353,6 @@ async def endpoint_page(
 
 async def endpoint_totals(conn: asyncpg.Connection, chosen: EndpointFilter) -> EndpointTotals:
     """How many endpoints ``chosen`` picks and their deliveries, in counts."""
-    row = await conn.fetchrow(QUERIES["endpoint_totals"], *chosen.parameters())
+    row = await conn.fetchrow(*QUERIES["endpoint_totals"](**chosen.parameters()))
     assert row is not None, "endpoint_totals returns one row, always"
     return EndpointTotals(**dict(row))

@@ -31,21 +31,21 @@ async def insert_event(
     ``EventConflict`` when the tenant stored a different one under it:
     nothing is stored, and the transaction is still usable. The caller's
     ``conn`` raises its own errors (see :func:`hooklane.publish`)."""
-    args = (id, tenant, type, data_json, coalesce_key)
-    row = await conn.fetchrow(QUERIES["publish"], *args)
+    event = {"id": id, "tenant": tenant, "type": type, "data": data_json, "coalesce_key": coalesce_key}
+    row = await conn.fetchrow(*QUERIES["publish"](**event))
     assert row is not None, "publish returns one row, always"
     if row["fanout"] is not None:
         return row["fanout"]
     conflict = row["conflict"]
     if conflict is None:
-        conflict = await conn.fetchval(QUERIES["event_conflict"], *args)
+        conflict = await conn.fetchval(*QUERIES["event_conflict"](**event))
     if conflict:
         raise EventConflict(id, tenant)
     return None
 
 
 # An event as insert_events takes it: id, tenant, type, data (JSON text),
-# coalesce_key; the order of publish's parameters.
+# coalesce_key.
 EventRow = tuple[str, str, str, str, str | None]
 
 
@@ -58,10 +58,19 @@ async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) ->
     still usable."""
     if not events:
         return []
+    publish = QUERIES["publish"]
     # Pipelined: one round trip for every execution.
-    await conn.executemany(QUERIES["publish"], events)
+    await conn.executemany(
+        publish.sql,
+        [
+            publish.args(id=event_id, tenant=tenant, type=event_type, data=data_json, coalesce_key=key)
+            for event_id, tenant, event_type, data_json, key in events
+        ],
+    )
     ids, tenants, types, data, keys = (list(column) for column in zip(*events, strict=True))
-    rows = await conn.fetch(QUERIES["events_conflicting"], ids, tenants, types, data, keys)
+    rows = await conn.fetch(
+        *QUERIES["events_conflicting"](ids=ids, tenants=tenants, types=types, data=data, coalesce_keys=keys)
+    )
     return [row["position"] - 1 for row in rows]
 
 
@@ -115,7 +124,11 @@ async def list_events(
     check_time(until, "until")
     check_page(limit)
     xact, after = event_position(cursor)
-    rows = await conn.fetch(QUERIES["list_events"], tenant, str(xact), after, since, until, limit)
+    rows = await conn.fetch(
+        *QUERIES["list_events"](
+            tenant=tenant, cursor_xact=str(xact), cursor_id=after, since=since, until=until, limit=limit
+        )
+    )
     events = [StoredEvent(r["id"], r["type"], r["data"], r["created_at"], r["fanout"]) for r in rows]
     if rows:
         cursor = event_cursor(int(rows[-1]["xact"]), rows[-1]["id"])
@@ -126,7 +139,9 @@ async def purge_events(conn: asyncpg.Connection, retention_seconds: float, batch
     """Drop events past retention, a batch at a time; returns how many."""
     purged = 0
     while True:
-        status = await conn.execute(QUERIES["purge_events"], retention_seconds, batch)
+        status = await conn.execute(
+            *QUERIES["purge_events"](retention_seconds=retention_seconds, batch_size=batch)
+        )
         count = int(status.split()[-1])
         purged += count
         if count < batch:

@@ -9,14 +9,14 @@ from hooklane.store.queries import QUERIES
 
 async def try_lock(conn: asyncpg.Connection, lock_class: int, key: int) -> bool:
     """Take the session-level advisory lock (class, key) if it is free."""
-    return await conn.fetchval(QUERIES["try_lock"], lock_class, key)
+    return await conn.fetchval(*QUERIES["try_lock"](lock_class=lock_class, key=key))
 
 
 async def unlock(conn: asyncpg.Connection, lock_class: int, key: int) -> bool:
     """Release a lock this session holds; False if it held none."""
-    return await conn.fetchval(QUERIES["unlock"], lock_class, key)
+    return await conn.fetchval(*QUERIES["unlock"](lock_class=lock_class, key=key))
 
 
 async def live_workers(conn: asyncpg.Connection, member_class: int) -> int:
     """How many sessions hold a lock of ``member_class``: the live workers."""
-    return await conn.fetchval(QUERIES["live_workers"], member_class)
+    return await conn.fetchval(*QUERIES["live_workers"](member_class=member_class))

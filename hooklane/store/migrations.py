@@ -40,17 +40,19 @@ async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[M
     """Apply the migrations the database lacks, up to version ``target``
     (all by default: an older target is for testing upgrades); return those
     applied."""
-    await conn.execute(QUERIES["migration_lock"], _MIGRATION_LOCK)
+    await conn.execute(*QUERIES["migration_lock"](key=_MIGRATION_LOCK))
     try:
-        await conn.execute(QUERIES["create_migration_table"])
-        done = {r["version"] for r in await conn.fetch(QUERIES["applied_migrations"])}
+        await conn.execute(*QUERIES["create_migration_table"]())
+        done = {r["version"] for r in await conn.fetch(*QUERIES["applied_migrations"]())}
         applied = []
         for migration in available():
             if migration.version in done or (target is not None and migration.version > target):
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(QUERIES["record_migration"], migration.version, migration.name)
+                await conn.execute(
+                    *QUERIES["record_migration"](version=migration.version, name=migration.name)
+                )
             logger.info(
                 "applied migration %04d_%s",
                 migration.version,
@@ -60,4 +62,4 @@ async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[M
             applied.append(migration)
         return applied
     finally:
-        await conn.execute(QUERIES["migration_unlock"], _MIGRATION_LOCK)
+        await conn.execute(*QUERIES["migration_unlock"](key=_MIGRATION_LOCK))

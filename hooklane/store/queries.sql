@@ -1,7 +1,14 @@
 -- Every statement Hooklane runs against its own tables, one named block each.
 -- A block starts with "-- name: NAME", then lines saying what it does, its
--- parameters in order and the index it relies on. hooklane/store/queries.py
--- loads this file once; Python code calls the statements by name only.
+-- parameters and the index it relies on. hooklane/store/queries.py loads
+-- this file once; Python code calls the statements by name only, and passes
+-- their parameters by name only.
+--
+-- A parameter is written %(name)s, as procrastinate writes them, and may
+-- be used more than once; a cast follows it (%(ids)s::bigint[]). A literal
+-- percent sign is written %%, as in the modulo operator (%%) and format()'s
+-- %%s. The loader turns the names into asyncpg's $1..$n, which this file
+-- never writes itself.
 --
 -- The rules that make an endpoint ready are SQL functions (migration 0004):
 -- hooklane_wake, hooklane_make_ready, hooklane_deliverable. A statement
@@ -12,12 +19,12 @@
 -- Wait for the lock that serialises `hooklane migrate` runs (an init
 -- container or a Helm hook per release may run several at once), held by
 -- this session until migration_unlock.
--- Parameters: $1 the lock key. Index: none (advisory).
-SELECT pg_advisory_lock($1);
+-- Parameters: key, the lock's. Index: none (advisory).
+SELECT pg_advisory_lock(%(key)s);
 
 -- name: migration_unlock
--- Release the migration lock. Parameters: $1 the lock key. Index: none.
-SELECT pg_advisory_unlock($1);
+-- Release the migration lock. Parameters: key, the lock's. Index: none.
+SELECT pg_advisory_unlock(%(key)s);
 
 -- name: create_migration_table
 -- The migrations applied so far, one row each; created by the first run.
@@ -34,8 +41,8 @@ SELECT version FROM hooklane_migrations;
 
 -- name: record_migration
 -- Note a migration as applied, in the transaction that applied it.
--- Parameters: $1 version, $2 name. Index: primary key.
-INSERT INTO hooklane_migrations (version, name) VALUES ($1, $2);
+-- Parameters: version, name. Index: primary key.
+INSERT INTO hooklane_migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: partition_count
 -- The partition count every worker and the operator share.
@@ -48,9 +55,9 @@ SELECT partition_count FROM hooklane_config;
 -- cannot both take the same secret for the previous one. NO KEY: a publish
 -- holds a key-share lock on the endpoints it queued for until its
 -- application's transaction ends, and must not hold this up.
--- Parameters: $1 namespace, $2 name. Index: the unique (namespace, name)
+-- Parameters: namespace, name. Index: the unique (namespace, name)
 -- constraint.
-SELECT secret FROM endpoints WHERE namespace = $1 AND name = $2 FOR NO KEY UPDATE;
+SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s FOR NO KEY UPDATE;
 
 -- name: upsert_endpoint
 -- Create or update an endpoint by its (namespace, name) identity. The
@@ -63,33 +70,35 @@ SELECT secret FROM endpoints WHERE namespace = $1 AND name = $2 FOR NO KEY UPDAT
 -- the ready index.
 -- An endpoint that moves to another tenant must never send the old tenant's
 -- events to whoever now owns the receiver: its pending and dead deliveries
--- of any other tenant are discarded, with the reason. (Those still in an
--- open publish, or in flight, are discarded by reservation and by complete.)
+-- of any other tenant are discarded, with the reason
+-- (hooklane_tenant_discard). (Those still in an open publish, or in flight,
+-- are discarded by reservation and by complete.)
 -- Runs after lock_endpoint_secret in the same transaction, so `before` is
 -- the row as it is now.
--- Parameters: $1 namespace, $2 name, $3 tenant, $4 url, $5 secret as stored
--- (NULL when the Secret is missing), $6 max_concurrency, $7 event_types, $8
--- timeout_seconds, $9 paused, $10 the secret being replaced, as stored (NULL
--- when the secret did not change: the previous one is kept as it was), $11
--- seconds the replaced secret still signs.
+-- Parameters: namespace, name, tenant, url, secret (as stored; NULL when
+-- the Secret is missing), max_concurrency, event_types, timeout_seconds,
+-- paused, replaced_secret (the secret being replaced, as stored; NULL when
+-- the secret did not change: the previous one is kept as it was),
+-- grace_seconds (how long the replaced secret still signs).
 -- Index: the unique (namespace, name) constraint; deliveries_queue and
 -- deliveries_dead for the discard.
 WITH before AS (
-    SELECT id, tenant FROM endpoints WHERE namespace = $1 AND name = $2
+    SELECT id, tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 ),
 upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
-        (hashtext($1 || '/' || $2)::bigint & 2147483647)
-          % (SELECT partition_count FROM hooklane_config))
+VALUES (%(namespace)s, %(name)s, %(tenant)s, %(url)s, %(secret)s, %(max_concurrency)s,
+        %(event_types)s, %(timeout_seconds)s, %(paused)s,
+        (hashtext(%(namespace)s || '/' || %(name)s)::bigint & 2147483647)
+          %% (SELECT partition_count FROM hooklane_config))
 ON CONFLICT (namespace, name) DO UPDATE
 SET tenant          = EXCLUDED.tenant,
     url             = EXCLUDED.url,
     secret          = EXCLUDED.secret,
-    previous_secret = coalesce($10::text, endpoints.previous_secret),
-    previous_secret_until = CASE WHEN $10::text IS NULL THEN endpoints.previous_secret_until
-                                 ELSE now() + make_interval(secs => $11::float8) END,
+    previous_secret = coalesce(%(replaced_secret)s::text, endpoints.previous_secret),
+    previous_secret_until = CASE WHEN %(replaced_secret)s::text IS NULL THEN endpoints.previous_secret_until
+                                 ELSE now() + make_interval(secs => %(grace_seconds)s::float8) END,
     max_concurrency = EXCLUDED.max_concurrency,
     event_types     = EXCLUDED.event_types,
     timeout_seconds = EXCLUDED.timeout_seconds,
@@ -100,14 +109,13 @@ RETURNING id, partition, tenant, (xmax = 0) AS created
 discarded AS (
     UPDATE deliveries d
     SET state = 'discarded',
-        last_error = format('discarded: the endpoint''s tenant changed from %s to %s',
-                            d.event_tenant, u.tenant)
+        last_error = hooklane_tenant_discard(d.event_tenant, u.tenant)
     FROM upserted u, before b
     WHERE b.id = u.id
       AND b.tenant <> u.tenant
       AND d.endpoint_id = u.id
       AND d.state IN ('pending', 'dead')
-      AND d.event_tenant <> u.tenant
+      AND hooklane_tenant_discard(d.event_tenant, u.tenant) IS NOT NULL
     RETURNING d.id
 ),
 woken AS (
@@ -122,46 +130,38 @@ FROM upserted u, woken;
 -- Endpoints with a secret not sealed with the active key: plaintext from
 -- before a key was set, or sealed with a key being retired; and previous
 -- secrets past their overlap, which are dropped. A batch after a given id.
--- Parameters: $1 the prefix of a value sealed with the active key
--- ('enc:v1:<key id>:'), $2 the last id of the previous batch (0 first), $3
--- batch size.
+-- Parameters: sealed_prefix (the prefix of a value sealed with the active
+-- key, 'enc:v1:<key id>:'), after_id (the last id of the previous batch, 0
+-- first), batch_size.
 -- Index: primary key of endpoints, walked in order (the filter is checked
 -- on every row: a full pass, run by `hooklane migrate` only).
 SELECT id, namespace, name, secret, previous_secret,
        previous_secret_until > now() AS previous_valid
 FROM endpoints
-WHERE id > $2
-  AND (NOT starts_with(secret, $1)
-       OR NOT starts_with(previous_secret, $1)
+WHERE id > %(after_id)s
+  AND (NOT starts_with(secret, %(sealed_prefix)s)
+       OR NOT starts_with(previous_secret, %(sealed_prefix)s)
        OR previous_secret_until <= now())
 ORDER BY id
-LIMIT $3;
+LIMIT %(batch_size)s;
 
 -- name: reseal_secrets
 -- Store re-sealed secrets, each only if the row still holds what was read
 -- (an upsert meanwhile sealed its own).
--- Parameters: $1 ids, $2 secrets as read, $3 secrets re-sealed, $4 previous
--- secrets as read, $5 previous secrets re-sealed (NULL: dropped).
+-- Parameters, arrays of equal length: ids, read_secrets (as read),
+-- secrets (re-sealed), read_previous (previous secrets as read),
+-- previous_secrets (re-sealed; NULL: dropped).
 -- Index: primary key of endpoints.
 UPDATE endpoints ep
 SET secret = r.secret,
     previous_secret = r.previous_secret,
     previous_secret_until = CASE WHEN r.previous_secret IS NOT NULL THEN ep.previous_secret_until END
-FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
+FROM unnest(%(ids)s::bigint[], %(read_secrets)s::text[], %(secrets)s::text[],
+            %(read_previous)s::text[], %(previous_secrets)s::text[])
      AS r(id, read_secret, secret, read_previous, previous_secret)
 WHERE ep.id = r.id
   AND ep.secret IS NOT DISTINCT FROM r.read_secret
   AND ep.previous_secret IS NOT DISTINCT FROM r.read_previous;
-
--- name: list_endpoints
--- Every endpoint with its circuit state, for `hooklane endpoint list`.
--- Parameters: none. Index: the unique (namespace, name) constraint, for order.
-SELECT id, namespace, name, tenant, url, secret IS NOT NULL AS signed,
-       max_concurrency, event_types, timeout_seconds, paused, state,
-       partition, consecutive_failures, paused_until, last_error,
-       last_delivered_at
-FROM endpoints
-ORDER BY namespace, name;
 
 -- name: stored_endpoints
 -- What Postgres holds of every endpoint's spec and secret, for the
@@ -179,19 +179,19 @@ FROM endpoints;
 -- deactivated one: the circuit of an active endpoint is the worker's, and
 -- stays as it is. One row: whether the endpoint exists, and whether it was
 -- reactivated (false for one in another state).
--- Parameters: $1 namespace, $2 name. Index: unique (namespace, name).
+-- Parameters: namespace, name. Index: unique (namespace, name).
 WITH reactivated AS (
     UPDATE endpoints
     SET state = 'active', deactivated_at = NULL, deactivated_reason = NULL,
         consecutive_failures = 0, failing_since = NULL, paused_until = NULL,
         updated_at = now()
-    WHERE namespace = $1 AND name = $2 AND state = 'deactivated'
+    WHERE namespace = %(namespace)s AND name = %(name)s AND state = 'deactivated'
     RETURNING id, partition
 ),
 woken AS (
     SELECT hooklane_wake(array_agg(id), array_agg(partition)) FROM reactivated
 )
-SELECT EXISTS (SELECT FROM endpoints WHERE namespace = $1 AND name = $2) AS found,
+SELECT EXISTS (SELECT FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s) AS found,
        EXISTS (SELECT FROM reactivated) AS reactivated
 FROM woken;
 
@@ -199,11 +199,11 @@ FROM woken;
 -- Remove an endpoint. Its deliveries, pending and dead alike, go with it (the
 -- foreign key cascades); the events stay, listable for reconciliation until
 -- retention drops them.
--- Parameters: $1 namespace, $2 name. Index: unique (namespace, name);
+-- Parameters: namespace, name. Index: unique (namespace, name);
 -- deliveries_queue for the cascade; primary key of ready_endpoints.
 WITH deleted AS (
     DELETE FROM endpoints
-    WHERE namespace = $1 AND name = $2
+    WHERE namespace = %(namespace)s AND name = %(name)s
     RETURNING id
 ),
 unready AS (
@@ -239,28 +239,28 @@ SELECT id FROM deleted;
 -- is analysed, and a nested loop over two CTE scans of 10,000 rows each
 -- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once, not
 -- joined.
--- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5 coalesce_key.
+-- Parameters: id, tenant, type, data (jsonb text), coalesce_key.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for the
 -- ON CONFLICT.
 WITH existing AS (
-    SELECT type, data, coalesce_key FROM events WHERE tenant = $2 AND id = $1
+    SELECT type, data, coalesce_key FROM events WHERE tenant = %(tenant)s AND id = %(id)s
 ),
 matched AS (
     SELECT ep.id, ep.partition
     FROM endpoints ep
-    WHERE ep.tenant = $2
+    WHERE ep.tenant = %(tenant)s
       AND ep.state = 'active'
-      AND hooklane_type_matches(ep.event_types, $3)
+      AND hooklane_type_matches(ep.event_types, %(type)s)
 ),
 event AS (
     INSERT INTO events (id, tenant, type, data, coalesce_key, fanout)
-    SELECT $1, $2, $3, $4::jsonb, $5, count(*) FROM matched
+    SELECT %(id)s, %(tenant)s, %(type)s, %(data)s::jsonb, %(coalesce_key)s, count(*) FROM matched
     ON CONFLICT (tenant, id) DO NOTHING
     RETURNING fanout
 ),
 queued AS (
     INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
-    SELECT m.id, $2, $1, $5 FROM matched m
+    SELECT m.id, %(tenant)s, %(id)s, %(coalesce_key)s FROM matched m
     WHERE EXISTS (SELECT FROM event)
     ON CONFLICT (endpoint_id, coalesce_key)
         WHERE state = 'pending' AND coalesce_key IS NOT NULL
@@ -272,8 +272,8 @@ woken AS (
     WHERE EXISTS (SELECT FROM event)
 )
 SELECT (SELECT fanout FROM event) AS fanout,
-       (SELECT NOT (x.type = $3 AND x.data = $4::jsonb
-                    AND x.coalesce_key IS NOT DISTINCT FROM $5)
+       (SELECT NOT (x.type = %(type)s AND x.data = %(data)s::jsonb
+                    AND x.coalesce_key IS NOT DISTINCT FROM %(coalesce_key)s)
         FROM existing x) AS conflict,
        (SELECT count(pg_notify('hooklane_ready', p.partition::text))
         FROM (SELECT DISTINCT m.partition FROM matched m WHERE EXISTS (SELECT FROM event)) AS p)
@@ -283,11 +283,11 @@ FROM woken;
 -- name: event_conflict
 -- Whether the event a tenant stored under an id differs from this one;
 -- publish's answer when the stored event committed while publish waited.
--- Parameters: $1 id, $2 tenant, $3 type, $4 data (jsonb text), $5
--- coalesce_key. Index: primary key of events.
-SELECT NOT (type = $3 AND data = $4::jsonb AND coalesce_key IS NOT DISTINCT FROM $5)
+-- Parameters: id, tenant, type, data (jsonb text), coalesce_key, as
+-- publish's. Index: primary key of events.
+SELECT NOT (type = %(type)s AND data = %(data)s::jsonb AND coalesce_key IS NOT DISTINCT FROM %(coalesce_key)s)
 FROM events
-WHERE tenant = $2 AND id = $1;
+WHERE tenant = %(tenant)s AND id = %(id)s;
 
 -- name: events_conflicting
 -- Which of many events just published (`publish` run once per event, in
@@ -295,11 +295,12 @@ WHERE tenant = $2 AND id = $1;
 -- content: the positions (1-based) of those, which publish stored nothing
 -- for. The events this transaction stored compare equal to themselves.
 -- The ingest API's group commit: one round trip for a whole group.
--- Parameters: $1 ids, $2 tenants, $3 types, $4 data (jsonb text), $5
--- coalesce_keys, arrays of equal length.
+-- Parameters: ids, tenants, types, data (jsonb text), coalesce_keys,
+-- arrays of equal length.
 -- Index: primary key of events, one probe per event.
 SELECT x.position
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+FROM unnest(%(ids)s::text[], %(tenants)s::text[], %(types)s::text[], %(data)s::text[],
+            %(coalesce_keys)s::text[])
        WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, position)
 JOIN events e ON e.tenant = x.tenant AND e.id = x.id
 WHERE NOT (e.type = x.type AND e.data = x.data::jsonb
@@ -312,13 +313,13 @@ ORDER BY x.position;
 -- a wakeup, whatever left it so (deliveries written by an older publish, or
 -- by hand). An endpoint with a wakeup not yet absorbed is not missing: the
 -- next reservation makes it ready. Deliverable: hooklane_deliverable.
--- Parameters: $1 owned partitions. Index: endpoints_partition; primary key
+-- Parameters: partitions (owned). Index: endpoints_partition; primary key
 -- of ready_endpoints; deliveries_queue for the pending check; wakeups is read whole (an
 -- anti-join), as it only holds what publishes added since the last round.
 INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
 SELECT ep.id, ep.partition, now()
 FROM endpoints ep
-WHERE ep.partition = ANY($1::int[])
+WHERE ep.partition = ANY(%(partitions)s::int[])
   AND hooklane_deliverable(ep)
   AND NOT EXISTS (SELECT 1 FROM ready_endpoints r WHERE r.endpoint_id = ep.id)
   AND NOT EXISTS (SELECT 1 FROM wakeups w WHERE w.endpoint_id = ep.id)
@@ -331,7 +332,7 @@ RETURNING endpoint_id;
 -- died or lost its connection mid-call. The lease outlives the whole-call
 -- deadline, so the call has certainly ended; the receiver may still have got
 -- it (at least once). Runs only under the partitions' advisory locks.
--- Parameters: $1 owned partitions. Index: deliveries_in_flight.
+-- Parameters: partitions (owned). Index: deliveries_in_flight.
 WITH rescued AS (
     UPDATE deliveries d
     SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
@@ -340,7 +341,7 @@ WITH rescued AS (
     WHERE d.state = 'sending'
       AND d.lease_expires_at < now()
       AND ep.id = d.endpoint_id
-      AND ep.partition = ANY($1::int[])
+      AND ep.partition = ANY(%(partitions)s::int[])
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),
 ready AS (
@@ -349,7 +350,7 @@ ready AS (
 SELECT r.id FROM rescued r, ready;
 
 -- name: reserve
--- Reserve up to $2 due deliveries of the owned partitions, visiting only the
+-- Reserve up to `limit` due deliveries of the owned partitions, visiting only the
 -- endpoints that may have work: the steps are in hooklane_reserve_v2
 -- (migration 0004), one round trip. Runs only under the partitions' advisory
 -- locks. A due delivery of another tenant's event than its endpoint's is
@@ -357,11 +358,11 @@ SELECT r.id FROM rescued r, ready;
 -- in attempted_by. `previous_secret` is the replaced signing secret while it
 -- still signs, else NULL. `max_concurrency` is the endpoint's limit: the
 -- worker records at once a result whose endpoint it holds at that limit.
--- Parameters: $1 owned partitions, $2 how many at most, $3 lease grace
--- seconds beyond the endpoint's timeout, $4 the worker's id.
+-- Parameters: partitions (owned), limit (how many at most),
+-- lease_grace_seconds (beyond the endpoint's timeout), worker_id.
 -- Index: wakeups_partition, ready_endpoints_ready_at, deliveries_in_flight,
 -- deliveries_queue, primary key of events (see the function).
-SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
+SELECT * FROM hooklane_reserve_v2(%(partitions)s::int[], %(limit)s, %(lease_grace_seconds)s, %(worker_id)s);
 
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each
@@ -384,30 +385,31 @@ SELECT * FROM hooklane_reserve_v2($1::int[], $2, $3, $4);
 -- a delivery whose endpoint moved to another tenant while it was in flight
 -- is discarded rather than retried or dead: it was reserved under the old
 -- tenant, and must never be sent or resent under the new one.
--- Parameters: $1 ids, $2 attempts (the fence), $3 outcomes ('delivered',
--- 'retry', 'dead'), $4 retry delays in seconds, $5 HTTP statuses (NULL when
--- no response), $6 errors, $7 failures that open the circuit, $8 pause step
--- seconds, $9 pause cap seconds.
+-- Parameters: ids, attempts (the fence), outcomes ('delivered', 'retry',
+-- 'dead'), retry_ins (delays in seconds), statuses (HTTP; NULL when no
+-- response), errors, arrays of equal length; threshold (failures that open
+-- the circuit), step_seconds and cap_seconds (of the pause).
 -- The steps are in hooklane_complete_v2 (migration 0006), one round trip, with
 -- a plan kept per session that looks each result's row up by primary key.
 -- Index: primary keys of deliveries, endpoints and ready_endpoints;
 -- deliveries_queue for each touched endpoint's pending head (see the
 -- function).
 SELECT id, namespace, name, state, paused_until, consecutive_failures, ready, opened, deactivated
-FROM hooklane_complete_v2($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::int[], $6::text[],
-                          $7, $8, $9);
+FROM hooklane_complete_v2(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+                          %(retry_ins)s::float8[], %(statuses)s::int[], %(errors)s::text[],
+                          %(threshold)s, %(step_seconds)s, %(cap_seconds)s);
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
 -- pending deliveries are kept until resent or discarded.
--- Parameters: $1 seconds of failing. Index: endpoints_failing_since.
+-- Parameters: after_seconds (of failing). Index: endpoints_failing_since.
 UPDATE endpoints
 SET state = 'deactivated',
     deactivated_at = now(),
     deactivated_reason = 'failing since ' || failing_since::text,
     updated_at = now()
 WHERE state = 'active'
-  AND failing_since < now() - make_interval(secs => $1)
+  AND failing_since < now() - make_interval(secs => %(after_seconds)s)
 RETURNING id, namespace, name, tenant, url;
 
 -- name: endpoint_statistics
@@ -436,19 +438,19 @@ ANALYZE endpoints;
 -- Drop events past retention together with their finished deliveries; an
 -- event that a pending or dead delivery still needs stays until it is sent
 -- or discarded. Batched so that a large purge never holds locks for long.
--- Parameters: $1 retention seconds, $2 batch size.
+-- Parameters: retention_seconds, batch_size.
 -- Index: events_created_at; deliveries_event for the check and the cascade.
 DELETE FROM events
 WHERE (tenant, id) IN (
     SELECT e.tenant, e.id
     FROM events e
-    WHERE e.created_at < now() - make_interval(secs => $1)
+    WHERE e.created_at < now() - make_interval(secs => %(retention_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM deliveries d
                       WHERE d.event_tenant = e.tenant
                         AND d.event_id = e.id
                         AND d.state IN ('pending', 'sending', 'dead'))
     ORDER BY e.created_at
-    LIMIT $2
+    LIMIT %(batch_size)s
 );
 
 -- name: resend_dead
@@ -457,10 +459,10 @@ WHERE (tenant, id) IN (
 -- how many were resent, if the endpoint exists; none if it does not. Only
 -- the endpoint's own tenant's: a worker of version 2 (rolling upgrade)
 -- records a failure after a tenant change as dead, not discarded.
--- Parameters: $1 namespace, $2 name, $3 delivery ids or NULL for all.
+-- Parameters: namespace, name, ids (of deliveries; NULL for all).
 -- Index: the unique (namespace, name) constraint; deliveries_dead.
 WITH endpoint AS (
-    SELECT id, partition, tenant FROM endpoints WHERE namespace = $1 AND name = $2
+    SELECT id, partition, tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 ),
 resent AS (
     UPDATE deliveries d
@@ -470,7 +472,7 @@ resent AS (
     WHERE d.endpoint_id = ep.id
       AND d.state = 'dead'
       AND d.event_tenant = ep.tenant
-      AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
+      AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),
 woken AS (
@@ -487,21 +489,21 @@ SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint, woken;
 -- transaction there has ended, so no event can commit later at a position a
 -- reader already passed. An event becomes listable once every transaction
 -- older than its own has ended.
--- Parameters: $1 tenant, $2 cursor's xact as text, $3 cursor's id ('0'
--- and '' for the first page), $4 created from, $5 created until or NULL,
--- $6 limit.
+-- Parameters: tenant, cursor_xact (as text) and cursor_id ('0' and '' for
+-- the first page), since (created from), until (created until, or NULL),
+-- limit.
 -- Index: events_tenant_xact, index-only (the time range is checked on its
 -- included created_at); primary key of events for the rows of the page.
 WITH page AS (
     SELECT tenant, xact, id
     FROM events
-    WHERE tenant = $1
-      AND (xact, id) > ($2::text::xid8, $3::text)
+    WHERE tenant = %(tenant)s
+      AND (xact, id) > (%(cursor_xact)s::text::xid8, %(cursor_id)s::text)
       AND xact < pg_snapshot_xmin(pg_current_snapshot())
-      AND created_at >= $4
-      AND ($5::timestamptz IS NULL OR created_at < $5)
+      AND created_at >= %(since)s
+      AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
     ORDER BY xact, id
-    LIMIT $6
+    LIMIT %(limit)s
 )
 SELECT e.id, e.type, e.data::text AS data, e.created_at, e.fanout, e.xact::text AS xact
 FROM page p
@@ -516,8 +518,8 @@ ORDER BY p.xact, p.id;
 -- decided at (hooklane/health.py), most delayed first. `hooklane status`,
 -- `hooklane endpoint list`, the operator's status, the worker's
 -- per-endpoint gauges and the admin API all read it.
--- Parameters: $1 partitions, or NULL for all; $2 namespace and $3 name of
--- one endpoint, or NULL for all.
+-- Parameters: partitions, or NULL for all; namespace and name of one
+-- endpoint, or NULL for all.
 -- Index: deliveries_queue, deliveries_in_flight and deliveries_dead (the
 -- join visits only pending, sending and dead rows); endpoints_partition;
 -- the unique (namespace, name) constraint for one endpoint.
@@ -535,8 +537,8 @@ SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
 FROM endpoints ep
 LEFT JOIN deliveries d
        ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending', 'dead')
-WHERE ($1::int[] IS NULL OR ep.partition = ANY($1::int[]))
-  AND ($2::text IS NULL OR (ep.namespace = $2 AND ep.name = $3))
+WHERE (%(partitions)s::int[] IS NULL OR ep.partition = ANY(%(partitions)s::int[]))
+  AND (%(namespace)s::text IS NULL OR (ep.namespace = %(namespace)s AND ep.name = %(name)s))
 GROUP BY ep.id
 ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 
@@ -551,11 +553,11 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- agree); not delivering: hooklane_not_delivering (deactivated, paused by
 -- hand, unsigned, or its circuit open: nothing is sent to it now, or only
 -- a probe).
--- Parameters: $1 tenant or NULL, $2 name prefix or NULL, $3 phase
--- (Active, Paused, Probing, Deactivated) or NULL, $4 not delivering only;
--- $5 the cursor's oldest_pending_at (NULL: among endpoints with nothing
--- pending), $6 its namespace (NULL: the first page) and $7 its name; $8 how
--- many rows.
+-- Parameters: tenant or NULL, name_prefix or NULL, phase (Active, Paused,
+-- Probing, Deactivated) or NULL, not_delivering (only those);
+-- cursor_oldest_pending_at (NULL: among endpoints with nothing pending),
+-- cursor_namespace (NULL: the first page) and cursor_name; limit (how many
+-- rows).
 -- Index: deliveries_queue, probed once per endpoint for its pending count
 -- and oldest (only pending rows are read, never the delivered millions);
 -- then, for the page's rows only, deliveries_in_flight and deliveries_dead.
@@ -572,22 +574,24 @@ WITH chosen AS (
         FROM deliveries d
         WHERE d.endpoint_id = ep.id AND d.state = 'pending'
     ) q
-    WHERE ($1::text IS NULL OR ep.tenant = $1)
-      AND ($2::text IS NULL OR starts_with(ep.name, $2))
-      AND ($3::text IS NULL OR hooklane_phase(ep) = $3)
-      AND (NOT $4::boolean OR hooklane_not_delivering(ep))
+    WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
+      AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
+      AND (%(phase)s::text IS NULL OR hooklane_phase(ep) = %(phase)s)
+      AND (NOT %(not_delivering)s::boolean OR hooklane_not_delivering(ep))
 ),
 page AS (
     SELECT *
     FROM chosen c
-    WHERE $6::text IS NULL
-       OR ($5::timestamptz IS NULL
-           AND c.oldest_pending_at IS NULL AND (c.namespace, c.name) > ($6, $7::text))
-       OR ($5 IS NOT NULL
-           AND (c.oldest_pending_at IS NULL OR c.oldest_pending_at > $5
-                OR (c.oldest_pending_at = $5 AND (c.namespace, c.name) > ($6, $7))))
+    WHERE %(cursor_namespace)s::text IS NULL
+       OR (%(cursor_oldest_pending_at)s::timestamptz IS NULL
+           AND c.oldest_pending_at IS NULL
+           AND (c.namespace, c.name) > (%(cursor_namespace)s, %(cursor_name)s::text))
+       OR (%(cursor_oldest_pending_at)s IS NOT NULL
+           AND (c.oldest_pending_at IS NULL OR c.oldest_pending_at > %(cursor_oldest_pending_at)s
+                OR (c.oldest_pending_at = %(cursor_oldest_pending_at)s
+                    AND (c.namespace, c.name) > (%(cursor_namespace)s, %(cursor_name)s))))
     ORDER BY c.oldest_pending_at NULLS LAST, c.namespace, c.name
-    LIMIT $8
+    LIMIT %(limit)s
 )
 SELECT p.*,
        extract(epoch FROM now() - p.oldest_pending_at) AS oldest_pending_age,
@@ -608,8 +612,8 @@ ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 -- The totals over the endpoints endpoint_page's filters choose: how many,
 -- how many not delivering, and their pending, in-flight and dead
 -- deliveries. Counts only, no per-endpoint health: the dashboard's header.
--- Parameters: $1 tenant or NULL, $2 name prefix or NULL, $3 phase or NULL,
--- $4 not delivering only (as in endpoint_page).
+-- Parameters: tenant or NULL, name_prefix or NULL, phase or NULL,
+-- not_delivering (only those), as in endpoint_page.
 -- Index: deliveries_queue, deliveries_in_flight and deliveries_dead, each
 -- read once (index-only where the visibility map allows), hash-joined to
 -- the chosen endpoints; the cost follows the pending and dead rows, not
@@ -617,10 +621,10 @@ ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 WITH chosen AS (
     SELECT ep.id, hooklane_not_delivering(ep) AS not_delivering
     FROM endpoints ep
-    WHERE ($1::text IS NULL OR ep.tenant = $1)
-      AND ($2::text IS NULL OR starts_with(ep.name, $2))
-      AND ($3::text IS NULL OR hooklane_phase(ep) = $3)
-      AND (NOT $4::boolean OR hooklane_not_delivering(ep))
+    WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
+      AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
+      AND (%(phase)s::text IS NULL OR hooklane_phase(ep) = %(phase)s)
+      AND (NOT %(not_delivering)s::boolean OR hooklane_not_delivering(ep))
 )
 SELECT (SELECT count(*) FROM chosen) AS endpoints,
        (SELECT count(*) FROM chosen WHERE not_delivering) AS not_delivering,
@@ -636,8 +640,9 @@ SELECT (SELECT count(*) FROM chosen) AS endpoints,
 -- optionally of some states only and created in a time range; each with
 -- its event's type. One row with a NULL id when the endpoint has none
 -- there, no row when there is no such endpoint.
--- Parameters: $1 namespace, $2 name, $3 states or NULL for all, $4 created
--- from or NULL, $5 created until or NULL, $6 below this id or NULL, $7 limit.
+-- Parameters: namespace, name, states (NULL for all), since (created from,
+-- or NULL), until (created until, or NULL), before_id (below this id, or
+-- NULL), limit.
 -- Index: the unique (namespace, name) constraint; deliveries_endpoint
 -- (deliveries_dead does as well for dead ones only); primary key of events.
 SELECT ep.id AS endpoint_id, p.*
@@ -650,14 +655,14 @@ LEFT JOIN LATERAL (
     FROM deliveries d
     JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
     WHERE d.endpoint_id = ep.id
-      AND ($3::text[] IS NULL OR d.state = ANY($3::text[]))
-      AND ($4::timestamptz IS NULL OR d.created_at >= $4)
-      AND ($5::timestamptz IS NULL OR d.created_at < $5)
-      AND ($6::bigint IS NULL OR d.id < $6)
+      AND (%(states)s::text[] IS NULL OR d.state = ANY(%(states)s::text[]))
+      AND (%(since)s::timestamptz IS NULL OR d.created_at >= %(since)s)
+      AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s)
+      AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s)
     ORDER BY d.id DESC
-    LIMIT $7
+    LIMIT %(limit)s
 ) p ON true
-WHERE ep.namespace = $1 AND ep.name = $2
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
 ORDER BY p.id DESC;
 
 -- name: discard_dead
@@ -665,30 +670,30 @@ ORDER BY p.id DESC;
 -- given ids): 'discarded' is never sent, and no resend brings it back.
 -- last_error says who discarded it and keeps the error it died of. One
 -- row, how many were discarded, if the endpoint exists; none if it does not.
--- Parameters: $1 namespace, $2 name, $3 delivery ids or NULL for all, $4
--- who discards (e.g. 'the admin API', 'hooklane endpoint discard').
+-- Parameters: namespace, name, ids (of deliveries; NULL for all), by (who
+-- discards, e.g. 'the admin API', 'hooklane endpoint discard').
 -- Index: the unique (namespace, name) constraint; deliveries_dead.
 WITH endpoint AS (
-    SELECT id FROM endpoints WHERE namespace = $1 AND name = $2
+    SELECT id FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 ),
 discarded AS (
     UPDATE deliveries d
     SET state = 'discarded',
-        last_error = format('discarded by %s (dead of: %s)', $4::text,
+        last_error = format('discarded by %%s (dead of: %%s)', %(by)s::text,
                             coalesce(d.last_error, 'no error recorded'))
     FROM endpoint ep
     WHERE d.endpoint_id = ep.id
       AND d.state = 'dead'
-      AND ($3::bigint[] IS NULL OR d.id = ANY($3::bigint[]))
+      AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
     RETURNING d.id
 )
 SELECT (SELECT count(*) FROM discarded) AS discarded FROM endpoint;
 
 -- name: endpoint_tenant
 -- The tenant of one endpoint, which replay_since then takes as a value.
--- Parameters: $1 namespace, $2 name. Index: the unique (namespace, name)
+-- Parameters: namespace, name. Index: the unique (namespace, name)
 -- constraint.
-SELECT tenant FROM endpoints WHERE namespace = $1 AND name = $2;
+SELECT tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- name: replay_since
 -- Send again, page by page, the stored events of the endpoint's tenant
@@ -700,18 +705,18 @@ SELECT tenant FROM endpoints WHERE namespace = $1 AND name = $2;
 -- id), in the order the events were stored, for events with no delivery to
 -- the endpoint pending or in flight now. Only the events of the tenant
 -- given, and only while it is the endpoint's: other tenants' events are
--- never replayed. Wakes the endpoint. One page is at most $7 of the
--- tenant's events since the time, in (xact, id) order after the cursor;
+-- never replayed. Wakes the endpoint. One page is at most `page_size` of
+-- the tenant's events since the time, in (xact, id) order after the cursor;
 -- the caller runs the next page from the position returned until a page
--- comes back short, so that no statement inserts more than $7 deliveries
+-- comes back short, so that no statement inserts more than `page_size` deliveries
 -- however long the range (store.replay_since). One row, how many were
 -- queued, how many events the page held and its last position, if the
 -- endpoint exists with that tenant; none if not.
--- Parameters: $1 namespace, $2 name, $3 the endpoint's tenant (given as a
--- value, from endpoint_tenant, so that the planner estimates the tenant's
--- events from the statistics of `events` rather than as any tenant's), $4
--- since, $5 cursor's xact as text and $6 cursor's id ('0' and '' for the
--- first page), $7 page size.
+-- Parameters: namespace, name, tenant (the endpoint's, given as a value,
+-- from endpoint_tenant, so that the planner estimates the tenant's events
+-- from the statistics of `events` rather than as any tenant's), since,
+-- cursor_xact (as text) and cursor_id ('0' and '' for the first page),
+-- page_size.
 -- Index: the unique (namespace, name) constraint; for the page,
 -- events_tenant_xact walked in order, index-only (created_at is checked on
 -- the index entries, as in list_events: a tenant's events from before the
@@ -722,16 +727,16 @@ SELECT tenant FROM endpoints WHERE namespace = $1 AND name = $2;
 WITH endpoint AS (
     SELECT id, partition, tenant, event_types
     FROM endpoints
-    WHERE namespace = $1 AND name = $2 AND tenant = $3
+    WHERE namespace = %(namespace)s AND name = %(name)s AND tenant = %(tenant)s
 ),
 page AS (
     SELECT e.tenant, e.xact, e.id
     FROM events e
-    WHERE e.tenant = $3
-      AND (e.xact, e.id) > ($5::text::xid8, $6::text)
-      AND e.created_at >= $4
+    WHERE e.tenant = %(tenant)s
+      AND (e.xact, e.id) > (%(cursor_xact)s::text::xid8, %(cursor_id)s::text)
+      AND e.created_at >= %(since)s
     ORDER BY e.xact, e.id
-    LIMIT $7
+    LIMIT %(page_size)s
 ),
 replayed AS (
     INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
@@ -781,35 +786,35 @@ SELECT count(*) FROM events WHERE fanout = 0;
 -- Workers alive right now: each holds its member advisory lock on its
 -- partition-lock connection for as long as it lives, so a worker that dies
 -- or loses its connection drops out at once.
--- Parameters: $1 the member lock class. Index: none (pg_locks is in memory).
+-- Parameters: member_class (of the locks). Index: none (pg_locks is in memory).
 SELECT count(*) AS n
 FROM pg_locks
 WHERE locktype = 'advisory'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = $1::int::oid
+  AND classid = %(member_class)s::int::oid
   AND objsubid = 2
   AND granted;
 
 -- name: try_lock
 -- Take an advisory lock for this session if it is free.
--- Parameters: $1 class, $2 key. Index: none.
-SELECT pg_try_advisory_lock($1::int, $2::int) AS locked;
+-- Parameters: lock_class, key. Index: none.
+SELECT pg_try_advisory_lock(%(lock_class)s::int, %(key)s::int) AS locked;
 
 -- name: unlock
 -- Release an advisory lock this session holds.
--- Parameters: $1 class, $2 key. Index: none.
-SELECT pg_advisory_unlock($1::int, $2::int) AS released;
+-- Parameters: lock_class, key. Index: none.
+SELECT pg_advisory_unlock(%(lock_class)s::int, %(key)s::int) AS released;
 
 -- name: endpoint_health_changed
 -- The operator's status pass: endpoint_health's rows, each with `digest`
 -- (a hash of everything its status shows, the oldest pending age in steps
--- of $3 seconds up to ten steps and of a tenth beyond), of only the
+-- of `age_step` seconds up to ten steps and of a tenth beyond), of only the
 -- endpoints whose digest differs from the one the operator reflected last
 -- (or that it has not reflected yet); plus, with a NULL id and their
 -- `known_id`, the endpoints it knew that are gone. An idle pass returns
 -- nothing, whatever the number of endpoints.
--- Parameters: $1 ids and $2 digests (arrays of the same length) the
--- operator reflected last; $3 the age step in seconds (its status interval).
+-- Parameters: ids and digests (arrays of the same length) the operator
+-- reflected last; age_step in seconds (its status interval).
 -- Index: as endpoint_health (the join visits only pending, sending and
 -- dead deliveries); the primary key for the known ids.
 WITH health AS (
@@ -835,13 +840,13 @@ WITH health AS (
                    h.last_error, h.last_delivered_at, h.deactivated_reason,
                    h.pending, h.in_flight, h.dead,
                    CASE WHEN h.oldest_pending_age IS NULL THEN -1
-                        WHEN h.oldest_pending_age < 10 * $3::float8
-                          THEN floor(h.oldest_pending_age / $3::float8)
-                        ELSE 10 + floor(ln(h.oldest_pending_age / (10 * $3::float8)) / ln(1.1))
+                        WHEN h.oldest_pending_age < 10 * %(age_step)s::float8
+                          THEN floor(h.oldest_pending_age / %(age_step)s::float8)
+                        ELSE 10 + floor(ln(h.oldest_pending_age / (10 * %(age_step)s::float8)) / ln(1.1))
                    END)::text) AS digest
     FROM health h
 )
 SELECT d.*, known.id AS known_id
 FROM digested d
-FULL JOIN unnest($1::bigint[], $2::text[]) AS known(id, digest) ON known.id = d.id
+FULL JOIN unnest(%(ids)s::bigint[], %(digests)s::text[]) AS known(id, digest) ON known.id = d.id
 WHERE d.id IS NULL OR known.digest IS DISTINCT FROM d.digest;

@@ -29,6 +29,8 @@ async def endpoint_health_changed(
     resource. ``age_step``: the oldest pending age counts as changed in
     steps of this many seconds (see queries.sql)."""
     ids = list(reflected)
-    rows = await conn.fetch(QUERIES["endpoint_health_changed"], ids, [reflected[i] for i in ids], age_step)
+    rows = await conn.fetch(
+        *QUERIES["endpoint_health_changed"](ids=ids, digests=[reflected[i] for i in ids], age_step=age_step)
+    )
     health = [(EndpointHealth.from_row(r), r["digest"]) for r in rows if r["id"] is not None]
     return Changed(health, [r["known_id"] for r in rows if r["id"] is None])

@@ -255,6 +255,32 @@ LANGUAGE sql STABLE AS $$
     SELECT NOT hooklane_deliverable(ep) OR ep.paused_until IS NOT NULL
 $$;
 
+-- Why a delivery is discarded (migration 0008): its event is of another
+-- tenant than its endpoint's, which moved since; NULL while it is the
+-- endpoint's own. upsert_endpoint discards by it; hooklane_reserve_v2 and
+-- hooklane_complete_v2 spell the rule out, and their next versions call
+-- this instead. Inlined into its callers.
+CREATE FUNCTION hooklane_tenant_discard(event_tenant text, endpoint_tenant text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN event_tenant <> endpoint_tenant
+                THEN format('discarded: the endpoint''s tenant changed from %s to %s',
+                            event_tenant, endpoint_tenant) END
+$$;
+
+-- When an endpoint may have work again (migration 0008): never (NULL) when
+-- not deliverable or with nothing pending (no `head`); at the end of its
+-- circuit pause, or its head if later; 'infinity' while its slots are all
+-- taken; else its head, or now. hooklane_rerate_v2 and hooklane_complete_v2
+-- spell the rule out, and their next versions call this instead.
+CREATE FUNCTION hooklane_ready_at(deliverable boolean, paused_until timestamptz, head timestamptz,
+                                  slots_taken boolean) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN NOT deliverable OR head IS NULL THEN NULL
+                WHEN paused_until > now() THEN greatest(paused_until, head)
+                WHEN slots_taken THEN 'infinity'::timestamptz
+                ELSE greatest(head, now()) END
+$$;
+
 -- Wake endpoints that got work: upsert_endpoint, reactivate_endpoint,
 -- publish, resend_dead, replay_since. This and hooklane_make_ready keep one
 -- plan per session (PL/pgSQL): a LANGUAGE sql function that writes is
