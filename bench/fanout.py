@@ -33,7 +33,7 @@ import asyncpg
 
 from bench.common import SECRET, fresh_database, machine, postgres_server, run_and_report
 from hooklane import store
-from hooklane.store.queries import QUERIES
+from hooklane.store.queries import QUERIES, Query, load
 
 TENANT = "bench"
 
@@ -65,31 +65,44 @@ def most_rows(plan: dict) -> int:
     return max([own, *(most_rows(child) for child in plan.get("Plans", []))])
 
 
-async def publish_once(conn: asyncpg.Connection, statement: str) -> tuple[float, int]:
+def publish_statement(source: Path | None) -> Query:
+    """This tree's publish statement, or that of the queries.sql at ``source``."""
+    if source is None:
+        return QUERIES["publish"]
+    text = source.read_text()
+    if "%(" in text:
+        return load(text)["publish"]
+    # A tree from before named parameters numbers them itself, in this order.
+    return Query(
+        "publish", store.parse_queries(text)["publish"], ("id", "tenant", "type", "data", "coalesce_key")
+    )
+
+
+def event(statement: Query) -> tuple[object, ...]:
+    """The arguments of one publish of a new event."""
+    return statement.args(
+        id=f"e-{uuid.uuid4().hex}", tenant=TENANT, type="order.created", data="{}", coalesce_key=None
+    )
+
+
+async def publish_once(conn: asyncpg.Connection, statement: Query) -> tuple[float, int]:
     """Seconds one publish took, and its fan-out."""
     started = time.perf_counter()
-    row = await conn.fetchrow(statement, f"e-{uuid.uuid4().hex}", TENANT, "order.created", "{}", None)
+    row = await conn.fetchrow(statement.sql, *event(statement))
     elapsed = time.perf_counter() - started
     await conn.execute("TRUNCATE wakeups, deliveries, events")
     assert row is not None
     return elapsed, row["fanout"]
 
 
-async def measure(conn: asyncpg.Connection, statement: str, repeat: int) -> dict:
+async def measure(conn: asyncpg.Connection, statement: Query, repeat: int) -> dict:
     """Timed publishes, then the plan of one more."""
     seconds, fanouts = [], set()
     for _ in range(repeat):
         elapsed, fanout = await publish_once(conn, statement)
         seconds.append(elapsed)
         fanouts.add(fanout)
-    explained = await conn.fetchval(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement,
-        f"e-{uuid.uuid4().hex}",
-        TENANT,
-        "order.created",
-        "{}",
-        None,
-    )
+    explained = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + statement.sql, *event(statement))
     await conn.execute("TRUNCATE wakeups, deliveries, events")
     estimate = await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'endpoints'::regclass")
     return {
@@ -109,7 +122,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     if args.repeat:
         cfg = replace(cfg, repeat=args.repeat)
     source = Path(args.queries) if args.queries else None
-    statement = store.parse_queries(source.read_text())["publish"] if source else QUERIES["publish"]
+    statement = publish_statement(source)
     with postgres_server(args.dsn) as server:
         async with fresh_database(server, "fanout") as dsn:
             conn = await asyncpg.connect(dsn)

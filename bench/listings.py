@@ -194,23 +194,26 @@ def measure_tree(dsn: str, cfg: Config, tree: Path | None) -> list[dict[str, obj
 
 async def explain_page(dsn: str, tree: Path) -> list[str] | None:
     """EXPLAIN ANALYZE of the tree's endpoint_page statement, first page."""
-    from hooklane.store.queries import parse
+    from hooklane.store.queries import load
 
-    queries = parse((tree / "hooklane/store/queries.sql").read_text())
+    queries = load((tree / "hooklane/store/queries.sql").read_text())
     if "endpoint_page" not in queries:
         return None
+    page = queries["endpoint_page"]
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "EXPLAIN (ANALYZE, BUFFERS) " + queries["endpoint_page"],
-            None,
-            None,
-            None,
-            False,
-            None,
-            None,
-            None,
-            101,
+            "EXPLAIN (ANALYZE, BUFFERS) " + page.sql,
+            *page.args(
+                tenant=None,
+                name_prefix=None,
+                phase=None,
+                not_delivering=False,
+                cursor_oldest_pending_at=None,
+                cursor_namespace=None,
+                cursor_name=None,
+                limit=101,
+            ),
         )
     finally:
         await conn.close()
