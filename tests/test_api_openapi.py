@@ -31,6 +31,8 @@ from hooklane.manifest import EndpointSpec
 from hooklane.settings import Settings
 from tests.conftest import SECRET, api_process
 
+pytestmark = pytest.mark.processes
+
 # One token in both lists, so that every operation is reachable with one header.
 TOKEN = "schemathesis-token-0123456789"
 
