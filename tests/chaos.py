@@ -46,6 +46,7 @@ from hooklane.dev.postgres import LocalPostgres
 from hooklane.spec import EndpointSpec
 from hooklane.store.connection import TRANSIENT
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
+from tests import timings
 from tests.receivers import Answer, Receiver
 
 REPO = Path(__file__).resolve().parent.parent
@@ -255,20 +256,16 @@ async def create_endpoints(
 
 
 def worker_env(dsn: str, **overrides: str) -> dict[str, str]:
-    """Short timers so that a run notices and repairs faults in seconds, as
-    tests/conftest.py does; quick retries and a short circuit pause so that
-    a failing endpoint's deliveries reach their end (dead) within a run; and
-    loopback allowed, where every receiver of a run listens."""
+    """The tests' short timers (tests/timings.py), so that a run notices and
+    repairs faults in seconds; quick retries and a short circuit pause so
+    that a failing endpoint's deliveries reach their end (dead) within a
+    run; and loopback allowed, where every receiver of a run listens."""
     return {
         **os.environ,
         "HOOKLANE_DATABASE_URL": dsn,
         "HOOKLANE_METRICS_PORT": "0",
         "HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
-        "HOOKLANE_POLL_SECONDS": "0.1",
-        "HOOKLANE_REBALANCE_SECONDS": "0.2",
-        "HOOKLANE_MAINTENANCE_SECONDS": "0.3",
-        "HOOKLANE_GAUGES_SECONDS": "1",
-        "HOOKLANE_LEASE_GRACE_SECONDS": "1",
+        **timings.environment(timings.WORKER),
         "HOOKLANE_DRAIN_SECONDS": "10",
         "HOOKLANE_RETRY_BASE_SECONDS": "0.5",
         "HOOKLANE_RETRY_MAX_ATTEMPTS": "4",
@@ -324,12 +321,13 @@ class Workers:
         self.all: list[WorkerRun] = []
         self.failures: list[WorkerFailure] = []
 
-    def start(self) -> WorkerRun:
+    def start(self, **env: str) -> WorkerRun:
+        """One more worker; ``env`` adds to the run's environment for it."""
         log = self._logdir / f"worker-{len(self.all)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hooklane.cli", "worker"],
-                env=self._env,
+                env={**self._env, **env},
                 cwd=REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,

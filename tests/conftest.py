@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import IO
@@ -30,7 +30,9 @@ from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
 from hooklane.worker.runner import Worker
+from tests import timings
 from tests.receivers import Receiver
+from tests.tiers import TIERS, tier_problems
 
 pytest_plugins = ["tests.kube_fixtures"]
 
@@ -40,39 +42,27 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 LOOPBACK = "127.0.0.0/8,::1/128"
 
 
-# The fixtures that start a server or a process, each the root of a chain
-# (``db`` needs ``dsn``, which needs ``postgresql``): a test marked ``unit``
-# may use none of them, nor be in a tier that needs one. pytest-postgresql's
-# factories reach the server through ``request.getfixturevalue``, out of the
-# closure pytest reads at collection: hence their own names here.
-_SERVERS = frozenset(
-    {
-        "local_postgres",
-        "postgresql",
-        "postgresql_noproc",
-        "receiver",
-        "control_plane",
-        "restartable_control_plane",
-        "bare_control_plane",
-        "tools",
-    }
-)
-_HEAVY_MARKERS = ("kube", "chaos", "image", "cluster")
-
-
-def unit_violations(fixtures: Iterable[str], markers: Iterable[str]) -> list[str]:
-    """Why a test marked ``unit`` is not one: the servers it uses and the
-    heavier tiers it is also in."""
-    return sorted(_SERVERS.intersection(fixtures)) + [m for m in _HEAVY_MARKERS if m in set(markers)]
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in one tier, using no fixture of a heavier one
+    (tests/tiers.py). First, before -m selects by marker: a test without a
+    tier marker is given ``db``'s."""
+    problems = []
     for item in items:
-        if item.get_closest_marker("unit") is None:
-            continue
-        wrong = unit_violations(getattr(item, "fixturenames", ()), (m.name for m in item.iter_markers()))
-        if wrong:
-            raise pytest.UsageError(f"{item.nodeid} is marked unit but uses {', '.join(wrong)}")
+        markers = {m.name for m in item.iter_markers()}
+        tier, wrong = tier_problems(markers, getattr(item, "fixturenames", ()))
+        if tier not in markers:
+            item.add_marker(tier)
+        problems += [f"{item.nodeid} {why}" for why in wrong]
+    if problems:
+        raise pytest.UsageError("test tiers (tests/tiers.py):\n" + "\n".join(problems))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    declared = {line.split(":")[0].strip() for line in config.getini("markers")}
+    missing = [t for t in TIERS if t not in declared]
+    if missing:
+        raise pytest.UsageError(f"tiers not declared as markers in pyproject.toml: {', '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -210,7 +200,8 @@ def db_sync(postgresql):
 
 @pytest.fixture
 async def db(dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(dsn)
+    """A connection as the CLI opens one: its errors are Hooklane's."""
+    conn = await store.connect(dsn)
     yield conn
     await conn.close()
 
@@ -239,11 +230,7 @@ def settings(dsn: str) -> Settings:
         database_url=dsn,
         allowed_networks=parse_networks(LOOPBACK),
         metrics_port=0,
-        poll_seconds=0.1,
-        rebalance_seconds=0.2,
-        maintenance_seconds=0.3,
-        gauges_seconds=0.5,
-        lease_grace_seconds=1.0,
+        **timings.WORKER,
     )
 
 
@@ -295,20 +282,17 @@ async def start_worker(settings: Settings):
             raise w.task.exception()
 
 
-def worker_process(dsn: str, **env: str) -> subprocess.Popen:
-    """``hooklane worker`` as a real process."""
+def worker_process(dsn: str, stderr: IO[str] | None = None, **env: str) -> subprocess.Popen:
+    """``hooklane worker`` as a real process; its log goes to ``stderr``."""
     environ = {
         **os.environ,
         "HOOKLANE_DATABASE_URL": dsn,
         "HOOKLANE_METRICS_PORT": "0",
-        "HOOKLANE_POLL_SECONDS": "0.1",
-        "HOOKLANE_REBALANCE_SECONDS": "0.2",
-        "HOOKLANE_MAINTENANCE_SECONDS": "0.3",
-        "HOOKLANE_LEASE_GRACE_SECONDS": "1",
+        **timings.environment(timings.WORKER),
         "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK,
         **env,
     }
-    return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "worker"], env=environ)
+    return subprocess.Popen([sys.executable, "-m", "hooklane.cli", "worker"], env=environ, stderr=stderr)
 
 
 def api_process(dsn: str, port: int, stderr: IO[str] | None = None, **env: str) -> subprocess.Popen:

@@ -114,6 +114,7 @@ async def test_unknown_endpoints_and_bad_names(api):
     assert bad["field"] == "namespace"
 
 
+@pytest.mark.processes
 async def test_api_status_and_gauges_agree(api, db, dsn, start_worker):
     """The same endpoints, in every state, seen by the admin API, `hooklane
     status` and the worker's gauges: one health function, so one answer."""

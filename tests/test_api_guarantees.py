@@ -158,6 +158,7 @@ async def test_a_value_no_database_can_hold_is_422_naming_it(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "args",
     [

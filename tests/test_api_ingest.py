@@ -886,6 +886,7 @@ def test_event_of_names_the_field_under_its_prefix() -> None:
 # End to end: the real `hooklane api` process, a worker, a receiver
 
 
+@pytest.mark.processes
 async def test_an_event_posted_to_hooklane_api_is_delivered(
     dsn: str, db: asyncpg.Connection, receiver
 ) -> None:

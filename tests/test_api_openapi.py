@@ -32,6 +32,8 @@ from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
 from tests.conftest import SECRET, api_process
 
+pytestmark = pytest.mark.processes
+
 # One token in both lists, so that every operation is reachable with one header.
 TOKEN = "schemathesis-token-0123456789"
 

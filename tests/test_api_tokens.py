@@ -179,6 +179,7 @@ def test_a_misread_rotation_keeps_the_tokens_read_before(
     assert TOKEN not in record.getMessage() and TENANT_LIKE_A_TOKEN not in record.getMessage()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("where", ["variable", "file"])
 def test_hooklane_api_refuses_to_start_on_a_misread_token_list(tmp_path: Path, where: str) -> None:
     """The issue's configuration: before, `hooklane api` started and took

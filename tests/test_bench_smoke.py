@@ -35,6 +35,7 @@ def run_bench(module: str, tmp_path: Path, *args: str, timeout: float = 60) -> d
     return json.loads(out.read_text())
 
 
+@pytest.mark.processes
 def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
     plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
     result = run_bench("incident", tmp_path, "--dsn", server_dsn, "--plot-dir", plots)
@@ -47,6 +48,7 @@ def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert (tmp_path / "incident-smoke-16.png").stat().st_size > 0
 
 
+@pytest.mark.processes
 def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("throughput", tmp_path, "--dsn", server_dsn)
     assert result["drains"][0]["delivered"] == result["config"]["backlog"]
@@ -54,11 +56,13 @@ def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["verdict"]["peak_rss_mb"] > 0
 
 
+@pytest.mark.processes
 def test_latency_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("latency", tmp_path, "--dsn", server_dsn)
     assert result["latency_ms"]["n"] == result["config"]["events"]
 
 
+@pytest.mark.processes
 def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
     # --compare with this same tree: the two-tree path (migrations, worker and
     # publisher started from a given tree, interleaving, ratios) runs too.
@@ -79,12 +83,14 @@ def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert len(ratios) == 1 and ratios[0]["ratio"]["del/s"] > 0
 
 
+@pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("reservation", tmp_path, "--dsn", server_dsn)
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
     assert all(s["reserved"] > 0 for s in result["sizes"])
 
 
+@pytest.mark.processes
 def test_fanout_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("fanout", tmp_path, "--dsn", server_dsn)
     endpoints = result["config"]["endpoints"]
@@ -94,6 +100,7 @@ def test_fanout_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["stale"]["reltuples"] < 0 < result["fresh"]["reltuples"]
 
 
+@pytest.mark.processes
 def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("ingest", tmp_path, "--dsn", server_dsn, timeout=120)
     assert result["postgres_settings"]["synchronous_commit"] == "on"
@@ -107,6 +114,7 @@ def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["summary"]["every_202_stored"]
 
 
+@pytest.mark.processes
 def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("listings", tmp_path, "--dsn", server_dsn, timeout=120)
     timed = {r["what"]: r for r in result["runs"]["this tree"]}

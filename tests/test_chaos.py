@@ -9,6 +9,8 @@ import asyncio
 import random
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import pytest
 
 import hooklane
 from bench.common import create_database, drop_database
-from hooklane.dev.postgres import LocalPostgres
+from hooklane.dev.postgres import LocalPostgres, free_port
+from hooklane.worker.partitions import PARTITION_CLASS
 from tests.chaos import (
     HOSTILE_WORKER_ENV,
     Control,
@@ -36,7 +39,7 @@ from tests.conftest import wait_for
 from tests.hostile import HostileServer
 from tests.receivers import Answer, Receiver
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.processes, pytest.mark.chaos]
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +113,50 @@ async def test_healthy_endpoints_receive_everything_next_to_hostile_ones(chaos_p
 # deterministically.
 
 
+def _probes_on(port: int) -> dict[str, str]:
+    return {"HOOKLANE_METRICS_PORT": str(port), "HOOKLANE_METRICS_HOST": "127.0.0.1"}
+
+
+async def _draining(port: int) -> bool:
+    """The worker answering on ``port`` took its SIGTERM: live, not ready."""
+
+    def call() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5):
+                return False
+        except urllib.error.HTTPError as exc:
+            return exc.code == 503
+        except OSError:
+            return False
+
+    return await asyncio.to_thread(call)
+
+
+async def _reservation_waits_on_a_lock(conn: asyncpg.Connection) -> bool:
+    """A worker's reservation round is under way, held by a lock."""
+    return await conn.fetchval(
+        "SELECT count(*) > 0 FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND query LIKE '%hooklane_reserve%' AND datname = current_database()"
+    )
+
+
+async def _split(control: Control, pids: set[int]) -> bool:
+    """Each of the workers ``pids`` owns half the partitions, or one more."""
+    rows = await control.fetch(
+        """SELECT a.application_name, count(*) AS n
+           FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+           WHERE l.locktype = 'advisory' AND l.classid = $1::int::oid AND l.objsubid = 2 AND l.granted
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           GROUP BY a.application_name""",
+        PARTITION_CLASS,
+    )
+    owned = {int(r["application_name"].split(":")[1]): r["n"] for r in rows}
+    total = await control.fetchval("SELECT partition_count FROM hooklane_config")
+    return (
+        set(owned) == pids and max(owned.values()) - min(owned.values()) <= 1 and sum(owned.values()) == total
+    )
+
+
 @pytest.fixture
 async def one_db(chaos_pg: LocalPostgres, tmp_path: Path) -> AsyncIterator[tuple[str, Control, Workers]]:
     dsn = await create_database(chaos_pg.dsn, "chaos_drain", durable=True)
@@ -139,7 +186,8 @@ async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receive
             ],
             urls,
         )
-        worker = workers.start()
+        port = free_port()
+        worker = workers.start(**_probes_on(port))
         await wait_workers_ready(control, 1)
         await hooklane.publish(conn, tenant="slow", type="x.y", data={})
         await wait_for(lambda: receiver.at("slow"), timeout=20)
@@ -151,9 +199,9 @@ async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receive
         await tx.start()
         await locker.execute("LOCK TABLE ready_endpoints IN ACCESS EXCLUSIVE MODE")
         await hooklane.publish(conn, tenant="late", type="x.y", data={})
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: _reservation_waits_on_a_lock(conn), timeout=20)
         workers.signal(worker, signal.SIGTERM)
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: _draining(port), timeout=20)
         await tx.commit()
         await locker.close()
         code = await asyncio.get_running_loop().run_in_executor(None, worker.proc.wait, 30)
@@ -178,14 +226,15 @@ async def test_a_draining_worker_does_not_hold_up_other_endpoints(one_db, receiv
     conn = await asyncpg.connect(dsn)
     try:
         await create_endpoints(conn, [Endpoint("slow", "slow", 1, timeout_seconds=30), *fast], urls)
-        pair = [workers.start(), workers.start()]
+        ports = [free_port(), free_port()]
+        pair = [workers.start(**_probes_on(port)) for port in ports]
         await wait_workers_ready(control, 2)
-        await asyncio.sleep(1.5)  # the split settles
+        await wait_for(lambda: _split(control, {w.pid for w in pair}), timeout=20)
         await hooklane.publish(conn, tenant="slow", type="x.y", data={})
         await wait_for(lambda: receiver.at("slow"), timeout=20)
         (owner,) = [w for w in pair if await in_flight_of(control, w.pid)]
         workers.signal(owner, signal.SIGTERM)  # it drains the 8 s call
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: _draining(ports[pair.index(owner)]), timeout=20)
         published = time.time()
         await hooklane.publish(conn, tenant="fast", type="x.y", data={})
         await wait_for(lambda: all(receiver.at(ep.name) for ep in fast), timeout=20)

@@ -54,11 +54,13 @@ def files(tmp_path):
     return tmp_path
 
 
+@pytest.mark.processes
 def test_migrate_is_idempotent(dsn):
     result = hooklane(dsn, "migrate")
     assert result.returncode == 0 and "up to date" in result.stdout
 
 
+@pytest.mark.processes
 def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
     first = hooklane(
         dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
@@ -78,6 +80,7 @@ def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
     assert "orders-acme" in listing and "Active" in listing
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -100,6 +103,7 @@ def test_bad_manifests_get_a_clear_error_and_store_nothing(dsn, db_sync, files, 
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
+@pytest.mark.processes
 def test_bad_secret_file_is_refused(dsn, db_sync, files):
     (files / "secret").write_text("hunter2")
     result = hooklane(
@@ -113,6 +117,7 @@ def test_bad_secret_file_is_refused(dsn, db_sync, files):
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
+@pytest.mark.processes
 def test_publish_and_status(dsn, db_sync, files):
     hooklane(
         dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
@@ -126,6 +131,7 @@ def test_publish_and_status(dsn, db_sync, files):
     assert status[1].split()[:4] == ["shop/orders-acme", "acme", "Active", "1"]
 
 
+@pytest.mark.processes
 async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, files, db):
     assert (await asyncio.to_thread(_apply, dsn, files)).returncode == 0
     await db.execute("UPDATE endpoints SET consecutive_failures = 3, failing_since = now()")
@@ -139,6 +145,7 @@ async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, 
     assert tuple(await db.fetchrow("SELECT state, consecutive_failures FROM endpoints")) == ("active", 0)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -162,6 +169,7 @@ def test_the_version_is_read_from_pyproject():
     assert __version__ == pyproject["project"]["version"]
 
 
+@pytest.mark.processes
 def test_missing_database_url_is_explained():
     result = hooklane("", "status")
     assert result.returncode == 2 and "HOOKLANE_DATABASE_URL: is not set" in result.stderr
@@ -189,6 +197,7 @@ def _refused(result: subprocess.CompletedProcess, message: str) -> bool:
 MANIFEST_BYTES = MANIFEST.encode()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -242,6 +251,7 @@ def test_hostile_manifests_exit_2_naming_the_field(dsn, db_sync, files, content,
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -256,6 +266,7 @@ def test_hostile_secret_files_exit_2(dsn, db_sync, files, content, message):
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
+@pytest.mark.processes
 def test_manifest_from_stdin_is_limited_too(dsn, db_sync, files):
     args = ["endpoint", "apply", "-f", "-", "--secret-file", str(files / "secret")]
     assert _refused(hooklane(dsn, *args, stdin=MANIFEST + "#" * (1 << 20)), "--filename: is larger than")
@@ -267,6 +278,7 @@ def test_manifest_from_stdin_is_limited_too(dsn, db_sync, files):
     assert hooklane(dsn, *args, stdin=MANIFEST).returncode == 0
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("args", [["status"], ["endpoint", "list"]])
 def test_a_reader_that_goes_away_ends_the_command_quietly(dsn, files, args):
     assert _apply(dsn, files).returncode == 0
@@ -284,6 +296,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(dsn, files, args):
     assert stderr == b""
 
 
+@pytest.mark.processes
 def test_resend_and_reactivate_of_an_unknown_endpoint_fail(dsn, files):
     assert _apply(dsn, files).returncode == 0
     for action in ("resend", "reactivate"):
@@ -293,6 +306,7 @@ def test_resend_and_reactivate_of_an_unknown_endpoint_fail(dsn, files):
     assert known.returncode == 0 and known.stdout == "0 dead deliveries of shop/orders-acme queued again\n"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -314,6 +328,7 @@ def test_endpoint_names_are_checked(dsn, args, message):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.processes
 async def test_status_and_list_escape_control_characters(dsn, db):
     await add_endpoint(db, "evil", "http://127.0.0.1:1/a")
     await db.execute(
@@ -330,6 +345,7 @@ async def test_status_and_list_escape_control_characters(dsn, db):
     assert "http://x/\\x1b]0;owned\\x07" in listing.stdout
 
 
+@pytest.mark.processes
 def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
     big = {"blob": "x" * 200_000}  # over the shell's 128 KiB limit for one argument
     (tmp_path / "data.json").write_text(json.dumps(big, indent=2))
@@ -343,6 +359,7 @@ def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
     ]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "data, content, message",
     [
@@ -370,6 +387,7 @@ def test_publish_refuses_bad_data_files_and_stores_nothing(dsn, db_sync, tmp_pat
     assert db_sync("SELECT count(*) FROM events") == [(0,)]
 
 
+@pytest.mark.processes
 def test_a_busy_metrics_port_is_a_clear_error(dsn):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -381,6 +399,7 @@ def test_a_busy_metrics_port_is_a_clear_error(dsn):
     )
 
 
+@pytest.mark.processes
 def test_an_unreachable_database_is_one_line(dsn):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -400,6 +419,7 @@ def test_an_unreachable_database_is_one_line(dsn):
     assert "s3cret" not in malformed.stderr and "Traceback" not in malformed.stderr
 
 
+@pytest.mark.processes
 def test_a_bad_log_level_is_a_usage_error(dsn):
     result = hooklane(dsn, "--log-level", "LOUD", "status")
     assert (
@@ -409,6 +429,7 @@ def test_a_bad_log_level_is_a_usage_error(dsn):
     )
 
 
+@pytest.mark.processes
 def test_apply_refuses_an_address_the_worker_would_never_dial(dsn, files, db_sync):
     manifest = files / "endpoint.yaml"
     manifest.write_text(MANIFEST.replace("127.0.0.1:9000", "10.1.2.3:9000"))
@@ -423,6 +444,7 @@ def test_apply_refuses_an_address_the_worker_would_never_dial(dsn, files, db_syn
     assert hooklane(dsn, *args, HOOKLANE_ALLOWED_NETWORKS="").returncode == 0
 
 
+@pytest.mark.processes
 def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
     info = postgresql.info
     postgresql.autocommit = True
@@ -441,6 +463,7 @@ def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
         )
 
 
+@pytest.mark.processes
 async def test_status_shows_the_worst_fifty_and_says_how_many_more(dsn, db):
     for i in range(55):
         await add_endpoint(
@@ -476,6 +499,7 @@ async def test_status_shows_the_worst_fifty_and_says_how_many_more(dsn, db):
     assert [line.split()[1] for line in listed.stdout.splitlines()[1:]] == ["ep-53", "ep-51"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -3,9 +3,10 @@ Postgres: `hooklane endpoint discard|replay` and `hooklane events list`."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 import hooklane
 from hooklane import store
@@ -13,6 +14,7 @@ from tests.conftest import add_endpoint, wait_for
 from tests.test_cli import hooklane as run_cli
 
 
+@pytest.mark.processes
 async def test_discard_and_replay(dsn, db):
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
     since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
@@ -39,6 +41,7 @@ async def test_discard_and_replay(dsn, db):
     assert naive.returncode == 2 and naive.stderr.startswith("hooklane: --since: needs a timezone")
 
 
+@pytest.mark.processes
 async def test_events_list_prints_json_lines_and_the_next_cursor(dsn, db):
     since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
     for i in range(3):
@@ -88,6 +91,7 @@ async def _published_while_a_was_deactivated(db, url: str) -> str:
     return since
 
 
+@pytest.mark.processes
 async def test_replay_catches_up_events_published_while_the_endpoint_was_deactivated(
     dsn, db, receiver, start_worker
 ):
@@ -99,7 +103,14 @@ async def test_replay_catches_up_events_published_while_the_endpoint_was_deactiv
     start_worker()
     await wait_for(lambda: len(receiver.at("/a")) == 2)
     assert [r.headers["webhook-id"] for r in receiver.at("/a")] == ["o1", "o2"]  # in the order stored
-    await asyncio.sleep(0.5)
+    # Nothing left to send: every delivery of a is recorded delivered, so
+    # no call is still to come, and none went out twice.
+    await wait_for(
+        lambda: db.fetchval(
+            "SELECT bool_and(d.state = 'delivered') FROM deliveries d"
+            " JOIN endpoints ep ON ep.id = d.endpoint_id WHERE ep.name = 'a'"
+        )
+    )
     assert len(receiver.at("/a")) == 2
 
 

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from hooklane.dev.controlplane import ControlPlane
-from hooklane.errors import InvalidInput
+from hooklane.errors import InvalidInput, StoreError
 from hooklane.spec import API_VERSION, KIND, SPEC, FieldRule, parse_manifest, parse_spec
 
 SPEC_ = {
@@ -222,5 +222,6 @@ async def test_the_database_checks_the_same_bounds_and_defaults(db, key, rule):
     for inside in (rule.minimum, rule.maximum):
         await _insert(db, rule.column, inside)
     for outside in (rule.minimum - 1, rule.maximum + 1):
-        with pytest.raises(asyncpg.CheckViolationError):
+        with pytest.raises(StoreError) as refused:
             await _insert(db, rule.column, outside)
+        assert refused.value.sqlstate == "23514"  # check_violation

@@ -130,6 +130,7 @@ def endpoint_rows(page: Page) -> Any:
 # Logging in and out
 
 
+@pytest.mark.browser
 async def test_login_refuses_a_wrong_token_and_keeps_the_right_one_in_a_strict_cookie(
     base: str, page: Page
 ) -> None:
@@ -213,6 +214,7 @@ async def test_without_admin_tokens_the_dashboard_is_off(settings: Settings) -> 
 # What the pages show
 
 
+@pytest.mark.browser
 async def test_endpoints_are_listed_by_oldest_pending_age_with_their_phase(
     base: str, page: Page, db: asyncpg.Connection
 ) -> None:
@@ -273,6 +275,7 @@ async def shown(page: Page) -> list[str]:
     return [n.removeprefix("default/") for n in names]
 
 
+@pytest.mark.browser
 async def test_the_endpoints_page_shows_the_most_delayed_fifty_and_pages_on(
     base: str, page: Page, db: asyncpg.Connection
 ) -> None:
@@ -292,6 +295,7 @@ async def test_the_endpoints_page_shows_the_most_delayed_fifty_and_pages_on(
     assert await shown(page) == order[:50]
 
 
+@pytest.mark.browser
 async def test_search_by_tenant_name_and_phase_keeps_the_order_and_pages_within(
     base: str, page: Page, db: asyncpg.Connection
 ) -> None:
@@ -340,6 +344,7 @@ async def test_search_by_tenant_name_and_phase_keeps_the_order_and_pages_within(
             assert answer.status == 422 and "after is not a cursor" in await answer.text()
 
 
+@pytest.mark.browser
 async def test_an_open_circuit_shows_its_failures_and_next_probe(
     base: str, page: Page, db: asyncpg.Connection
 ) -> None:
@@ -385,6 +390,7 @@ async def test_a_database_out_of_reach_is_a_page_that_retries(start_dashboard: S
     assert "Traceback" not in body
 
 
+@pytest.mark.browser
 async def test_the_page_says_so_while_the_database_is_away_and_recovers(
     base: str, page: Page, db: asyncpg.Connection, database_outage: Callable[[], Any]
 ) -> None:
@@ -397,6 +403,7 @@ async def test_the_page_says_so_while_the_database_is_away_and_recovers(
     await page.wait_for_selector("#refresh-status:has-text('updated')")
 
 
+@pytest.mark.browser
 async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.Connection) -> None:
     # A tenant writes its endpoint's URL; a receiver's failure ends up in
     # last_error. Neither may run in the operator's browser.
@@ -427,6 +434,7 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
 # Repairing, with a worker delivering for real
 
 
+@pytest.mark.browser
 async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
@@ -484,6 +492,7 @@ async def test_reactivating_an_active_endpoint_resets_nothing(base: str, db: asy
     assert await db.fetchrow(circuit) == before
 
 
+@pytest.mark.browser
 async def test_reactivate_a_deactivated_endpoint_from_the_browser(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
@@ -514,6 +523,7 @@ async def test_reactivate_a_deactivated_endpoint_from_the_browser(
     await page.wait_for_selector("table.deliveries tr.state-delivered")
 
 
+@pytest.mark.browser
 async def test_a_change_posted_from_another_site_with_the_cookie_is_refused(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+import pytest
+
 import hooklane
 from hooklane import metrics
 from hooklane.policies import CircuitPolicy
 from tests.conftest import add_endpoint, wait_for
 from tests.receivers import Answer
+
+pytestmark = pytest.mark.db
 
 
 async def _publish(db, n=1, tenant="acme"):

@@ -160,6 +160,7 @@ async def test_allow_listed_loopback_is_delivered_to_and_nothing_more(db, listen
     assert listener.requests == listener.accepted == len(DELIVERED)
 
 
+@pytest.mark.processes
 async def test_a_worker_process_reads_the_allow_list_from_its_environment(db, dsn, listener):
     await _endpoints(db, listener, ["127.0.0.1"])
     worker = worker_process(dsn, HOOKLANE_ALLOWED_NETWORKS="10.20.0.0/16")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import unit_violations
+from tests.tiers import TIERS, builds, tier_problems
 
 
 def _alive(pid: int) -> bool:
@@ -69,6 +69,7 @@ def _killed_after_it_printed(argv: list[str], folder_of: Callable[[str], str]) -
     return folder, pids
 
 
+@pytest.mark.processes
 def test_a_killed_dev_postgres_leaves_no_server_behind():
     script = "from hooklane.dev.postgres import LocalPostgres\nimport time\npg = LocalPostgres().start()\nprint(pg.dir, flush=True)\ntime.sleep(600)"
     folder, pids = _killed_after_it_printed([sys.executable, "-c", script], str)
@@ -86,29 +87,73 @@ def test_a_killed_dev_controlplane_leaves_no_apiserver_behind():
 
 
 @pytest.mark.unit
-def test_the_unit_tier_refuses_servers_and_heavier_tiers():
-    assert unit_violations(["tmp_path", "monkeypatch"], ["unit", "parametrize"]) == []
+def test_a_test_is_in_one_tier_and_uses_nothing_heavier():
     # what pytest collects for a test taking ``db`` and ``receiver``
     closure = ["event_loop_policy", "db", "dsn", "postgresql", "receiver", "request"]
-    assert unit_violations(closure, ["unit"]) == ["postgresql", "receiver"]
-    assert unit_violations(["kube_namespace", "control_plane"], ["unit", "kube"]) == ["control_plane", "kube"]
+    assert tier_problems(["unit", "parametrize"], ["tmp_path", "monkeypatch"]) == ("unit", [])
+    assert tier_problems(["chaos"], closure) == ("db", [])
+    assert tier_problems(["unit"], closure) == (
+        "unit",
+        ["is in tier unit but uses postgresql (db), receiver (db): mark it db"],
+    )
+    assert tier_problems([], ["tools", *closure]) == (
+        "db",
+        ["is in tier db but uses tools (tools): mark it tools"],
+    )
+    assert tier_problems(["kube"], ["tools", "control_plane", *closure]) == ("kube", [])
+    assert tier_problems(["unit", "kube"], [])[1] == ["is in 2 tiers (unit, kube): one only"]
 
 
-def test_collection_refuses_a_unit_test_that_uses_postgres(tmp_path):
+@pytest.mark.unit
+def test_hack_test_builds_only_what_the_selected_tiers_need():
+    assert builds("") == builds("not chaos") == ["tools", "envtest", "cluster"]
+    for light in ("unit", "unit or db", "db and not chaos", "not (tools or kube or cluster)", "processes"):
+        assert builds(light) == [], light
+    assert builds("tools") == ["tools"]
+    assert builds("kube and chaos") == ["tools", "envtest"]
+    assert builds("unit and kube") == []  # no test is in both
+    assert builds("((") == []  # pytest says what is wrong with it
+
+
+@pytest.mark.unit
+def test_every_tier_is_declared_in_order_with_what_it_needs():
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    names = [line.split(":")[0] for line in markers]
+    assert [n for n in names if n != "chaos"] == list(TIERS)
+    assert "chaos" in names
+
+
+@pytest.mark.processes
+def test_collection_refuses_a_test_in_the_wrong_tier_and_files_the_unmarked_under_db(tmp_path):
+    (tmp_path / "test_tiers.py").write_text(
+        "import pytest\n\n\n"
+        "@pytest.mark.unit\ndef test_pure():\n    pass\n\n\n"
+        "def test_unmarked(db):\n    pass\n"
+    )
+
+    def collect(*args: str) -> subprocess.CompletedProcess[str]:
+        # this repository's conftest and configuration, on a test file of its own
+        options = ["-p", "tests.conftest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", *options, *args, str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = collect("-m", "db")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "test_tiers.py::test_unmarked" in done.stdout and "test_pure" not in done.stdout
+
     (tmp_path / "test_wrong.py").write_text(
-        "import pytest\n\n\n@pytest.mark.unit\ndef test_wrong(db):\n    pass\n"
+        "import pytest\n\n\n@pytest.mark.unit\ndef test_wrong(db):\n    pass\n\n\n"
+        "@pytest.mark.unit\n@pytest.mark.processes\ndef test_twice():\n    pass\n"
     )
-    # this repository's conftest and configuration, on a test file of its own
-    options = ["-p", "tests.conftest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", *options, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = collect()
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
-    assert "test_wrong is marked unit but uses postgresql" in done.stderr
+    assert "test_wrong is in tier unit but uses postgresql (db): mark it db" in done.stderr
+    assert "test_twice is in 2 tiers (unit, processes): one only" in done.stderr
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,6 +204,7 @@ def _venv_with(tmp_path: Path, wheel: Path) -> Path:
     return env
 
 
+@pytest.mark.processes
 def test_the_wheel_leaves_the_dev_tooling_out_and_says_so(tmp_path):
     wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()

@@ -223,6 +223,7 @@ def test_every_documented_command_line_parses():
     assert not errors, "\n".join(errors)
 
 
+@pytest.mark.processes
 def test_every_documented_subcommand_runs_with_help():
     paths = sorted({_path(args) for _, args, _ in _documented_commands()} - {()})
     failed = []

@@ -80,6 +80,7 @@ def test_what_the_cli_prints():
     assert str(Standing(EndpointState.PAUSED, PauseReason.CIRCUIT)) == "Paused (circuit)"
 
 
+@pytest.mark.processes
 async def test_cli_operator_and_gauges_agree(dsn, db, start_worker):
     # Nothing is published: no delivery goes out, and the worker only reads.
     for name in ("active", "manual", "circuit", "probing", "deactivated"):

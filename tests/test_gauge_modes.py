@@ -12,6 +12,8 @@ import hooklane
 from hooklane.settings import Settings
 from tests.conftest import add_endpoint, wait_for
 
+pytestmark = pytest.mark.db
+
 
 def _series(name: str) -> dict[tuple[str, ...], float]:
     found = {}

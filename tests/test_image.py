@@ -26,6 +26,7 @@ import asyncpg
 import pytest
 
 from hooklane import store
+from tests import timings
 from tests.conftest import LOOPBACK, add_endpoint, wait_for
 from tests.receivers import Answer
 
@@ -197,7 +198,7 @@ async def test_worker_drains_on_sigterm_through_tini(image: str, dsn: str, db, r
         "HOOKLANE_DATABASE_URL": dsn,
         "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK,
         "HOOKLANE_METRICS_PORT": "0",
-        "HOOKLANE_POLL_SECONDS": "0.1",
+        **timings.environment(timings.WORKER),
     }
     name = f"hooklane-test-worker-{uuid.uuid4().hex[:8]}"
     containers.append(name)

@@ -10,11 +10,14 @@ from __future__ import annotations
 import re
 
 import asyncpg
+import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
 from tests.conftest import add_endpoint
+
+pytestmark = pytest.mark.db
 
 ALL = list(range(32))
 WORKER = "test-worker"

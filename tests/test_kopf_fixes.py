@@ -156,7 +156,11 @@ async def test_once_every_index_is_filled_the_worker_limit_holds() -> None:
     try:
         for _ in range(10):
             await scheduler.spawn(worker())
-        await asyncio.sleep(0.05)
+        # The spawner's wake-ups after the last spawn take a few turns of
+        # the loop: past these, any third worker would have started,
+        # however slow the machine.
+        for _ in range(20):
+            await asyncio.sleep(0)
         assert running == 2
         release.set()
         await asyncio.wait_for(scheduler.wait(), timeout=10)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
+import pytest
 from standardwebhooks.webhooks import Webhook
 
 import hooklane
@@ -167,6 +168,7 @@ def _migrate_process(dsn: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.processes
 async def test_concurrent_migrate_runs_apply_each_migration_once(fresh_dsn):
     runs = [_migrate_process(fresh_dsn) for _ in range(6)]
     loop = asyncio.get_running_loop()

@@ -8,7 +8,7 @@ import base64
 import json
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ from standardwebhooks.webhooks import Webhook
 import hooklane
 from hooklane.dev.controlplane import ControlPlane
 from hooklane.policies import CircuitPolicy, RetryPolicy
-from tests.conftest import SECRET, wait_for
+from tests import timings
+from tests.conftest import SECRET, add_endpoint, wait_for
 from tests.kube_fixtures import Operator
 from tests.receivers import Answer
 from tests.test_chart import CHART, tools  # noqa: F401 (tools: the fixture that builds helm)
@@ -44,7 +45,7 @@ def start_operator(
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "HOOKLANE_DATABASE_URL": dsn,
-        "HOOKLANE_OPERATOR_STATUS_SECONDS": "0.3",
+        **timings.environment(timings.OPERATOR),
     }
 
     def start(*argv: str, kubeconfig: Path | None = None) -> Operator:
@@ -161,8 +162,9 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
     assert (columns["MAXCONCURRENCY"], columns["PHASE"], columns["PENDING"]) == ("9", "Active", "0")
 
     # Status passes run every 0.3 s; with nothing new they write nothing.
+    status_pass = await canary(kube, db)
     version = (await kube.get())["metadata"]["resourceVersion"]
-    await asyncio.sleep(1.0)
+    await status_pass()
     assert (await kube.get())["metadata"]["resourceVersion"] == version
 
 
@@ -245,14 +247,35 @@ async def test_a_restart_writes_only_what_changed_while_the_operator_was_down(ku
 
     await wait_for(caught_up)
     await wait_for(lambda: "resources compared with Postgres" in op.output() or None)
-    # A few status passes (0.3 s each): none writes the kept endpoint.
-    await asyncio.sleep(1.5)
+    # Status passes after the start's: none writes the kept endpoint.
+    status_pass = await canary(kube, db)
+    await status_pass()
+    await status_pass()
     now = {r["name"]: r["updated_at"] for r in await db.fetch("SELECT name, updated_at FROM endpoints")}
     assert now["kept"] == written["kept"]
     assert now["edited"] > written["edited"]
     assert now["drifted"] > drifted_at
     assert (await row(db, "kept"))["secret"] == SECRET
     await wait_for(lambda: _ready_synced(kube, "kept"))
+
+
+async def canary(kube: Kube, db: asyncpg.Connection) -> Callable[[], Awaitable[None]]:
+    """A resource of a tenant of its own, and a call that returns once a
+    status pass begun after the call has run: it gives the canary one more
+    pending event and waits for its status to show it."""
+    doc = endpoint("http://127.0.0.1:9/canary", tenant="canary")
+    doc["metadata"]["name"] = "canary"
+    await kube.apply(doc)
+    await wait_for(lambda: _with_status(kube, "pending", 0, name="canary"))
+    published = 0
+
+    async def status_pass() -> None:
+        nonlocal published
+        published += 1
+        await hooklane.publish(db, tenant="canary", type="order.created", data={})
+        await wait_for(lambda: _with_status(kube, "pending", published, name="canary"))
+
+    return status_pass
 
 
 async def _handled(kube: Kube, name: str) -> bool:
@@ -271,22 +294,33 @@ async def test_a_missing_or_malformed_secret_holds_deliveries(
     start_operator()
     start_worker()
     await kube.apply(endpoint(receiver.on("hooks", Answer(204))))
+    # Signed, in Postgres only: its deliveries show the worker's rounds.
+    await add_endpoint(db, "canary", receiver.on("canary", Answer(204)), tenant="canary")
+
+    async def held() -> None:
+        """A round after the event ran (another endpoint's later event was
+        delivered), and left it alone: not reserved, not sent."""
+        sent = len(receiver.at("canary"))
+        await hooklane.publish(db, tenant="canary", type="order.created", data={})
+        await wait_for(lambda: len(receiver.at("canary")) > sent)
+        assert receiver.at("hooks") == []
+        delivery = await db.fetchrow(
+            "SELECT d.state, d.attempts FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id"
+            " WHERE ep.name = 'orders-acme'"
+        )
+        assert tuple(delivery) == ("pending", 0)
 
     ready = await wait_for(lambda: _condition_reason(kube, "Ready", "SecretMissing"))
     assert ready["status"] == "False"
     assert f"Secret {kube.namespace}/acme-webhook-secret not found" in ready["message"]
     assert (await row(db))["secret"] is None
     await publish(db, order=1)
-    # The worker polls every 0.1 s: a second is ten chances to send unsigned.
-    await asyncio.sleep(1.0)
-    assert receiver.at("hooks") == []
-    assert await db.fetchval("SELECT state FROM deliveries") == "pending"
+    await held()
 
     await kube.apply(secret("not-a-webhook-secret"))
     ready = await wait_for(lambda: _condition_reason(kube, "Ready", "SecretInvalid"))
     assert "is not a Standard Webhooks secret" in ready["message"]
-    await asyncio.sleep(0.5)
-    assert receiver.at("hooks") == []
+    await held()
 
     await kube.apply(secret(SECRET))
     got = (await wait_for(lambda: receiver.at("hooks")))[0]

@@ -845,13 +845,28 @@ async def test_a_deletion_during_a_database_stall_is_not_held_for_a_minute(
         await stall.start()
         # Every statement on endpoints now waits, the status passes' too.
         await conn.execute("LOCK TABLE endpoints IN ACCESS EXCLUSIVE MODE")
-        await asyncio.sleep(2 * float(STATUS_SECONDS))
+        await wait_until(lambda: _waiting_on_the_lock(chaos_pg.dsn), 30, "a status pass waiting on the lock")
         await churn.delete()
-        await asyncio.sleep(1.0)
+        await wait_until(
+            lambda: _waiting_on_the_lock(chaos_pg.dsn, "DELETE FROM endpoints"), 30, "the deletion waiting"
+        )
         await stall.rollback()
     finally:
         await conn.close()
     await converge(api, chaos_pg.dsn, churn, loop.time(), _rode_through(op, figures), timeout=10)
+
+
+async def _waiting_on_the_lock(dsn: str, statement: str = "") -> bool:
+    """Some statement of the operator's (one holding ``statement``) waits on a lock."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database() AND pid <> pg_backend_pid() AND position($1 in query) > 0",
+            statement,
+        )
+    finally:
+        await conn.close()
 
 
 async def test_rows_postgres_forgot_are_stored_again(

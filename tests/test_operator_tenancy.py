@@ -15,6 +15,7 @@ from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from hooklane.secrets import Keyring, unseal
+from tests import timings
 from tests.conftest import SECRET, wait_for
 from tests.kube_fixtures import Operator
 from tests.receivers import Answer
@@ -32,7 +33,7 @@ def operator(kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Path) ->
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "HOOKLANE_DATABASE_URL": dsn,
-        "HOOKLANE_OPERATOR_STATUS_SECONDS": "0.3",
+        **timings.environment(timings.OPERATOR),
         "HOOKLANE_ENCRYPTION_KEY": f"k1:{KEY}",
         "HOOKLANE_SECRET_GRACE_SECONDS": "600",
     }

@@ -383,6 +383,7 @@ async def test_the_library_refuses_data_that_would_be_sent_larger_than_the_limit
     await _delivered_as_checked(receiver, start_worker, FITS)
 
 
+@pytest.mark.processes
 async def test_the_api_refuses_data_that_would_be_sent_larger_than_the_limit(dsn, db, receiver, start_worker):
     await add_endpoint(db, "a", receiver.url("/hook"))
     port = free_port()
@@ -409,6 +410,7 @@ async def test_the_api_refuses_data_that_would_be_sent_larger_than_the_limit(dsn
         api.wait()
 
 
+@pytest.mark.processes
 async def test_the_cli_refuses_data_that_would_be_sent_larger_than_the_limit(
     dsn, db, receiver, start_worker, tmp_path
 ):

@@ -47,6 +47,7 @@ async def test_the_python_example_verifies_a_real_delivery(db, start_worker, rec
         verify(got.body, headers, "whsec_" + "A" * 32)
 
 
+@pytest.mark.processes
 async def test_the_shell_example_verifies_a_real_delivery(db, start_worker, receiver, tmp_path):
     # hack/setup installs openssl: its absence is a broken setup, not a reason to skip.
     assert shutil.which("openssl"), "openssl is not installed: run hack/setup"

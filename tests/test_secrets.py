@@ -5,7 +5,6 @@ receivers, real worker."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import os
@@ -19,7 +18,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import hooklane
-from hooklane import store
+from hooklane import metrics, store
 from hooklane.errors import InvalidInput
 from hooklane.secrets import Keyring, seal, unseal
 from hooklane.settings import Settings
@@ -243,7 +242,7 @@ async def test_reseal_reports_a_secret_no_key_opens_after_resealing_the_rest(db)
 async def test_expired_previous_secrets_are_dropped_by_reseal(db):
     await _apply(db, "a", "http://127.0.0.1:1/a", OLD, RING1)
     await _apply(db, "a", "http://127.0.0.1:1/a", NEW, RING1, grace=0.01)
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: db.fetchval("SELECT previous_secret_until < now() FROM endpoints"))
     assert await store.reseal_secrets(db, RING1) == 1
     assert await db.fetchval(
         "SELECT previous_secret IS NULL AND previous_secret_until IS NULL FROM endpoints"
@@ -253,6 +252,7 @@ async def test_expired_previous_secrets_are_dropped_by_reseal(db):
 # --- never in any output -----------------------------------------------------
 
 
+@pytest.mark.processes
 async def test_secrets_never_appear_in_logs_metrics_or_command_output(
     db, dsn, receiver, start_worker, caplog
 ):
@@ -264,12 +264,17 @@ async def test_secrets_never_appear_in_logs_metrics_or_command_output(
     await _apply(db, "a", receiver.url("a"), NEW, RING1)
     await _apply(db, "fail", fail, NEW, RING1)
     await _apply(db, "locked", receiver.url("locked"), OLD, Keyring.parse(f"k3:{K2}"))
+    # The series of an earlier test's worker go, so that the ones read
+    # below are this worker's.
+    for gauge in metrics.PER_ENDPOINT:
+        gauge.clear()
     with caplog.at_level(logging.DEBUG):
         worker = start_worker(encryption_key=RING1, gauges_seconds=0.1)
         await hooklane.publish(db, tenant="acme", type="order.paid", data={})
         await wait_for(lambda: receiver.at("a") and receiver.at("fail"))
         await wait_for(lambda: db.fetchval("SELECT count(*) = 0 FROM deliveries WHERE state = 'sending'"))
-        await asyncio.sleep(0.3)  # a gauge refresh
+        # a gauge refresh has exported the failing endpoint's retry
+        await wait_for(lambda: 'name="fail"' in prometheus_client.generate_latest().decode())
         await worker.stop()
     env = {**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_ENCRYPTION_KEY": f"k1:{K1}"}
     outputs = [
@@ -293,6 +298,7 @@ async def test_secrets_never_appear_in_logs_metrics_or_command_output(
             assert secret.removeprefix("whsec_") not in text
 
 
+@pytest.mark.processes
 def test_migrate_and_apply_seal_once_a_key_is_set(dsn, db_sync, tmp_path):
     env = {**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK}
     keyed = {**env, "HOOKLANE_ENCRYPTION_KEY": f"k1:{K1}", "HOOKLANE_SECRET_GRACE_SECONDS": "3600"}

@@ -15,6 +15,7 @@ import pytest
 from hooklane.errors import InvalidInput
 from hooklane.policies import CircuitPolicy, RetryPolicy
 from hooklane.settings import Settings
+from tests import timings
 
 
 @pytest.mark.unit
@@ -127,6 +128,15 @@ def test_an_unknown_variable_is_named_in_a_warning(caplog):
     ]
 
 
+@pytest.mark.unit
+def test_the_tests_timings_reach_a_process_as_they_reach_settings():
+    timed = {**timings.WORKER, **timings.OPERATOR}
+    read = Settings.from_env(timings.environment(timed))
+    assert {name: getattr(read, name) for name in timed} == timed
+    assert all(getattr(Settings(), name) != seconds for name, seconds in timed.items())
+
+
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "command, variable",
     [

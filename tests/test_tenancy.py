@@ -154,6 +154,7 @@ async def test_a_conflict_is_seen_when_the_first_publish_commits_while_the_secon
     assert await db.fetchval("SELECT data->>'v' FROM events") == "1"
 
 
+@pytest.mark.processes
 def test_the_cli_exits_2_on_a_conflicting_id(dsn):
     env = {**os.environ, "HOOKLANE_DATABASE_URL": dsn}
 
@@ -308,6 +309,7 @@ async def test_resend_never_takes_another_tenants_dead_delivery(db):
     assert await _states(db) == [("acme", "evt-1", "dead", "HTTP 413")]
 
 
+@pytest.mark.processes
 def test_endpoint_apply_says_what_a_tenant_change_discarded(dsn, db_sync, tmp_path):
     env = {**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK}
     (tmp_path / "secret").write_text(SECRET)

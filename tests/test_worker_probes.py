@@ -8,14 +8,18 @@ import asyncio
 import signal
 import urllib.error
 import urllib.request
+from typing import IO
 
 import asyncpg
+import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import free_port
 from tests.conftest import add_endpoint, wait_for, worker_process
 from tests.receivers import Answer
+
+pytestmark = pytest.mark.processes
 
 
 async def _get(port: int, path: str) -> int:
@@ -31,21 +35,24 @@ async def _get(port: int, path: str) -> int:
     return await asyncio.get_running_loop().run_in_executor(None, call)
 
 
-def _probed_worker(dsn: str, port: int):
-    return worker_process(dsn, HOOKLANE_METRICS_PORT=str(port), HOOKLANE_METRICS_HOST="127.0.0.1")
+def _probed_worker(dsn: str, port: int, stderr: IO[str] | None = None):
+    return worker_process(dsn, stderr, HOOKLANE_METRICS_PORT=str(port), HOOKLANE_METRICS_HOST="127.0.0.1")
 
 
-async def test_a_worker_is_live_at_once_and_ready_only_on_a_migrated_schema(db, dsn):
+async def test_a_worker_is_live_at_once_and_ready_only_on_a_migrated_schema(db, dsn, tmp_path):
     # A database of its own, left unmigrated: the state of a fresh install
     # before the migration Job has run.
     await db.execute("CREATE DATABASE probes_unmigrated")
     empty = dsn.rsplit("/", 1)[0] + "/probes_unmigrated"
     port = free_port()
-    worker = _probed_worker(empty, port)
+    log = tmp_path / "worker.log"
+    with log.open("w") as stderr:
+        worker = _probed_worker(empty, port, stderr)
     try:
         await wait_for(lambda: _get(port, "/healthz"), timeout=20)
         assert await _get(port, "/healthz") == 200
-        await asyncio.sleep(1.0)
+        # It found the database without the schema, and waits for it.
+        await wait_for(lambda: "waiting for the database schema" in log.read_text(), timeout=20)
         assert await _get(port, "/readyz") == 503
         conn = await asyncpg.connect(empty)
         try:

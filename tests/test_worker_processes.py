@@ -8,6 +8,7 @@ import signal
 import urllib.request
 
 import psutil
+import pytest
 
 import hooklane
 from hooklane import store
@@ -15,6 +16,8 @@ from hooklane.dev.postgres import LocalPostgres, free_port
 from hooklane.errors import StoreError
 from tests.conftest import add_endpoint, wait_for, worker_process
 from tests.receivers import Answer
+
+pytestmark = pytest.mark.processes
 
 PARTITION_CLASS = 0x686C70
 
@@ -287,9 +290,15 @@ async def test_the_worker_rides_through_repeated_postgres_restarts_under_load(re
         stop = asyncio.Event()
         publisher = asyncio.create_task(_publish_steadily(pg.dsn, published, stop))
         loop = asyncio.get_running_loop()
+
+        def received() -> int:
+            return sum(len(receiver.at(name)) for name in ("a", "b", "c"))
+
         try:
             for mode in ["fast", "immediate"] * 3:
-                await asyncio.sleep(0.7)
+                # Under load: deliveries flow again before each restart.
+                before = received()
+                await wait_for(lambda before=before: received() >= before + 10, timeout=30)
                 await loop.run_in_executor(None, pg.restart, mode)
                 assert worker.poll() is None, f"worker exited ({worker.returncode}) after a {mode} restart"
             stop.set()
@@ -308,16 +317,24 @@ async def test_the_worker_rides_through_repeated_postgres_restarts_under_load(re
             await publisher
 
 
-async def test_a_worker_started_before_its_database_waits_for_it(receiver):
+async def test_a_worker_started_before_its_database_waits_for_it(receiver, tmp_path):
     port = free_port()
-    worker = worker_process(f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    log = tmp_path / "worker.log"
+
+    def tried(what: str, times: int = 2) -> bool:
+        # A second try: it went on waiting after the first failed.
+        return log.read_text().count(what) >= times
+
+    with log.open("w") as stderr:
+        worker = worker_process(f"postgresql://postgres@127.0.0.1:{port}/postgres", stderr)
     try:
-        await asyncio.sleep(1.5)
+        await wait_for(lambda: tried("waiting for the database: "), timeout=30)
         assert worker.poll() is None, "the worker gave up on an unreachable database"
         with LocalPostgres(port=port) as pg:
             conn = await store.connect(pg.dsn)
             try:
-                await asyncio.sleep(1.0)  # reachable, not migrated: still waiting
+                # reachable, not migrated: still waiting
+                await wait_for(lambda: tried("waiting for the database schema"), timeout=30)
                 assert worker.poll() is None, "the worker gave up on an unmigrated database"
                 await store.migrate(conn)
                 await add_endpoint(conn, "a", receiver.on("a", Answer(204)))

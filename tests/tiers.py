@@ -1,0 +1,127 @@
+"""The test tiers, lightest first: each needs what the tiers before it
+need, and more. pyproject.toml declares them as markers (one line each on
+what the tier needs); CONTRIBUTING.md "Running and testing" gives the
+command for each.
+
+Every test is in exactly one tier: its own marker or its module's
+(``pytestmark``), or ``db`` when it has none. A test may use the fixtures
+of its tier and of lighter ones only; tests/conftest.py checks both at
+collection, and hack/test builds the Go binaries only for a selection
+that may hold a tier needing them (``python3 -m tests.tiers EXPR``).
+
+``chaos`` is no tier: it names the fault-injection tests, whatever their
+tier, for ``-m chaos`` or ``-m "not chaos"``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from collections.abc import Callable, Iterable
+
+import pytest
+
+# pytest's own reading of -m, so that hack/test reads an expression as pytest does.
+from _pytest.mark.expression import Expression
+
+TIERS = ("unit", "db", "processes", "browser", "image", "tools", "kube", "cluster")
+DEFAULT = "db"
+
+# The fixtures that start something, each the root of a chain (``db``
+# needs ``dsn``, which needs ``postgresql``), by the tier that provides
+# it. pytest-postgresql's factories reach the server through
+# ``request.getfixturevalue``, out of the closure pytest reads at
+# collection: hence their own names here.
+FIXTURES = {
+    "local_postgres": "db",
+    "postgresql": "db",
+    "postgresql_noproc": "db",
+    "receiver": "db",
+    # a PostgreSQL of the module's own, which its tests restart
+    "chaos_pg": "processes",
+    "api_schema": "processes",
+    "browser": "browser",
+    "page": "browser",
+    "image": "image",
+    # hack/tools/build: helm, the helm-unittest plugin and promtool
+    "tools": "tools",
+    "control_plane": "kube",
+    "restartable_control_plane": "kube",
+    "bare_control_plane": "kube",
+    "cluster": "cluster",
+}
+
+# The Go binaries hack/test builds, by the tiers whose tests use them:
+# the kube tests install the chart too (tests/test_chart.py, the
+# operator's RBAC), and the cluster's build starts with envtest's.
+BUILDS = {
+    "tools": ("tools", "kube", "cluster"),
+    "envtest": ("kube", "cluster"),
+    "cluster": ("cluster",),
+}
+
+
+def tier_problems(markers: Iterable[str], fixtures: Iterable[str]) -> tuple[str, list[str]]:
+    """The tier of a test with these markers and fixture closure, and what
+    is wrong with it: more than one tier, or fixtures of a heavier tier."""
+    named = sorted(set(markers).intersection(TIERS), key=TIERS.index)
+    tier = named[0] if named else DEFAULT
+    problems = []
+    if len(named) > 1:
+        problems.append(f"is in {len(named)} tiers ({', '.join(named)}): one only")
+    heavier = sorted(
+        (TIERS.index(FIXTURES[f]), f)
+        for f in set(fixtures)
+        if f in FIXTURES and TIERS.index(FIXTURES[f]) > TIERS.index(tier)
+    )
+    if heavier:
+        uses = ", ".join(f"{f} ({TIERS[rank]})" for rank, f in heavier)
+        problems.append(f"is in tier {tier} but uses {uses}: mark it {TIERS[heavier[-1][0]]}")
+    return tier, problems
+
+
+# What -m may name: pytest's identifiers, less its keywords.
+_NAME = re.compile(r"[\w:+\-.\[\]\\/]+")
+_KEYWORDS = frozenset({"and", "or", "not"})
+# Past this many other names in an expression, every tier counts as
+# selected rather than trying each combination of them.
+_MOST_NAMES = 8
+
+
+def _marked(names: set[str]) -> Callable[..., bool]:
+    """A matcher for ``Expression.evaluate``: a test marked ``names``."""
+    return lambda name, /, **_: name in names
+
+
+def selected_tiers(expression: str) -> list[str]:
+    """The tiers whose tests ``-m expression`` may select: those for which
+    some combination of the expression's other names (``chaos``, say)
+    makes it true. Every tier for an empty expression."""
+    if not expression.strip():
+        return list(TIERS)
+    try:
+        compiled = Expression.compile(expression)
+    except (SyntaxError, pytest.UsageError):
+        return []  # nothing to build: pytest says what is wrong with it
+    others = sorted(set(_NAME.findall(expression)) - _KEYWORDS - set(TIERS))
+    if len(others) > _MOST_NAMES:
+        return list(TIERS)
+    found = []
+    for tier in TIERS:
+        for values in itertools.product((False, True), repeat=len(others)):
+            true = {tier, *(name for name, on in zip(others, values, strict=True) if on)}
+            if compiled.evaluate(_marked(true)):
+                found.append(tier)
+                break
+    return found
+
+
+def builds(expression: str) -> list[str]:
+    """The Go builds (keys of BUILDS) that ``-m expression`` needs."""
+    tiers = set(selected_tiers(expression))
+    return [build for build, users in BUILDS.items() if tiers.intersection(users)]
+
+
+if __name__ == "__main__":
+    print(" ".join(builds(sys.argv[1] if len(sys.argv) > 1 else "")))
