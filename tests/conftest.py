@@ -253,6 +253,19 @@ async def add_endpoint(
     return (await store.upsert_endpoint(db, endpoint, secret)).id
 
 
+async def queue_unannounced(db: asyncpg.Connection) -> None:
+    """An event of acme with a delivery to every endpoint, written behind
+    publish's back (an older publish, or by hand): no wakeup, no ready row,
+    which only the ready sweep repairs."""
+    await db.execute(
+        "INSERT INTO events (id, tenant, type, data, fanout)"
+        " SELECT 'e1', 'acme', 't', '{}', count(*) FROM endpoints"
+    )
+    await db.execute(
+        "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
+    )
+
+
 class RunningWorker:
     """A Worker running as a task of the test's own event loop."""
 

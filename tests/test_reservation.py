@@ -9,7 +9,7 @@ import asyncpg
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from tests.conftest import add_endpoint
+from tests.conftest import add_endpoint, queue_unannounced
 
 ALL = list(range(32))
 WORKER = "test-worker"
@@ -283,13 +283,7 @@ async def test_a_coalescing_publish_held_open_does_not_block_reservation(db, dsn
 async def test_sweep_makes_ready_what_the_index_lacks(db):
     endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
-    # written behind publish's back (an older publish, or by hand): no wakeup
-    await db.execute(
-        "INSERT INTO events (id, tenant, type, data, fanout) VALUES ('e1', 'acme', 't', '{}', 2)"
-    )
-    await db.execute(
-        "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
-    )
+    await queue_unannounced(db)
     assert await _reserve(db) == []
     assert await store.sweep_ready(db, ALL) == 1  # not the paused one
     assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]

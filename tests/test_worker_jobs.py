@@ -29,7 +29,7 @@ from hooklane.worker.jobs import (
 )
 from hooklane.worker.partitions import PartitionOwner
 from hooklane.worker.trigger import Trigger, Wake
-from tests.conftest import add_endpoint, wait_for
+from tests.conftest import add_endpoint, queue_unannounced, wait_for
 
 ALL = list(range(32))
 
@@ -239,13 +239,7 @@ async def test_a_worker_without_partition_0_keeps_no_house(db, settings, idle_ow
 async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, owner, trigger, caplog):
     endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
-    # written behind publish's back: no wakeup, no ready row
-    await db.execute(
-        "INSERT INTO events (id, tenant, type, data, fanout) VALUES ('e1', 'acme', 't', '{}', 2)"
-    )
-    await db.execute(
-        "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
-    )
+    await queue_unannounced(db)
     sweep = ReadySweep(settings, owner, trigger)
     assert sweep.period == settings.sweep_seconds
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
