@@ -153,6 +153,12 @@ class Settings:
     # burst of changes waits as raw events, not as that many handlers in
     # progress, each holding its resource's state.
     operator_workers: Count = 500
+    # A watch the API server sends nothing on (not even a bookmark, which
+    # it sends about once a minute) for this long is dropped and resumed
+    # from its last resourceVersion: a restarted API server can strand a
+    # watch, open but silent, and the operator would miss every change
+    # until the watch ended (kopf's inactivity timeout; 70 s is kopf's own).
+    operator_watch_idle_seconds: Seconds = 70.0
     # Networks deliveries may reach beyond globally routable addresses
     # (hooklane/guard.py): receivers inside the cluster, loopback for tests.
     # Empty by default, so that nothing private is reachable by accident.

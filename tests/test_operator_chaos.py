@@ -65,6 +65,11 @@ CONVERGE_TIMEOUT = 30.0
 # Status passes once a second: 30 resources stay cheap on two shared cores,
 # and the sync handler writes observedGeneration itself anyway.
 STATUS_SECONDS = "1"
+# A restarted API server once left the resources' watch open and silent (CI,
+# 2026-12-02: five changes unserved 30 s later, no error logged); kopf drops
+# such a watch after this much silence, so that it is resumed well within
+# CONVERGE_TIMEOUT. 70 s, the default, would outlast it.
+WATCH_IDLE_SECONDS = "10"
 # kopf logs this when it gives a handler up for good: nothing may be.
 GAVE_UP = re.compile(r"failed permanently")
 # A handler error that is not a kopf.TemporaryError is retried only after
@@ -346,6 +351,7 @@ def operators(
         "KUBECONFIG": str(restartable_control_plane.kubeconfig),
         "HOOKLANE_DATABASE_URL": chaos_pg.dsn,
         "HOOKLANE_OPERATOR_STATUS_SECONDS": STATUS_SECONDS,
+        "HOOKLANE_OPERATOR_WATCH_IDLE_SECONDS": WATCH_IDLE_SECONDS,
     }
 
     def start(namespace: str) -> Operator:

@@ -190,6 +190,7 @@ async def startup(
     settings.persistence.finalizer = FINALIZER
     settings.queueing.worker_limit = config.operator_workers
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
+    settings.watching.inactivity_timeout = config.operator_watch_idle_seconds
     # kopf would post an Event for every handler run; the resource's Events
     # are the ones this module posts, plus handler failures.
     settings.posting.level = logging.WARNING
