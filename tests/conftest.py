@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import IO
 
 import aiohttp
@@ -29,6 +30,7 @@ from hooklane.guard import parse_networks
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
+from hooklane.worker.ready import ReadyList, Verdict, Wakeup, parse_wakeup
 from hooklane.worker.runner import Worker
 from tests import timings
 from tests.receivers import Receiver
@@ -255,7 +257,7 @@ async def add_endpoint(
 
 async def queue_unannounced(db: asyncpg.Connection) -> None:
     """An event of acme with a delivery to every endpoint, written behind
-    publish's back (an older publish, or by hand): no wakeup, no ready row,
+    publish's back (by hand, or while no worker listened): no notification,
     which only the ready sweep repairs."""
     await db.execute(
         "INSERT INTO events (id, tenant, type, data, fanout)"
@@ -264,6 +266,65 @@ async def queue_unannounced(db: asyncpg.Connection) -> None:
     await db.execute(
         "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
     )
+
+
+ALL_PARTITIONS = list(range(32))
+
+
+async def reserve_round(
+    db: asyncpg.Connection,
+    limit: int = 100,
+    *,
+    partitions: list[int] = ALL_PARTITIONS,
+    worker: str = "test-worker",
+    ready: ReadyList | None = None,
+) -> list[asyncpg.Record]:
+    """One reservation round as the worker runs it (Worker._round), by a
+    worker that has just taken ``partitions``: its ready list (``ready``, or
+    a new one) first lists every endpoint with pending deliveries, read from
+    the start, as a partition taken does. The deliveries reserved."""
+    ready = ready if ready is not None else ReadyList()
+    now = datetime.now(UTC)
+    for endpoint_id, partition in await store.pending_endpoints(db, partitions):
+        ready.wake(endpoint_id, partition, None, now, rescan=True)
+    candidates = ready.take(now, limit)
+    if not candidates:
+        return []
+    reservation = await store.reserve(
+        db,
+        partitions,
+        [c.endpoint_id for c in candidates],
+        [c.floor for c in candidates],
+        limit,
+        10.0,
+        worker,
+    )
+    ready.settle(
+        [Verdict.of(v) for v in reservation.verdicts],
+        [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+        datetime.now(UTC),
+    )
+    return reservation.deliveries
+
+
+async def notified(db: asyncpg.Connection, run: Callable[[], Awaitable[object]]) -> list[Wakeup]:
+    """The notifications the statements ``run`` makes, in order: a canary
+    notification after them proves that none is still on its way."""
+    heard: list[Wakeup] = []
+
+    def listen(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        wakeup = parse_wakeup(payload)
+        assert wakeup is not None, payload
+        heard.append(wakeup)
+
+    await db.add_listener("hooklane_ready", listen)
+    try:
+        await run()
+        await db.execute("SELECT pg_notify('hooklane_ready', '4095')")
+        await wait_for(lambda: heard and heard[-1] == Wakeup(4095, None, None))
+    finally:
+        await db.remove_listener("hooklane_ready", listen)
+    return heard[:-1]
 
 
 class RunningWorker:

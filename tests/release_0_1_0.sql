@@ -1,5 +1,5 @@
--- The `reserve` and `complete` statements of the 0.1.0 release, frozen as
--- that release's workers run them, for tests/test_migrations.py to check
+-- The `reserve`, `complete` and `sweep_ready` statements of the 0.1.0
+-- release, frozen as that release's workers run them, for tests/test_migrations.py to check
 -- that such a worker keeps working while a rolling upgrade replaces it.
 -- Not a second source of Hooklane's SQL: the statements in use are in
 -- hooklane/store/queries.sql. Never edit this file to follow a change there;
@@ -94,3 +94,24 @@ ready AS (
 )
 SELECT id, namespace, name, state, paused_until, consecutive_failures FROM touched;
 
+-- name: sweep_ready
+-- Safety net, run now and then: make ready every deliverable endpoint of the
+-- owned partitions that has pending deliveries but neither a ready row nor
+-- a wakeup, whatever left it so (deliveries written by an older publish, or
+-- by hand). An endpoint with a wakeup not yet absorbed is not missing: the
+-- next reservation makes it ready. Parameters: $1 owned partitions.
+-- Index: endpoints_partition; primary key of ready_endpoints;
+-- deliveries_queue for the pending check; wakeups is read whole (an
+-- anti-join), as it only holds what publishes added since the last round.
+INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
+SELECT ep.id, ep.partition, now()
+FROM endpoints ep
+WHERE ep.partition = ANY($1::int[])
+  AND ep.state = 'active'
+  AND NOT ep.paused
+  AND ep.secret IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM ready_endpoints r WHERE r.endpoint_id = ep.id)
+  AND NOT EXISTS (SELECT 1 FROM wakeups w WHERE w.endpoint_id = ep.id)
+  AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending')
+ON CONFLICT (endpoint_id) DO NOTHING
+RETURNING endpoint_id;

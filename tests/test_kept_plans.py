@@ -8,6 +8,7 @@ backlog of thousands and a thousand deliveries in flight."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -15,6 +16,7 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
+from hooklane.worker.ready import ReadyList, Recorded, Verdict
 from tests.conftest import add_endpoint
 
 pytestmark = pytest.mark.db
@@ -70,12 +72,29 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
     await db.execute("UPDATE deliveries SET state = 'delivered', attempts = 1, delivered_at = now()")
     await _publish(db, "busy", 1)
     await db.execute("VACUUM ANALYZE")
+    partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", busy)
     worker, plans = await _explained_worker_session(dsn)
+    ready = ReadyList()
+
+    async def round_() -> list[asyncpg.Record]:
+        candidates = ready.take(datetime.now(UTC), 100)
+        reservation = await store.reserve(
+            worker, ALL, [c.endpoint_id for c in candidates], [c.floor for c in candidates], 100, 10.0, WORKER
+        )
+        ready.settle(
+            [Verdict.of(v) for v in reservation.verdicts],
+            [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+            datetime.now(UTC),
+        )
+        return reservation.deliveries
+
     try:
-        # The plans are made here, on a queue of one.
-        first = await store.reserve(worker, ALL, 100, 10.0, WORKER)
+        # The plans are made here, on a queue of one, read from its start.
+        ready.wake(busy, partition, None, datetime.now(UTC), rescan=True)
+        first = await round_()
         results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in first]
-        await store.complete(worker, results, CircuitPolicy())
+        await store.complete(worker, results, CircuitPolicy(), ALL)
+        ready.recorded([r["id"] for r in first], [], datetime.now(UTC))
         await _publish(db, "busy", BACKLOG)
         # In flight elsewhere, as on a busy platform; not woken, so only
         # complete's plan could come near them.
@@ -85,17 +104,23 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
             " lease_expires_at = now() + interval '1 hour'"
             " FROM endpoints ep WHERE ep.id = deliveries.endpoint_id AND ep.tenant = 'crowded'"
         )
-        await db.execute("DELETE FROM wakeups WHERE endpoint_id <> $1", busy)
+        # what the backlog's publishes notified
+        due = await db.fetchval(
+            "SELECT min(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state = 'pending'", busy
+        )
+        ready.wake(busy, partition, due, datetime.now(UTC))
 
         plans.clear()
-        rows = await store.reserve(worker, ALL, 100, 10.0, WORKER)
+        rows = await round_()
         assert [r["endpoint_id"] for r in rows] == [busy] * 4  # its limit
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
 
         plans.clear()
         results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in rows]
-        touched = await store.complete(worker, results, CircuitPolicy())
-        assert [(t["id"], t["ready"]) for t in touched] == [(busy, True)]
+        touched = await store.complete(worker, results, CircuitPolicy(), ALL)
+        assert [t["id"] for t in touched] == [busy]
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
+        # its slots are free and its next delivery due
+        assert ready.recorded([r["id"] for r in rows], [Recorded.of(t) for t in touched], datetime.now(UTC))
     finally:
         await worker.close()

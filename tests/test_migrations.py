@@ -18,7 +18,7 @@ from standardwebhooks.webhooks import Webhook
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from tests.conftest import SECRET, RunningWorker, add_endpoint, wait_for
+from tests.conftest import SECRET, RunningWorker, add_endpoint, reserve_round, wait_for
 
 ALL = list(range(32))
 
@@ -200,12 +200,16 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
     for n in range(3):
         await hooklane.publish(db, tenant="acme", type="t", data={"n": n})
 
-    # The old worker reserves through hooklane_reserve (3 arguments): its
-    # rows carry no worker name, and the limit holds for both versions.
+    # A publish of this release writes no wakeup row: the old worker finds
+    # the endpoint by its sweep, which it runs every minute.
+    assert await db.fetch(RELEASE_0_1_0["reserve"], ALL, 10, 10.0) == []
+    assert len(await db.fetch(RELEASE_0_1_0["sweep_ready"], ALL)) == 1
+    # It reserves through hooklane_reserve (3 arguments): its rows carry no
+    # worker name, and the limit holds for both versions.
     old = await db.fetch(RELEASE_0_1_0["reserve"], ALL, 10, 10.0)
     assert len(old) == 2
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE attempted_by IS NOT NULL") == 0
-    assert await store.reserve(db, ALL, 10, 10.0, "new") == []
+    assert await reserve_round(db, 10, worker="new") == []
 
     # It records one success and one failure to retry at once with its own
     # complete, which frees both slots for whoever owns the partition next.
@@ -224,11 +228,11 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
     )
     assert [r["name"] for r in touched] == ["a"]
 
-    new = await store.reserve(db, ALL, 10, 10.0, "new")
+    new = await reserve_round(db, 10, worker="new")
     third = await db.fetchval("SELECT max(id) FROM deliveries")
     assert sorted(r["id"] for r in new) == [second["id"], third]
     await store.complete(
-        db, [store.Result(r["id"], r["attempts"], "delivered", None, 200, None) for r in new], circuit
+        db, [store.Result(r["id"], r["attempts"], "delivered", None, 200, None) for r in new], circuit, ALL
     )
     rows = await db.fetch("SELECT id, state, attempts, attempted_by FROM deliveries ORDER BY id")
     assert [tuple(r) for r in rows] == [

@@ -89,7 +89,9 @@ def test_a_misspelt_or_missing_name_fails_loudly_at_the_call():
         Query("none", "SELECT 1", ())(tenant="acme")
     # a real statement, as the store calls it
     with pytest.raises(TypeError, match="statement reserve: missing parameters: worker_id"):
-        QUERIES["reserve"](partitions=[0], limit=1, lease_grace_seconds=1.0, worker="w")
+        QUERIES["reserve"](
+            partitions=[0], candidates=[1], floors=[None], limit=1, lease_grace_seconds=1.0, worker="w"
+        )
 
 
 # --- queries.sql and its callers (static) -------------------------------------

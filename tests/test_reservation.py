@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import asyncpg
 
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from tests.conftest import add_endpoint, queue_unannounced
-
-ALL = list(range(32))
-WORKER = "test-worker"
+from hooklane.worker.ready import Wakeup
+from tests.conftest import ALL_PARTITIONS as ALL
+from tests.conftest import add_endpoint, notified, queue_unannounced, reserve_round
 
 
 async def _reserve(db, limit=100):
-    return await store.reserve(db, ALL, limit, 10.0, WORKER)
+    return await reserve_round(db, limit)
+
+
+async def _rescued(db, since=None) -> int:
+    return len((await store.rescue_expired(db, ALL, since)).endpoints)
+
+
+async def _complete(db, results, policy):
+    return await store.complete(db, results, policy, ALL)
 
 
 async def _publish(db, n, type="order.created", tenant="acme"):
@@ -30,9 +38,7 @@ async def test_never_more_in_flight_than_max_concurrency(db):
     assert len(await _reserve(db)) == 3
     assert await _reserve(db) == []  # the endpoint is at its limit
     first = (await db.fetch("SELECT id, attempts FROM deliveries WHERE state = 'sending' LIMIT 1"))[0]
-    await store.complete(
-        db, [store.Result.delivered(first["id"], first["attempts"], status=204)], CircuitPolicy()
-    )
+    await _complete(db, [store.Result.delivered(first["id"], first["attempts"], status=204)], CircuitPolicy())
     assert len(await _reserve(db)) == 1  # one slot freed, one more goes
 
 
@@ -103,9 +109,14 @@ async def test_only_owned_partitions(db):
     await _publish(db, 1)
     partitions = dict(await db.fetch("SELECT id, partition FROM endpoints"))
     mine = sorted(set(partitions.values()))[:3]
-    rows = await store.reserve(db, mine, 100, 10.0, WORKER)
+    rows = await reserve_round(db, partitions=mine)
     assert rows and {partitions[r["endpoint_id"]] for r in rows} <= set(mine)
     assert len(rows) == sum(1 for i in ids if partitions[i] in mine)
+    # an endpoint of a partition not owned is never reserved, even if named
+    other = next(i for i in ids if partitions[i] not in mine)
+    named = await store.reserve(db, mine, [other], [None], 100, 10.0, "w")
+    assert named.deliveries == []
+    assert [(v["endpoint_id"], v["deliverable"]) for v in named.verdicts] == [(other, False)]
 
 
 async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(db):
@@ -114,11 +125,11 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
     (lost,) = await _reserve(db)
     # the lease runs out: rescued, then reserved again by another worker
     await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
-    assert await store.rescue_expired(db, ALL) == 1
+    assert await _rescued(db) == 1
     (again,) = await _reserve(db)
     assert again["attempts"] == lost["attempts"] + 1
     # the first worker's late failure arrives and must not touch the new attempt
-    await store.complete(
+    await _complete(
         db,
         [store.Result.retry(lost["id"], lost["attempts"], retry_in=60.0, status=500, error="HTTP 500")],
         CircuitPolicy(),
@@ -130,9 +141,7 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
         "lease expired: the worker lost the delivery",
     )
     assert await db.fetchval("SELECT consecutive_failures FROM endpoints") == 0
-    await store.complete(
-        db, [store.Result.delivered(again["id"], again["attempts"], status=200)], CircuitPolicy()
-    )
+    await _complete(db, [store.Result.delivered(again["id"], again["attempts"], status=200)], CircuitPolicy())
     assert await db.fetchval("SELECT state FROM deliveries") == "delivered"
 
 
@@ -140,7 +149,7 @@ async def test_rescue_leaves_live_leases_alone(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a", timeout_seconds=5)
     await _publish(db, 2)
     await _reserve(db)
-    assert await store.rescue_expired(db, ALL) == 0
+    assert await _rescued(db) == 0
     lease = await db.fetchval("SELECT min(lease_expires_at - reserved_at) FROM deliveries")
     assert lease.total_seconds() == 15  # the timeout plus the grace
 
@@ -149,7 +158,7 @@ async def test_retry_schedules_with_the_given_delay(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await store.complete(
+    await _complete(
         db,
         [store.Result.retry(row["id"], row["attempts"], retry_in=120.0, status=503, error="HTTP 503")],
         CircuitPolicy(),
@@ -163,7 +172,7 @@ async def test_dead_stays_dead_until_resent(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await store.complete(
+    await _complete(
         db, [store.Result.dead(row["id"], row["attempts"], status=413, error="HTTP 413")], CircuitPolicy()
     )
     assert await _reserve(db) == []
@@ -180,18 +189,16 @@ async def test_circuit_opens_at_threshold_and_success_closes_it(db):
     fail = [
         store.Result.retry(r["id"], r["attempts"], retry_in=30.0, status=500, error="HTTP 500") for r in rows
     ]
-    await store.complete(db, fail[:19], policy)
+    await _complete(db, fail[:19], policy)
     assert await db.fetchval("SELECT paused_until FROM endpoints") is None
-    await store.complete(db, fail[19:20], policy)
+    await _complete(db, fail[19:20], policy)
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 58 <= float(pause) <= 60
     # each further failure extends the pause, up to the cap
-    await store.complete(db, fail[20:24], policy)
+    await _complete(db, fail[20:24], policy)
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 298 <= float(pause) <= 300
-    await store.complete(
-        db, [store.Result.delivered(rows[24]["id"], rows[24]["attempts"], status=200)], policy
-    )
+    await _complete(db, [store.Result.delivered(rows[24]["id"], rows[24]["attempts"], status=200)], policy)
     row = await db.fetchrow("SELECT consecutive_failures, paused_until, failing_since FROM endpoints")
     assert tuple(row) == (0, None, None)
 
@@ -202,7 +209,7 @@ async def test_pause_is_capped_at_an_hour(db):
     await db.execute("UPDATE endpoints SET consecutive_failures = 500")
     await _publish(db, 1)
     (row,) = await _reserve(db)
-    await store.complete(
+    await _complete(
         db, [store.Result.retry(row["id"], row["attempts"], retry_in=30.0, status=500, error="x")], policy
     )
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
@@ -213,7 +220,7 @@ async def test_410_deactivates_the_endpoint_and_keeps_the_rest(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await _publish(db, 3)
     (row, *_rest) = await _reserve(db)
-    await store.complete(
+    await _complete(
         db, [store.Result.dead(row["id"], row["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
     )
     ep = await db.fetchrow("SELECT state, deactivated_reason FROM endpoints")
@@ -280,75 +287,93 @@ async def test_a_coalescing_publish_held_open_does_not_block_reservation(db, dsn
     assert (row["name"], row["event_id"]) == ("a", newer)
 
 
-async def test_sweep_makes_ready_what_the_index_lacks(db):
+async def test_pending_endpoints_lists_what_a_ready_list_starts_from(db):
     endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
+    await add_endpoint(db, "idle", "http://127.0.0.1:1/i", tenant="nobody")
     await queue_unannounced(db)
-    assert await _reserve(db) == []
-    assert await store.sweep_ready(db, ALL) == 1  # not the paused one
-    assert [r["endpoint_id"] for r in await _reserve(db)] == [endpoint]
-    assert await store.sweep_ready(db, ALL) == 0
-
-
-async def test_sweep_leaves_alone_what_a_wakeup_will_make_ready(db):
-    # A worker starting on a backlog runs the sweep before its first
-    # reservation has absorbed the publishers' wakeups: nothing is missing.
-    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    await hooklane.publish(db, tenant="acme", type="t", data={})
-    assert await store.sweep_ready(db, ALL) == 0
-    assert len(await _reserve(db)) == 1
-
-
-async def _woken(db) -> list[int]:
-    return [r["endpoint_id"] for r in await db.fetch("SELECT endpoint_id FROM wakeups ORDER BY id")]
-
-
-async def test_each_statement_that_wakes_an_endpoint_writes_its_wakeup(db):
-    # hooklane_wake is called from a CTE, which Postgres runs only if the
-    # statement reads it: every caller is checked here.
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    assert await _woken(db) == []  # a new endpoint has nothing to wake for
-    await add_endpoint(db, "a", "http://127.0.0.1:1/a", paused=True)
-    assert await _woken(db) == [a]  # upsert_endpoint
-    await _publish(db, 1)
-    assert await _woken(db) == [a] * 2  # publish
-    await db.execute("UPDATE endpoints SET state = 'deactivated'")
-    assert await store.reactivate_endpoint(db, "default", "a") is store.Reactivation.REACTIVATED
-    assert await _woken(db) == [a] * 3  # reactivate_endpoint
-    await db.execute("UPDATE deliveries SET state = 'dead'")
-    assert await store.resend_dead(db, "default", "a") == 1
-    assert await _woken(db) == [a] * 4  # resend_dead
-    # nothing to wake: no row
-    assert await store.resend_dead(db, "default", "a") == 0
-    assert await store.reactivate_endpoint(db, "default", "missing") is store.Reactivation.NO_ENDPOINT
-    # an active endpoint is not deactivated: nothing to reactivate, nothing woken
-    assert await store.reactivate_endpoint(db, "default", "a") is store.Reactivation.NOT_DEACTIVATED
-    await _publish(db, 1, tenant="nobody")
-    assert await _woken(db) == [a] * 4
-
-
-async def _ready_now(db, endpoint: int) -> bool | None:
-    """Whether the endpoint is ready now; None when out of the ready index."""
-    return await db.fetchval("SELECT ready_at <= now() FROM ready_endpoints WHERE endpoint_id = $1", endpoint)
-
-
-async def test_results_and_rescues_make_their_endpoint_ready_again(db):
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=1)
-    await _publish(db, 3)
-    (first,) = await _reserve(db)  # absorbs the wakeups: ready, then full
-    assert await _ready_now(db, a) is False  # at its limit: 'infinity'
-    (touched,) = await store.complete(
-        db, [store.Result(first["id"], first["attempts"], "delivered", None, 200, None)], CircuitPolicy()
-    )
-    assert await _ready_now(db, a) is True  # complete: a slot is free
-    assert touched["ready"]  # and it says so: worth a reservation round
-    (second,) = await _reserve(db)
-    assert await _ready_now(db, a) is False
     await db.execute(
-        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", second["id"]
+        "DELETE FROM deliveries d USING endpoints e WHERE e.id = d.endpoint_id AND e.name = 'idle'"
     )
-    assert await store.rescue_expired(db, ALL) == 1
-    assert await _ready_now(db, a) is True  # rescue_expired
+    partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", endpoint)
+    # not the paused one, nor one with nothing pending
+    assert await store.pending_endpoints(db, ALL) == [(endpoint, partition)]
+    assert await store.pending_endpoints(db, [p for p in ALL if p != partition]) == []
+
+
+async def test_the_wakeups_of_a_version_8_publisher_are_absorbed(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    partition = await db.fetchval("SELECT partition FROM endpoints")
+    await db.execute("SELECT hooklane_wake(ARRAY[$1::bigint, $1], ARRAY[$2::int, $2])", a, partition)
+    others = [p for p in ALL if p != partition]
+    assert await store.absorb_wakeups(db, others) == []
+    assert await store.absorb_wakeups(db, ALL) == [(a, partition)] * 2
+    assert await db.fetchval("SELECT count(*) FROM wakeups") == 0
+
+
+async def test_each_statement_that_gives_an_endpoint_work_notifies_its_owner(db):
+    # hooklane_wake_v2 is called from a CTE, which Postgres runs only if the
+    # statement reads it: every caller is checked here. None writes a row.
+    async def new_endpoint():
+        nonlocal a, partition
+        a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+        partition = await db.fetchval("SELECT partition FROM endpoints")
+
+    a = partition = 0
+    assert await notified(db, new_endpoint) == []  # nothing to wake for
+    assert await notified(db, lambda: add_endpoint(db, "a", "http://127.0.0.1:1/a", paused=True)) == [
+        Wakeup(partition, None, (a,))
+    ]  # upsert_endpoint: changed, nothing written
+
+    async def publish_in_a_transaction():
+        async with db.transaction():
+            await _publish(db, 2)
+            return await db.fetchval("SELECT now()")
+
+    (published,) = await notified(db, publish_in_a_transaction)
+    due = await db.fetchval("SELECT max(next_attempt_at) FROM deliveries")
+    # folded within the transaction; due from the time its deliveries hold
+    assert published == Wakeup(partition, due, (a,))
+    await db.execute("UPDATE endpoints SET state = 'deactivated'")
+
+    async def reactivate():
+        assert await store.reactivate_endpoint(db, "default", "a") is store.Reactivation.REACTIVATED
+
+    assert await notified(db, reactivate) == [Wakeup(partition, None, (a,))]
+    await db.execute("UPDATE deliveries SET state = 'dead'")
+
+    async def resend():
+        assert await store.resend_dead(db, "default", "a") == 2
+
+    (resent,) = await notified(db, resend)
+    assert (resent.partition, resent.endpoints) == (partition, (a,))
+    assert resent.due == await db.fetchval("SELECT min(next_attempt_at) FROM deliveries")
+    await db.execute("UPDATE deliveries SET state = 'delivered'")
+
+    async def replay():
+        await store.replay_since(db, "default", "a", datetime(2000, 1, 1, tzinfo=UTC))
+
+    (replayed,) = await notified(db, replay)
+    assert replayed.endpoints == (a,) and replayed.due is not None
+
+    async def nothing():
+        # nothing to wake: no notification
+        assert await store.resend_dead(db, "default", "a") == 0
+        assert await store.reactivate_endpoint(db, "default", "missing") is store.Reactivation.NO_ENDPOINT
+        assert await store.reactivate_endpoint(db, "default", "a") is store.Reactivation.NOT_DEACTIVATED
+        await _publish(db, 1, tenant="nobody")
+
+    assert await notified(db, nothing) == []
+    assert await db.fetchval("SELECT count(*) FROM wakeups") == 0
+
+
+async def test_a_notification_lists_at_most_300_endpoints(db):
+    ids = [await add_endpoint(db, f"e{i}", f"http://127.0.0.1:1/{i}") for i in range(700)]
+    await db.execute("UPDATE endpoints SET partition = 7")
+    heard = await notified(db, lambda: _publish(db, 1))
+    assert all(w.partition == 7 and len({w.due for w in heard}) == 1 for w in heard)
+    assert sorted(len(w.endpoints) for w in heard) == [100, 300, 300]
+    assert sorted(e for w in heard for e in w.endpoints) == sorted(ids)
 
 
 async def test_reservation_records_the_worker_and_a_rescue_keeps_it(db):
@@ -357,96 +382,169 @@ async def test_reservation_records_the_worker_and_a_rescue_keeps_it(db):
     await _publish(db, 1)
     await _publish(db, 1, tenant="globex")
     await add_endpoint(db, "moved", "http://127.0.0.1:1/m", tenant="acme")  # its pending one is discarded
-    (row,) = await store.reserve(db, ALL, 10, 10.0, "pod-1")
+    (row,) = await reserve_round(db, worker="pod-1")
     by = dict(await db.fetch("SELECT state, attempted_by FROM deliveries"))
     assert by == {"sending": "pod-1", "discarded": None}
     await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
-    assert await store.rescue_expired(db, ALL) == 1
+    assert await _rescued(db) == 1
     # who lost it stays on record until another worker takes it
     assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-1"
-    await store.reserve(db, ALL, 10, 10.0, "pod-2")
+    await reserve_round(db, worker="pod-2")
     assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-2"
     # what `hooklane status` shows
     sending_on = {h.name: h.sending_on for h in await store.endpoint_health(db)}
     assert sending_on == {"a": ("pod-2",), "moved": ()}
 
 
-async def _ready_at(db, endpoint: int):
-    return await db.fetchval("SELECT ready_at FROM ready_endpoints WHERE endpoint_id = $1", endpoint)
-
-
-async def test_a_result_with_nothing_pending_leaves_its_endpoint_out_of_the_index(db):
-    # The everyday case: the endpoint's only delivery went; a ready row now
-    # would only cost a reservation round the visit that removes it.
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    await _publish(db, 1)
-    (row,) = await _reserve(db)
-    assert await _ready_now(db, a) is None
-    (touched,) = await store.complete(
-        db, [store.Result.delivered(row["id"], row["attempts"], status=204)], CircuitPolicy()
-    )
-    assert not touched["ready"]
-    assert await _ready_now(db, a) is None
-
-
-async def test_a_result_below_the_limit_with_work_not_yet_due_keeps_its_time(db):
+async def test_a_round_says_of_each_candidate_what_its_ready_list_needs(db):
     a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=2)
-    await _publish(db, 2)
-    first, _ = await _reserve(db)
-    await _publish(db, 1)
+    b = await add_endpoint(db, "b", "http://127.0.0.1:1/b", tenant="b")
+    c = await add_endpoint(db, "c", "http://127.0.0.1:1/c", tenant="c")
+    await _publish(db, 3)
+    await _publish(db, 1, tenant="b")
+    await _publish(db, 1, tenant="c")
     await db.execute(
-        "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE state = 'pending'"
+        "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE endpoint_id = $1", b
     )
-    (touched,) = await store.complete(
-        db, [store.Result.delivered(first["id"], first["attempts"], status=204)], CircuitPolicy()
+    await db.execute("UPDATE endpoints SET paused_until = now() + interval '1 minute' WHERE id = $1", c)
+    gone = 10**9
+    round_ = await store.reserve(db, ALL, [a, b, c, gone], [None] * 4, 100, 10.0, "w")
+    assert [r["endpoint_id"] for r in round_.deliveries] == [a, a]
+    verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
+
+    async def head(endpoint):
+        return await db.fetchval(
+            "SELECT min(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state = 'pending'",
+            endpoint,
+        )
+
+    leases = await db.fetchval("SELECT min(lease_expires_at) FROM deliveries WHERE state = 'sending'")
+    # a: its third delivery is next, and both its slots are held until then
+    assert tuple(verdicts[a][k] for k in ("deliverable", "head", "at_limit", "leases_end")) == (
+        True,
+        await head(a),
+        True,
+        leases,
     )
-    assert not touched["ready"]
-    head = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE state = 'pending'")
-    assert await _ready_at(db, a) == head
+    # b: nothing due for an hour; c: its circuit pauses it
+    assert (verdicts[b]["head"], verdicts[b]["at_limit"]) == (await head(b), False)
+    paused_until = await db.fetchval("SELECT paused_until FROM endpoints WHERE id = $1", c)
+    assert (verdicts[c]["paused_until"], verdicts[c]["head"]) == (paused_until, await head(c))
+    # an endpoint that no longer exists says so
+    assert (verdicts[gone]["max_concurrency"], verdicts[gone]["deliverable"]) == (None, False)
 
 
-async def test_a_retry_makes_its_endpoint_ready_at_the_retry_time(db):
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    await _publish(db, 1)
-    (row,) = await _reserve(db)
-    (touched,) = await store.complete(
-        db,
-        [store.Result.retry(row["id"], row["attempts"], retry_in=60.0, status=503, error="HTTP 503")],
-        CircuitPolicy(),
-    )
-    assert not touched["ready"]
-    retry_at = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", row["id"])
-    assert await _ready_at(db, a) == retry_at
-    assert await _reserve(db) == []
-
-
-async def test_a_result_that_opens_the_circuit_makes_ready_at_the_end_of_the_pause(db):
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=2)
+async def test_a_round_reads_each_queue_from_its_floor(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=10)
     await _publish(db, 2)
-    first, _ = await _reserve(db)
+    early, late = [r["id"] for r in await db.fetch("SELECT id FROM deliveries ORDER BY id")]
+    await db.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 hour' WHERE id = $1", early)
+    floor = await db.fetchval("SELECT now() - interval '1 minute'")
+    # what lies before the floor is not read: the ready list moves a floor
+    # only to a head a round saw, or down to what it is told of
+    round_ = await store.reserve(db, ALL, [a], [floor], 100, 10.0, "w")
+    assert [r["id"] for r in round_.deliveries] == [late]
+    assert round_.verdicts[0]["head"] is None
+    round_ = await store.reserve(db, ALL, [a], [None], 100, 10.0, "w")
+    assert [r["id"] for r in round_.deliveries] == [early]
+
+
+async def test_only_live_leases_hold_slots(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=1)
+    await _publish(db, 2)
+    (first,) = await _reserve(db)
+    assert await _reserve(db) == []  # its one slot is held
+    await db.execute(
+        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", first["id"]
+    )
+    # the worker that reserved it has certainly given up on the call: the
+    # slot is free before any rescue
+    (second,) = await _reserve(db)
+    assert second["id"] != first["id"]
+
+
+async def test_rescue_reads_the_leases_that_ended_since_its_last_run(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=10)
+    await _publish(db, 2)
+    old, recent = await _reserve(db)
+    await db.execute(
+        "UPDATE deliveries SET lease_expires_at = now() - interval '10 minutes' WHERE id = $1", old["id"]
+    )
+    await db.execute(
+        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", recent["id"]
+    )
+    since = await db.fetchval("SELECT now() - interval '1 minute'")
+    rescued = await store.rescue_expired(db, ALL, since)
+    partition = await db.fetchval("SELECT partition FROM endpoints")
+    due = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", recent["id"])
+    assert rescued.endpoints == [(a, partition, due)]
+    assert rescued.checked_at == due  # the same statement's time
+    states = dict(await db.fetch("SELECT id, state FROM deliveries"))
+    assert states == {old["id"]: "sending", recent["id"]: "pending"}
+    # the first run for a partition taken reads them all
+    assert await _rescued(db) == 1
+
+
+async def test_complete_says_what_the_ready_list_needs(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=4)
+    await _publish(db, 3)
+    delivered, retried, gone = await _reserve(db)
+    (touched,) = await _complete(
+        db, [store.Result.delivered(delivered["id"], delivered["attempts"], status=204)], CircuitPolicy()
+    )
+    assert (touched["id"], touched["deliverable"], touched["retried_head"]) == (a, True, None)
     policy = CircuitPolicy(threshold=1, step_seconds=30.0, cap_seconds=60.0)
-    (touched,) = await store.complete(
+    (touched,) = await _complete(
         db,
-        [store.Result.retry(first["id"], first["attempts"], retry_in=0.0, status=500, error="HTTP 500")],
+        [store.Result.retry(retried["id"], retried["attempts"], retry_in=60.0, status=503, error="HTTP 503")],
         policy,
     )
-    assert not touched["ready"]
-    assert touched["paused_until"] is not None
-    assert await _ready_at(db, a) == touched["paused_until"]
-
-
-async def test_a_result_of_a_deactivated_endpoint_makes_nothing_ready(db):
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    await _publish(db, 2)
-    await db.execute("UPDATE endpoints SET max_concurrency = 1")
-    (row,) = await _reserve(db)
-    await db.execute("DELETE FROM ready_endpoints")
-    (touched,) = await store.complete(
-        db, [store.Result.dead(row["id"], row["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
+    retry_at = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", retried["id"])
+    paused_until = await db.fetchval("SELECT paused_until FROM endpoints")
+    assert (touched["retried_head"], touched["paused_until"]) == (retry_at, paused_until)
+    assert paused_until is not None
+    (touched,) = await _complete(
+        db, [store.Result.dead(gone["id"], gone["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
     )
-    assert touched["state"] == "deactivated"
-    assert not touched["ready"]
-    assert await _ready_now(db, a) is None
+    assert (touched["state"], touched["deliverable"]) == ("deactivated", False)
+
+
+async def test_a_healthy_endpoints_row_is_written_once_per_step_not_per_batch(db):
+    # While a horizon is held, every version of the row stays, and every
+    # statement reading the endpoint walks them.
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=10)
+    await _publish(db, 3)
+    rows = await _reserve(db)
+
+    async def deliver(r):
+        await _complete(db, [store.Result.delivered(r["id"], r["attempts"], status=204)], CircuitPolicy())
+        return tuple(await db.fetchrow("SELECT xmin::text, last_delivered_at FROM endpoints"))
+
+    version, first = await deliver(rows[0])
+    assert first is not None
+    assert await deliver(rows[1]) == (version, first)  # not written
+    step = f"interval '{store.DELIVERED_STEP_SECONDS} seconds'"
+    await db.execute(f"UPDATE endpoints SET last_delivered_at = last_delivered_at - {step}")
+    version, stepped = await db.fetchrow("SELECT xmin::text, last_delivered_at FROM endpoints")
+    later, latest = await deliver(rows[2])
+    assert later != version and latest > stepped
+
+
+async def test_a_retry_recorded_by_a_worker_that_lost_the_partition_notifies_its_owner(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=10)
+    await _publish(db, 2)
+    lost, kept = await _reserve(db)
+    partition = await db.fetchval("SELECT partition FROM endpoints")
+
+    def retry(r):
+        return [store.Result.retry(r["id"], r["attempts"], retry_in=60.0, status=500, error="HTTP 500")]
+
+    others = [p for p in ALL if p != partition]
+    heard = await notified(db, lambda: store.complete(db, retry(lost), CircuitPolicy(), others))
+    due = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", lost["id"])
+    assert heard == [Wakeup(partition, due, (a,))]
+    # its own partition's: the worker's ready list learns it from the result
+    assert await notified(db, lambda: store.complete(db, retry(kept), CircuitPolicy(), ALL)) == []
 
 
 async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_deactivated(db):
@@ -461,7 +559,7 @@ async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_dea
         )
 
     async def flags(results):
-        (touched,) = await store.complete(db, results, policy)
+        (touched,) = await _complete(db, results, policy)
         return touched["consecutive_failures"], touched["opened"], touched["deactivated"]
 
     assert await flags([failed(rows[0])]) == (1, False, False)

@@ -21,14 +21,14 @@ from hooklane import store
 from hooklane.errors import EventConflict, InvalidInput
 from hooklane.policies import CircuitPolicy
 from hooklane.spec import EndpointSpec
-from tests.conftest import LOOPBACK, SECRET, add_endpoint, wait_for
+from tests.conftest import LOOPBACK, SECRET, add_endpoint, reserve_round, wait_for
 
 ALL = list(range(32))
 DISCARDED = "discarded: the endpoint's tenant changed from acme to globex"
 
 
 async def _reserve(db: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await store.reserve(db, ALL, 100, 10.0, "test-worker")
+    return await reserve_round(db)
 
 
 async def _states(db: asyncpg.Connection) -> list[tuple[str, str, str, str | None]]:
@@ -225,6 +225,7 @@ async def test_a_tenant_change_discards_the_old_tenants_pending_and_dead_deliver
             store.Result.dead(dead["id"], dead["attempts"], status=413, error="HTTP 413"),
         ],
         CircuitPolicy(),
+        ALL,
     )
     await db.execute("UPDATE deliveries SET state = 'pending' WHERE state = 'sending'")
 
@@ -279,7 +280,7 @@ async def test_a_failure_in_flight_across_a_tenant_change_is_discarded_not_retri
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
     await store.complete(
-        db, [store.Result(row["id"], row["attempts"], outcome, 0.0, 503, "HTTP 503")], CircuitPolicy()
+        db, [store.Result(row["id"], row["attempts"], outcome, 0.0, 503, "HTTP 503")], CircuitPolicy(), ALL
     )
     assert await _states(db) == [("acme", "evt-1", "discarded", DISCARDED + " (HTTP 503)")]
     assert await store.resend_dead(db, "default", "a") == 0
@@ -292,7 +293,7 @@ async def test_a_success_in_flight_across_a_tenant_change_is_recorded(db):
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
     await store.complete(
-        db, [store.Result.delivered(row["id"], row["attempts"], status=200)], CircuitPolicy()
+        db, [store.Result.delivered(row["id"], row["attempts"], status=200)], CircuitPolicy(), ALL
     )
     assert await _states(db) == [("acme", "evt-1", "delivered", None)]
 

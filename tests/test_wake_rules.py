@@ -1,23 +1,25 @@
 """When the worker runs a reservation round: only when one can find something.
 
-The SQL side (what `complete` makes ready and reports) is in
-tests/test_reservation.py; here, the worker's decisions on top of it.
+The SQL side (what a round and `complete` report) is in
+tests/test_reservation.py, the ready list's rules in tests/test_ready_list.py;
+here, the worker's decisions on top of them.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
+from hooklane.worker.ready import ReadyList
 from hooklane.worker.runner import record
 from hooklane.worker.trigger import _ROUND_INTERVAL, Trigger, Wake, round_pause, slot_freed_matters
-from tests.conftest import add_endpoint
-
-ALL = list(range(32))
+from tests.conftest import ALL_PARTITIONS as ALL
+from tests.conftest import add_endpoint, reserve_round
 
 
 @pytest.mark.unit
@@ -48,31 +50,37 @@ async def test_a_finished_delivery_wakes_the_reservation_only_at_the_worker_limi
 async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_free_slot(db, settings):
     a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=1)
     trigger = Trigger(concurrency=8)
+    ready = ReadyList()
     pool = await store.create_pool(settings.database_url, min_size=0, max_size=1)
     try:
         await hooklane.publish(db, tenant="acme", type="t", data={})
-        (only,) = await store.reserve(db, ALL, 10, 10.0, "w")
+        (only,) = await reserve_round(db, ready=ready)
         await record(
             pool,
             [store.Result.delivered(only["id"], only["attempts"], status=204)],
             settings.circuit,
             trigger,
+            ready,
+            ALL,
         )
         assert await trigger.wait(0) is Wake.POLL  # nothing pending: a round would find nothing
+        assert not ready.scheduled(a)
 
         for _ in range(2):
             await hooklane.publish(db, tenant="acme", type="t", data={})
-        (first,) = await store.reserve(db, ALL, 10, 10.0, "w")  # at its limit, one left
-        assert await store.reserve(db, ALL, 10, 10.0, "w") == []
+        (first,) = await reserve_round(db, ready=ready)  # at its limit, one left
+        assert await reserve_round(db, ready=ready) == []  # it waits for its slot
         await record(
             pool,
             [store.Result.delivered(first["id"], first["attempts"], status=204)],
             settings.circuit,
             trigger,
+            ready,
+            ALL,
         )
         assert await trigger.wait(0) is Wake.READY  # its slot is free and the next one is due
-        assert await db.fetchval("SELECT ready_at <= now() FROM ready_endpoints WHERE endpoint_id = $1", a)
-        assert len(await store.reserve(db, ALL, 10, 10.0, "w")) == 1
+        assert ready.due(a) <= datetime.now(UTC)
+        assert len(await reserve_round(db, ready=ready)) == 1
     finally:
         await pool.close()
 
@@ -87,17 +95,17 @@ async def test_the_circuit_log_line_follows_what_complete_opened(db, settings, c
     try:
         for _ in range(7):
             await hooklane.publish(db, tenant="acme", type="t", data={})
-        rows = await store.reserve(db, ALL, 10, 10.0, "w")
+        rows = await reserve_round(db, 10)
         failed = [
             store.Result.retry(r["id"], r["attempts"], retry_in=60.0, status=500, error="HTTP 500")
             for r in rows
         ]
         gone = store.Result.dead(rows[-1]["id"], rows[-1]["attempts"], status=410, error="HTTP 410")
         with caplog.at_level(logging.WARNING, logger="hooklane.worker.runner"):
-            await record(pool, failed[:2], circuit, trigger)
-            await record(pool, failed[2:5], circuit, trigger)  # 2 to 5 failures
-            await record(pool, failed[5:6], circuit, trigger)  # open already
-            await record(pool, [gone], circuit, trigger)
+            await record(pool, failed[:2], circuit, trigger, ReadyList(), ALL)
+            await record(pool, failed[2:5], circuit, trigger, ReadyList(), ALL)  # 2 to 5 failures
+            await record(pool, failed[5:6], circuit, trigger, ReadyList(), ALL)  # open already
+            await record(pool, [gone], circuit, trigger, ReadyList(), ALL)
         said = [(r.getMessage(), r.__dict__.get("action")) for r in caplog.records]
         assert said == [
             ("endpoint default/a paused: circuit open", "circuit"),

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -28,8 +29,9 @@ from hooklane.worker.jobs import (
     run_every,
 )
 from hooklane.worker.partitions import PartitionOwner
+from hooklane.worker.ready import ReadyList
 from hooklane.worker.trigger import Trigger, Wake
-from tests.conftest import add_endpoint, queue_unannounced, wait_for
+from tests.conftest import add_endpoint, queue_unannounced, reserve_round, wait_for
 
 ALL = list(range(32))
 
@@ -160,12 +162,13 @@ async def test_maintenance_requeues_expired_leases_and_wakes_the_reservation(
     await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=5)
     for _ in range(4):
         await hooklane.publish(db, tenant="acme", type="t", data={})
-    assert len(await store.reserve(db, ALL, 10, 10.0, "lost")) == 4
+    assert len(await reserve_round(db, 10, worker="lost")) == 4
     await db.execute(
         "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id IN "
         "(SELECT id FROM deliveries ORDER BY id LIMIT 3)"
     )
-    maintenance = Maintenance(settings, owner, pool, trigger)
+    ready = ReadyList()
+    maintenance = Maintenance(settings, owner, pool, trigger, ready)
     assert maintenance.period == settings.maintenance_seconds
     before = _sample("hooklane_deliveries_rescued_total")
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
@@ -175,6 +178,11 @@ async def test_maintenance_requeues_expired_leases_and_wakes_the_reservation(
     assert _sample("hooklane_deliveries_rescued_total") == before + 3
     assert _said(caplog) == [("requeued 3 deliveries whose worker lost them", "rescue")]
     assert await trigger.wait(0) is Wake.FIRED
+    # the ready list has their endpoint due, its queue to be read from the
+    # start (this list never read it)
+    endpoint = await db.fetchval("SELECT id FROM endpoints")
+    assert ready.floor(endpoint) is None  # never read: from the start
+    assert ready.scheduled(endpoint)
 
     trigger.round_starts()
     assert (await maintenance.run_once()).rescued == 0  # the fourth lease is live
@@ -190,7 +198,7 @@ async def test_the_owner_of_partition_0_deactivates_and_purges(db, settings, own
     await db.execute("UPDATE endpoints SET failing_since = now() - interval '4 days' WHERE name = 'new'")
     unrouted = [await hooklane.publish(db, tenant="nobody", type="t", data={}) for _ in range(2)]
     await db.execute("UPDATE events SET created_at = now() - interval '31 days' WHERE id = ANY($1)", unrouted)
-    maintenance = Maintenance(settings, owner, pool, trigger)
+    maintenance = Maintenance(settings, owner, pool, trigger, ReadyList())
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
         done = await maintenance.run_once()
     assert (done.housekeeper, done.deactivated, done.purged) == (True, ("default/old",), 2)
@@ -214,7 +222,7 @@ async def test_the_owner_of_partition_0_analyses_endpoints_after_many_changed(
         await add_endpoint(db, f"ep-{i:02d}", "http://127.0.0.1:1/x")
     # rather than the 10 s an idle session waits to report them
     await db.execute("SELECT pg_stat_force_next_flush()")
-    maintenance = Maintenance(settings, owner, pool, trigger)
+    maintenance = Maintenance(settings, owner, pool, trigger, ReadyList())
 
     async def analysed() -> bool:
         # the statistics system sees the inserts a moment after they commit
@@ -228,7 +236,7 @@ async def test_the_owner_of_partition_0_analyses_endpoints_after_many_changed(
 async def test_a_worker_without_partition_0_keeps_no_house(db, settings, idle_owner, pool, trigger):
     await add_endpoint(db, "old", "http://127.0.0.1:1/old")
     await db.execute("UPDATE endpoints SET failing_since = now() - interval '6 days'")
-    maintenance = Maintenance(settings, idle_owner, pool, trigger)
+    maintenance = Maintenance(settings, idle_owner, pool, trigger, ReadyList())
     assert await maintenance.run_once() == Maintained()
     assert await db.fetchval("SELECT state FROM endpoints") == "active"
 
@@ -240,16 +248,18 @@ async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, own
     endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
     await queue_unannounced(db)
-    sweep = ReadySweep(settings, owner, trigger)
+    ready = ReadyList()
+    sweep = ReadySweep(settings, owner, trigger, ready)
     assert sweep.period == settings.sweep_seconds
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
         assert await sweep.run_once() == 1  # not the paused one
     assert _said(caplog) == [("1 endpoints had pending deliveries but were not ready; made ready", "sweep")]
     assert await trigger.wait(0) is Wake.FIRED
-    assert [r["endpoint_id"] for r in await store.reserve(db, ALL, 10, 10.0, "w")] == [endpoint]
+    assert [c.endpoint_id for c in ready.take(datetime.now(UTC), 10)] == [endpoint]
+    assert ready.floor(endpoint) is None  # read from the start
 
     trigger.round_starts()
-    assert await sweep.run_once() == 0
+    assert await sweep.run_once() == 0  # in a round now: scheduled
     assert await trigger.wait(0) is Wake.POLL
 
 

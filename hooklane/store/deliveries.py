@@ -19,28 +19,57 @@ from hooklane.store.queries import QUERIES
 STATES = ("pending", "sending", "delivered", "dead", "discarded")
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """What a reservation round returns: the deliveries it reserved, and one
+    verdict per candidate endpoint (hooklane_reserve_v3: deliverable,
+    paused_until, head, at_limit, leases_end, max_concurrency)."""
+
+    deliveries: list[asyncpg.Record]
+    verdicts: list[asyncpg.Record]
+
+
 async def reserve(
-    conn: asyncpg.Connection, partitions: list[int], limit: int, lease_grace_seconds: float, worker_id: str
-) -> list[asyncpg.Record]:
-    """Reserve up to ``limit`` due deliveries of ``partitions``, visiting only
-    endpoints that may have work; each records ``worker_id`` as the worker
-    that attempted it. Call only while this session holds those partitions'
-    advisory locks."""
-    return await conn.fetch(
+    conn: asyncpg.Connection,
+    partitions: list[int],
+    candidates: Sequence[int],
+    floors: Sequence[datetime | None],
+    limit: int,
+    lease_grace_seconds: float,
+    worker_id: str,
+) -> Reservation:
+    """Reserve up to ``limit`` due deliveries of the ``candidates`` (endpoints
+    of ``partitions``), reading each one's queue from its floor (None: from
+    the start); each records ``worker_id`` as the worker that attempted it.
+    Call only while this session holds those partitions' advisory locks."""
+    rows = await conn.fetch(
         *QUERIES["reserve"](
-            partitions=partitions, limit=limit, lease_grace_seconds=lease_grace_seconds, worker_id=worker_id
+            partitions=partitions,
+            candidates=list(candidates),
+            floors=list(floors),
+            limit=limit,
+            lease_grace_seconds=lease_grace_seconds,
+            worker_id=worker_id,
         )
     )
+    return Reservation([r for r in rows if r["id"] is not None], [r for r in rows if r["id"] is None])
+
+
+# A healthy endpoint's last delivery time is written at most this often:
+# every other success in between leaves its row as it is, so that it gets a
+# row version per step rather than one per batch of results (issue 21).
+DELIVERED_STEP_SECONDS = 10.0
 
 
 async def complete(
-    conn: asyncpg.Connection, results: list[Result], circuit: CircuitPolicy
+    conn: asyncpg.Connection, results: list[Result], circuit: CircuitPolicy, partitions: list[int]
 ) -> list[asyncpg.Record]:
     """Record results in one statement; returns the endpoints touched, with
-    their circuit state after it; ``ready``: whether one now has due work
-    and a free slot, the only reason to run a reservation round for it;
+    their circuit state after it, whether each is deliverable and the
+    earliest retry queued for it (``retried_head``), for the ready list;
     ``opened``: whether these results opened its circuit; ``deactivated``:
-    whether they deactivated it (a 410)."""
+    whether they deactivated it (a 410). Retries of endpoints outside
+    ``partitions`` (the recording worker's) are notified to their owner."""
     return await conn.fetch(
         *QUERIES["complete"](
             ids=[r.delivery_id for r in results],
@@ -52,19 +81,46 @@ async def complete(
             threshold=circuit.threshold,
             step_seconds=circuit.step_seconds,
             cap_seconds=circuit.cap_seconds,
+            partitions=partitions,
+            delivered_step_seconds=DELIVERED_STEP_SECONDS,
         )
     )
 
 
-async def rescue_expired(conn: asyncpg.Connection, partitions: list[int]) -> int:
-    """Requeue deliveries whose lease expired. Call under the partitions' locks."""
-    return len(await conn.fetch(*QUERIES["rescue_expired"](partitions=partitions)))
+@dataclass(frozen=True)
+class Rescued:
+    """Deliveries requeued by ``rescue_expired``: each one's endpoint,
+    partition and due time; ``checked_at``, the database's time their
+    leases were judged at."""
+
+    checked_at: datetime
+    endpoints: list[tuple[int, int, datetime]]
 
 
-async def sweep_ready(conn: asyncpg.Connection, partitions: list[int]) -> int:
-    """Make ready the endpoints with pending deliveries the ready index lacks.
+async def rescue_expired(
+    conn: asyncpg.Connection, partitions: list[int], since: datetime | None = None
+) -> Rescued:
+    """Requeue deliveries whose lease ended from ``since`` on (None: any time).
     Call under the partitions' locks."""
-    return len(await conn.fetch(*QUERIES["sweep_ready"](partitions=partitions)))
+    row = await conn.fetchrow(*QUERIES["rescue_expired"](partitions=partitions, since=since))
+    assert row is not None, "an aggregate without GROUP BY returns one row"
+    return Rescued(
+        row["checked_at"], list(zip(row["endpoint_ids"], row["partitions"], row["dues"], strict=True))
+    )
+
+
+async def pending_endpoints(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:
+    """(endpoint, partition) of each deliverable endpoint of ``partitions``
+    with pending deliveries: where a ready list starts from."""
+    rows = await conn.fetch(*QUERIES["pending_endpoints"](partitions=partitions))
+    return [(r["id"], r["partition"]) for r in rows]
+
+
+async def absorb_wakeups(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:
+    """Take the wakeup rows publishers of version 8 wrote for ``partitions``:
+    (endpoint, partition) of each. Call under the partitions' locks."""
+    rows = await conn.fetch(*QUERIES["absorb_wakeups"](partitions=partitions))
+    return [(r["endpoint_id"], r["partition"]) for r in rows]
 
 
 async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> list[asyncpg.Record]:

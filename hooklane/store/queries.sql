@@ -10,10 +10,11 @@
 -- %%s. The loader turns the names into asyncpg's $1..$n, which this file
 -- never writes itself.
 --
--- The rules that make an endpoint ready are SQL functions (migration 0004):
--- hooklane_wake, hooklane_make_ready, hooklane_deliverable. A statement
--- calls the first two in a CTE that its final SELECT joins (`FROM x, woken`):
--- a CTE without an INSERT, UPDATE or DELETE of its own runs only if read.
+-- The rules that make an endpoint ready are SQL functions: hooklane_wake_v2
+-- (migration 0009: tell the partition's owner that endpoints may have work)
+-- and hooklane_deliverable (migration 0004). A statement calls the first in
+-- a CTE that its final SELECT joins (`FROM x, woken`): a CTE without an
+-- INSERT, UPDATE or DELETE of its own runs only if read.
 
 -- name: migration_lock
 -- Wait for the lock that serialises `hooklane migrate` runs (an init
@@ -64,10 +65,10 @@ SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- partition is a stable hash of that identity, computed once at creation.
 -- A deactivated endpoint stays deactivated: reactivate_endpoint is explicit.
 -- An updated endpoint is woken: the change (unpaused, a secret at last, a
--- higher limit) may make its kept deliveries reservable, and the wakeup is
--- absorbed after this commits, so the worker judges the new row. A new
--- endpoint has nothing to wake for: creating thousands of them must not fill
--- the ready index.
+-- higher limit) may make its kept deliveries reservable, and the owner hears
+-- of it at commit, so the worker judges the new row. A new endpoint has
+-- nothing to wake for: creating thousands of them must not wake a worker
+-- thousands of times.
 -- An endpoint that moves to another tenant must never send the old tenant's
 -- events to whoever now owns the receiver: its pending and dead deliveries
 -- of any other tenant are discarded, with the reason
@@ -119,7 +120,8 @@ discarded AS (
     RETURNING d.id
 ),
 woken AS (
-    SELECT hooklane_wake(array_agg(u.id), array_agg(u.partition)) FROM upserted u WHERE NOT u.created
+    SELECT hooklane_wake_v2(array_agg(u.id), array_agg(u.partition), array_agg(NULL::timestamptz))
+    FROM upserted u WHERE NOT u.created
 )
 SELECT u.id, u.partition, u.created,
        (SELECT b.tenant FROM before b WHERE b.tenant <> u.tenant) AS previous_tenant,
@@ -189,7 +191,8 @@ WITH reactivated AS (
     RETURNING id, partition
 ),
 woken AS (
-    SELECT hooklane_wake(array_agg(id), array_agg(partition)) FROM reactivated
+    SELECT hooklane_wake_v2(array_agg(id), array_agg(partition), array_agg(NULL::timestamptz))
+    FROM reactivated
 )
 SELECT EXISTS (SELECT FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s) AS found,
        EXISTS (SELECT FROM reactivated) AS reactivated
@@ -199,17 +202,12 @@ FROM woken;
 -- Remove an endpoint. Its deliveries, pending and dead alike, go with it (the
 -- foreign key cascades); the events stay, listable for reconciliation until
 -- retention drops them.
+-- The worker owning it drops it from its ready list at its next visit.
 -- Parameters: namespace, name. Index: unique (namespace, name);
--- deliveries_queue for the cascade; primary key of ready_endpoints.
-WITH deleted AS (
-    DELETE FROM endpoints
-    WHERE namespace = %(namespace)s AND name = %(name)s
-    RETURNING id
-),
-unready AS (
-    DELETE FROM ready_endpoints r USING deleted d WHERE r.endpoint_id = d.id
-)
-SELECT id FROM deleted;
+-- deliveries_endpoint for the cascade.
+DELETE FROM endpoints
+WHERE namespace = %(namespace)s AND name = %(name)s
+RETURNING id;
 
 -- name: publish
 -- The outbox write: the event and one delivery per active endpoint of the
@@ -223,9 +221,10 @@ SELECT id FROM deleted;
 -- stored and the stored event is not in this statement's snapshot (another
 -- transaction committed it while this one waited on it): event_conflict
 -- then tells. A coalesce key replaces the still-pending delivery of the
--- same key to the same endpoint. Each endpoint that got work gets a wakeup
--- row, and each partition that got work is notified once (Postgres delivers
--- NOTIFY at commit, and folds duplicates within a transaction). Nothing
+-- same key to the same endpoint. The owner of each endpoint that got work is
+-- notified with the time its delivery is due from, this transaction's now()
+-- (hooklane_wake_v2; Postgres delivers NOTIFY at commit, and folds
+-- duplicates within a transaction); no row is written for it. Nothing
 -- here updates a row that exists already but a coalesced pending delivery,
 -- which reservation skips while it is locked: a long application
 -- transaction never holds a lock a worker waits on.
@@ -267,17 +266,14 @@ queued AS (
     DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
 ),
 woken AS (
-    SELECT hooklane_wake(array_agg(m.id), array_agg(m.partition))
+    SELECT hooklane_wake_v2(array_agg(m.id), array_agg(m.partition), array_agg(now()))
     FROM matched m
     WHERE EXISTS (SELECT FROM event)
 )
 SELECT (SELECT fanout FROM event) AS fanout,
        (SELECT NOT (x.type = %(type)s AND x.data = %(data)s::jsonb
                     AND x.coalesce_key IS NOT DISTINCT FROM %(coalesce_key)s)
-        FROM existing x) AS conflict,
-       (SELECT count(pg_notify('hooklane_ready', p.partition::text))
-        FROM (SELECT DISTINCT m.partition FROM matched m WHERE EXISTS (SELECT FROM event)) AS p)
-         AS notified
+        FROM existing x) AS conflict
 FROM woken;
 
 -- name: event_conflict
@@ -307,62 +303,98 @@ WHERE NOT (e.type = x.type AND e.data = x.data::jsonb
            AND e.coalesce_key IS NOT DISTINCT FROM x.coalesce_key)
 ORDER BY x.position;
 
--- name: sweep_ready
--- Safety net, run now and then: make ready every deliverable endpoint of the
--- owned partitions that has pending deliveries but neither a ready row nor
--- a wakeup, whatever left it so (deliveries written by an older publish, or
--- by hand). An endpoint with a wakeup not yet absorbed is not missing: the
--- next reservation makes it ready. Deliverable: hooklane_deliverable.
--- Parameters: partitions (owned). Index: endpoints_partition; primary key
--- of ready_endpoints; deliveries_queue for the pending check; wakeups is read whole (an
--- anti-join), as it only holds what publishes added since the last round.
-INSERT INTO ready_endpoints (endpoint_id, partition, ready_at)
-SELECT ep.id, ep.partition, now()
+-- name: pending_endpoints
+-- The endpoints of the given partitions that have pending deliveries and
+-- are deliverable (hooklane_deliverable): what a worker's ready list starts
+-- from when it takes partitions, and what its sweep compares it with now
+-- and then, a safety net for deliveries written without a notification (by
+-- hand, or by a publish whose notification no worker heard). Reads each
+-- endpoint's queue from its start, so it walks the dead entries a held
+-- horizon keeps: run per partition taken and per sweep, never per round.
+-- Parameters: partitions. Index: endpoints_partition; deliveries_queue for
+-- the pending check.
+SELECT ep.id, ep.partition
 FROM endpoints ep
 WHERE ep.partition = ANY(%(partitions)s::int[])
   AND hooklane_deliverable(ep)
-  AND NOT EXISTS (SELECT 1 FROM ready_endpoints r WHERE r.endpoint_id = ep.id)
-  AND NOT EXISTS (SELECT 1 FROM wakeups w WHERE w.endpoint_id = ep.id)
-  AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending')
-ON CONFLICT (endpoint_id) DO NOTHING
-RETURNING endpoint_id;
+  AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending');
+
+-- name: absorb_wakeups
+-- Take the wakeup rows of the given partitions, which publishers of version
+-- 8 write (hooklane_wake) and notify with the partition alone: the worker
+-- reads the queue of each endpoint named from its start. Empty once every
+-- publisher runs this release or later.
+-- Parameters: partitions. Index: wakeups_partition.
+DELETE FROM wakeups
+WHERE partition = ANY(%(partitions)s::int[])
+RETURNING endpoint_id, partition;
 
 -- name: rescue_expired
 -- Give back to the queue the deliveries whose lease ran out: their worker
 -- died or lost its connection mid-call. The lease outlives the whole-call
 -- deadline, so the call has certainly ended; the receiver may still have got
--- it (at least once). Runs only under the partitions' advisory locks.
--- Parameters: partitions (owned). Index: deliveries_in_flight.
-WITH rescued AS (
+-- it (at least once). Reads, per endpoint of the partitions, only the leases
+-- that ended from `since` on (NULL: all of them, for partitions just
+-- taken): an earlier run of the same owner rescued the rest, and the dead
+-- entries a held horizon keeps lie before that. One row: the database's
+-- time the leases were judged at, the next run's `since` (with a margin),
+-- and the rescued deliveries' endpoints, partitions and due times, for the
+-- worker's ready list. Runs only under the partitions' advisory locks.
+-- Parameters: partitions (owned), since. Index: endpoints_partition;
+-- deliveries_leased per endpoint, from `since`.
+WITH expired AS (
+    SELECT f.id
+    FROM endpoints ep
+    CROSS JOIN LATERAL (
+        SELECT f.id
+        FROM deliveries f
+        WHERE f.endpoint_id = ep.id
+          AND f.state = 'sending'
+          AND f.lease_expires_at < now()
+          AND f.lease_expires_at >= coalesce(%(since)s::timestamptz, '-infinity')
+    ) f
+    WHERE ep.partition = ANY(%(partitions)s::int[])
+),
+rescued AS (
     UPDATE deliveries d
     SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
         last_error = 'lease expired: the worker lost the delivery'
-    FROM endpoints ep
-    WHERE d.state = 'sending'
+    FROM expired x, endpoints ep
+    WHERE d.id = x.id
+      AND d.state = 'sending'
       AND d.lease_expires_at < now()
       AND ep.id = d.endpoint_id
-      AND ep.partition = ANY(%(partitions)s::int[])
-    RETURNING d.id, ep.id AS endpoint_id, ep.partition
-),
-ready AS (
-    SELECT hooklane_make_ready(array_agg(endpoint_id), array_agg(partition)) FROM rescued
+    RETURNING d.id, d.endpoint_id, ep.partition, d.next_attempt_at
 )
-SELECT r.id FROM rescued r, ready;
+SELECT now() AS checked_at,
+       coalesce(array_agg(r.endpoint_id), '{}') AS endpoint_ids,
+       coalesce(array_agg(r.partition), '{}') AS partitions,
+       coalesce(array_agg(r.next_attempt_at), '{}') AS dues
+FROM rescued r;
 
 -- name: reserve
--- Reserve up to `limit` due deliveries of the owned partitions, visiting only the
--- endpoints that may have work: the steps are in hooklane_reserve_v2
--- (migration 0004), one round trip. Runs only under the partitions' advisory
--- locks. A due delivery of another tenant's event than its endpoint's is
--- discarded, never returned. Each reserved delivery records the worker's id
--- in attempted_by. `previous_secret` is the replaced signing secret while it
--- still signs, else NULL. `max_concurrency` is the endpoint's limit: the
--- worker records at once a result whose endpoint it holds at that limit.
--- Parameters: partitions (owned), limit (how many at most),
--- lease_grace_seconds (beyond the endpoint's timeout), worker_id.
--- Index: wakeups_partition, ready_endpoints_ready_at, deliveries_in_flight,
--- deliveries_queue, primary key of events (see the function).
-SELECT * FROM hooklane_reserve_v2(%(partitions)s::int[], %(limit)s, %(lease_grace_seconds)s, %(worker_id)s);
+-- Reserve up to `limit` due deliveries of the candidates, the endpoints
+-- whose time has come in the worker's ready list, each read from its floor
+-- (the earliest next_attempt_at a pending delivery of it may have; NULL:
+-- from the start): the steps are in hooklane_reserve_v3 (migration 0009),
+-- one round trip. Runs only under the partitions' advisory locks, and
+-- reserves only for endpoints of the owned partitions. A due delivery of
+-- another tenant's event than its endpoint's is discarded, never returned.
+-- Each reserved delivery records the worker's id in attempted_by.
+-- `previous_secret` is the replaced signing secret while it still signs,
+-- else NULL. `max_concurrency` is the endpoint's limit. The rows with a
+-- NULL id are one verdict per candidate, for the ready list: deliverable,
+-- paused_until, head (its earliest pending delivery from the floor on,
+-- NULL: none), at_limit (every slot held by a live lease) and leases_end
+-- (when the first live lease ends).
+-- Parameters: partitions (owned), candidates and floors (arrays of the same
+-- length), limit (how many at most), lease_grace_seconds (beyond the
+-- endpoint's timeout), worker_id.
+-- Index: primary key of endpoints, deliveries_leased, deliveries_queue from
+-- each floor, primary key of events (see the function).
+SELECT * FROM hooklane_reserve_v3(%(partitions)s::int[], %(candidates)s::bigint[],
+                                  %(floors)s::timestamptz[], %(limit)s, %(lease_grace_seconds)s,
+                                  %(worker_id)s);
 
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each
@@ -370,34 +402,33 @@ SELECT * FROM hooklane_reserve_v2(%(partitions)s::int[], %(limit)s, %(lease_grac
 -- from a worker whose delivery was rescued and reserved again changes
 -- nothing. A success closes the circuit; failures add up, and from the
 -- threshold on every failure (re)opens it for step x (failures past the
--- threshold + 1), capped. A 410 deactivates the endpoint. A touched endpoint
--- is made ready only when it has something pending (a retry just recorded
--- included): at its earliest pending delivery, not before its pause ends,
--- and now when that is due, since the result freed a slot (a limit lowered
--- below what is in flight only costs the reservation a visit). One with
--- nothing pending or not deliverable is left alone: its next work wakes it.
--- `ready` says it is ready now, which is what makes a new reservation worth
--- running. `opened` says this call opened its circuit (its failures were
--- below the threshold before and are at or past it now, however many this
--- batch added), `deactivated` that this call deactivated it: what the
--- worker logs. The pending head is read in the statement's snapshot, from before
--- its own updates, hence the retries of `recorded` beside it. A failure of
--- a delivery whose endpoint moved to another tenant while it was in flight
--- is discarded rather than retried or dead: it was reserved under the old
--- tenant, and must never be sent or resent under the new one.
+-- threshold + 1), capped. A 410 deactivates the endpoint. An endpoint's row
+-- is written only when one of these, or its last error, changes, or when
+-- its last delivery time is `delivered_step_seconds` old or more. A failure
+-- of a delivery whose endpoint moved to another tenant while it was in
+-- flight is discarded rather than retried or dead: it was reserved under
+-- the old tenant, and must never be sent or resent under the new one.
+-- Returns each touched endpoint as it is after: its circuit, whether it is
+-- deliverable, `retried_head` (the earliest retry this batch queued for it,
+-- for the worker's ready list), `opened` (this call opened its circuit: its
+-- failures were below the threshold before and are at or past it now,
+-- however many this batch added) and `deactivated` (this call deactivated
+-- it): what the worker logs. Retries of endpoints outside `partitions` (the
+-- recording worker's) are notified to their owner.
 -- Parameters: ids, attempts (the fence), outcomes ('delivered', 'retry',
 -- 'dead'), retry_ins (delays in seconds), statuses (HTTP; NULL when no
 -- response), errors, arrays of equal length; threshold (failures that open
--- the circuit), step_seconds and cap_seconds (of the pause).
--- The steps are in hooklane_complete_v2 (migration 0006), one round trip, with
+-- the circuit), step_seconds and cap_seconds (of the pause); partitions
+-- (owned); delivered_step_seconds.
+-- The steps are in hooklane_complete_v3 (migration 0009), one round trip, with
 -- a plan kept per session that looks each result's row up by primary key.
--- Index: primary keys of deliveries, endpoints and ready_endpoints;
--- deliveries_queue for each touched endpoint's pending head (see the
--- function).
-SELECT id, namespace, name, state, paused_until, consecutive_failures, ready, opened, deactivated
-FROM hooklane_complete_v2(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+-- Index: primary keys of deliveries and endpoints (see the function).
+SELECT id, partition, namespace, name, state, paused_until, consecutive_failures, deliverable,
+       retried_head, opened, deactivated
+FROM hooklane_complete_v3(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
                           %(retry_ins)s::float8[], %(statuses)s::int[], %(errors)s::text[],
-                          %(threshold)s, %(step_seconds)s, %(cap_seconds)s);
+                          %(threshold)s, %(step_seconds)s, %(cap_seconds)s,
+                          %(partitions)s::int[], %(delivered_step_seconds)s);
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -476,7 +507,7 @@ resent AS (
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),
 woken AS (
-    SELECT hooklane_wake(array_agg(r.endpoint_id), array_agg(r.partition))
+    SELECT hooklane_wake_v2(array_agg(r.endpoint_id), array_agg(r.partition), array_agg(now()))
     FROM (SELECT DISTINCT endpoint_id, partition FROM resent) r
 )
 SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint, woken;
@@ -520,7 +551,7 @@ ORDER BY p.xact, p.id;
 -- per-endpoint gauges and the admin API all read it.
 -- Parameters: partitions, or NULL for all; namespace and name of one
 -- endpoint, or NULL for all.
--- Index: deliveries_queue, deliveries_in_flight and deliveries_dead (the
+-- Index: deliveries_queue, deliveries_leased and deliveries_dead (the
 -- join visits only pending, sending and dead rows); endpoints_partition;
 -- the unique (namespace, name) constraint for one endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
@@ -560,7 +591,7 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- rows).
 -- Index: deliveries_queue, probed once per endpoint for its pending count
 -- and oldest (only pending rows are read, never the delivered millions);
--- then, for the page's rows only, deliveries_in_flight and deliveries_dead.
+-- then, for the page's rows only, deliveries_leased and deliveries_dead.
 -- endpoints itself is read whole (10,000 rows, a few ms): the order is
 -- the queue's, which no index of endpoints holds.
 WITH chosen AS (
@@ -614,7 +645,7 @@ ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 -- deliveries. Counts only, no per-endpoint health: the dashboard's header.
 -- Parameters: tenant or NULL, name_prefix or NULL, phase or NULL,
 -- not_delivering (only those), as in endpoint_page.
--- Index: deliveries_queue, deliveries_in_flight and deliveries_dead, each
+-- Index: deliveries_queue, deliveries_leased and deliveries_dead, each
 -- read once (index-only where the visibility map allows), hash-joined to
 -- the chosen endpoints; the cost follows the pending and dead rows, not
 -- the delivered ones.
@@ -754,7 +785,7 @@ replayed AS (
     RETURNING endpoint_id
 ),
 woken AS (
-    SELECT hooklane_wake(array_agg(ep.id), array_agg(ep.partition))
+    SELECT hooklane_wake_v2(array_agg(ep.id), array_agg(ep.partition), array_agg(now()))
     FROM endpoint ep
     WHERE EXISTS (SELECT FROM replayed)
 ),

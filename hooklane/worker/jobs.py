@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import asyncpg
@@ -23,6 +24,7 @@ from hooklane.errors import TransientStoreError
 from hooklane.health import exported_endpoints, standing_counts, tenant_totals
 from hooklane.settings import Settings
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
+from hooklane.worker.ready import ReadyList
 from hooklane.worker.trigger import Trigger
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,12 @@ logger = logging.getLogger(__name__)
 # Housekeeping that needs doing by one worker only runs on the owner of
 # partition 0, so that replicas do not repeat it.
 _HOUSEKEEPER_PARTITION = 0
+
+# A rescue reads the leases that ended since its last run, from this much
+# before it: a margin for a reservation that committed late. Leases that
+# ended earlier were rescued by that run, or by the first of a partition
+# taken, which reads them all.
+_RESCUE_OVERLAP = timedelta(seconds=60)
 
 
 class Job(Protocol):
@@ -111,17 +119,40 @@ class Maintenance:
     name = "maintenance"
 
     def __init__(
-        self, settings: Settings, owner: PartitionOwner, pool: asyncpg.Pool, trigger: Trigger
+        self,
+        settings: Settings,
+        owner: PartitionOwner,
+        pool: asyncpg.Pool,
+        trigger: Trigger,
+        ready: ReadyList,
     ) -> None:
         self.period = settings.maintenance_seconds
         self._settings = settings
         self._owner = owner
         self._pool = pool
         self._trigger = trigger
+        self._ready = ready
+        # The partitions the last rescue read, and from when the next reads.
+        self._rescued_in: set[int] = set()
+        self._since: datetime | None = None
+
+    async def _rescue(self) -> int:
+        owned = set(self._owner.owned)
+        since = self._since if owned <= self._rescued_in else None
+        try:
+            rescued = await self._owner.run(lambda conn, held: store.rescue_expired(conn, held, since))
+        except LostOwnership:
+            self._rescued_in = set()
+            raise
+        self._rescued_in, self._since = owned, rescued.checked_at - _RESCUE_OVERLAP
+        now = datetime.now(UTC)
+        for endpoint_id, partition, due in rescued.endpoints:
+            self._ready.wake(endpoint_id, partition, due, now)
+        return len(rescued.endpoints)
 
     async def run_once(self) -> Maintained:
         try:
-            rescued = await self._owner.run(store.rescue_expired)
+            rescued = await self._rescue()
         except LostOwnership:
             return Maintained()
         if rescued:
@@ -161,22 +192,29 @@ class Maintenance:
 
 
 class ReadySweep:
-    """Makes ready the endpoints of this worker's partitions that have
-    pending deliveries but neither a ready row nor a wakeup; returns how
-    many. Should find none in steady state (docs/state-machine.md)."""
+    """Reads again, from the start, the queue of every endpoint of this
+    worker's partitions with pending deliveries (a safety net for a
+    delivery written without a notification: by hand, or while no worker
+    listened); returns how many of those the ready list did not have
+    scheduled. Should find none in steady state (docs/state-machine.md)."""
 
     name = "sweep"
 
-    def __init__(self, settings: Settings, owner: PartitionOwner, trigger: Trigger) -> None:
+    def __init__(self, settings: Settings, owner: PartitionOwner, trigger: Trigger, ready: ReadyList) -> None:
         self.period = settings.sweep_seconds
         self._owner = owner
         self._trigger = trigger
+        self._ready = ready
 
     async def run_once(self) -> int:
         try:
-            found = await self._owner.run(store.sweep_ready)
+            pending = await self._owner.run(store.pending_endpoints)
         except LostOwnership:
             return 0
+        found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _ in pending)
+        now = datetime.now(UTC)
+        for endpoint_id, partition in pending:
+            self._ready.wake(endpoint_id, partition, None, now, rescan=True)
         if found:
             logger.warning(
                 "%d endpoints had pending deliveries but were not ready; made ready",

@@ -25,6 +25,7 @@ import asyncpg
 
 from hooklane import store
 from hooklane.errors import DatabaseUnreachable
+from hooklane.worker.ready import Wakeup, parse_wakeup
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class LostOwnership(Exception):
 
 
 class PartitionOwner:
-    def __init__(self, dsn: str, partition_count: int, on_notify: Callable[[int], None]) -> None:
+    def __init__(self, dsn: str, partition_count: int, on_notify: Callable[[Wakeup], None]) -> None:
         self._dsn = dsn
         self.partition_count = partition_count
         self._on_notify = on_notify
@@ -100,8 +101,9 @@ class PartitionOwner:
         logger.info("worker %d joined", member_id, extra={"action": "join", "member": member_id})
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        if payload.isdigit() and int(payload) in self.owned:
-            self._on_notify(int(payload))
+        wakeup = parse_wakeup(payload)
+        if wakeup is not None and wakeup.partition in self.owned:
+            self._on_notify(wakeup)
 
     async def run(self, fn: Callable[[asyncpg.Connection, list[int]], Awaitable[T]]) -> T:
         """Run ``fn(conn, owned)`` on the lock connection while ownership holds."""

@@ -2,7 +2,8 @@
 
 Tasks, all in one event loop:
 - the reservation loop, woken by its trigger (hooklane/worker/trigger.py)
-  and by a short poll for due retries;
+  and when the ready list (hooklane/worker/ready.py) says an endpoint is
+  due: each round visits only the endpoints whose time has come;
 - one task per delivery in flight;
 - the recorder, which writes results in batches (one statement per batch);
 - the background jobs (hooklane/worker/jobs.py): the rebalancer, which
@@ -18,6 +19,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -30,6 +32,7 @@ from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.worker.jobs import Gauges, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
+from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
 from hooklane.worker.rules import Attempt, Dead, Outcome, classify, result_of
 from hooklane.worker.sender import Sender, event_body
 from hooklane.worker.trigger import Trigger
@@ -62,9 +65,11 @@ class Worker:
         self.trigger = Trigger(settings.worker_concurrency)
         self._stopping = asyncio.Event()
         self._sending: set[asyncio.Task] = set()
-        # This worker's deliveries in flight per endpoint, to tell a result
-        # that frees a slot its endpoint is waiting for (see _deliver).
-        self._load: dict[int, int] = {}
+        self.ready_list = ReadyList()
+        # The partitions the ready list was built for, and those whose
+        # version 8 publishers wrote wakeup rows to absorb.
+        self._listed: set[int] = set()
+        self._legacy: set[int] = set()
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
@@ -107,8 +112,8 @@ class Worker:
         recorder = asyncio.create_task(self._record_loop(), name="recorder")
         jobs: list[Job] = [
             Rebalancer(s, self.owner, self.trigger, self._reconnect),
-            Maintenance(s, self.owner, self.pool, self.trigger),
-            ReadySweep(s, self.owner, self.trigger),
+            Maintenance(s, self.owner, self.pool, self.trigger, self.ready_list),
+            ReadySweep(s, self.owner, self.trigger, self.ready_list),
             Gauges(s, self.owner, self.pool),
         ]
         background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
@@ -148,9 +153,7 @@ class Worker:
                 )
                 async with store.acquire(self._pool) as conn:
                     partition_count = await store.partition_count(conn)
-                self._owner = PartitionOwner(
-                    s.database_url, partition_count, lambda _p: self.trigger.published()
-                )
+                self._owner = PartitionOwner(s.database_url, partition_count, self._woken)
                 await self.owner.connect()
                 return True
             except SchemaMissing:
@@ -176,7 +179,8 @@ class Worker:
         again after their lease. Then the partitions go, so that other
         workers serve their endpoints at once instead of after this worker's
         slowest call; the limits stay exact, as deliveries in flight are
-        counted in Postgres whoever owns the partition."""
+        counted in Postgres (by their live leases) whoever owns the
+        partition."""
         await reserve
         await self.owner.close()
         if self._sending:
@@ -185,6 +189,16 @@ class Worker:
         self._results.put_nowait(None)
         await recorder
 
+    def _woken(self, wakeup: Wakeup) -> None:
+        """A notification for a partition this worker owns."""
+        if wakeup.endpoints is None:
+            self._legacy.add(wakeup.partition)
+        else:
+            now = datetime.now(UTC)
+            for endpoint_id in wakeup.endpoints:
+                self.ready_list.wake(endpoint_id, wakeup.partition, wakeup.due, now)
+        self.trigger.published()
+
     async def _reserve_loop(self) -> None:
         s = self.settings
         started = 0.0
@@ -192,26 +206,19 @@ class Worker:
             self.trigger.round_starts()
             free = min(s.worker_concurrency - len(self._sending), s.reserve_batch)
             reserved = 0
+            failed = False
             if free > 0 and self.owner.owned:
                 started = time.perf_counter()
                 try:
-                    rows = await self.owner.run(
-                        functools.partial(
-                            store.reserve,
-                            limit=free,
-                            lease_grace_seconds=s.lease_grace_seconds,
-                            worker_id=s.worker_id,
-                        )
-                    )
+                    rows = await self._round(free)
                 except LostOwnership:
-                    rows = []
+                    rows, failed = [], True
                     await self._reconnect()
                 except TransientStoreError as exc:
-                    rows = []
+                    rows, failed = [], True
                     logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
-                    self._load[row["endpoint_id"]] = self._load.get(row["endpoint_id"], 0) + 1
                     task = asyncio.create_task(self._deliver(row))
                     self._sending.add(task)
                     task.add_done_callback(self._sent)
@@ -219,10 +226,69 @@ class Worker:
                 metrics.IN_FLIGHT.set(len(self._sending))
             if reserved and reserved == free:
                 continue  # more may be ready: go again before sleeping
-            wake = await self.trigger.wait(s.poll_seconds)
+            wake = await self.trigger.wait(self._until_due(free, failed))
             pause = self.trigger.pause(wake, time.perf_counter() - started, len(self._sending))
             if pause > 0:
                 await asyncio.sleep(pause)
+
+    def _until_due(self, free: int, failed: bool) -> float:
+        """How long to wait for the trigger: until the ready list's next
+        endpoint is due, at most the poll; the whole poll when slots are
+        full (a freed one fires the trigger) or the round failed."""
+        poll = self.settings.poll_seconds
+        due = self.ready_list.next_due()
+        if due is None or free <= 0 or failed:
+            return poll
+        return min(poll, max(0.0, (due - datetime.now(UTC)).total_seconds()))
+
+    async def _round(self, limit: int) -> list[asyncpg.Record]:
+        """One reservation round over the endpoints whose time has come."""
+        await self._follow_partitions()
+        candidates = self.ready_list.take(datetime.now(UTC), limit)
+        if not candidates:
+            return []
+        try:
+            reservation = await self.owner.run(
+                functools.partial(
+                    store.reserve,
+                    candidates=[c.endpoint_id for c in candidates],
+                    floors=[c.floor for c in candidates],
+                    limit=limit,
+                    lease_grace_seconds=self.settings.lease_grace_seconds,
+                    worker_id=self.settings.worker_id,
+                )
+            )
+        except BaseException:
+            self.ready_list.returned(candidates, datetime.now(UTC))
+            raise
+        self.ready_list.settle(
+            [Verdict.of(v) for v in reservation.verdicts],
+            [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+            datetime.now(UTC),
+        )
+        return reservation.deliveries
+
+    async def _follow_partitions(self) -> None:
+        """Keep the ready list to the partitions owned: forget those
+        released, list the endpoints with pending deliveries of those taken,
+        and absorb the wakeup rows of version 8 publishers."""
+        owned = set(self.owner.owned)
+        if owned != self._listed:
+            self.ready_list.retain(owned)
+            taken = sorted(owned - self._listed)
+            self._listed &= owned
+            if taken:
+                self._rescan(await self.owner.run(lambda conn, _owned: store.pending_endpoints(conn, taken)))
+            self._listed = owned
+        legacy = sorted(self._legacy & owned)
+        self._legacy.clear()
+        if legacy:
+            self._rescan(await self.owner.run(lambda conn, _owned: store.absorb_wakeups(conn, legacy)))
+
+    def _rescan(self, found: Iterable[tuple[int, int]]) -> None:
+        now = datetime.now(UTC)
+        for endpoint_id, partition in found:
+            self.ready_list.wake(endpoint_id, partition, None, now, rescan=True)
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
@@ -254,12 +320,10 @@ class Worker:
             attempt = Attempt(None, error=error)
             outcome = self._classify(row, attempt)
         metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
-        endpoint_id = row["endpoint_id"]
-        load = self._load.pop(endpoint_id, 1)
-        if load > 1:
-            self._load[endpoint_id] = load - 1
         self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome))
-        if load >= row["max_concurrency"]:
+        # Its slot is held until the result is written: at the endpoint's
+        # limit, the next delivery waits for that.
+        if self.ready_list.busy(row["endpoint_id"]) >= row["max_concurrency"]:
             self.trigger.result_awaited()
         if isinstance(outcome, Dead):
             logger.warning(
@@ -309,7 +373,14 @@ class Worker:
                     break
                 item = self._results.get_nowait()
             if batch:
-                await record(self.pool, batch, self.settings.circuit, self.trigger)
+                await record(
+                    self.pool,
+                    batch,
+                    self.settings.circuit,
+                    self.trigger,
+                    self.ready_list,
+                    sorted(self.owner.owned),
+                )
             if item is None:
                 if self._results.empty():
                     return
@@ -328,16 +399,23 @@ class Worker:
 
 
 async def record(
-    pool: asyncpg.Pool, batch: list[store.Result], circuit: CircuitPolicy, trigger: Trigger
+    pool: asyncpg.Pool,
+    batch: list[store.Result],
+    circuit: CircuitPolicy,
+    trigger: Trigger,
+    ready: ReadyList,
+    owned: list[int],
 ) -> None:
     """Write a batch of results, retrying while Postgres is unreachable or
     aborts the statement: a result is never dropped while the worker lives
-    (and if it dies, the lease runs out and the delivery is sent again)."""
+    (and if it dies, the lease runs out and the delivery is sent again).
+    The ready list learns which slots are free and what is due again;
+    retries for partitions outside ``owned`` are notified to their owner."""
     delay = 0.1
     while True:
         try:
             async with store.acquire(pool) as conn:
-                touched = await store.complete(conn, batch, circuit)
+                touched = await store.complete(conn, batch, circuit, owned)
             break
         except TransientStoreError as exc:
             logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
@@ -356,5 +434,6 @@ async def record(
                 "deactivated" if ep["deactivated"] else "paused: circuit open",
                 extra={"action": "circuit", "endpoint": ep["id"]},
             )
-    if any(ep["ready"] for ep in touched):
+    now = datetime.now(UTC)
+    if ready.recorded((r.delivery_id for r in batch), (Recorded.of(ep) for ep in touched), now):
         trigger.endpoint_ready()

@@ -1,0 +1,337 @@
+"""The ready list: which endpoints of a worker's partitions may have work,
+from when, and where each one's queue starts.
+
+The partition owner keeps it in memory, where it costs Postgres no row
+version (issue 21: while another session holds the xmin horizon back, every
+version a table of it gets stays, and every scan walks them). It is built
+from Postgres when partitions are taken (``store.pending_endpoints``), told
+of new work by notifications (publishes, resends, replays, endpoint
+changes, retries recorded by another worker: ``parse_wakeup``), and judged
+by what each reservation round and batch of results returns. The rules are
+in docs/state-machine.md, "Ready endpoints".
+
+Per endpoint it holds:
+
+- ``due``: when a round should visit it (None: not until something happens);
+- ``floor``: the earliest ``next_attempt_at`` a pending delivery of it may
+  have. A round reads the endpoint's queue from there, so that the entries of
+  the deliveries it sent before (dead versions while the horizon is held)
+  are not walked again. ``UNKNOWN`` reads from the start; ``NOTHING`` means
+  nothing is pending that the list was not told of;
+- ``busy``: deliveries this worker reserved for it and has not recorded.
+
+Pure: no I/O, no clock of its own (every call is given ``now``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+# Floors: a time, or one of these two.
+UNKNOWN: datetime | None = None
+NOTHING = datetime.max.replace(tzinfo=UTC)
+
+# How long an endpoint whose slots are all held by another worker's live
+# leases waits, at most, before it is looked at again when the round did
+# not say when the first lease ends.
+_HELD_ELSEWHERE = timedelta(seconds=1)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def lower(floor: datetime | None, due: datetime | None) -> datetime | None:
+    """The floor after a pending delivery due from ``due`` was written
+    (``due`` None: unknown, read from the start)."""
+    if floor is None or due is None:
+        return UNKNOWN
+    return min(floor, due)
+
+
+@dataclass(frozen=True)
+class Wakeup:
+    """A notification on ``hooklane_ready``: endpoints of a partition may
+    have work due from ``due`` (None: nothing was written, the endpoint
+    changed). ``endpoints`` None: a publisher of version 8, which names the
+    partition alone and writes wakeup rows (``store.absorb_wakeups``)."""
+
+    partition: int
+    due: datetime | None
+    endpoints: tuple[int, ...] | None
+
+
+def parse_wakeup(payload: str) -> Wakeup | None:
+    """A notification's payload, as hooklane_wake_v2 writes it ("<partition>
+    <due in microseconds since the epoch, or -> <id>,<id>,...") or as version
+    8 does ("<partition>"); None for anything else, which is not ours."""
+    parts = payload.split(" ")
+    if not all(p.isascii() and p for p in parts) or not parts[0].isdigit():
+        return None
+    partition = int(parts[0])
+    if len(parts) == 1:
+        return Wakeup(partition, None, None)
+    if len(parts) != 3:
+        return None
+    when, ids = parts[1], parts[2].split(",")
+    if not (when == "-" or when.lstrip("-").isdigit()) or not all(i.isdigit() for i in ids):
+        return None
+    due = None if when == "-" else _EPOCH + timedelta(microseconds=int(when))
+    return Wakeup(partition, due, tuple(int(i) for i in ids))
+
+
+class Row(Protocol):
+    """A row as the driver returns it."""
+
+    def __getitem__(self, key: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Candidate:
+    endpoint_id: int
+    floor: datetime | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a round found of a candidate (a verdict row of ``reserve``)."""
+
+    endpoint_id: int
+    exists: bool
+    deliverable: bool
+    paused_until: datetime | None
+    head: datetime | None  # earliest pending from its floor on, after the round
+    at_limit: bool  # every slot held by a live lease
+    leases_end: datetime | None  # when the first live lease ends
+
+    @classmethod
+    def of(cls, row: Row) -> Verdict:
+        return cls(
+            row["endpoint_id"],
+            row["max_concurrency"] is not None,
+            bool(row["deliverable"]),
+            row["paused_until"],
+            row["head"],
+            bool(row["at_limit"]),
+            row["leases_end"],
+        )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An endpoint as a batch of results left it (a row of ``complete``)."""
+
+    endpoint_id: int
+    deliverable: bool
+    paused_until: datetime | None
+    retried_head: datetime | None  # earliest retry the batch queued
+
+    @classmethod
+    def of(cls, row: Row) -> Recorded:
+        return cls(row["id"], bool(row["deliverable"]), row["paused_until"], row["retried_head"])
+
+
+@dataclass
+class _Entry:
+    partition: int
+    floor: datetime | None = UNKNOWN
+    due: datetime | None = None
+    busy: int = 0
+    # All its slots are taken by this worker's own deliveries: a recorded
+    # result brings it back.
+    waiting: bool = False
+    # Handed to a round whose verdict has not come back yet; ``woken``: told
+    # of work meanwhile, from ``woken_floor`` on.
+    in_round: bool = False
+    woken: bool = False
+    woken_floor: datetime | None = NOTHING
+    stamp: int = 0
+
+
+class ReadyList:
+    def __init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+        # (due, stamp, endpoint): an entry is current while its endpoint's
+        # stamp and due still say so; others are skipped when they surface.
+        self._heap: list[tuple[datetime, int, int]] = []
+        self._stamps = 0
+        # This worker's reserved deliveries not yet recorded, to their endpoint.
+        self._reserved: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def busy(self, endpoint_id: int) -> int:
+        entry = self._entries.get(endpoint_id)
+        return entry.busy if entry else 0
+
+    def floor(self, endpoint_id: int) -> datetime | None:
+        entry = self._entries.get(endpoint_id)
+        return entry.floor if entry else UNKNOWN
+
+    def due(self, endpoint_id: int) -> datetime | None:
+        entry = self._entries.get(endpoint_id)
+        return entry.due if entry else None
+
+    def scheduled(self, endpoint_id: int) -> bool:
+        """Whether a round is to visit the endpoint: at a time, in one now,
+        or once a result frees a slot."""
+        entry = self._entries.get(endpoint_id)
+        return entry is not None and (entry.due is not None or entry.waiting or entry.in_round)
+
+    # What happened outside a round.
+
+    def wake(
+        self, endpoint_id: int, partition: int, due: datetime | None, now: datetime, *, rescan: bool = False
+    ) -> None:
+        """The endpoint may have work: pending deliveries due from ``due``
+        (None: none written, but something of the endpoint changed), or,
+        with ``rescan``, anywhere in its queue (read it from the start)."""
+        entry = self._entries.get(endpoint_id)
+        if entry is None:
+            entry = self._entries[endpoint_id] = _Entry(partition)
+        elif rescan:
+            entry.floor = UNKNOWN
+        elif due is not None:
+            entry.floor = lower(entry.floor, due)
+        if entry.in_round:
+            entry.woken = True
+            if rescan:
+                entry.woken_floor = UNKNOWN
+            elif due is not None:
+                entry.woken_floor = lower(entry.woken_floor, due)
+            return
+        at = max(due, now) if due is not None and not rescan else now
+        self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
+
+    def retain(self, partitions: set[int]) -> None:
+        """Forget the endpoints of partitions this worker no longer owns."""
+        self._entries = {k: e for k, e in self._entries.items() if e.partition in partitions}
+        self._rebuild()
+
+    # The rounds.
+
+    def take(self, now: datetime, limit: int) -> list[Candidate]:
+        """Up to ``limit`` endpoints whose time has come, longest waiting
+        first, now handed to a round."""
+        taken: list[Candidate] = []
+        while self._heap and len(taken) < limit and self._heap[0][0] <= now:
+            due, stamp, endpoint_id = heapq.heappop(self._heap)
+            entry = self._entries.get(endpoint_id)
+            if entry is None or entry.stamp != stamp or entry.due != due:
+                continue
+            entry.in_round, entry.woken, entry.woken_floor = True, False, NOTHING
+            taken.append(Candidate(endpoint_id, entry.floor))
+        return taken
+
+    def next_due(self) -> datetime | None:
+        """When the earliest scheduled endpoint is due."""
+        while self._heap:
+            due, stamp, endpoint_id = self._heap[0]
+            entry = self._entries.get(endpoint_id)
+            if entry is not None and entry.stamp == stamp and entry.due == due:
+                return due
+            heapq.heappop(self._heap)
+        return None
+
+    def returned(self, candidates: Iterable[Candidate], now: datetime) -> None:
+        """A round failed before its verdicts: its candidates are due again."""
+        for candidate in candidates:
+            entry = self._entries.get(candidate.endpoint_id)
+            if entry is not None and entry.in_round:
+                entry.in_round = False
+                if entry.woken:
+                    entry.floor = lower(entry.floor, entry.woken_floor) if entry.woken_floor else UNKNOWN
+                self._schedule(entry, candidate.endpoint_id, now)
+
+    def settle(self, verdicts: Iterable[Verdict], reserved: Iterable[tuple[int, int]], now: datetime) -> None:
+        """Apply a round: ``reserved`` is (delivery, endpoint) of each
+        delivery it reserved, ``verdicts`` one per candidate."""
+        for delivery_id, endpoint_id in reserved:
+            entry = self._entries.get(endpoint_id)
+            if entry is not None:
+                entry.busy += 1
+                self._reserved[delivery_id] = endpoint_id
+        for v in verdicts:
+            entry = self._entries.get(v.endpoint_id)
+            if entry is None or not entry.in_round:
+                continue
+            entry.in_round = False
+            if not v.exists and not entry.woken:
+                del self._entries[v.endpoint_id]
+                continue
+            if v.deliverable:
+                entry.floor = v.head if v.head is not None else NOTHING
+            if entry.woken:
+                entry.floor = lower(entry.floor, entry.woken_floor) if entry.woken_floor else UNKNOWN
+            entry.waiting = False
+            if entry.woken:
+                due: datetime | None = now
+            elif not v.deliverable or entry.floor is NOTHING:
+                due = None
+            elif v.paused_until is not None and v.paused_until > now:
+                due = max(v.paused_until, entry.floor or now)
+            elif v.at_limit and entry.busy > 0:
+                entry.waiting, due = True, None
+            elif v.at_limit:
+                due = v.leases_end or now + _HELD_ELSEWHERE
+            else:
+                due = max(entry.floor or now, now)
+            self._schedule(entry, v.endpoint_id, due)
+
+    def recorded(self, deliveries: Iterable[int], endpoints: Iterable[Recorded], now: datetime) -> bool:
+        """Apply a batch of results: ``deliveries`` were recorded (or fenced
+        off), freeing their slots; ``endpoints`` is how each touched endpoint
+        was left. True if one is due now: a round is worth running at once."""
+        freed: set[int] = set()
+        for delivery_id in deliveries:
+            owner = self._reserved.pop(delivery_id, None)
+            entry = self._entries.get(owner) if owner is not None else None
+            if owner is not None and entry is not None:
+                entry.busy = max(entry.busy - 1, 0)
+                freed.add(owner)
+        left = {r.endpoint_id: r for r in endpoints}
+        ready_now = False
+        for endpoint_id in freed | left.keys():
+            entry = self._entries.get(endpoint_id)
+            if entry is None:
+                continue
+            r = left.get(endpoint_id)
+            if r is not None and r.retried_head is not None:
+                entry.floor = lower(entry.floor, r.retried_head)
+                if entry.in_round:
+                    entry.woken, entry.woken_floor = True, lower(entry.woken_floor, r.retried_head)
+            if entry.in_round:
+                continue  # the round's verdict decides
+            entry.waiting = False
+            if entry.floor is NOTHING or (r is not None and not r.deliverable):
+                continue
+            at = max(entry.floor or now, now)
+            if r is not None and r.paused_until is not None and r.paused_until > now:
+                due: datetime | None = max(r.paused_until, at)
+            else:
+                due = at if entry.due is None else min(entry.due, at)
+            self._schedule(entry, endpoint_id, due)
+            ready_now = ready_now or (due is not None and due <= now)
+        return ready_now
+
+    # The heap.
+
+    def _schedule(self, entry: _Entry, endpoint_id: int, due: datetime | None) -> None:
+        entry.due = due
+        self._stamps += 1
+        entry.stamp = self._stamps
+        if due is not None and not entry.waiting and not entry.in_round:
+            heapq.heappush(self._heap, (due, entry.stamp, endpoint_id))
+            if len(self._heap) > 4 * len(self._entries) + 1024:
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._heap = [
+            (e.due, e.stamp, k)
+            for k, e in self._entries.items()
+            if e.due is not None and not e.waiting and not e.in_round
+        ]
+        heapq.heapify(self._heap)
