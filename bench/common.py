@@ -149,10 +149,10 @@ async def create_endpoints(
 
 
 async def wake_bulk_loaded(conn: asyncpg.Connection) -> None:
-    """Deliveries bulk-inserted behind publish's back get what publish would
-    have added for them. Today that is nothing; a core that keeps derived
-    reservation state (a ``wakeups`` table) needs its rows, or a bulk-loaded
-    backlog would never be reserved."""
+    """Deliveries bulk-inserted behind publish's back get what a publish of
+    the tree under test would have added for them: a ``wakeups`` row each,
+    for a tree of version 8 or before (a worker of version 9 or later lists
+    a backlog when it takes the partitions, and absorbs these rows too)."""
     if await conn.fetchval("SELECT to_regclass('wakeups') IS NOT NULL"):
         await conn.execute(
             """
@@ -162,19 +162,6 @@ async def wake_bulk_loaded(conn: asyncpg.Connection) -> None:
                           WHERE d.endpoint_id = ep.id AND d.state IN ('pending', 'sending'))
             """
         )
-
-
-async def settle_ready(conn: asyncpg.Connection) -> None:
-    """Bring the ready index to the state a running worker keeps it in: every
-    woken endpoint visited once, so that each sits at its next retry, the end
-    of its pause, 'infinity' while full, or out of the index when it cannot
-    be delivered to. A worker gets there after its first rounds over a
-    bulk-loaded backlog; timing reservation before that would time the
-    one-off absorption of every wakeup instead of a reservation."""
-    partitions = list(range(await store.partition_count(conn)))
-    await conn.execute("SELECT hooklane_absorb_wakeups_v2($1)", partitions)
-    woken = [r["endpoint_id"] for r in await conn.fetch("SELECT endpoint_id FROM ready_endpoints")]
-    await conn.execute("SELECT hooklane_rerate_v2($1)", woken)
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,11 @@ the shape of the queue is the input here, not how it got there) with
 Then ``reserve`` is timed as one worker owning every partition runs it, for
 as many slots as a worker with the default concurrency has (64), inside a
 transaction that is rolled back so every repetition sees the same state.
+The worker's ready list is first brought to where a running worker keeps
+it: every endpoint with pending deliveries visited once (rounds that
+reserve nothing), so that each waits for its next retry, the end of its
+pause or a lease, or is due now with its queue's floor at its head; the
+timed rounds then take the candidates that list hands out.
 The plan of one run (EXPLAIN ANALYZE, BUFFERS) is kept to show where the
 time goes.
 
@@ -25,6 +30,7 @@ import argparse
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -35,10 +41,9 @@ from bench.common import (
     machine,
     postgres_server,
     run_and_report,
-    settle_ready,
-    wake_bulk_loaded,
 )
 from hooklane import store
+from hooklane.worker.ready import Candidate, ReadyList, Verdict
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,6 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     await conn.execute(IN_FLIGHT)
     due = await conn.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'")
     await conn.execute(REST, cfg.pending - due)
-    await wake_bulk_loaded(conn)
-    await settle_ready(conn)
     await conn.execute("VACUUM ANALYZE")
     counts = await conn.fetchrow(
         """SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
@@ -137,22 +140,61 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     return {**dict(counts), "fill_seconds": round(time.perf_counter() - started, 1)}
 
 
+async def _partitions(conn: asyncpg.Connection) -> list[int]:
+    return list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
+
+
+async def _reserve(
+    conn: asyncpg.Connection, candidates: list[Candidate], limit: int, cfg: Config
+) -> store.Reservation:
+    return await store.reserve(
+        conn,
+        await _partitions(conn),
+        [c.endpoint_id for c in candidates],
+        [c.floor for c in candidates],
+        limit,
+        cfg.lease_grace,
+        WORKER_ID,
+    )
+
+
+async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Candidate]:
+    """The candidates of a worker's round once its ready list has visited
+    every endpoint: rounds that reserve nothing (limit 0) over all of them,
+    a thousand at a time, then what the list hands out now."""
+    ready = ReadyList()
+    now = datetime.now(UTC)
+    for endpoint_id, partition in await store.pending_endpoints(conn, await _partitions(conn)):
+        ready.wake(endpoint_id, partition, None, now, rescan=True)
+    visited: set[int] = set()
+    while batch := ready.take(datetime.now(UTC), 1000):
+        if visited.issuperset(c.endpoint_id for c in batch):
+            # all visited once: what is due again is the timed round's
+            ready.returned(batch, datetime.now(UTC))
+            break
+        reservation = await _reserve(conn, batch, 0, cfg)
+        ready.settle([Verdict.of(v) for v in reservation.verdicts], [], datetime.now(UTC))
+        visited.update(c.endpoint_id for c in batch)
+    return ready.take(datetime.now(UTC), cfg.limit)
+
+
 async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
     """Wall time of one reservation, client side, rolled back each time.
     Through store.reserve, the worker's own call, so that the
     benchmark follows the core if reservation becomes several statements."""
-    partitions = list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
+    candidates = await settled_candidates(conn, cfg)
     times, reserved = [], 0
     for _ in range(cfg.repeat + 1):
         tx = conn.transaction()
         await tx.start()
         started = time.perf_counter()
-        rows = await store.reserve(conn, partitions, cfg.limit, cfg.lease_grace, WORKER_ID)
+        reservation = await _reserve(conn, candidates, cfg.limit, cfg)
         times.append(time.perf_counter() - started)
         await tx.rollback()
-        reserved = len(rows)
+        reserved = len(reservation.deliveries)
     times = times[1:]  # the first one plans and warms the cache
     return {
+        "candidates": len(candidates),
         "reserved": reserved,
         "median_ms": statistics.median(times) * 1000,
         "min_ms": min(times) * 1000,
@@ -164,7 +206,7 @@ async def explain(conn: asyncpg.Connection, cfg: Config) -> str:
     """The plans of every statement inside one reservation (``reserve`` is a
     function call, so EXPLAIN on it shows nothing): auto_explain, at NOTICE
     level so that the plans come back to this client."""
-    partitions = list(range(await conn.fetchval("SELECT partition_count FROM hooklane_config")))
+    candidates = await settled_candidates(conn, cfg)
     plans: list[str] = []
     conn.add_log_listener(lambda _conn, message: plans.append(message.message))
     tx = conn.transaction()
@@ -176,7 +218,7 @@ async def explain(conn: asyncpg.Connection, cfg: Config) -> str:
             " SET LOCAL auto_explain.log_buffers = on; SET LOCAL auto_explain.log_level = notice;"
             " SET LOCAL client_min_messages = notice"
         )
-        await store.reserve(conn, partitions, cfg.limit, cfg.lease_grace, WORKER_ID)
+        await _reserve(conn, candidates, cfg.limit, cfg)
     finally:
         await tx.rollback()
     return "\n\n".join(plans)
