@@ -67,6 +67,14 @@ from hooklane.store.events import (
     list_events,
     purge_events,
 )
+from hooklane.store.horizon import (
+    TABLES,
+    Horizon,
+    HorizonHolder,
+    TableStatistics,
+    table_statistics,
+    xmin_horizon,
+)
 from hooklane.store.locks import live_workers, try_lock, unlock
 from hooklane.store.migrations import available as available_migrations
 from hooklane.store.migrations import migrate
@@ -79,6 +87,7 @@ __all__ = [
     "MAX_DELIVERY_ID",
     "MAX_PAGE",
     "STATES",
+    "TABLES",
     "WORKER_SESSION",
     "Changed",
     "DeliveryPage",
@@ -88,10 +97,13 @@ __all__ = [
     "EndpointTotals",
     "EventPage",
     "EventRow",
+    "Horizon",
+    "HorizonHolder",
     "Reactivation",
     "Result",
     "Stored",
     "StoredEvent",
+    "TableStatistics",
     "Unrouted",
     "Upserted",
     "acquire",
@@ -132,9 +144,11 @@ __all__ = [
     "stored_endpoints",
     "stored_form",
     "sweep_ready",
+    "table_statistics",
     "try_lock",
     "unlock",
     "unrouted_counts",
     "unrouted_events",
     "upsert_endpoint",
+    "xmin_horizon",
 ]
