@@ -48,6 +48,52 @@ ENDPOINTS_PROBING = Gauge(
 )
 EVENTS_UNROUTED = Gauge("hooklane_events_unrouted", "Events kept although they matched no endpoint.")
 
+# The database's xmin horizon and Hooklane's tables (jobs.HorizonWatch): the
+# owner of partition 0 reports them; the others show 0, or no series.
+HORIZON_AGE = Gauge(
+    "hooklane_xmin_horizon_age_seconds",
+    "How long the oldest transaction, snapshot, prepared transaction, replication slot or standby "
+    "holding back the database's xmin horizon has held it: no dead row younger can be vacuumed.",
+)
+HORIZON_XID_AGE = Gauge(
+    "hooklane_xmin_horizon_age_xids",
+    "Transactions begun since the one the oldest holder of the xmin horizon holds.",
+)
+# One series at most, of the holder that stayed put for a pass: its labels
+# change with every holder, so the series never outlives the holder.
+HORIZON_HOLDER = Gauge(
+    "hooklane_xmin_horizon_holder",
+    "The oldest holder of the xmin horizon, in its labels (always 1): kind (backend, "
+    "prepared_transaction, replication_slot, standby), pid, usename, application_name, state, and "
+    "name (a slot's, a prepared transaction's gid).",
+    ["kind", "pid", "usename", "application_name", "state", "name"],
+)
+HORIZON_VISIBLE = Gauge(
+    "hooklane_xmin_horizon_visible",
+    "1 if the worker's database role sees every session's transaction (pg_read_all_stats); "
+    "0 if other roles' sessions show no state or age.",
+)
+TABLE_LIVE_ROWS = Gauge("hooklane_table_live_rows", "Live rows of a Hooklane table (estimate).", ["table"])
+TABLE_DEAD_ROWS = Gauge(
+    "hooklane_table_dead_rows", "Dead rows of a Hooklane table not vacuumed yet (estimate).", ["table"]
+)
+TABLE_LAST_AUTOVACUUM = Gauge(
+    "hooklane_table_last_autovacuum_timestamp_seconds",
+    "When autovacuum last vacuumed a Hooklane table; no series if never.",
+    ["table"],
+)
+TABLE_LAST_VACUUM = Gauge(
+    "hooklane_table_last_vacuum_timestamp_seconds",
+    "When a Hooklane table was last vacuumed by hand (VACUUM); no series if never.",
+    ["table"],
+)
+TABLE_AUTOVACUUMS = Gauge(
+    "hooklane_table_autovacuum_count",
+    "Times autovacuum vacuumed a Hooklane table since Postgres' statistics were last reset.",
+    ["table"],
+)
+PER_TABLE = (TABLE_LIVE_ROWS, TABLE_DEAD_ROWS, TABLE_LAST_AUTOVACUUM, TABLE_LAST_VACUUM, TABLE_AUTOVACUUMS)
+
 PER_ENDPOINT = (ENDPOINT_PENDING, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_PENDING_AGE, ENDPOINT_DEAD)
 
 # HOOKLANE_METRICS_ENDPOINTS=tenant: the same, summed per tenant of this

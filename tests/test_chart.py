@@ -404,6 +404,8 @@ def test_the_schema_takes_the_token_entries_the_api_takes(entry):
         ("api.headerTimeoutSeconds=0", "at '/api/headerTimeoutSeconds'"),
         ("metrics.prometheusRule.apiErrorRatio=5", "at '/metrics/prometheusRule/apiErrorRatio'"),
         ("metrics.prometheusRule.apiAckP99Seconds=0", "at '/metrics/prometheusRule/apiAckP99Seconds'"),
+        ("metrics.prometheusRule.horizonAgeSeconds=0", "at '/metrics/prometheusRule/horizonAgeSeconds'"),
+        ("metrics.prometheusRule.deadRowsMin=-1", "at '/metrics/prometheusRule/deadRowsMin': minimum"),
         ("networkPolicy.apiFrom=anyone", "at '/networkPolicy/apiFrom': got string, want array"),
     ],
 )
@@ -468,7 +470,7 @@ def rules_dir(tools, tmp_path) -> Path:
 @pytest.mark.tools
 def test_promtool_accepts_the_rules(tools, rules_dir):
     done = tools.run("promtool", "check", "rules", str(rules_dir / "rules.yaml"))
-    assert "SUCCESS: 7 rules found" in done.stdout, done.stdout
+    assert "SUCCESS: 9 rules found" in done.stdout, done.stdout
 
 
 @pytest.mark.tools

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -15,17 +16,20 @@ import pytest
 from prometheus_client import REGISTRY
 
 import hooklane
-from hooklane import store
+from hooklane import metrics, store
 from hooklane.errors import DatabaseUnreachable
 from hooklane.settings import Settings
 from hooklane.worker.jobs import (
     Exported,
     Gauges,
+    HorizonSeen,
+    HorizonWatch,
     Maintained,
     Maintenance,
     ReadySweep,
     Rebalanced,
     Rebalancer,
+    held_for,
     run_every,
 )
 from hooklane.worker.partitions import PartitionOwner
@@ -303,3 +307,295 @@ async def test_the_gauges_say_how_many_endpoints_they_exported_of_those_owned(
 async def test_a_worker_owning_nothing_exports_nothing(db, settings, idle_owner, pool):
     await _three(db)
     assert await Gauges(settings, idle_owner, pool).run_once() == Exported(exported=0, owned=0)
+
+
+# --- the xmin horizon ---------------------------------------------------------
+
+
+def _holders() -> list[dict[str, str]]:
+    return [
+        s.labels
+        for family in REGISTRY.collect()
+        for s in family.samples
+        if s.name == "hooklane_xmin_horizon_holder"
+    ]
+
+
+def _holder(kind: str, *, xmin: int = 700, pid: int | None = 41, seconds: float | None = None):
+    return store.HorizonHolder(kind, pid, "app", "report", "idle in transaction", None, xmin, 9, seconds)
+
+
+@pytest.mark.unit
+def test_a_holder_is_timed_once_a_pass_sees_it_again_at_the_same_xmin():
+    # A backend whose transaction began 2 minutes ago: its age, from the second sighting.
+    report = _holder("backend", seconds=120.0)
+    first, age = held_for(report, None, now=1000.0)
+    assert age is None
+    again, age = held_for(replace(report, seconds=130.0), first, now=1010.0)
+    assert (again, age) == (first, 130.0)
+    # Its next statement's snapshot (READ COMMITTED), or another session: seen afresh.
+    moved, age = held_for(replace(report, xmin=701, seconds=140.0), again, now=1020.0)
+    assert age is None and moved != first
+    assert held_for(replace(report, pid=42, seconds=150.0), first, now=1030.0)[1] is None
+    # A slot keeps no start: how long it has been seen.
+    slot = replace(_holder("replication_slot", pid=None), name="standby_1")
+    seen, _ = held_for(slot, None, now=1000.0)
+    assert held_for(slot, seen, now=1010.0)[1] == 10.0
+    assert held_for(slot, seen, now=1600.0)[1] == 600.0
+
+
+async def _transaction(dsn: str, application_name: str, sql: str) -> asyncpg.Connection:
+    """A session of the application's, left inside the transaction ``sql`` opens."""
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": application_name})
+    await conn.execute(sql)
+    return conn
+
+
+async def _named(watch: HorizonWatch, pid: int | None = None, name: str | None = None) -> HorizonSeen:
+    """The first pass that names a holder (with ``pid``, or ``name``)."""
+
+    async def named() -> HorizonSeen | None:
+        seen = await watch.run_once()
+        holder = seen.holder
+        if not seen.named or holder is None or (pid, name) not in ((holder.pid, None), (None, holder.name)):
+            return None
+        return seen
+
+    return await wait_for(named)
+
+
+async def test_the_horizon_watch_names_the_oldest_session_holding_the_horizon(dsn, db, settings, owner, pool):
+    await db.execute("CREATE TABLE scratch (x int)")
+    report = await _transaction(
+        dsn, "nightly-report", "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM deliveries"
+    )
+    forgotten = await _transaction(dsn, "forgotten-session", "BEGIN; INSERT INTO scratch VALUES (1)")
+    watch = HorizonWatch(settings, owner, pool)
+    assert watch.period == settings.gauges_seconds
+
+    # Seen once: not aged, not named, since a snapshot seen once may be a
+    # statement's that is gone by the next pass.
+    first = await watch.run_once()
+    assert first.holder is not None and first.holder.pid == report.get_server_pid()
+    assert (first.housekeeper, first.visible, first.named, first.seconds) == (True, True, False, 0.0)
+    assert _holders() == []
+
+    seen = await _named(watch, report.get_server_pid())
+    holder = seen.holder
+    assert holder is not None
+    assert (holder.kind, holder.application_name, holder.usename, holder.state) == (
+        "backend",
+        "nightly-report",
+        "postgres",
+        "idle in transaction",
+    )
+    # The write came after the report's snapshot: one transaction at least.
+    assert seen.seconds > 0 and holder.xid_age >= 1 and not seen.refused
+    assert _sample("hooklane_xmin_horizon_age_seconds") == seen.seconds
+    assert _sample("hooklane_xmin_horizon_age_xids") == holder.xid_age
+    assert _sample("hooklane_xmin_horizon_visible") == 1
+    assert _holders() == [
+        {
+            "kind": "backend",
+            "pid": str(report.get_server_pid()),
+            "usename": "postgres",
+            "application_name": "nightly-report",
+            "state": "idle in transaction",
+            "name": "",
+        }
+    ]
+
+    # The report ends: the forgotten session's write holds the horizon now.
+    await report.close()
+    seen = await _named(watch, forgotten.get_server_pid())
+    assert seen.holder is not None and seen.holder.application_name == "forgotten-session"
+    assert seen.holder.state == "idle in transaction" and seen.seconds > 0
+    assert [h["application_name"] for h in _holders()] == ["forgotten-session"]
+
+    await forgotten.close()
+
+    async def let_go() -> HorizonSeen | None:
+        seen = await watch.run_once()
+        return seen if seen.holder is None or seen.holder.pid != forgotten.get_server_pid() else None
+
+    seen = await wait_for(let_go)
+    gone = {"nightly-report", "forgotten-session"}
+    assert not gone & {h["application_name"] for h in _holders()}
+    if seen.holder is None:
+        assert (_sample("hooklane_xmin_horizon_age_seconds"), _holders()) == (0, [])
+
+
+async def test_a_running_worker_names_the_holder(dsn, start_worker):
+    report = await _transaction(
+        dsn, "nightly-report", "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM events"
+    )
+    try:
+        metrics.HORIZON_HOLDER.clear()
+        start_worker()
+        named = [("nightly-report", str(report.get_server_pid()))]
+        await wait_for(lambda: [(h["application_name"], h["pid"]) for h in _holders()] == named)
+        assert _sample("hooklane_xmin_horizon_age_seconds") > 0
+    finally:
+        await report.close()
+
+
+async def test_a_prepared_transaction_holds_the_horizon_until_it_is_finished(dsn, db, settings, owner, pool):
+    await db.execute("CREATE TABLE scratch (x int)")
+    gid = f"hooklane-test-{uuid.uuid4().hex[:8]}"
+    preparer = await _transaction(
+        dsn, "two-phase", f"BEGIN; INSERT INTO scratch VALUES (1); PREPARE TRANSACTION '{gid}'"
+    )
+    # The prepared transaction outlives its session.
+    await preparer.close()
+    watch = HorizonWatch(settings, owner, pool)
+    try:
+        seen = await _named(watch, name=gid)
+        holder = seen.holder
+        assert holder is not None
+        assert (holder.kind, holder.pid, holder.usename) == ("prepared_transaction", None, "postgres")
+        assert seen.seconds > 0
+        assert _holders() == [
+            {
+                "kind": "prepared_transaction",
+                "pid": "",
+                "usename": "postgres",
+                "application_name": "",
+                "state": "",
+                "name": gid,
+            }
+        ]
+    finally:
+        await db.execute(f"ROLLBACK PREPARED '{gid}'")
+    seen = await watch.run_once()
+    assert seen.holder is None or seen.holder.name != gid
+
+
+@pytest.fixture
+async def unprivileged_pool(dsn: str, db: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
+    """A pool connecting as a role of its own, without pg_read_all_stats."""
+    role = f"hooklane_monitor_{uuid.uuid4().hex[:8]}"
+    await db.execute(f"CREATE ROLE {role} LOGIN")
+    p = await store.create_pool(dsn.replace("postgres@", f"{role}@", 1), min_size=0, max_size=2)
+    try:
+        yield p
+    finally:
+        await p.close()
+        await db.execute(f"DROP ROLE {role}")
+
+
+async def test_without_pg_read_all_stats_the_holder_is_named_and_aged_from_first_sight(
+    dsn, db, settings, owner, unprivileged_pool, caplog
+):
+    report = await _transaction(
+        dsn, "nightly-report", "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM events"
+    )
+    try:
+        watch = HorizonWatch(settings, owner, unprivileged_pool)
+        with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
+            first = await watch.run_once()
+            seen = await _named(watch, report.get_server_pid())
+        # Another role's session: its pid, role and application, not its
+        # state or its transaction's start.
+        holder = seen.holder
+        assert holder is not None and first.holder is not None
+        assert (holder.kind, holder.usename, holder.application_name, holder.state, holder.seconds) == (
+            "backend",
+            "postgres",
+            "nightly-report",
+            None,
+            None,
+        )
+        assert seen.visible is False and seen.seconds > 0
+        assert _sample("hooklane_xmin_horizon_visible") == 0
+        assert [h["state"] for h in _holders()] == [""]
+        assert _said(caplog) == [
+            (
+                "the database role cannot see other roles' transactions (grant it pg_read_all_stats): "
+                "the xmin horizon's holder is named, its age counts from when this worker first saw it",
+                "horizon",
+            )
+        ]
+        assert {t.table for t in seen.tables} == set(store.TABLES)
+    finally:
+        await report.close()
+
+
+async def test_a_view_the_role_may_not_read_is_reported_and_the_worker_goes_on(
+    db, settings, owner, unprivileged_pool, caplog
+):
+    await db.execute("REVOKE SELECT ON pg_catalog.pg_prepared_xacts FROM PUBLIC")
+    watch = HorizonWatch(settings, owner, unprivileged_pool)
+    with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
+        seen = await watch.run_once()
+        again = await watch.run_once()
+    assert seen.refused == ("xmin_horizon refused: permission denied for view pg_prepared_xacts",)
+    assert (seen.holder, seen.visible) == (None, False)
+    assert {t.table for t in seen.tables} == set(store.TABLES)  # the rest is still read
+    assert again.refused == seen.refused
+    # Said once, not every pass.
+    assert _said(caplog) == [
+        ("xmin_horizon refused: permission denied for view pg_prepared_xacts; not reported", "horizon")
+    ]
+    assert _sample("hooklane_xmin_horizon_visible") == 0
+    assert REGISTRY.get_sample_value("hooklane_table_live_rows", {"table": "endpoints"}) == 0
+
+
+async def test_the_horizon_watch_counts_dead_rows_and_vacuums_of_hooklanes_tables_only(
+    db, settings, owner, pool
+):
+    # Read from schema.sql, so that a migration dropping a table drops it here.
+    assert {"deliveries", "endpoints", "events", "hooklane_config", "hooklane_migrations"} <= set(
+        store.TABLES
+    )
+    # The application's table, in the same schema, is not Hooklane's.
+    await db.execute("CREATE TABLE scratch AS SELECT generate_series(1, 10) AS x; DELETE FROM scratch")
+    await db.execute("ALTER TABLE events SET (autovacuum_enabled = off)")
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    for _ in range(5):
+        await hooklane.publish(db, tenant="acme", type="t", data={})
+    await db.execute("DELETE FROM deliveries; DELETE FROM events")
+    # rather than the 10 s an idle session waits to report them
+    await db.execute("SELECT pg_stat_force_next_flush()")
+    watch = HorizonWatch(settings, owner, pool)
+
+    async def counted() -> HorizonSeen | None:
+        seen = await watch.run_once()
+        events = {t.table: t for t in seen.tables}["events"]
+        return seen if events.dead >= 5 else None
+
+    seen = await wait_for(counted)
+    assert {t.table for t in seen.tables} == set(store.TABLES)
+    events = {t.table: t for t in seen.tables}["events"]
+    assert (events.live, events.last_vacuum, events.last_autovacuum, events.autovacuums) == (0, None, None, 0)
+    assert _sample("hooklane_table_dead_rows", table="events") == events.dead
+    assert REGISTRY.get_sample_value("hooklane_table_dead_rows", {"table": "scratch"}) is None
+    assert (
+        REGISTRY.get_sample_value("hooklane_table_last_vacuum_timestamp_seconds", {"table": "events"}) is None
+    )
+
+    await db.execute("VACUUM events")
+
+    async def vacuumed() -> HorizonSeen | None:
+        seen = await watch.run_once()
+        events = {t.table: t for t in seen.tables}["events"]
+        return seen if events.last_vacuum is not None and events.dead == 0 else None
+
+    seen = await wait_for(vacuumed)
+    events = {t.table: t for t in seen.tables}["events"]
+    assert events.last_vacuum is not None
+    assert (
+        _sample("hooklane_table_last_vacuum_timestamp_seconds", table="events")
+        == events.last_vacuum.timestamp()
+    )
+    assert _sample("hooklane_table_dead_rows", table="events") == 0
+
+
+async def test_a_worker_without_partition_0_reports_no_horizon(settings, idle_owner, pool):
+    # What it reported when it held partition 0.
+    metrics.HORIZON_AGE.set(900)
+    metrics.HORIZON_HOLDER.labels("backend", "7", "app", "report", "active", "").set(1)
+    metrics.TABLE_DEAD_ROWS.labels("events").set(5)
+    assert await HorizonWatch(settings, idle_owner, pool).run_once() == HorizonSeen()
+    assert _sample("hooklane_xmin_horizon_age_seconds") == 0
+    assert _holders() == []
+    assert REGISTRY.get_sample_value("hooklane_table_dead_rows", {"table": "events"}) is None

@@ -23,6 +23,10 @@ _SERVER_OPTIONS = [
     "max_connections=200",
     "-c",
     "shared_buffers=256MB",
+    # Off by default; the tests hold a prepared transaction to see it
+    # reported as a holder of the xmin horizon (worker/jobs.py: HorizonWatch).
+    "-c",
+    "max_prepared_transactions=4",
 ]
 # Durability is not the point of a throwaway server, speed is; unless a test
 # crashes the server on purpose and counts what survived.

@@ -71,6 +71,14 @@ from hooklane.store.events import (
     list_events,
     purge_events,
 )
+from hooklane.store.horizon import (
+    TABLES,
+    Horizon,
+    HorizonHolder,
+    TableStatistics,
+    table_statistics,
+    xmin_horizon,
+)
 from hooklane.store.locks import live_workers, try_lock, unlock
 from hooklane.store.migrations import available as available_migrations
 from hooklane.store.migrations import migrate
@@ -84,6 +92,7 @@ __all__ = [
     "MAX_DELIVERY_ID",
     "MAX_PAGE",
     "STATES",
+    "TABLES",
     "WORKER_SESSION",
     "Changed",
     "DeliveryPage",
@@ -93,12 +102,15 @@ __all__ = [
     "EndpointTotals",
     "EventPage",
     "EventRow",
+    "Horizon",
+    "HorizonHolder",
     "Reactivation",
     "Rescued",
     "Reservation",
     "Result",
     "Stored",
     "StoredEvent",
+    "TableStatistics",
     "Unrouted",
     "Upserted",
     "absorb_wakeups",
@@ -140,9 +152,15 @@ __all__ = [
     "reserve",
     "stored_endpoints",
     "stored_form",
+<<<<<<< HEAD
+=======
+    "sweep_ready",
+    "table_statistics",
+>>>>>>> i21-horizon
     "try_lock",
     "unlock",
     "unrouted_counts",
     "unrouted_events",
     "upsert_endpoint",
+    "xmin_horizon",
 ]

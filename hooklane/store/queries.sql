@@ -458,6 +458,89 @@ FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'endpoints'::regclass;
 
+-- name: xmin_horizon
+-- The oldest of what holds back this database's xmin horizon, by xid age:
+-- VACUUM keeps every row deleted or updated after it (a dead row) until it
+-- lets go. One row always: `visible`, whether this role sees every
+-- session's transaction (pg_read_all_stats, or pg_monitor, or a
+-- superuser); then the holder, all NULL when nothing holds the horizon:
+-- - `backend`, a session of this database with a transaction id or a
+--   snapshot (backend_xid, backend_xmin of pg_stat_activity), this session
+--   excepted (its own snapshot, of this statement) and autovacuum's
+--   workers too (no role; VACUUM ignores their xmin); walsenders are
+--   `standby`. Another role's session shows its pid, role, application
+--   and xmin to every role, but its state and transaction start only to
+--   one that is `visible`.
+-- - `prepared_transaction` of this database (pg_prepared_xacts): `name` is
+--   its gid, `usename` its owner.
+-- - `replication_slot` holding an xmin (pg_replication_slots): `name` is
+--   the slot, `state` active or inactive, `pid` its walsender's. A logical
+--   slot's catalog_xmin holds back only the system catalogs, not these.
+-- - `standby`, the hot_standby_feedback of a standby streaming without a
+--   slot (pg_stat_replication).
+-- Slots and standbys hold back every database of the server.
+-- `xmin` is the transaction id held (a backend's older of its xid and its
+-- snapshot's xmin), `xid_age` how many transactions ago it began,
+-- `seconds` how long ago its transaction began where Postgres keeps that
+-- (a visible backend's xact_start, a prepared transaction's prepared
+-- time); NULL otherwise.
+-- Parameters: none. Index: none (statistics and replication views, read
+-- from shared memory).
+SELECT pg_has_role('pg_read_all_stats', 'MEMBER') AS visible, h.*
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT u.*, age(u.xmin) AS xid_age
+    FROM (
+        SELECT 'backend' AS kind, a.pid, a.usename::text AS usename, a.application_name, a.state,
+               NULL::text AS name,
+               CASE WHEN a.backend_xid IS NULL THEN a.backend_xmin
+                    WHEN a.backend_xmin IS NULL THEN a.backend_xid
+                    WHEN age(a.backend_xid) >= age(a.backend_xmin) THEN a.backend_xid
+                    ELSE a.backend_xmin
+               END AS xmin,
+               extract(epoch FROM now() - a.xact_start)::float8 AS seconds
+        FROM pg_stat_activity a
+        WHERE a.datname = current_database()
+          AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
+          AND a.pid <> pg_backend_pid()
+          AND a.usesysid IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM pg_stat_replication r WHERE r.pid = a.pid)
+        UNION ALL
+        SELECT 'prepared_transaction', NULL, p.owner::text, NULL, NULL, p.gid, p.transaction,
+               extract(epoch FROM now() - p.prepared)::float8
+        FROM pg_prepared_xacts p
+        WHERE p.database = current_database()
+        UNION ALL
+        SELECT 'replication_slot', s.active_pid, NULL, NULL,
+               CASE WHEN s.active THEN 'active' ELSE 'inactive' END, s.slot_name::text, s.xmin, NULL
+        FROM pg_replication_slots s
+        WHERE s.xmin IS NOT NULL
+        UNION ALL
+        SELECT 'standby', r.pid, r.usename::text, r.application_name, r.state, NULL, r.backend_xmin, NULL
+        FROM pg_stat_replication r
+        WHERE r.backend_xmin IS NOT NULL
+    ) AS u
+    ORDER BY age(u.xmin) DESC, u.seconds DESC NULLS LAST
+    LIMIT 1
+) AS h ON true;
+
+-- name: table_statistics
+-- Live and dead rows of each of Hooklane's tables, when VACUUM last ran on
+-- it by hand and by autovacuum, and how many times autovacuum has since
+-- the statistics were last reset. A name resolves as the other statements
+-- resolve it (search_path); a table that does not exist has no row, and
+-- the application's tables, in the same schema or not, are not read.
+-- Counts come from the statistics system: estimates, a second or so
+-- behind the transactions that made them.
+-- Parameters: tables, the names of Hooklane's tables (store/horizon.py
+-- reads them from schema.sql).
+-- Index: none (pg_stat_user_tables, by the tables' oids).
+SELECT t.name, s.n_live_tup AS live, s.n_dead_tup AS dead, s.last_autovacuum, s.last_vacuum,
+       s.autovacuum_count AS autovacuums
+FROM unnest(%(tables)s::text[]) AS t(name)
+JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
+ORDER BY t.name;
+
 -- name: analyze_endpoints
 -- Bring the planner's statistics of `endpoints` up to date (a sample of up
 -- to 30,000 rows). Takes a lock that only VACUUM, ANALYZE and schema

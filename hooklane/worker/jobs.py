@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import asyncpg
 
 from hooklane import metrics, store
-from hooklane.errors import TransientStoreError
+from hooklane.errors import StoreError, TransientStoreError
 from hooklane.health import exported_endpoints, standing_counts, tenant_totals
 from hooklane.settings import Settings
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
@@ -275,3 +276,151 @@ class Gauges:
         # count from when they last owned it, which would hide a later rise.
         metrics.EVENTS_UNROUTED.set(unrouted or 0)
         return Exported(exported=len(exported), owned=len(healths))
+
+
+# Postgres' SQLSTATE for a statement this role may not run.
+_INSUFFICIENT_PRIVILEGE = "42501"
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """A holder of the xmin horizon as one pass saw it, to tell the next
+    pass whether the horizon stayed put."""
+
+    key: tuple[object, ...]
+    since: float  # time.monotonic() when first seen
+
+
+def held_for(
+    holder: store.HorizonHolder, previous: Sighting | None, now: float
+) -> tuple[Sighting, float | None]:
+    """The sighting of ``holder`` at ``now``, and how long it has held the
+    horizon: None when seen first, since a short transaction, or a long one
+    whose snapshot moves with every statement (READ COMMITTED), shows
+    another xmin at the next pass. Seen again, it is the age of its
+    transaction where Postgres keeps it, or else (a slot, a standby,
+    another role's session without pg_read_all_stats) how long it has been
+    seen."""
+    key = (holder.kind, holder.pid, holder.name, holder.xmin)
+    if previous is None or previous.key != key:
+        return Sighting(key, now), None
+    return previous, max(holder.seconds or 0.0, now - previous.since)
+
+
+@dataclass(frozen=True)
+class HorizonSeen:
+    """What HorizonWatch saw; all empty on a worker without partition 0."""
+
+    housekeeper: bool = False
+    visible: bool = False
+    holder: store.HorizonHolder | None = None
+    # How long the holder has held the horizon, as exported: 0 until a pass
+    # sees it again at the same xmin; then it is named (HORIZON_HOLDER).
+    seconds: float = 0.0
+    named: bool = False
+    tables: tuple[store.TableStatistics, ...] = ()
+    refused: tuple[str, ...] = ()  # the statements this role may not run, and why
+
+
+class HorizonWatch:
+    """On the owner of partition 0, reports what holds back the database's
+    xmin horizon (a long transaction or snapshot of any session, Hooklane's
+    own included, a prepared transaction, a replication slot, a standby's
+    feedback) and the live and dead rows and vacuums of Hooklane's tables:
+    while the horizon is held, every row the queue deletes or updates stays
+    behind as a dead row (docs/shared-database.md). A view this role may
+    not read is reported, in the log and by what it leaves out, and the
+    worker goes on."""
+
+    name = "horizon"
+
+    def __init__(self, settings: Settings, owner: PartitionOwner, pool: asyncpg.Pool) -> None:
+        self.period = settings.gauges_seconds
+        self._owner = owner
+        self._pool = pool
+        self._sighting: Sighting | None = None
+        self._warned: tuple[bool, tuple[str, ...]] = (True, ())  # visible, refused
+
+    async def run_once(self) -> HorizonSeen:
+        if _HOUSEKEEPER_PARTITION not in self._owner.owned:
+            self._sighting = None
+            seen = HorizonSeen()
+            _export_horizon(seen)
+            return seen
+        refused: list[str] = []
+        async with store.acquire(self._pool) as conn:
+            horizon = await _unless_refused(refused, "xmin_horizon", store.xmin_horizon(conn))
+            tables = await _unless_refused(refused, "table_statistics", store.table_statistics(conn))
+        holder = horizon.holder if horizon else None
+        seconds = None
+        if holder is None:
+            self._sighting = None
+        else:
+            self._sighting, seconds = held_for(holder, self._sighting, time.monotonic())
+        seen = HorizonSeen(
+            housekeeper=True,
+            visible=horizon.visible if horizon else False,
+            holder=holder,
+            seconds=seconds or 0.0,
+            named=seconds is not None,
+            tables=tuple(tables or ()),
+            refused=tuple(refused),
+        )
+        self._warn(seen)
+        _export_horizon(seen)
+        return seen
+
+    def _warn(self, seen: HorizonSeen) -> None:
+        """Say once, not every pass, what this role cannot see."""
+        if (seen.visible, seen.refused) == self._warned:
+            return
+        self._warned = (seen.visible, seen.refused)
+        for why in seen.refused:
+            logger.warning("%s; not reported", why, extra={"action": "horizon"})
+        if not seen.visible and not seen.refused:
+            logger.warning(
+                "the database role cannot see other roles' transactions (grant it pg_read_all_stats): "
+                "the xmin horizon's holder is named, its age counts from when this worker first saw it",
+                extra={"action": "horizon"},
+            )
+
+
+async def _unless_refused(refused: list[str], statement: str, call: Awaitable[_T]) -> _T | None:
+    """``call``'s answer; None, and why in ``refused``, if Postgres refused
+    this role the views it reads. Any other error is raised."""
+    try:
+        return await call
+    except StoreError as exc:
+        if exc.sqlstate != _INSUFFICIENT_PRIVILEGE:
+            raise
+        refused.append(f"{statement} refused: {exc}")
+        return None
+
+
+def _export_horizon(seen: HorizonSeen) -> None:
+    # Cleared and set with no await between: a scrape sees one pass's series.
+    metrics.HORIZON_HOLDER.clear()
+    for gauge in metrics.PER_TABLE:
+        gauge.clear()
+    holder = seen.holder
+    metrics.HORIZON_AGE.set(seen.seconds)
+    metrics.HORIZON_XID_AGE.set(holder.xid_age if holder else 0)
+    metrics.HORIZON_VISIBLE.set(1 if seen.visible else 0)
+    if holder is not None and seen.named:
+        metrics.HORIZON_HOLDER.labels(
+            holder.kind,
+            "" if holder.pid is None else str(holder.pid),
+            holder.usename or "",
+            holder.application_name or "",
+            holder.state or "",
+            holder.name or "",
+        ).set(1)
+    for t in seen.tables:
+        metrics.TABLE_LIVE_ROWS.labels(t.table).set(t.live)
+        metrics.TABLE_DEAD_ROWS.labels(t.table).set(t.dead)
+        metrics.TABLE_AUTOVACUUMS.labels(t.table).set(t.autovacuums)
+        if t.last_autovacuum is not None:
+            metrics.TABLE_LAST_AUTOVACUUM.labels(t.table).set(t.last_autovacuum.timestamp())
+        if t.last_vacuum is not None:
+            metrics.TABLE_LAST_VACUUM.labels(t.table).set(t.last_vacuum.timestamp())

@@ -30,7 +30,7 @@ from hooklane.policies import CircuitPolicy
 from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
-from hooklane.worker.jobs import Gauges, Job, Maintenance, ReadySweep, Rebalancer, run_every
+from hooklane.worker.jobs import Gauges, HorizonWatch, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
 from hooklane.worker.rules import Attempt, Dead, Outcome, classify, result_of
@@ -115,6 +115,7 @@ class Worker:
             Maintenance(s, self.owner, self.pool, self.trigger, self.ready_list),
             ReadySweep(s, self.owner, self.trigger, self.ready_list),
             Gauges(s, self.owner, self.pool),
+            HorizonWatch(s, self.owner, self.pool),
         ]
         background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
         try:

@@ -1,0 +1,1154 @@
+"""The worker's ready list (hooklane/worker/ready.py), pure: which endpoints a
+round visits, when, and from which floor it reads each one's queue; and the
+notifications and rows of migration 0009 it is fed with (hooklane_wake_v2's
+payload, hooklane_reserve_v3's verdict rows, hooklane_complete_v3's rows).
+
+The heart of it, checked by the model at the end: no pending delivery the
+list was told of is ever below the floor the next round reads its endpoint's
+queue from, and an endpoint with a due delivery is always scheduled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from hooklane.worker.ready import (
+    NOTHING,
+    UNKNOWN,
+    Candidate,
+    ReadyList,
+    Recorded,
+    Verdict,
+    Wakeup,
+    lower,
+    parse_wakeup,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2024, 12, 2, 14, 33, 20, tzinfo=UTC)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def t(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def verdict(
+    endpoint_id: int,
+    *,
+    exists: bool = True,
+    deliverable: bool = True,
+    paused_until: datetime | None = None,
+    head: datetime | None = None,
+    at_limit: bool = False,
+    leases_end: datetime | None = None,
+) -> Verdict:
+    return Verdict(endpoint_id, exists, deliverable, paused_until, head, at_limit, leases_end)
+
+
+def recorded_row(
+    endpoint_id: int,
+    *,
+    deliverable: bool = True,
+    paused_until: datetime | None = None,
+    retried_head: datetime | None = None,
+) -> Recorded:
+    return Recorded(endpoint_id, deliverable, paused_until, retried_head)
+
+
+def listed(ready: ReadyList, heads: dict[int, datetime | None], *, partition: int = 0) -> None:
+    """The endpoints as a first round leaves them: read from the start, each
+    one's floor now its head (None: nothing pending), not in a round."""
+    for endpoint_id in heads:
+        ready.wake(endpoint_id, partition, None, NOW, rescan=True)
+    candidates = ready.take(NOW, 1000)
+    assert candidates == [Candidate(endpoint_id, UNKNOWN) for endpoint_id in heads]
+    ready.settle([verdict(endpoint_id, head=head) for endpoint_id, head in heads.items()], [], NOW)
+
+
+# lower
+
+
+def test_lower_unknown_absorbs_everything():
+    assert lower(UNKNOWN, t(0)) is UNKNOWN
+    assert lower(UNKNOWN, None) is UNKNOWN
+    assert lower(t(0), None) is UNKNOWN
+    assert lower(NOTHING, None) is UNKNOWN
+
+
+def test_lower_takes_the_earlier_time():
+    assert lower(t(5), t(3)) == t(3)
+    assert lower(t(3), t(5)) == t(3)
+    assert lower(t(3), t(3)) == t(3)
+
+
+def test_lower_nothing_gives_way_to_any_time():
+    assert datetime.max.replace(tzinfo=UTC) == NOTHING
+    assert lower(NOTHING, t(3)) == t(3)
+    assert lower(NOTHING, NOTHING) == NOTHING
+    assert lower(t(3), NOTHING) == t(3)
+
+
+# parse_wakeup
+
+
+def test_a_wakeup_gives_its_due_to_the_microsecond():
+    wakeup = parse_wakeup("17 1733150000123456 5,42,1000000000001")
+    assert wakeup == Wakeup(17, datetime(2024, 12, 2, 14, 33, 20, 123456, tzinfo=UTC), (5, 42, 1000000000001))
+    assert wakeup is not None and wakeup.due is not None
+    # floors are compared with >= in SQL: one microsecond off could skip a delivery
+    assert (wakeup.due - EPOCH) // timedelta(microseconds=1) == 1733150000123456
+    assert wakeup.due.tzinfo is not None and wakeup.due.utcoffset() == timedelta(0)
+
+
+def test_a_wakeup_of_an_endpoint_changed_has_no_due():
+    assert parse_wakeup("0 - 7") == Wakeup(0, None, (7,))
+    assert parse_wakeup("4095 - 1,2,3") == Wakeup(4095, None, (1, 2, 3))
+
+
+def test_a_wakeup_before_the_epoch_counts_back_from_it():
+    assert parse_wakeup("3 -1 9") == Wakeup(3, EPOCH - timedelta(microseconds=1), (9,))
+    assert parse_wakeup("3 0 9") == Wakeup(3, EPOCH, (9,))
+
+
+def test_a_version_8_publisher_names_the_partition_alone():
+    assert parse_wakeup("12") == Wakeup(12, None, None)
+    assert parse_wakeup("0") == Wakeup(0, None, None)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "",
+        " ",
+        "\u0661",  # an Arabic-Indic one: str.isdigit says yes
+        "\uff13",  # a fullwidth three
+        "3 \u0661 1",
+        "3 1 \u0661",
+        "3 - 1,\u0662",
+        "\u00b2",  # superscript two
+        "-3",
+        "-3 - 1",
+        "+3",
+        "3 +1 1",
+        "3 - +1",
+        "3 - -1",
+        "a",
+        "3a",
+        "3 x 1",
+        "3 1 a",
+        "3 1.5 1",
+        "3 1e6 1",
+        "3 1_000 1",
+        "3 - 1_000",
+        "3 -",
+        "3 1",
+        "3 1 ",
+        " 3",
+        "3 ",
+        "3  1 1",
+        "3 1  1",
+        "3 1 1 1",
+        "3 - 1 2",
+        "3 1 1,",
+        "3 1 ,1",
+        "3 1 1,,2",
+        "3\t1 1",
+        "3 1 1\n",
+        "3\n",
+    ],
+)
+def test_a_payload_that_is_not_ours_gives_none(payload):
+    assert parse_wakeup(payload) is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "3 --5 1",  # passes the check as "5" once its dashes are stripped
+        "3 -5- 1",
+        "3 253402300800000000 1",  # year 10000: past datetime.max
+        "3 -62135596800000001 1",  # before year 1
+        "3 99999999999999999999999 1",  # past timedelta
+        "3 - " + "9" * 5000,  # past int()'s digit limit
+        "9" * 5000,
+    ],
+)
+def test_a_payload_that_is_not_ours_never_raises(payload):
+    """None for anything else, never an exception in the listener."""
+    assert parse_wakeup(payload) is None
+
+
+def wake_v2_payload(partition: int, due: datetime | None, endpoint_ids: list[int]) -> str:
+    """As hooklane_wake_v2 formats it: (extract(epoch FROM due) * 1000000)::bigint,
+    or '-'; the endpoint ids distinct and in order."""
+    micros = "-" if due is None else str((due - EPOCH) // timedelta(microseconds=1))
+    return f"{partition} {micros} {','.join(str(i) for i in sorted(set(endpoint_ids)))}"
+
+
+sane_dues = st.datetimes(
+    min_value=datetime(1900, 1, 1), max_value=datetime(2300, 1, 1), timezones=st.just(UTC)
+)
+
+
+@given(
+    st.integers(0, 4095),
+    st.none() | sane_dues,
+    st.lists(st.integers(1, 2**63 - 1), min_size=1, max_size=300),
+)
+def test_a_wakeup_comes_back_as_hooklane_wake_v2_wrote_it(partition, due, endpoint_ids):
+    wakeup = parse_wakeup(wake_v2_payload(partition, due, endpoint_ids))
+    assert wakeup == Wakeup(partition, due, tuple(sorted(set(endpoint_ids))))
+    assert wakeup is not None and (due is None or wakeup.due.utcoffset() == timedelta(0))
+
+
+@given(st.integers(0, 4095))
+def test_a_version_8_payload_comes_back(partition):
+    assert parse_wakeup(str(partition)) == Wakeup(partition, None, None)
+
+
+# Verdict.of and Recorded.of, from rows as the functions of migration 0009 return them
+
+
+def reserve_v3_verdict_row(**columns: object) -> dict[str, object]:
+    row: dict[str, object] = dict.fromkeys(
+        [
+            "id",
+            "attempts",
+            "created_at",
+            "namespace",
+            "name",
+            "url",
+            "secret",
+            "timeout_seconds",
+            "event_id",
+            "type",
+            "data",
+            "event_created_at",
+            "previous_secret",
+        ]
+    )
+    row.update(columns)
+    return row
+
+
+def test_a_verdict_row_of_an_endpoint():
+    row = reserve_v3_verdict_row(
+        endpoint_id=7,
+        max_concurrency=4,
+        deliverable=True,
+        paused_until=t(30),
+        head=t(-5),
+        at_limit=True,
+        leases_end=t(12),
+    )
+    assert Verdict.of(row) == Verdict(7, True, True, t(30), t(-5), True, t(12))
+
+
+def test_a_verdict_row_of_an_endpoint_with_nothing_pending():
+    row = reserve_v3_verdict_row(
+        endpoint_id=7,
+        max_concurrency=1,
+        deliverable=False,
+        paused_until=None,
+        head=None,
+        at_limit=False,
+        leases_end=None,
+    )
+    assert Verdict.of(row) == Verdict(7, True, False, None, None, False, None)
+
+
+def test_a_verdict_row_of_a_deleted_endpoint():
+    # LEFT JOIN endpoints: every column of it NULL; k.ok and at_limit coalesce to false
+    row = reserve_v3_verdict_row(
+        endpoint_id=7,
+        max_concurrency=None,
+        deliverable=False,
+        paused_until=None,
+        head=None,
+        at_limit=False,
+        leases_end=None,
+    )
+    v = Verdict.of(row)
+    assert v == Verdict(7, False, False, None, None, False, None)
+    assert not v.exists
+
+
+def test_a_complete_v3_row():
+    row = {
+        "id": 7,
+        "partition": 3,
+        "namespace": "acme",
+        "name": "orders",
+        "state": "active",
+        "paused_until": t(60),
+        "consecutive_failures": 5,
+        "deliverable": True,
+        "retried_head": t(10),
+        "opened": True,
+        "deactivated": False,
+    }
+    assert Recorded.of(row) == Recorded(7, True, t(60), t(10))
+    row.update(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
+    assert Recorded.of(row) == Recorded(7, False, None, None)
+
+
+# wake
+
+
+def test_a_new_endpoint_is_read_from_the_start():
+    ready = ReadyList()
+    ready.wake(1, 0, t(-5), NOW)
+    assert len(ready) == 1
+    assert ready.floor(1) is UNKNOWN
+    assert ready.due(1) == NOW  # max(due, now)
+    assert ready.scheduled(1)
+    assert ready.busy(1) == 0
+
+
+def test_a_new_endpoint_with_a_retry_ahead_is_due_then():
+    ready = ReadyList()
+    ready.wake(1, 0, t(40), NOW)
+    assert ready.floor(1) is UNKNOWN
+    assert ready.due(1) == t(40)
+    assert ready.take(t(39), 10) == []
+    assert ready.take(t(40), 10) == [Candidate(1, UNKNOWN)]
+
+
+def test_a_new_endpoint_changed_is_due_now():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    assert ready.floor(1) is UNKNOWN
+    assert ready.due(1) == NOW
+
+
+def test_an_unknown_endpoint():
+    ready = ReadyList()
+    assert ready.floor(1) is UNKNOWN
+    assert ready.due(1) is None
+    assert not ready.scheduled(1)
+    assert ready.busy(1) == 0
+    assert ready.next_due() is None
+    assert ready.take(NOW, 10) == []
+
+
+def test_a_wake_lowers_the_floor():
+    ready = ReadyList()
+    listed(ready, {1: t(100)})
+    assert ready.floor(1) == t(100)
+    assert ready.due(1) == t(100)
+    # a publish held open in a long transaction: due before the floor
+    ready.wake(1, 0, t(-50), t(1))
+    assert ready.floor(1) == t(-50)
+    assert ready.due(1) == t(1)  # max(due, now)
+    # a later due lowers nothing
+    ready.wake(1, 0, t(20), t(2))
+    assert ready.floor(1) == t(-50)
+    assert ready.due(1) == t(1)
+
+
+def test_a_wake_keeps_an_earlier_due():
+    ready = ReadyList()
+    listed(ready, {1: t(10)})
+    assert ready.due(1) == t(10)
+    ready.wake(1, 0, t(30), NOW)
+    assert ready.floor(1) == t(10)
+    assert ready.due(1) == t(10)
+    ready.wake(1, 0, t(5), NOW)
+    assert ready.floor(1) == t(5)
+    assert ready.due(1) == t(5)
+
+
+def test_a_wake_of_an_endpoint_with_nothing_pending_sets_its_floor():
+    ready = ReadyList()
+    listed(ready, {1: None})
+    assert ready.floor(1) == NOTHING
+    assert ready.due(1) is None
+    assert not ready.scheduled(1)
+    ready.wake(1, 0, t(3), t(5))
+    assert ready.floor(1) == t(3)
+    assert ready.due(1) == t(5)
+    assert ready.take(t(5), 10) == [Candidate(1, t(3))]
+
+
+def test_a_wake_without_due_keeps_the_floor_and_is_due_now():
+    ready = ReadyList()
+    listed(ready, {1: t(100)})
+    ready.wake(1, 0, None, t(1))
+    assert ready.floor(1) == t(100)
+    assert ready.due(1) == t(1)
+
+
+def test_a_rescan_reads_from_the_start_and_is_due_now():
+    ready = ReadyList()
+    listed(ready, {1: t(100)})
+    ready.wake(1, 0, t(50), t(1), rescan=True)
+    assert ready.floor(1) is UNKNOWN
+    assert ready.due(1) == t(1)
+
+
+# take
+
+
+def test_take_hands_the_earliest_due_first_and_ties_in_the_order_scheduled():
+    ready = ReadyList()
+    ready.wake(5, 0, t(3), NOW)
+    ready.wake(4, 0, t(1), NOW)
+    ready.wake(9, 0, t(2), NOW)
+    ready.wake(2, 0, t(2), NOW)
+    ready.wake(1, 0, t(2), NOW)
+    assert ready.next_due() == t(1)
+    assert [c.endpoint_id for c in ready.take(t(10), 10)] == [4, 9, 2, 1, 5]
+
+
+def test_take_hands_only_what_is_due_and_up_to_the_limit():
+    ready = ReadyList()
+    for endpoint_id in range(1, 6):
+        ready.wake(endpoint_id, 0, t(endpoint_id), NOW)
+    assert ready.take(t(0.5), 10) == []
+    assert [c.endpoint_id for c in ready.take(t(3), 2)] == [1, 2]
+    assert [c.endpoint_id for c in ready.take(t(3), 2)] == [3]
+    assert ready.next_due() == t(4)
+    assert ready.take(t(10), 0) == []
+    assert [c.endpoint_id for c in ready.take(t(10), 10)] == [4, 5]
+    assert ready.next_due() is None
+
+
+def test_take_hands_each_endpoint_with_its_floor():
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    ready.wake(2, 0, None, NOW)
+    assert ready.take(NOW, 10) == [Candidate(1, t(-10)), Candidate(2, UNKNOWN)]
+
+
+def test_an_endpoint_is_not_handed_twice_before_its_verdict():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    assert ready.take(NOW, 10) == [Candidate(1, UNKNOWN)]
+    assert ready.scheduled(1)
+    ready.wake(1, 0, t(-1), NOW)
+    ready.wake(1, 0, None, NOW, rescan=True)
+    assert ready.take(t(60), 10) == []
+    assert ready.next_due() is None
+    ready.settle([verdict(1, head=t(-3))], [], t(1))
+    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
+
+
+def test_many_wakes_of_an_endpoint_hand_it_once():
+    ready = ReadyList()
+    listed(ready, {1: t(0)})
+    for i in range(3000):
+        ready.wake(1, 0, t(-i), NOW)
+        ready.wake(2, 0, None, NOW)
+    assert ready.floor(1) == t(-2999)
+    assert ready.take(NOW, 10) == [Candidate(1, t(-2999)), Candidate(2, UNKNOWN)]
+    assert ready.take(NOW, 10) == []
+
+
+def test_retain_forgets_the_endpoints_of_other_partitions():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.wake(2, 1, None, NOW)
+    ready.wake(3, 2, t(5), NOW)
+    ready.retain({0, 2})
+    assert len(ready) == 2
+    assert not ready.scheduled(2)
+    assert ready.due(2) is None
+    assert [c.endpoint_id for c in ready.take(t(10), 10)] == [1, 3]
+    ready.retain(set())
+    assert len(ready) == 0
+    assert ready.next_due() is None
+
+
+# settle
+
+
+def test_a_verdict_moves_the_floor_to_the_head():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-3))], [(100, 1)], t(1))
+    assert ready.floor(1) == t(-3)
+    # a due head: back of the line, now
+    assert ready.due(1) == t(1)
+    assert ready.busy(1) == 1
+
+
+def test_a_head_ahead_is_due_then():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(90))], [], t(1))
+    assert ready.floor(1) == t(90)
+    assert ready.due(1) == t(90)
+    assert ready.next_due() == t(90)
+
+
+def test_nothing_pending_takes_the_endpoint_off_until_a_wake():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=None)], [(100, 1), (101, 1)], t(1))
+    assert ready.floor(1) == NOTHING
+    assert ready.due(1) is None
+    assert not ready.scheduled(1)
+    assert ready.busy(1) == 2
+    assert ready.next_due() is None
+    assert len(ready) == 1
+
+
+def test_a_deleted_endpoint_is_forgotten():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, exists=False, deliverable=False)], [], t(1))
+    assert len(ready) == 0
+    assert not ready.scheduled(1)
+
+
+def test_a_deleted_endpoint_woken_during_the_round_is_kept():
+    # deleted and created again under the same id is not possible (bigserial),
+    # but the wake may be about what the round did not see
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.wake(1, 0, t(0.5), t(0.5))
+    ready.settle([verdict(1, exists=False, deliverable=False)], [], t(1))
+    assert len(ready) == 1
+    assert ready.due(1) == t(1)
+    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
+
+
+def test_a_verdict_not_deliverable_keeps_the_floor_until_a_wake():
+    ready = ReadyList()
+    listed(ready, {1: t(-5)})
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, deliverable=False, head=None)], [], t(1))
+    assert ready.floor(1) == t(-5)  # head is not read for an endpoint not deliverable
+    assert ready.due(1) is None
+    assert not ready.scheduled(1)
+    ready.wake(1, 0, None, t(2))  # reactivated
+    assert ready.take(t(2), 10) == [Candidate(1, t(-5))]
+
+
+def test_a_publish_committed_during_the_round_is_not_skipped():
+    """The verdict's head was read before a publish held open since earlier
+    committed: its wake, during the round, lowers the floor again."""
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    assert ready.take(NOW, 10) == [Candidate(1, t(-10))]
+    ready.wake(1, 0, t(-30), t(0.5))
+    ready.settle([verdict(1, head=t(20))], [(100, 1)], t(1))
+    assert ready.floor(1) == t(-30)
+    assert ready.due(1) == t(1)
+    assert ready.take(t(1), 10) == [Candidate(1, t(-30))]
+
+
+def test_a_later_wake_during_the_round_lowers_the_head_it_is_under():
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    ready.take(NOW, 10)
+    ready.wake(1, 0, t(5), t(0.5))
+    ready.settle([verdict(1, head=t(60))], [], t(1))
+    assert ready.floor(1) == t(5)
+    assert ready.due(1) == t(1)  # woken during the round: now
+
+
+def test_an_endpoint_changed_during_the_round_is_due_now():
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    ready.take(NOW, 10)
+    ready.wake(1, 0, None, t(0.5))
+    ready.settle([verdict(1, head=t(60))], [], t(1))
+    assert ready.floor(1) == t(60)
+    assert ready.due(1) == t(1)
+
+
+def test_a_rescan_during_the_round_reads_from_the_start():
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    ready.take(NOW, 10)
+    ready.wake(1, 0, None, t(0.5), rescan=True)
+    ready.settle([verdict(1, head=t(60))], [], t(1))
+    assert ready.floor(1) is UNKNOWN
+    assert ready.due(1) == t(1)
+
+
+def test_a_paused_circuit_is_due_when_it_closes():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.wake(2, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle(
+        [verdict(1, paused_until=t(30), head=t(-5)), verdict(2, paused_until=t(30), head=t(50))], [], t(1)
+    )
+    assert ready.due(1) == t(30)
+    assert ready.due(2) == t(50)  # max(paused_until, floor)
+    assert ready.floor(1) == t(-5)
+
+
+def test_a_pause_already_over_is_no_pause():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, paused_until=t(-30), head=t(-5))], [], t(1))
+    assert ready.due(1) == t(1)
+
+
+def test_slots_held_by_this_worker_wait_for_a_result():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-5), at_limit=True, leases_end=t(30))], [(100, 1), (101, 1)], t(1))
+    assert ready.busy(1) == 2
+    assert ready.due(1) is None
+    assert ready.scheduled(1)
+    assert ready.next_due() is None
+    assert ready.take(t(1000), 10) == []
+    assert ready.recorded([100], [recorded_row(1)], t(2)) is True
+    assert ready.busy(1) == 1
+    assert ready.due(1) == t(2)
+    assert ready.take(t(2), 10) == [Candidate(1, t(-5))]
+
+
+def test_slots_held_by_others_only_are_looked_at_when_a_lease_ends():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.wake(2, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle(
+        [verdict(1, head=t(-5), at_limit=True, leases_end=t(30)), verdict(2, head=t(-5), at_limit=True)],
+        [],
+        t(1),
+    )
+    assert ready.due(1) == t(30)
+    assert ready.due(2) == t(2)  # not said: a second from now
+    assert ready.busy(1) == ready.busy(2) == 0
+
+
+def test_busy_counts_the_deliveries_reserved_until_recorded():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.wake(2, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=None), verdict(2, head=None)], [(100, 1), (101, 2), (102, 1)], t(1))
+    assert (ready.busy(1), ready.busy(2)) == (2, 1)
+    ready.recorded([100, 101], [recorded_row(1), recorded_row(2)], t(2))
+    assert (ready.busy(1), ready.busy(2)) == (1, 0)
+    ready.recorded([100, 999], [], t(3))  # recorded already, or never reserved here
+    assert (ready.busy(1), ready.busy(2)) == (1, 0)
+    ready.recorded([102], [recorded_row(1)], t(3))
+    assert (ready.busy(1), ready.busy(2)) == (0, 0)
+
+
+def test_a_verdict_for_an_endpoint_not_in_a_round_changes_nothing():
+    ready = ReadyList()
+    listed(ready, {1: t(40)})
+    ready.settle([verdict(1, head=None), verdict(2, head=t(0))], [], t(1))
+    assert ready.floor(1) == t(40)
+    assert ready.due(1) == t(40)
+    assert len(ready) == 1
+
+
+# recorded
+
+
+def test_a_retry_recorded_lowers_the_floor_and_is_due_then():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=None)], [(100, 1)], t(1))
+    assert ready.recorded([100], [recorded_row(1, retried_head=t(60))], t(2)) is False
+    assert ready.floor(1) == t(60)
+    assert ready.due(1) == t(60)
+    assert ready.busy(1) == 0
+
+
+def test_a_result_that_frees_a_slot_of_a_due_endpoint_asks_for_a_round():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-5), at_limit=True)], [(100, 1)], t(1))
+    assert ready.recorded([100], [recorded_row(1, retried_head=t(60))], t(2)) is True
+    assert ready.floor(1) == t(-5)
+    assert ready.due(1) == t(2)
+
+
+def test_a_result_keeps_an_earlier_due():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(30))], [(100, 1)], t(1))
+    assert ready.due(1) == t(30)
+    assert ready.recorded([100], [recorded_row(1, retried_head=t(60))], t(2)) is False
+    assert ready.due(1) == t(30)
+    assert ready.floor(1) == t(30)
+
+
+def test_a_result_leaves_an_endpoint_with_nothing_pending_alone():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=None)], [(100, 1)], t(1))
+    assert ready.recorded([100], [recorded_row(1)], t(2)) is False
+    assert ready.floor(1) == NOTHING
+    assert not ready.scheduled(1)
+
+
+def test_a_result_of_an_endpoint_not_deliverable_schedules_nothing():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=None)], [(100, 1)], t(1))
+    assert ready.recorded([100], [recorded_row(1, deliverable=False, retried_head=t(0))], t(2)) is False
+    assert ready.floor(1) == t(0)  # lowered still: what is pending is known
+    assert not ready.scheduled(1)
+    assert ready.busy(1) == 0
+
+
+def test_a_result_that_opens_the_circuit_is_due_when_it_closes():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-5))], [(100, 1)], t(1))
+    assert ready.due(1) == t(1)
+    assert ready.recorded([100], [recorded_row(1, paused_until=t(45), retried_head=t(10))], t(2)) is False
+    assert ready.due(1) == t(45)
+    assert ready.floor(1) == t(-5)
+    assert ready.take(t(44), 10) == []
+    assert ready.take(t(45), 10) == [Candidate(1, t(-5))]
+
+
+def test_a_result_for_an_endpoint_not_listed_is_ignored():
+    ready = ReadyList()
+    assert ready.recorded([100], [recorded_row(1, retried_head=t(-1))], NOW) is False
+    assert len(ready) == 0
+
+
+def test_a_retry_recorded_during_a_round_counts_as_a_wake():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(50))], [(100, 1)], t(1))
+    assert ready.take(t(50), 10) == [Candidate(1, t(50))]
+    # the retry of 100 committed after the verdict's snapshot, below its floor
+    assert ready.recorded([100], [recorded_row(1, retried_head=t(20))], t(50.5)) is False
+    assert ready.busy(1) == 0
+    ready.settle([verdict(1, head=t(80))], [(101, 1)], t(51))
+    assert ready.floor(1) == t(20)
+    assert ready.due(1) == t(51)
+    assert ready.busy(1) == 1
+
+
+def test_a_slot_freed_during_a_round_is_left_to_the_verdict():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-5))], [(100, 1)], t(1))
+    ready.take(t(1), 10)
+    assert ready.recorded([100], [recorded_row(1)], t(1.5)) is False
+    assert ready.scheduled(1)
+    assert ready.take(t(2), 10) == []
+    ready.settle([verdict(1, head=None)], [], t(2))
+    assert not ready.scheduled(1)
+
+
+# returned
+
+
+def test_a_failed_round_hands_its_candidates_back_with_their_floors():
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    ready.wake(2, 0, None, NOW)
+    candidates = ready.take(NOW, 10)
+    assert candidates == [Candidate(1, t(-10)), Candidate(2, UNKNOWN)]
+    ready.returned(candidates, t(1))
+    assert ready.due(1) == ready.due(2) == t(1)
+    assert ready.take(t(1), 10) == candidates
+
+
+def test_a_wake_during_a_failed_round_lowers_the_floor():
+    ready = ReadyList()
+    listed(ready, {1: t(-10), 2: t(-10)})
+    candidates = ready.take(NOW, 10)
+    ready.wake(1, 0, t(-20), t(0.5))
+    ready.wake(2, 0, t(-1), t(0.5))
+    ready.returned(candidates, t(1))
+    assert ready.take(t(1), 10) == [Candidate(1, t(-20)), Candidate(2, t(-10))]
+
+
+def test_a_rescan_during_a_failed_round_reads_from_the_start():
+    ready = ReadyList()
+    listed(ready, {1: t(-10)})
+    candidates = ready.take(NOW, 10)
+    ready.wake(1, 0, None, t(0.5), rescan=True)
+    ready.returned(candidates, t(1))
+    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
+
+
+def test_a_candidate_returned_after_its_partition_was_released_is_forgotten():
+    ready = ReadyList()
+    ready.wake(1, 3, None, NOW)
+    candidates = ready.take(NOW, 10)
+    ready.retain(set())
+    ready.returned(candidates, t(1))
+    assert len(ready) == 0
+    assert ready.take(t(1), 10) == []
+
+
+# An endpoint waiting for this worker's own slots (at_limit, busy > 0): the
+# rules say a wake makes it due at max(due, now), and take hands what is due.
+
+
+def test_a_change_of_an_endpoint_waiting_for_a_slot_gets_it_visited():
+    """Its max_concurrency raised (upsert_endpoint wakes it with no due) while
+    every slot is held by this worker: due now, so take should hand it."""
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-5), at_limit=True, leases_end=t(30))], [(100, 1)], t(1))
+    assert ready.scheduled(1) and ready.due(1) is None
+    ready.wake(1, 0, None, t(2))
+    assert ready.due(1) == t(2)
+    assert ready.take(t(2), 10) == [Candidate(1, t(-5))]
+
+
+# The model: a queue per endpoint in a simulated store, the rounds
+# reserving from it as hooklane_reserve_v3 does, publishes (some held open
+# in long transactions), results and notifications interleaving with them.
+
+ENDPOINTS = {1: 0, 2: 0, 3: 1}  # endpoint: partition
+LIMITS = {1: 1, 2: 2, 3: 3}  # max_concurrency
+LEASE = 60  # seconds a reservation of this worker holds its slot
+
+
+@dataclass
+class Pending:
+    endpoint: int
+    key: int  # next_attempt_at, seconds from NOW
+    token: int  # this pending spell of the delivery
+    announced: bool = False  # the list was told of it (a notification, a result, a rescan)
+
+
+@dataclass
+class Round:
+    candidates: list[Candidate]
+    limit: int
+    reserved: list[tuple[int, int]] | None = None
+    verdicts: list[Verdict] | None = None
+
+
+@dataclass
+class Notice:
+    """A wake on its way (a publish committed), or a result recorded whose
+    ``recorded`` call has not run yet."""
+
+    tokens: set[int]
+    endpoint: int = 0
+    due: int | None = None
+    deliveries: list[int] = field(default_factory=list)
+    rows: list[Recorded] = field(default_factory=list)
+
+
+class ReadyListModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready = ReadyList()
+        self.clock = 0
+        self.pending: dict[int, Pending] = {}  # delivery id: its pending spell
+        self.sending: dict[int, tuple[int, int]] = {}  # this worker's: delivery id: (endpoint, lease end)
+        self.others: dict[int, list[int]] = {e: [] for e in ENDPOINTS}  # other workers' lease ends
+        self.paused: dict[int, int | None] = dict.fromkeys(ENDPOINTS)
+        # Reserved by a settled round, sent, its result not recorded yet.
+        self.in_hand: set[int] = set()
+        # Those of them the list counts: its ``recorded`` call has not run
+        # yet, and the partition was not released since.
+        self.counted: dict[int, int] = {}
+        self.wakes: list[Notice] = []
+        self.results: list[Notice] = []
+        self.round: Round | None = None
+        self.ids = 0
+
+    def now(self) -> datetime:
+        return t(self.clock)
+
+    def _new_token(self) -> int:
+        self.ids += 1
+        return self.ids
+
+    # The store.
+
+    def _live(self, endpoint: int) -> list[int]:
+        ends = [end for e, end in self.sending.values() if e == endpoint] + self.others[endpoint]
+        return [end for end in ends if end > self.clock]
+
+    def _from_floor(self, endpoint: int, floor: datetime | None) -> list[tuple[int, int]]:
+        return sorted(
+            (d.key, i)
+            for i, d in self.pending.items()
+            if d.endpoint == endpoint and (floor is UNKNOWN or t(d.key) >= floor)
+        )
+
+    def _paused(self, endpoint: int) -> bool:
+        until = self.paused[endpoint]
+        return until is not None and until > self.clock
+
+    def _reserve_rows(self) -> None:
+        """The reservation statement: due deliveries from each floor, never
+        more than an endpoint's free slots, interleaved, up to the limit."""
+        assert self.round is not None
+        queued = []
+        for c in self.round.candidates:
+            if self._paused(c.endpoint_id):
+                continue
+            free = max(LIMITS[c.endpoint_id] - len(self._live(c.endpoint_id)), 0)
+            due = [(key, i) for key, i in self._from_floor(c.endpoint_id, c.floor) if key <= self.clock]
+            queued += [(pos, i, c.endpoint_id) for pos, (_, i) in enumerate(due[:free])]
+        chosen = sorted(queued)[: self.round.limit]
+        for _, i, endpoint in chosen:
+            del self.pending[i]
+            self.sending[i] = (endpoint, self.clock + LEASE)
+        self.round.reserved = [(i, endpoint) for _, i, endpoint in chosen]
+
+    def _verdicts(self) -> None:
+        """The verdict statement, in a snapshot of its own."""
+        assert self.round is not None
+        verdicts = []
+        for c in self.round.candidates:
+            e = c.endpoint_id
+            queue = self._from_floor(e, c.floor)
+            live = self._live(e)
+            verdicts.append(
+                verdict(
+                    e,
+                    paused_until=None if self.paused[e] is None else t(self.paused[e]),
+                    head=t(queue[0][0]) if queue else None,
+                    at_limit=len(live) >= LIMITS[e],
+                    leases_end=t(min(live)) if live else None,
+                )
+            )
+        self.round.verdicts = verdicts
+
+    def _settle(self) -> None:
+        assert self.round is not None and self.round.reserved is not None and self.round.verdicts is not None
+        self.ready.settle(self.round.verdicts, self.round.reserved, self.now())
+        for i, endpoint in self.round.reserved:
+            self.in_hand.add(i)
+            self.counted[i] = endpoint
+        self.round = None
+
+    def _notify(self, notice: Notice) -> None:
+        if notice.rows or notice.deliveries:
+            self.ready.recorded(notice.deliveries, notice.rows, self.now())
+            for i in notice.deliveries:
+                self.counted.pop(i, None)
+        else:
+            due = None if notice.due is None else t(notice.due)
+            self.ready.wake(notice.endpoint, ENDPOINTS[notice.endpoint], due, self.now())
+        for d in self.pending.values():
+            if d.token in notice.tokens:
+                d.announced = True
+
+    def _complete(self, outcomes: dict[int, int | None], opens: bool) -> None:
+        """A batch of results committed: None delivered, else retry in so many seconds."""
+        tokens: set[int] = set()
+        retried: dict[int, list[int]] = {}
+        succeeded: set[int] = set()
+        for i, retry_in in outcomes.items():
+            endpoint, _ = self.sending.pop(i)
+            self.in_hand.remove(i)
+            if retry_in is None:
+                succeeded.add(endpoint)
+            else:
+                token = self._new_token()
+                tokens.add(token)
+                self.pending[i] = Pending(endpoint, self.clock + retry_in, token)
+                retried.setdefault(endpoint, []).append(self.clock + retry_in)
+        rows = []
+        for endpoint in sorted(succeeded | retried.keys()):
+            if endpoint in succeeded:
+                self.paused[endpoint] = None
+            elif opens:
+                self.paused[endpoint] = self.clock + 45
+            head = min(retried[endpoint]) if endpoint in retried else None
+            rows.append(
+                recorded_row(
+                    endpoint,
+                    paused_until=None if self.paused[endpoint] is None else t(self.paused[endpoint]),
+                    retried_head=None if head is None else t(head),
+                )
+            )
+        self.results.append(Notice(tokens, deliveries=list(outcomes), rows=rows))
+
+    # What happens.
+
+    @rule(endpoint=st.sampled_from(sorted(ENDPOINTS)), age=st.integers(0, 90))
+    def publish(self, endpoint, age):
+        """A delivery committed, written at its transaction's now(): ``age``
+        seconds ago when the transaction was held open that long."""
+        self.ids += 1
+        i, token = self.ids, self._new_token()
+        self.pending[i] = Pending(endpoint, self.clock - age, token)
+        self.wakes.append(Notice({token}, endpoint=endpoint, due=self.clock - age))
+
+    @rule(endpoint=st.sampled_from(sorted(ENDPOINTS)))
+    def endpoint_changed(self, endpoint):
+        self.wakes.append(Notice(set(), endpoint=endpoint))
+
+    @precondition(lambda self: self.wakes)
+    @rule()
+    def notification_arrives(self):
+        self._notify(self.wakes.pop(0))
+
+    @precondition(lambda self: self.results)
+    @rule()
+    def results_applied(self):
+        self._notify(self.results.pop(0))
+
+    @rule(seconds=st.integers(1, 30))
+    def time_passes(self, seconds):
+        self.clock += seconds
+
+    @precondition(lambda self: any(len(self._live(e)) < LIMITS[e] for e in ENDPOINTS))
+    @rule(data=st.data())
+    def another_worker_holds_a_slot(self, data):
+        endpoint = data.draw(
+            st.sampled_from([e for e in sorted(ENDPOINTS) if len(self._live(e)) < LIMITS[e]])
+        )
+        self.others[endpoint].append(self.clock + data.draw(st.integers(1, 120)))
+
+    @precondition(lambda self: any(self.others.values()))
+    @rule(data=st.data())
+    def another_worker_is_done(self, data):
+        endpoint = data.draw(st.sampled_from([e for e in sorted(ENDPOINTS) if self.others[e]]))
+        self.others[endpoint].pop()
+
+    @precondition(lambda self: self.round is None)
+    @rule(limit=st.integers(1, 4))
+    def round_begins(self, limit):
+        dues = {e: self.ready.due(e) for e in ENDPOINTS}
+        candidates = self.ready.take(self.now(), limit)
+        assert len(candidates) <= limit
+        assert len({c.endpoint_id for c in candidates}) == len(candidates)
+        taken = [dues[c.endpoint_id] for c in candidates]
+        assert all(d is not None and d <= self.now() for d in taken)
+        assert taken == sorted(taken)
+        if candidates:
+            self.round = Round(candidates, limit)
+
+    @precondition(lambda self: self.round is not None and self.round.reserved is None)
+    @rule()
+    def round_reserves(self):
+        self._reserve_rows()
+
+    @precondition(
+        lambda self: self.round is not None and self.round.reserved is not None and not self.round.verdicts
+    )
+    @rule()
+    def round_judges(self):
+        self._verdicts()
+
+    @precondition(lambda self: self.round is not None and self.round.verdicts is not None)
+    @rule()
+    def round_settles(self):
+        self._settle()
+
+    @precondition(lambda self: self.round is not None and self.round.reserved is None)
+    @rule()
+    def round_fails(self):
+        assert self.round is not None
+        self.ready.returned(self.round.candidates, self.now())
+        self.round = None
+
+    @precondition(lambda self: self.in_hand and not self.results)
+    @rule(data=st.data(), opens=st.booleans())
+    def results_recorded(self, data, opens):
+        """A batch of results of deliveries sent committed (the recorder
+        writes one at a time); its ``recorded`` call comes later."""
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.in_hand)), min_size=1, unique=True))
+        self._complete({i: data.draw(st.none() | st.integers(1, 60)) for i in ids}, opens)
+
+    @rule()
+    def sweep(self):
+        """Every endpoint with a pending delivery, read from the start; may
+        run while a round does."""
+        for endpoint in sorted({d.endpoint for d in self.pending.values()}):
+            self.ready.wake(endpoint, ENDPOINTS[endpoint], None, self.now(), rescan=True)
+        for d in self.pending.values():
+            d.announced = True
+
+    @precondition(lambda self: self.round is None)
+    @rule(partition=st.sampled_from(sorted(set(ENDPOINTS.values()))))
+    def partition_released_and_taken_again(self, partition):
+        self.ready.retain(set(ENDPOINTS.values()) - {partition})
+        self.counted = {i: e for i, e in self.counted.items() if ENDPOINTS[e] != partition}
+        for endpoint in sorted(
+            {d.endpoint for d in self.pending.values() if ENDPOINTS[d.endpoint] == partition}
+        ):
+            self.ready.wake(endpoint, partition, None, self.now(), rescan=True)
+            for d in self.pending.values():
+                if d.endpoint == endpoint:
+                    d.announced = True
+
+    @rule()
+    def everything_goes_through(self):
+        """Every notification arrives, every result is delivered, time runs
+        on: no delivery stays pending."""
+        if self.round is not None:
+            if self.round.reserved is None:
+                self._reserve_rows()
+            if self.round.verdicts is None:
+                self._verdicts()
+            self._settle()
+        for _ in range(1000):
+            while self.wakes or self.results:
+                self._notify((self.wakes or self.results).pop(0))
+            if self.in_hand:
+                self._complete(dict.fromkeys(sorted(self.in_hand)), opens=False)
+                continue
+            candidates = self.ready.take(self.now(), 100)
+            if candidates:
+                self.round = Round(candidates, 100)
+                self._reserve_rows()
+                self._verdicts()
+                self._settle()
+                continue
+            due = self.ready.next_due()
+            if due is None or due <= self.now():
+                break
+            self.clock = max(self.clock, int((due - NOW).total_seconds()))
+        assert not self.pending, f"never delivered, at {self.clock}: {self.pending}"
+
+    # What always holds.
+
+    @invariant()
+    def no_delivery_is_below_its_floor(self):
+        for i, d in self.pending.items():
+            if d.announced:
+                floor = self.ready.floor(d.endpoint)
+                assert floor is UNKNOWN or t(d.key) >= floor, (
+                    f"delivery {i} of endpoint {d.endpoint} at {d.key}, below the floor {floor - NOW}"
+                )
+
+    @invariant()
+    def an_endpoint_with_a_due_delivery_is_scheduled(self):
+        for i, d in self.pending.items():
+            if d.announced and d.key <= self.clock:
+                assert self.ready.scheduled(d.endpoint), (
+                    f"delivery {i} of endpoint {d.endpoint} is due, unscheduled"
+                )
+
+    @invariant()
+    def busy_counts_no_more_than_this_worker_holds(self):
+        for e in ENDPOINTS:
+            assert 0 <= self.ready.busy(e) <= sum(owner == e for owner in self.counted.values())
+
+
+TestReadyListModel = ReadyListModel.TestCase
+TestReadyListModel.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
