@@ -152,11 +152,7 @@ __all__ = [
     "reserve",
     "stored_endpoints",
     "stored_form",
-<<<<<<< HEAD
-=======
-    "sweep_ready",
     "table_statistics",
->>>>>>> i21-horizon
     "try_lock",
     "unlock",
     "unrouted_counts",

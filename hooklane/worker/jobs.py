@@ -196,7 +196,8 @@ class ReadySweep:
     """Reads again, from the start, the queue of every endpoint of this
     worker's partitions with pending deliveries (a safety net for a
     delivery written without a notification: by hand, or while no worker
-    listened); returns how many of those the ready list did not have
+    listened), and of those a publisher of version 8 wrote wakeup rows for;
+    returns how many with pending deliveries the ready list did not have
     scheduled. Should find none in steady state (docs/state-machine.md)."""
 
     name = "sweep"
@@ -209,12 +210,13 @@ class ReadySweep:
 
     async def run_once(self) -> int:
         try:
+            absorbed = await self._owner.run(store.absorb_wakeups)
             pending = await self._owner.run(store.pending_endpoints)
         except LostOwnership:
             return 0
         found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _ in pending)
         now = datetime.now(UTC)
-        for endpoint_id, partition in pending:
+        for endpoint_id, partition in [*absorbed, *pending]:
             self._ready.wake(endpoint_id, partition, None, now, rescan=True)
         if found:
             logger.warning(
