@@ -84,6 +84,27 @@ def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
+    # Shorter than the preset: two buckets a phase is all the path needs.
+    phases = ("--control-seconds", "6", "--held-seconds", "6", "--bucket", "3")
+    result = run_bench("held_xmin", tmp_path, "--dsn", server_dsn, *phases, timeout=120)
+    [run] = result["runs"]
+    assert run["hooklane"] == str(REPO / "hooklane" / "__init__.py")
+    assert run["delivered"] == run["published"] > 0
+    held = run["held_session"]
+    assert held["start"]["backend_xmin"] is not None
+    assert held["end"]["backend_xmin"] == held["start"]["backend_xmin"]
+    assert [b["phase"] for b in run["buckets"]] == ["control"] * 2 + ["held"] * 2
+    for bucket in run["buckets"]:
+        assert bucket["deliveries"] > 0
+        assert bucket["pg_ms_per_delivery"] > 0
+        assert bucket["latency_ms"]["n"] > 0
+        assert bucket["ratio"]["p99"] > 0
+    assert {"deliveries", "events"} <= {t["relname"] for t in run["tables"]["held_end"]}
+    assert set(result["verdict"][run["tree"]]["within_target"]) == {"pg_ms_per_delivery", "p99"}
+
+
+@pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("reservation", tmp_path, "--dsn", server_dsn)
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
