@@ -26,6 +26,7 @@ Pure: no I/O, no clock of its own (every call is given ``now``).
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,23 +64,26 @@ class Wakeup:
     endpoints: tuple[int, ...] | None
 
 
+_PAYLOAD = re.compile(r"(\d{1,10})(?: (-|-?\d{1,19}) (\d{1,19}(?:,\d{1,19})*))?")
+
+
 def parse_wakeup(payload: str) -> Wakeup | None:
     """A notification's payload, as hooklane_wake_v2 writes it ("<partition>
     <due in microseconds since the epoch, or -> <id>,<id>,...") or as version
     8 does ("<partition>"); None for anything else, which is not ours."""
-    parts = payload.split(" ")
-    if not all(p.isascii() and p for p in parts) or not parts[0].isdigit():
+    match = _PAYLOAD.fullmatch(payload)
+    if match is None or not payload.isascii():
         return None
-    partition = int(parts[0])
-    if len(parts) == 1:
-        return Wakeup(partition, None, None)
-    if len(parts) != 3:
-        return None
-    when, ids = parts[1], parts[2].split(",")
-    if not (when == "-" or when.lstrip("-").isdigit()) or not all(i.isdigit() for i in ids):
-        return None
-    due = None if when == "-" else _EPOCH + timedelta(microseconds=int(when))
-    return Wakeup(partition, due, tuple(int(i) for i in ids))
+    partition, when, ids = match.groups()
+    if ids is None:
+        return Wakeup(int(partition), None, None)
+    due = None
+    if when != "-":
+        try:
+            due = _EPOCH + timedelta(microseconds=int(when))
+        except OverflowError:
+            return None
+    return Wakeup(int(partition), due, tuple(int(i) for i in ids.split(",")))
 
 
 class Row(Protocol):
@@ -143,10 +147,12 @@ class _Entry:
     # result brings it back.
     waiting: bool = False
     # Handed to a round whose verdict has not come back yet; ``woken``: told
-    # of work meanwhile, from ``woken_floor`` on.
+    # of work meanwhile, from ``woken_floor`` on; ``changed``: told that the
+    # endpoint changed.
     in_round: bool = False
     woken: bool = False
     woken_floor: datetime | None = NOTHING
+    changed: bool = False
     stamp: int = 0
 
 
@@ -192,12 +198,19 @@ class ReadyList:
         entry = self._entries.get(endpoint_id)
         if entry is None:
             entry = self._entries[endpoint_id] = _Entry(partition)
-        elif rescan:
+        if due is None:
+            # The endpoint changed (a higher limit, say), or the sweep: a
+            # round judges it again even if it waits for a slot. A publish
+            # to an endpoint whose slots this worker holds does not: only a
+            # recorded result frees one.
+            entry.waiting = False
+        if rescan:
             entry.floor = UNKNOWN
         elif due is not None:
             entry.floor = lower(entry.floor, due)
         if entry.in_round:
             entry.woken = True
+            entry.changed = entry.changed or due is None
             if rescan:
                 entry.woken_floor = UNKNOWN
             elif due is not None:
@@ -222,7 +235,7 @@ class ReadyList:
             entry = self._entries.get(endpoint_id)
             if entry is None or entry.stamp != stamp or entry.due != due:
                 continue
-            entry.in_round, entry.woken, entry.woken_floor = True, False, NOTHING
+            entry.in_round, entry.woken, entry.woken_floor, entry.changed = True, False, NOTHING, False
             taken.append(Candidate(endpoint_id, entry.floor))
         return taken
 
@@ -267,7 +280,10 @@ class ReadyList:
             if entry.woken:
                 entry.floor = lower(entry.floor, entry.woken_floor) if entry.woken_floor else UNKNOWN
             entry.waiting = False
-            if entry.woken:
+            # A publish meanwhile is for the next round, unless the endpoint
+            # waits for a slot of this worker's, which only a result frees.
+            held = v.deliverable and v.at_limit and entry.busy > 0 and not entry.changed
+            if entry.woken and not held:
                 due: datetime | None = now
             elif not v.deliverable or entry.floor is NOTHING:
                 due = None
