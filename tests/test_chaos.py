@@ -133,10 +133,12 @@ async def _draining(port: int) -> bool:
 
 
 async def _reservation_waits_on_a_lock(conn: asyncpg.Connection) -> bool:
-    """A worker's reservation round is under way, held by a lock."""
+    """A worker's reservation round is under way, held by a lock: in its
+    reservation, or absorbing wakeup rows before it."""
     return await conn.fetchval(
         "SELECT count(*) > 0 FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND query LIKE '%hooklane_reserve%' AND datname = current_database()"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        " AND (query LIKE '%hooklane_reserve%' OR query LIKE '%DELETE FROM wakeups%')"
     )
 
 
@@ -193,11 +195,15 @@ async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receive
         await wait_for(lambda: receiver.at("slow"), timeout=20)
         # The next round of reservation waits on this lock, so that it is
         # under way when SIGTERM arrives (in the chaos runs the round trip
-        # alone was enough, once in 20 drains).
+        # alone was enough, once in 20 drains): a notification of a
+        # version 8 publisher makes the round absorb its wakeup rows first.
         locker = await asyncpg.connect(dsn)
         tx = locker.transaction()
         await tx.start()
-        await locker.execute("LOCK TABLE ready_endpoints IN ACCESS EXCLUSIVE MODE")
+        await locker.execute("LOCK TABLE wakeups IN ACCESS EXCLUSIVE MODE")
+        await conn.execute(
+            "SELECT pg_notify('hooklane_ready', partition::text) FROM endpoints WHERE tenant = 'late'"
+        )
         await hooklane.publish(conn, tenant="late", type="x.y", data={})
         await wait_for(lambda: _reservation_waits_on_a_lock(conn), timeout=20)
         workers.signal(worker, signal.SIGTERM)

@@ -32,7 +32,7 @@ from hooklane.results import Result
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, add_endpoint, wait_for
+from tests.conftest import SECRET, add_endpoint, reserve_round, wait_for
 from tests.receivers import Answer, Receiver
 
 # Characters a cookie value must carry through quoting ("/", "+", "=").
@@ -355,11 +355,13 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     )
     await publish(db, 2)
     # Two failures the way the worker records them, against a threshold of two.
-    reserved = await store.reserve(db, [upserted.partition], 2, 1.0, "test-worker")
+    reserved = await reserve_round(db, 2, partitions=[upserted.partition])
     failed = [
         Result.retry(r["id"], r["attempts"], retry_in=600, status=503, error="HTTP 503") for r in reserved
     ]
-    await store.complete(db, failed, CircuitPolicy(threshold=2, step_seconds=600, cap_seconds=600))
+    await store.complete(
+        db, failed, CircuitPolicy(threshold=2, step_seconds=600, cap_seconds=600), [upserted.partition]
+    )
 
     await log_in(page, base)
     assert await page.locator("table.endpoints .phase").text_content() == "Paused (circuit)"
@@ -414,9 +416,12 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
         db, EndpointSpec(namespace="default", name="hostile", url=url, tenant="acme"), SECRET
     )
     await publish(db)
-    [reserved] = await store.reserve(db, [upserted.partition], 1, 1.0, "test-worker")
+    [reserved] = await reserve_round(db, 1, partitions=[upserted.partition])
     await store.complete(
-        db, [Result.dead(reserved["id"], reserved["attempts"], status=None, error=hostile)], CircuitPolicy()
+        db,
+        [Result.dead(reserved["id"], reserved["attempts"], status=None, error=hostile)],
+        CircuitPolicy(),
+        [upserted.partition],
     )
 
     await log_in(page, base)

@@ -185,11 +185,16 @@ CREATE INDEX deliveries_event ON deliveries (event_tenant, event_id);
 CREATE INDEX deliveries_endpoint ON deliveries (endpoint_id, id);
 
 -- ---------------------------------------------------------------------------
--- The ready index: reservation visits only the endpoints that may have
--- work, so that its cost follows those rather than every endpoint.
+-- The ready index of version 8 and before: reservation visits only the
+-- endpoints that may have work, so that its cost follows those rather than
+-- every endpoint. From migration 0009 on the ready list lives in the
+-- partition owner's memory (hooklane/worker/ready.py) and publishes notify
+-- it (hooklane_wake_v2); these two tables stay for workers and publishers of
+-- version 8 during a rolling upgrade, and the next release drops them.
 
--- Publishers append a wakeup for each endpoint they queue a delivery for
--- (hooklane_wake). Append-only on purpose: publish runs inside the
+-- Publishers of version 8 append a wakeup for each endpoint they queue a
+-- delivery for (hooklane_wake); this release's workers take them
+-- (absorb_wakeups). Append-only on purpose: publish runs inside the
 -- application's own, possibly long, transaction, and must never lock a row
 -- the worker needs.
 CREATE TABLE wakeups (
@@ -198,8 +203,8 @@ CREATE TABLE wakeups (
     partition   integer NOT NULL
 );
 
--- reserve (hooklane_absorb_wakeups_v2): the wakeups of the partitions a
--- worker owns
+-- reserve of version 8 (hooklane_absorb_wakeups_v2), absorb_wakeups: the
+-- wakeups of the partitions a worker owns
 CREATE INDEX wakeups_partition ON wakeups (partition);
 
 -- The endpoints of each partition that may have work, and from when. Kept by
@@ -208,8 +213,8 @@ CREATE INDEX wakeups_partition ON wakeups (partition);
 -- to the back of the line, to its next retry time, to the end of its
 -- circuit pause, to 'infinity' while all its slots are taken (a result
 -- brings it back), or out of the table when it has nothing pending
--- (hooklane_rerate_v2). Primary key: hooklane_make_ready, sweep_ready,
--- delete_endpoint.
+-- (hooklane_rerate_v2). Kept by workers of version 8 only. Primary key:
+-- hooklane_make_ready and the sweep of version 8.
 CREATE TABLE ready_endpoints (
     endpoint_id bigint PRIMARY KEY,
     partition   integer NOT NULL,
