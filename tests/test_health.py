@@ -85,7 +85,11 @@ async def test_one_statement_counts_pending_in_flight_and_dead(db):
         await hooklane.publish(db, tenant="acme", type="order.paid", data={"i": i}, id=f"e{i}")
     ids = [r["id"] for r in await db.fetch("SELECT id FROM deliveries ORDER BY id")]
     await db.execute("UPDATE deliveries SET state = 'dead' WHERE id = ANY($1::bigint[])", ids[:2])
-    await db.execute("UPDATE deliveries SET state = 'sending', attempted_by = 'pod-1' WHERE id = $1", ids[2])
+    await db.execute(
+        "UPDATE deliveries SET state = 'sending', attempted_by = 'pod-1',"
+        " lease_expires_at = now() + interval '1 minute' WHERE id = $1",
+        ids[2],
+    )
     await db.execute("UPDATE deliveries SET created_at = now() - interval '1 minute' WHERE id = $1", ids[3])
 
     by_name = {h.name: h for h in await store.endpoint_health(db)}
@@ -105,3 +109,26 @@ async def test_one_statement_counts_pending_in_flight_and_dead(db):
     partition = await db.fetchval("SELECT partition FROM endpoints WHERE name = 'a'")
     assert {x.name for x in await store.endpoint_health(db, [partition])} >= {"a"}
     assert await store.endpoint_health(db, []) == []
+
+
+async def test_in_flight_is_what_holds_a_live_lease_and_pending_counts_from_a_floor(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    for i in range(4):
+        await hooklane.publish(db, tenant="acme", type="order.paid", data={"i": i}, id=f"e{i}")
+    ids = [r["id"] for r in await db.fetch("SELECT id FROM deliveries ORDER BY id")]
+    # a call its worker has given up on is not in flight, rescued or not
+    await db.execute(
+        "UPDATE deliveries SET state = 'sending', attempted_by = 'lost',"
+        " lease_expires_at = now() - interval '1 second' WHERE id = $1",
+        ids[0],
+    )
+    await db.execute(
+        "UPDATE deliveries SET next_attempt_at = now() - interval '1 hour' WHERE id = $1", ids[1]
+    )
+    (h,) = await store.endpoint_health(db)
+    assert (h.pending, h.in_flight, h.sending_on) == (3, 0, ())
+    # from a worker's floor: what lies before it is not read (the ready
+    # list's invariant says nothing pending is there)
+    floor = await db.fetchval("SELECT now() - interval '1 minute'")
+    (h,) = await store.endpoint_health(db, floors={a: floor})
+    assert h.pending == 2

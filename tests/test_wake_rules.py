@@ -32,7 +32,9 @@ def test_a_freed_slot_matters_only_to_a_worker_that_was_at_its_limit():
 
 @pytest.mark.unit
 def test_rounds_share_a_window_only_while_slots_are_plentiful():
-    assert round_pause(0.005, in_flight=3, concurrency=256) == pytest.approx(_ROUND_INTERVAL - 0.005)
+    assert round_pause(_ROUND_INTERVAL / 4, in_flight=3, concurrency=256) == pytest.approx(
+        _ROUND_INTERVAL * 3 / 4
+    )
     assert round_pause(1.0, in_flight=0, concurrency=256) == 0.0  # woken after a quiet spell: at once
     assert round_pause(0.0, in_flight=128, concurrency=256) == 0.0  # busy: freed slots are throughput
 

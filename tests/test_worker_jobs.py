@@ -291,7 +291,9 @@ async def test_the_gauges_say_how_many_endpoints_they_exported_of_those_owned(
     db, settings, owner, pool, mode, exported
 ):
     await _three(db)
-    gauges = Gauges(replace(settings, metrics_endpoints=mode, metrics_endpoints_top=1), owner, pool)
+    gauges = Gauges(
+        replace(settings, metrics_endpoints=mode, metrics_endpoints_top=1), owner, pool, ReadyList()
+    )
     assert gauges.period == settings.gauges_seconds
     assert await gauges.run_once() == Exported(exported=len(exported), owned=3)
     series = {
@@ -306,7 +308,7 @@ async def test_the_gauges_say_how_many_endpoints_they_exported_of_those_owned(
 
 async def test_a_worker_owning_nothing_exports_nothing(db, settings, idle_owner, pool):
     await _three(db)
-    assert await Gauges(settings, idle_owner, pool).run_once() == Exported(exported=0, owned=0)
+    assert await Gauges(settings, idle_owner, pool, ReadyList()).run_once() == Exported(exported=0, owned=0)
 
 
 # --- the xmin horizon ---------------------------------------------------------

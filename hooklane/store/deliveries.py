@@ -58,7 +58,7 @@ async def reserve(
 # A healthy endpoint's last delivery time is written at most this often:
 # every other success in between leaves its row as it is, so that it gets a
 # row version per step rather than one per batch of results (issue 21).
-DELIVERED_STEP_SECONDS = 10.0
+DELIVERED_STEP_SECONDS = 30.0
 
 
 async def complete(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 
 import asyncpg
@@ -254,14 +256,25 @@ async def delete_endpoint(conn: asyncpg.Connection, namespace: str, name: str) -
 
 
 async def endpoint_health(
-    conn: asyncpg.Connection, partitions: list[int] | None = None, endpoint: tuple[str, str] | None = None
+    conn: asyncpg.Connection,
+    partitions: list[int] | None = None,
+    endpoint: tuple[str, str] | None = None,
+    floors: Mapping[int, datetime] | None = None,
 ) -> list[EndpointHealth]:
     """Every endpoint's health (of ``partitions``, or the one named by
     ``endpoint``, a (namespace, name)), most delayed first: the records
-    every view shows (:mod:`hooklane.health`)."""
+    every view shows (:mod:`hooklane.health`). ``floors``: where the queue
+    of some endpoints starts (a worker's ready list), so that their pending
+    deliveries are counted from there."""
     namespace, name = endpoint or (None, None)
     rows = await conn.fetch(
-        *QUERIES["endpoint_health"](partitions=partitions, namespace=namespace, name=name)
+        *QUERIES["endpoint_health"](
+            partitions=partitions,
+            namespace=namespace,
+            name=name,
+            floor_ids=list(floors) if floors else None,
+            floors=list(floors.values()) if floors else None,
+        )
     )
     return [EndpointHealth.from_row(r) for r in rows]
 

@@ -631,29 +631,48 @@ ORDER BY p.xact, p.id;
 -- (`observed_at`) that the age was measured at and the endpoint's state is
 -- decided at (hooklane/health.py), most delayed first. `hooklane status`,
 -- `hooklane endpoint list`, the operator's status, the worker's
--- per-endpoint gauges and the admin API all read it.
+-- per-endpoint gauges and the admin API all read it. In flight: the
+-- deliveries whose lease is live (a lease that ended is a call its worker
+-- has given up on). Each count is a probe per endpoint, so that it reads
+-- only that endpoint's entries, from where they can be live: the pending
+-- from the floor the worker's ready list holds for the endpoint, if given
+-- (`floor_ids`, `floors`), and the leases not yet ended; a horizon held
+-- elsewhere keeps dead entries before those.
 -- Parameters: partitions, or NULL for all; namespace and name of one
--- endpoint, or NULL for all.
--- Index: deliveries_queue, deliveries_leased and deliveries_dead (the
--- join visits only pending, sending and dead rows); endpoints_partition;
--- the unique (namespace, name) constraint for one endpoint.
+-- endpoint, or NULL for all; floor_ids and floors (arrays of the same
+-- length; NULL, or an endpoint left out: from the start).
+-- Index: endpoints_partition; the unique (namespace, name) constraint for
+-- one endpoint; deliveries_queue from each floor, deliveries_leased and
+-- deliveries_dead, each probed per endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
        ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
-       count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
-       extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
-         AS oldest_pending_age,
-       count(d.id) FILTER (WHERE d.state = 'sending') AS in_flight,
-       array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
-         FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
-       count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+       q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
+       f.in_flight, f.sending_on, x.dead,
        now() AS observed_at
 FROM endpoints ep
-LEFT JOIN deliveries d
-       ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending', 'dead')
+LEFT JOIN unnest(%(floor_ids)s::bigint[], %(floors)s::timestamptz[]) AS fl(id, low) ON fl.id = ep.id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS pending, min(d.created_at) AS oldest
+    FROM deliveries d
+    WHERE d.endpoint_id = ep.id
+      AND d.state = 'pending'
+      AND d.next_attempt_at >= coalesce(fl.low, '-infinity')
+) q
+CROSS JOIN LATERAL (
+    SELECT count(*) AS in_flight,
+           array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
+             FILTER (WHERE d.attempted_by IS NOT NULL) AS sending_on
+    FROM deliveries d
+    WHERE d.endpoint_id = ep.id
+      AND d.state = 'sending'
+      AND d.lease_expires_at > now()
+) f
+CROSS JOIN LATERAL (
+    SELECT count(*) AS dead FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'dead'
+) x
 WHERE (%(partitions)s::int[] IS NULL OR ep.partition = ANY(%(partitions)s::int[]))
   AND (%(namespace)s::text IS NULL OR (ep.namespace = %(namespace)s AND ep.name = %(name)s))
-GROUP BY ep.id
 ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 
 -- name: endpoint_page

@@ -240,16 +240,21 @@ class Gauges:
 
     name = "gauges"
 
-    def __init__(self, settings: Settings, owner: PartitionOwner, pool: asyncpg.Pool) -> None:
+    def __init__(
+        self, settings: Settings, owner: PartitionOwner, pool: asyncpg.Pool, ready: ReadyList
+    ) -> None:
         self.period = settings.gauges_seconds
         self._settings = settings
         self._owner = owner
         self._pool = pool
+        self._ready = ready
 
     async def run_once(self) -> Exported:
         owned = sorted(self._owner.owned)
         async with store.acquire(self._pool) as conn:
-            healths = await store.endpoint_health(conn, owned)
+            # Pending deliveries counted from the ready list's floors: not
+            # past every dead entry a held horizon keeps (issue 21).
+            healths = await store.endpoint_health(conn, owned, floors=self._ready.floors())
             unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
         s = self._settings
         exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)

@@ -181,6 +181,11 @@ class ReadyList:
         entry = self._entries.get(endpoint_id)
         return entry.due if entry else None
 
+    def floors(self) -> dict[int, datetime]:
+        """Each known floor (not UNKNOWN), by endpoint: where the health
+        query may start counting an endpoint's pending deliveries."""
+        return {k: e.floor for k, e in self._entries.items() if e.floor is not None}
+
     def scheduled(self, endpoint_id: int) -> bool:
         """Whether a round is to visit the endpoint: at a time, in one now,
         or once a result frees a slot."""

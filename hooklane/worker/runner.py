@@ -114,7 +114,7 @@ class Worker:
             Rebalancer(s, self.owner, self.trigger, self._reconnect),
             Maintenance(s, self.owner, self.pool, self.trigger, self.ready_list),
             ReadySweep(s, self.owner, self.trigger, self.ready_list),
-            Gauges(s, self.owner, self.pool),
+            Gauges(s, self.owner, self.pool, self.ready_list),
             HorizonWatch(s, self.owner, self.pool),
         ]
         background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
