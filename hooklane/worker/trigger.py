@@ -17,7 +17,7 @@ from enum import Enum
 # How often rounds may start while slots are plentiful (round_pause). A
 # wakeup after a quiet spell is not delayed, so latency when idle is not
 # either; at a steady rate an event waits half of this on average.
-_ROUND_INTERVAL = 0.005
+_ROUND_INTERVAL = 0.008
 
 
 def round_pause(since_last: float, in_flight: int, concurrency: int) -> float:
