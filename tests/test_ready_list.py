@@ -56,11 +56,12 @@ def verdict(
 def recorded_row(
     endpoint_id: int,
     *,
+    partition: int = 0,
     deliverable: bool = True,
     paused_until: datetime | None = None,
     retried_head: datetime | None = None,
 ) -> Recorded:
-    return Recorded(endpoint_id, deliverable, paused_until, retried_head)
+    return Recorded(endpoint_id, partition, deliverable, paused_until, retried_head)
 
 
 def listed(ready: ReadyList, heads: dict[int, datetime | None], *, partition: int = 0) -> None:
@@ -295,9 +296,9 @@ def test_a_complete_v3_row():
         "opened": True,
         "deactivated": False,
     }
-    assert Recorded.of(row) == Recorded(7, True, t(60), t(10))
+    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(60), t(10))
     row.update(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
-    assert Recorded.of(row) == Recorded(7, False, None, None)
+    assert Recorded.of(row) == Recorded(7, row["partition"], False, None, None)
 
 
 # wake
@@ -728,8 +729,18 @@ def test_a_result_that_opens_the_circuit_is_due_when_it_closes():
 
 def test_a_result_for_an_endpoint_not_listed_is_ignored():
     ready = ReadyList()
-    assert ready.recorded([100], [recorded_row(1, retried_head=t(-1))], NOW) is False
+    ready.retain({0})
+    assert ready.recorded([100], [recorded_row(1)], NOW) is False
     assert len(ready) == 0
+
+
+def test_a_retry_for_an_endpoint_of_a_partition_not_owned_is_ignored():
+    """hooklane_complete_v3 notified its owner."""
+    ready = ReadyList()
+    ready.retain({0})
+    assert ready.recorded([100], [recorded_row(1, partition=1, retried_head=t(-1))], NOW) is False
+    assert len(ready) == 0
+    assert not ready.scheduled(1)
 
 
 def test_a_retry_recorded_during_a_round_counts_as_a_wake():
@@ -803,21 +814,114 @@ def test_a_candidate_returned_after_its_partition_was_released_is_forgotten():
     assert ready.take(t(1), 10) == []
 
 
-# An endpoint waiting for this worker's own slots (at_limit, busy > 0): the
-# rules say a wake makes it due at max(due, now), and take hands what is due.
+# An endpoint waiting for this worker's own slots (at_limit, busy > 0): only
+# a recorded result frees one, but a change of the endpoint (a higher limit,
+# an unpause: a wake with nothing written) or the sweep has it judged again.
+
+
+def waiting(ready: ReadyList, endpoint_id: int = 1) -> None:
+    ready.wake(endpoint_id, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle(
+        [verdict(endpoint_id, head=t(-5), at_limit=True, leases_end=t(30))], [(100, endpoint_id)], t(1)
+    )
+    assert ready.scheduled(endpoint_id) and ready.due(endpoint_id) is None
+    assert ready.next_due() is None
 
 
 def test_a_change_of_an_endpoint_waiting_for_a_slot_gets_it_visited():
-    """Its max_concurrency raised (upsert_endpoint wakes it with no due) while
-    every slot is held by this worker: due now, so take should hand it."""
     ready = ReadyList()
-    ready.wake(1, 0, None, NOW)
-    ready.take(NOW, 10)
-    ready.settle([verdict(1, head=t(-5), at_limit=True, leases_end=t(30))], [(100, 1)], t(1))
-    assert ready.scheduled(1) and ready.due(1) is None
+    waiting(ready)
     ready.wake(1, 0, None, t(2))
     assert ready.due(1) == t(2)
     assert ready.take(t(2), 10) == [Candidate(1, t(-5))]
+
+
+def test_the_sweep_gets_an_endpoint_waiting_for_a_slot_visited():
+    ready = ReadyList()
+    waiting(ready)
+    ready.wake(1, 0, None, t(2), rescan=True)
+    assert ready.take(t(2), 10) == [Candidate(1, UNKNOWN)]
+
+
+def test_a_publish_to_an_endpoint_waiting_for_a_slot_waits_for_a_result():
+    ready = ReadyList()
+    waiting(ready)
+    ready.wake(1, 0, t(-20), t(2))
+    assert ready.floor(1) == t(-20)
+    assert ready.scheduled(1)
+    assert ready.take(t(60), 10) == []
+    assert ready.recorded([100], [recorded_row(1)], t(3)) is True
+    assert ready.take(t(3), 10) == [Candidate(1, t(-20))]
+
+
+def test_a_publish_during_a_round_that_finds_the_slots_held_here_waits_for_a_result():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.wake(1, 0, t(-20), t(0.5))
+    ready.settle([verdict(1, head=t(-5), at_limit=True, leases_end=t(30))], [(100, 1)], t(1))
+    assert ready.floor(1) == t(-20)  # lowered all the same
+    assert ready.scheduled(1)
+    assert ready.take(t(60), 10) == []
+    assert ready.recorded([100], [recorded_row(1)], t(3)) is True
+    assert ready.take(t(3), 10) == [Candidate(1, t(-20))]
+
+
+def test_a_change_during_a_round_that_finds_the_slots_held_here_is_judged_again():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.wake(1, 0, None, t(0.5))  # its limit raised
+    ready.settle([verdict(1, head=t(-5), at_limit=True, leases_end=t(30))], [(100, 1)], t(1))
+    assert ready.due(1) == t(1)
+    assert ready.take(t(1), 10) == [Candidate(1, t(-5))]
+
+
+def test_a_publish_during_a_round_that_finds_the_slots_held_elsewhere_is_due_now():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.wake(1, 0, t(-20), t(0.5))
+    ready.settle([verdict(1, head=t(-5), at_limit=True, leases_end=t(30))], [], t(1))
+    assert ready.due(1) == t(1)
+
+
+# A partition released and taken again while this worker's deliveries to
+# its endpoints are in flight: store.pending_endpoints lists only the
+# endpoints with pending deliveries, so one whose only delivery is in flight
+# is not listed again.
+
+
+def test_a_retry_of_an_endpoint_listed_again_without_it_is_not_left_to_the_sweep():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=None)], [(100, 1)], t(1))
+    ready.retain(set())  # partition 0 released ...
+    ready.retain({0})  # ... and taken again: nothing of endpoint 1 pending, 100 in flight
+    ready.recorded([100], [recorded_row(1, retried_head=t(30))], t(2))
+    # hooklane_complete_v3 notifies only the owners of partitions the
+    # recording worker does not own: nothing else tells the list of it
+    assert ready.scheduled(1)
+    due, floor = ready.due(1), ready.floor(1)
+    assert due is not None and due <= t(30)
+    assert floor is UNKNOWN or floor <= t(30)
+    assert [c.endpoint_id for c in ready.take(t(30), 10)] == [1]
+
+
+def test_a_result_reserved_before_the_partition_moved_frees_no_later_slot():
+    ready = ReadyList()
+    ready.wake(1, 0, None, NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(1, head=t(-1))], [(100, 1)], t(1))
+    ready.retain(set())
+    ready.wake(1, 0, None, t(2), rescan=True)  # taken again: endpoint 1 has a pending delivery
+    ready.take(t(2), 10)
+    ready.settle([verdict(1, head=None, at_limit=True)], [(101, 1)], t(2))
+    assert ready.busy(1) >= 1
+    ready.recorded([100], [recorded_row(1)], t(3))
+    assert ready.busy(1) == 1  # 101 is still in flight
 
 
 # The model: a queue per endpoint in a simulated store, the rounds
@@ -825,7 +929,7 @@ def test_a_change_of_an_endpoint_waiting_for_a_slot_gets_it_visited():
 # in long transactions), results and notifications interleaving with them.
 
 ENDPOINTS = {1: 0, 2: 0, 3: 1}  # endpoint: partition
-LIMITS = {1: 1, 2: 2, 3: 3}  # max_concurrency
+LIMITS = {1: 1, 2: 2, 3: 3}  # max_concurrency at first
 LEASE = 60  # seconds a reservation of this worker holds its slot
 SWEEP = 60  # seconds between sweeps
 
@@ -868,13 +972,15 @@ class World:
         self.pending: dict[int, Pending] = {}  # delivery id: its pending spell
         self.sending: dict[int, tuple[int, int]] = {}  # this worker's: delivery id: (endpoint, lease end)
         self.in_hand: set[int] = set()  # reserved by a settled round, sent, no result committed
-        self.counted: dict[int, int] = {}  # reserved by a settled round, not yet ``recorded``
+        # Reserved by a settled round, its ``recorded`` call not run yet: to
+        # its endpoint, and whether its partition was released since.
+        self.counted: dict[int, tuple[int, bool]] = {}
+        self.limits = dict(LIMITS)
         self.others: dict[int, list[int]] = {e: [] for e in ENDPOINTS}  # other workers' lease ends
         self.paused: dict[int, int | None] = dict.fromkeys(ENDPOINTS)
         self.wakes: list[Notice] = []
         self.results: list[Notice] = []
         self.round: Round | None = None
-        self.released: set[int] = set()  # partitions released once
         self.ids = 0
 
     def now(self) -> datetime:
@@ -907,7 +1013,7 @@ class World:
             e = c.endpoint_id
             if self.paused[e] is not None and self.paused[e] > self.clock:
                 continue
-            free = max(LIMITS[e] - len(self.live(e)), 0)
+            free = max(self.limits[e] - len(self.live(e)), 0)
             due = [i for key, i in self.from_floor(e, c.floor) if key <= self.clock]
             queued += [(pos, i, e) for pos, i in enumerate(due[:free])]
         chosen = sorted(queued)[: self.round.limit]
@@ -929,7 +1035,7 @@ class World:
                     e,
                     paused_until=None if self.paused[e] is None else t(self.paused[e]),
                     head=t(queue[0][0]) if queue else None,
-                    at_limit=len(live) >= LIMITS[e],
+                    at_limit=len(live) >= self.limits[e],
                     leases_end=t(min(live)) if live else None,
                 )
             )
@@ -959,7 +1065,7 @@ class World:
         self.ready.settle(self.round.verdicts, self.round.reserved, self.now())
         for i, e in self.round.reserved:
             self.in_hand.add(i)
-            self.counted[i] = e
+            self.counted[i] = (e, False)
         self.round = None
 
     def complete(self, outcomes: dict[int, int | None], opens: bool) -> None:
@@ -988,6 +1094,7 @@ class World:
             rows.append(
                 recorded_row(
                     e,
+                    partition=ENDPOINTS[e],
                     paused_until=None if paused is None else t(paused),
                     retried_head=t(min(retried[e])) if e in retried else None,
                 )
@@ -1023,8 +1130,11 @@ class World:
 
     def release_and_take(self, partition: int) -> None:
         assert self.round is None
-        self.ready.retain(set(ENDPOINTS.values()) - {partition})
-        self.released.add(partition)
+        self.ready.retain(set(ENDPOINTS.values()) - {partition})  # a round runs without it
+        self.ready.retain(set(ENDPOINTS.values()))  # and the next with it again
+        for i, (e, _) in self.counted.items():
+            if ENDPOINTS[e] == partition:
+                self.counted[i] = (e, True)
         self.rescan({partition})
 
     def drain(self) -> None:
@@ -1065,64 +1175,29 @@ class ReadyListModel(RuleBasedStateMachine):
         seconds ago when the transaction was held open that long."""
         self.world.publish(endpoint, self.world.clock - age)
 
-    @rule(endpoint=st.sampled_from(sorted(ENDPOINTS)))
-    def endpoint_changed(self, endpoint):
-        self.world.wakes.append(Notice(set(), endpoint=endpoint))
-
     @precondition(lambda self: self.world.wakes)
     @rule()
     def notification_arrives(self):
         self.world.notify(self.world.wakes.pop(0))
-
-    @precondition(lambda self: self.world.results)
-    @rule()
-    def results_applied(self):
-        self.world.notify(self.world.results.pop(0))
-
-    @rule(seconds=st.integers(1, 30))
-    def time_passes(self, seconds):
-        """Time runs on; every SWEEP seconds the sweep runs, in a round or not."""
-        self.world.pass_time(seconds)
-
-    @precondition(lambda self: any(len(self.world.live(e)) < LIMITS[e] for e in ENDPOINTS))
-    @rule(data=st.data())
-    def another_worker_holds_a_slot(self, data):
-        w = self.world
-        e = data.draw(st.sampled_from([e for e in sorted(ENDPOINTS) if len(w.live(e)) < LIMITS[e]]))
-        w.others[e].append(w.clock + data.draw(st.integers(1, 120)))
-
-    @precondition(lambda self: any(self.world.others.values()))
-    @rule(data=st.data())
-    def another_worker_is_done(self, data):
-        """Its result recorded before its lease ends: nothing tells this worker."""
-        w = self.world
-        w.others[data.draw(st.sampled_from([e for e in sorted(ENDPOINTS) if w.others[e]]))].pop()
 
     @precondition(lambda self: self.world.round is None)
     @rule(limit=st.integers(1, 4))
     def round_begins(self, limit):
         self.world.begin_round(limit)
 
-    @precondition(lambda self: self.world.round is not None and self.world.round.reserved is None)
+    @precondition(lambda self: self.world.round is not None)
     @rule()
-    def round_reserves(self):
-        self.world.reserve_rows()
-
-    @precondition(
-        lambda self: (
-            self.world.round is not None
-            and self.world.round.reserved is not None
-            and self.world.round.verdicts is None
-        )
-    )
-    @rule()
-    def round_judges(self):
-        self.world.judge()
-
-    @precondition(lambda self: self.world.round is not None and self.world.round.verdicts is not None)
-    @rule()
-    def round_settles(self):
-        self.world.settle()
+    def round_goes_on(self):
+        """Its reservation statement, then its verdict statement (a snapshot
+        of its own), then the worker settles it."""
+        w = self.world
+        assert w.round is not None
+        if w.round.reserved is None:
+            w.reserve_rows()
+        elif w.round.verdicts is None:
+            w.judge()
+        else:
+            w.settle()
 
     @precondition(lambda self: self.world.round is not None and self.world.round.reserved is None)
     @rule()
@@ -1138,10 +1213,40 @@ class ReadyListModel(RuleBasedStateMachine):
         ids = data.draw(st.lists(st.sampled_from(sorted(self.world.in_hand)), min_size=1, unique=True))
         self.world.complete({i: data.draw(st.none() | st.integers(1, 60)) for i in ids}, opens)
 
-    @precondition(lambda self: self.world.round is None)
-    @rule(partition=st.sampled_from(sorted(set(ENDPOINTS.values()))))
-    def partition_released_and_taken_again(self, partition):
-        self.world.release_and_take(partition)
+    @precondition(lambda self: self.world.results)
+    @rule()
+    def results_applied(self):
+        self.world.notify(self.world.results.pop(0))
+
+    @precondition(lambda self: not self.world.results)  # recorded right after complete returns
+    @rule(seconds=st.integers(1, 30))
+    def time_passes(self, seconds):
+        """Time runs on; every SWEEP seconds the sweep runs, in a round or not."""
+        self.world.pass_time(seconds)
+
+    @rule(
+        event=st.sampled_from(
+            ["limit changed", "another worker reserves", "another worker is done", "partition moves"]
+        ),
+        endpoint=st.sampled_from(sorted(ENDPOINTS)),
+        n=st.integers(1, 120),
+    )
+    def elsewhere(self, event, endpoint, n):
+        """What the list hears of late or not at all: an endpoint's limit
+        changed (upsert_endpoint wakes it, nothing written); a slot taken by
+        another worker, for up to ``n`` seconds, or freed by it early
+        (nothing tells this worker); the endpoint's partition released and
+        taken again (between rounds)."""
+        w = self.world
+        if event == "limit changed":
+            w.limits[endpoint] = 1 + n % 3
+            w.wakes.append(Notice(set(), endpoint=endpoint))
+        elif event == "another worker reserves" and len(w.live(endpoint)) < w.limits[endpoint]:
+            w.others[endpoint].append(w.clock + n)
+        elif event == "another worker is done" and w.others[endpoint]:
+            w.others[endpoint].pop()
+        elif event == "partition moves" and w.round is None:
+            w.release_and_take(ENDPOINTS[endpoint])
 
     # What always holds.
 
@@ -1166,18 +1271,20 @@ class ReadyListModel(RuleBasedStateMachine):
 
     @invariant()
     def busy_counts_what_this_worker_holds(self):
+        """Deliveries reserved and not yet recorded, but for those reserved
+        before the endpoint's partition was released: their slots are now
+        another worker's to the list (live leases)."""
         w = self.world
         for e in ENDPOINTS:
-            held = sum(owner == e for owner in w.counted.values())
-            if ENDPOINTS[e] in w.released:
-                assert 0 <= w.ready.busy(e) <= held
-            else:
-                assert w.ready.busy(e) == held
+            assert w.ready.busy(e) == sum(
+                owner == e and not released for owner, released in w.counted.values()
+            )
 
     @invariant()
     def everything_pending_would_go_through(self):
         """Were every notification to arrive and every delivery sent to be
-        delivered, the rounds would leave nothing pending."""
+        delivered, the rounds would leave nothing pending, with no sweep to
+        repair what the list lost."""
         w = copy.deepcopy(self.world, {id(NOTHING): NOTHING})  # the list tells NOTHING by identity
         w.drain()
         assert not w.pending, f"never delivered, at {w.clock} s: {w.pending}"

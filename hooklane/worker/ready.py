@@ -128,13 +128,16 @@ class Recorded:
     """An endpoint as a batch of results left it (a row of ``complete``)."""
 
     endpoint_id: int
+    partition: int
     deliverable: bool
     paused_until: datetime | None
     retried_head: datetime | None  # earliest retry the batch queued
 
     @classmethod
     def of(cls, row: Row) -> Recorded:
-        return cls(row["id"], bool(row["deliverable"]), row["paused_until"], row["retried_head"])
+        return cls(
+            row["id"], row["partition"], bool(row["deliverable"]), row["paused_until"], row["retried_head"]
+        )
 
 
 @dataclass
@@ -165,6 +168,8 @@ class ReadyList:
         self._stamps = 0
         # This worker's reserved deliveries not yet recorded, to their endpoint.
         self._reserved: dict[int, int] = {}
+        # The partitions owned, once ``retain`` said (None: not yet known).
+        self._partitions: set[int] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -225,8 +230,12 @@ class ReadyList:
         self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
 
     def retain(self, partitions: set[int]) -> None:
-        """Forget the endpoints of partitions this worker no longer owns."""
+        """Forget the endpoints of partitions this worker no longer owns, and
+        its deliveries in flight to them: if a partition comes back, their
+        slots are another worker's to it (live leases), not this list's."""
+        self._partitions = set(partitions)
         self._entries = {k: e for k, e in self._entries.items() if e.partition in partitions}
+        self._reserved = {d: k for d, k in self._reserved.items() if k in self._entries}
         self._rebuild()
 
     # The rounds.
@@ -314,6 +323,14 @@ class ReadyList:
                 entry.busy = max(entry.busy - 1, 0)
                 freed.add(owner)
         left = {r.endpoint_id: r for r in endpoints}
+        for forgotten in left.values():
+            r_id, r_partition = forgotten.endpoint_id, forgotten.partition
+            if r_id not in self._entries and forgotten.retried_head is not None and self._owns(r_partition):
+                # Forgotten with its partition, which came back without it
+                # (nothing of it was pending then): only this result tells
+                # of the retry, as its owner is notified only when it is
+                # another worker.
+                self._entries[r_id] = _Entry(r_partition, floor=NOTHING)
         ready_now = False
         for endpoint_id in freed | left.keys():
             entry = self._entries.get(endpoint_id)
@@ -337,6 +354,9 @@ class ReadyList:
             self._schedule(entry, endpoint_id, due)
             ready_now = ready_now or (due is not None and due <= now)
         return ready_now
+
+    def _owns(self, partition: int) -> bool:
+        return self._partitions is not None and partition in self._partitions
 
     # The heap.
 
