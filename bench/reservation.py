@@ -164,8 +164,8 @@ async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Cand
     a thousand at a time, then what the list hands out now."""
     ready = ReadyList()
     now = datetime.now(UTC)
-    for endpoint_id, partition in await store.pending_endpoints(conn, await _partitions(conn)):
-        ready.wake(endpoint_id, partition, None, now, rescan=True)
+    for endpoint_id, partition, head in await store.pending_endpoints(conn, await _partitions(conn)):
+        ready.listed(endpoint_id, partition, head, now)
     visited: set[int] = set()
     while batch := ready.take(datetime.now(UTC), 1000):
         if visited.issuperset(c.endpoint_id for c in batch):

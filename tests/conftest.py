@@ -285,8 +285,8 @@ async def reserve_round(
     the start, as a partition taken does. The deliveries reserved."""
     ready = ready if ready is not None else ReadyList()
     now = datetime.now(UTC)
-    for endpoint_id, partition in await store.pending_endpoints(db, partitions):
-        ready.wake(endpoint_id, partition, None, now, rescan=True)
+    for endpoint_id, partition, head in await store.pending_endpoints(db, partitions):
+        ready.listed(endpoint_id, partition, head, now)
     candidates = ready.take(now, limit)
     if not candidates:
         return []

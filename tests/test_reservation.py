@@ -297,7 +297,8 @@ async def test_pending_endpoints_lists_what_a_ready_list_starts_from(db):
     )
     partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", endpoint)
     # not the paused one, nor one with nothing pending
-    assert await store.pending_endpoints(db, ALL) == [(endpoint, partition)]
+    head = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE endpoint_id = $1", endpoint)
+    assert await store.pending_endpoints(db, ALL) == [(endpoint, partition, head)]
     assert await store.pending_endpoints(db, [p for p in ALL if p != partition]) == []
 
 

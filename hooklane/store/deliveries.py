@@ -109,11 +109,14 @@ async def rescue_expired(
     )
 
 
-async def pending_endpoints(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:
-    """(endpoint, partition) of each deliverable endpoint of ``partitions``
-    with pending deliveries: where a ready list starts from."""
+async def pending_endpoints(
+    conn: asyncpg.Connection, partitions: list[int]
+) -> list[tuple[int, int, datetime]]:
+    """(endpoint, partition, head) of each deliverable endpoint of
+    ``partitions`` with pending deliveries, its head the earliest
+    next_attempt_at among them: where a ready list starts from."""
     rows = await conn.fetch(*QUERIES["pending_endpoints"](partitions=partitions))
-    return [(r["id"], r["partition"]) for r in rows]
+    return [(r["id"], r["partition"], r["head"]) for r in rows]
 
 
 async def absorb_wakeups(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:

@@ -305,19 +305,26 @@ ORDER BY x.position;
 
 -- name: pending_endpoints
 -- The endpoints of the given partitions that have pending deliveries and
--- are deliverable (hooklane_deliverable): what a worker's ready list starts
--- from when it takes partitions, and what its sweep compares it with now
--- and then, a safety net for deliveries written without a notification (by
--- hand, or by a publish whose notification no worker heard). Reads each
--- endpoint's queue from its start, so it walks the dead entries a held
--- horizon keeps: run per partition taken and per sweep, never per round.
--- Parameters: partitions. Index: endpoints_partition; deliveries_queue for
--- the pending check.
-SELECT ep.id, ep.partition
+-- are deliverable (hooklane_deliverable), each with its head (the earliest
+-- next_attempt_at of its pending deliveries): what a worker's ready list
+-- starts from when it takes partitions, and what its sweep compares it
+-- with now and then, a safety net for deliveries written without a
+-- notification (by hand, or by a publish whose notification no worker
+-- heard). Reads each endpoint's queue from its start, so it walks the dead
+-- entries a held horizon keeps: run per partition taken and per sweep,
+-- never per round, and the rounds after it read from the head it found.
+-- Parameters: partitions. Index: endpoints_partition; deliveries_queue,
+-- its first live entry per endpoint.
+SELECT ep.id, ep.partition, h.head
 FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT min(d.next_attempt_at) AS head
+    FROM deliveries d
+    WHERE d.endpoint_id = ep.id AND d.state = 'pending'
+) h
 WHERE ep.partition = ANY(%(partitions)s::int[])
   AND hooklane_deliverable(ep)
-  AND EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'pending');
+  AND h.head IS NOT NULL;
 
 -- name: absorb_wakeups
 -- Take the wakeup rows of the given partitions, which publishers of version

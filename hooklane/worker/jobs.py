@@ -214,10 +214,12 @@ class ReadySweep:
             pending = await self._owner.run(store.pending_endpoints)
         except LostOwnership:
             return 0
-        found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _ in pending)
+        found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _, _ in pending)
         now = datetime.now(UTC)
-        for endpoint_id, partition in [*absorbed, *pending]:
+        for endpoint_id, partition in absorbed:
             self._ready.wake(endpoint_id, partition, None, now, rescan=True)
+        for endpoint_id, partition, head in pending:
+            self._ready.listed(endpoint_id, partition, head, now)
         if found:
             logger.warning(
                 "%d endpoints had pending deliveries but were not ready; made ready",

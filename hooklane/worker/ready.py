@@ -229,6 +229,18 @@ class ReadyList:
         at = max(due, now) if due is not None and not rescan else now
         self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
 
+    def listed(self, endpoint_id: int, partition: int, head: datetime, now: datetime) -> None:
+        """The database lists the endpoint with pending deliveries from
+        ``head`` on, the earliest of them (a partition taken, the sweep):
+        its floor is at most that, and it is looked at by then. Unlike a
+        rescan, a floor below the head stays where it is, so the rounds after
+        a sweep do not read every queue from its start again."""
+        entry = self._entries.get(endpoint_id)
+        if entry is None:
+            entry = self._entries[endpoint_id] = _Entry(partition, floor=head)
+        entry.waiting = False  # judged again, even if it waits for a slot
+        self.wake(endpoint_id, partition, head, now)
+
     def retain(self, partitions: set[int]) -> None:
         """Forget the endpoints of partitions this worker no longer owns, and
         its deliveries in flight to them: if a partition comes back, their
@@ -342,7 +354,10 @@ class ReadyList:
                 if entry.in_round:
                     entry.woken, entry.woken_floor = True, lower(entry.woken_floor, r.retried_head)
             if entry.in_round:
-                continue  # the round's verdict decides
+                # The round's verdict decides, but it may have counted a
+                # slot this result freed: it is to look again.
+                entry.woken = entry.changed = True
+                continue
             entry.waiting = False
             if entry.floor is NOTHING or (r is not None and not r.deliverable):
                 continue

@@ -279,7 +279,11 @@ class Worker:
             taken = sorted(owned - self._listed)
             self._listed &= owned
             if taken:
-                self._rescan(await self.owner.run(lambda conn, _owned: store.pending_endpoints(conn, taken)))
+                now = datetime.now(UTC)
+                for endpoint_id, partition, head in await self.owner.run(
+                    lambda conn, _owned: store.pending_endpoints(conn, taken)
+                ):
+                    self.ready_list.listed(endpoint_id, partition, head, now)
             self._listed = owned
         legacy = sorted(self._legacy & owned)
         self._legacy.clear()
@@ -389,7 +393,9 @@ class Worker:
 
     async def _reconnect(self) -> None:
         """Open a new lock connection after the old one failed; partitions are
-        taken again by the next rebalance."""
+        taken again by the next rebalance, and listed again from Postgres:
+        what was notified while no connection listened is only there."""
+        self._listed = set()
         while not self._stopping.is_set():
             try:
                 await self.owner.connect()
