@@ -248,12 +248,12 @@ async def test_a_worker_without_partition_0_keeps_no_house(db, settings, idle_ow
 # --- the ready sweep --------------------------------------------------------
 
 
-async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, owner, trigger, caplog):
+async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, owner, pool, trigger, caplog):
     endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await add_endpoint(db, "paused", "http://127.0.0.1:1/p", paused=True)
     await queue_unannounced(db)
     ready = ReadyList()
-    sweep = ReadySweep(settings, owner, trigger, ready)
+    sweep = ReadySweep(settings, owner, pool, trigger, ready)
     assert sweep.period == settings.sweep_seconds
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
         assert await sweep.run_once() == 1  # not the paused one

@@ -202,18 +202,32 @@ class ReadySweep:
 
     name = "sweep"
 
-    def __init__(self, settings: Settings, owner: PartitionOwner, trigger: Trigger, ready: ReadyList) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        owner: PartitionOwner,
+        pool: asyncpg.Pool,
+        trigger: Trigger,
+        ready: ReadyList,
+    ) -> None:
         self.period = settings.sweep_seconds
         self._owner = owner
+        self._pool = pool
         self._trigger = trigger
         self._ready = ready
 
     async def run_once(self) -> int:
         try:
             absorbed = await self._owner.run(store.absorb_wakeups)
-            pending = await self._owner.run(store.pending_endpoints)
         except LostOwnership:
             return 0
+        # On the pool, not the lock connection: read from the queues'
+        # starts, it walks every dead entry a held horizon keeps, and on the
+        # lock connection the reservation waited for it. It only reads;
+        # what it lists of a partition lost meanwhile is left out.
+        async with store.acquire(self._pool) as conn:
+            listing = await store.pending_endpoints(conn, sorted(self._owner.owned))
+        pending = [p for p in listing if p[1] in self._owner.owned]
         found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _, _ in pending)
         now = datetime.now(UTC)
         for endpoint_id, partition in absorbed:

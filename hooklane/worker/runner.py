@@ -113,7 +113,7 @@ class Worker:
         jobs: list[Job] = [
             Rebalancer(s, self.owner, self.trigger, self._reconnect),
             Maintenance(s, self.owner, self.pool, self.trigger, self.ready_list),
-            ReadySweep(s, self.owner, self.trigger, self.ready_list),
+            ReadySweep(s, self.owner, self.pool, self.trigger, self.ready_list),
             Gauges(s, self.owner, self.pool, self.ready_list),
             HorizonWatch(s, self.owner, self.pool),
         ]
