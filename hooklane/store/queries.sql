@@ -347,18 +347,28 @@ RETURNING endpoint_id, partition;
 -- time the leases were judged at, the next run's `since` (with a margin),
 -- and the rescued deliveries' endpoints, partitions and due times, for the
 -- worker's ready list. Runs only under the partitions' advisory locks.
+-- The plan is forced, as the planner's estimates of a partial index that
+-- a held horizon fills with dead entries cannot be trusted: the leases are
+-- probed per endpoint (OFFSET 0 keeps the probe a parameterised index scan
+-- from `since`, not one scan of every lease in the index), and the update
+-- finds each row by primary key (its state compared with the probe's, not
+-- with a constant, matches no partial index). Left to itself, the planner
+-- scanned every entry deliveries_leased ever got, 120 ms every
+-- HOOKLANE_MAINTENANCE_SECONDS on the connection the reservation waits on,
+-- ten minutes into a held horizon (docs/benchmarks.md, section 10).
 -- Parameters: partitions (owned), since. Index: endpoints_partition;
--- deliveries_leased per endpoint, from `since`.
-WITH expired AS (
-    SELECT f.id
+-- deliveries_leased per endpoint, from `since`; primary key of deliveries.
+WITH expired AS MATERIALIZED (
+    SELECT f.id, f.state, f.attempts, ep.partition
     FROM endpoints ep
     CROSS JOIN LATERAL (
-        SELECT f.id
+        SELECT f.id, f.state, f.attempts
         FROM deliveries f
         WHERE f.endpoint_id = ep.id
           AND f.state = 'sending'
           AND f.lease_expires_at < now()
           AND f.lease_expires_at >= coalesce(%(since)s::timestamptz, '-infinity')
+        OFFSET 0
     ) f
     WHERE ep.partition = ANY(%(partitions)s::int[])
 ),
@@ -366,12 +376,11 @@ rescued AS (
     UPDATE deliveries d
     SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
         last_error = 'lease expired: the worker lost the delivery'
-    FROM expired x, endpoints ep
+    FROM expired x
     WHERE d.id = x.id
-      AND d.state = 'sending'
-      AND d.lease_expires_at < now()
-      AND ep.id = d.endpoint_id
-    RETURNING d.id, d.endpoint_id, ep.partition, d.next_attempt_at
+      AND d.state = x.state
+      AND d.attempts = x.attempts
+    RETURNING d.id, d.endpoint_id, x.partition, d.next_attempt_at
 )
 SELECT now() AS checked_at,
        coalesce(array_agg(r.endpoint_id), '{}') AS endpoint_ids,
