@@ -164,7 +164,9 @@ async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Cand
     a thousand at a time, then what the list hands out now."""
     ready = ReadyList()
     now = datetime.now(UTC)
-    for endpoint_id, partition, head in await store.pending_endpoints(conn, await _partitions(conn)):
+    for endpoint_id, partition, head in (
+        await store.pending_endpoints(conn, await _partitions(conn))
+    ).endpoints:
         ready.listed(endpoint_id, partition, head, now)
     visited: set[int] = set()
     while batch := ready.take(datetime.now(UTC), 1000):

@@ -285,7 +285,7 @@ async def reserve_round(
     the start, as a partition taken does. The deliveries reserved."""
     ready = ready if ready is not None else ReadyList()
     now = datetime.now(UTC)
-    for endpoint_id, partition, head in await store.pending_endpoints(db, partitions):
+    for endpoint_id, partition, head in (await store.pending_endpoints(db, partitions)).endpoints:
         ready.listed(endpoint_id, partition, head, now)
     candidates = ready.take(now, limit)
     if not candidates:

@@ -396,6 +396,28 @@ def test_a_rescan_reads_from_the_start_and_is_due_now():
     assert ready.due(1) == t(1)
 
 
+def test_a_head_the_sweep_read_from_its_last_run_sets_no_floor_for_an_endpoint_it_did_not_know():
+    ready = ReadyList()
+    # read from a time on, not from the start: earlier deliveries may be
+    # pending, so the first round reads from the start
+    ready.listed(1, 0, t(-5), NOW, from_start=False)
+    assert ready.floor(1) is UNKNOWN
+    assert ready.take(NOW, 10) == [Candidate(1, UNKNOWN)]
+    # read from the start, the head is the floor
+    ready.listed(2, 0, t(-5), NOW)
+    assert ready.floor(2) == t(-5)
+
+
+def test_a_head_the_sweep_read_from_its_last_run_lowers_a_known_floor_only():
+    ready = ReadyList()
+    listed(ready, {1: t(-20), 2: t(100)})
+    ready.listed(1, 0, t(-5), NOW, from_start=False)
+    assert ready.floor(1) == t(-20)
+    ready.listed(2, 0, t(-5), NOW, from_start=False)  # written by hand, below the floor
+    assert ready.floor(2) == t(-5)
+    assert ready.due(2) == NOW
+
+
 # take
 
 

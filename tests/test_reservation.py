@@ -298,8 +298,26 @@ async def test_pending_endpoints_lists_what_a_ready_list_starts_from(db):
     partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", endpoint)
     # not the paused one, nor one with nothing pending
     head = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE endpoint_id = $1", endpoint)
-    assert await store.pending_endpoints(db, ALL) == [(endpoint, partition, head)]
-    assert await store.pending_endpoints(db, [p for p in ALL if p != partition]) == []
+    before = await db.fetchval("SELECT now()")
+    listing = await store.pending_endpoints(db, ALL)
+    assert listing.endpoints == [(endpoint, partition, head)]
+    assert before <= listing.checked_at <= await db.fetchval("SELECT now()")  # the database's clock
+    assert (await store.pending_endpoints(db, [p for p in ALL if p != partition])).endpoints == []
+
+
+async def test_pending_endpoints_reads_from_since_but_the_whole_partitions_from_the_start(db):
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await queue_unannounced(db)
+    partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", endpoint)
+    head = await db.fetchval("SELECT next_attempt_at FROM deliveries")
+    later = await db.fetchval("SELECT now() + interval '1 minute'")
+    assert (await store.pending_endpoints(db, ALL, since=head)).endpoints == [(endpoint, partition, head)]
+    assert (await store.pending_endpoints(db, ALL, since=later)).endpoints == []
+    others = [p for p in ALL if p != partition]
+    assert (await store.pending_endpoints(db, ALL, since=later, whole=others)).endpoints == []
+    assert (await store.pending_endpoints(db, ALL, since=later, whole=[partition])).endpoints == [
+        (endpoint, partition, head)
+    ]
 
 
 async def test_the_wakeups_of_a_version_8_publisher_are_absorbed(db):

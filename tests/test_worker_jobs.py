@@ -20,6 +20,7 @@ from hooklane import metrics, store
 from hooklane.errors import DatabaseUnreachable
 from hooklane.settings import Settings
 from hooklane.worker.jobs import (
+    SWEEP_WHOLE_EVERY,
     Exported,
     Gauges,
     HorizonSeen,
@@ -266,6 +267,57 @@ async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, own
     trigger.round_starts()
     assert await sweep.run_once() == 0  # in a round now: scheduled
     assert await trigger.wait(0) is Wake.POLL
+
+
+async def _sweeps_until_found(sweep: ReadySweep, most: int) -> int:
+    """How many sweeps ran until one found an endpoint not scheduled."""
+    for n in range(1, most + 1):
+        if await sweep.run_once():
+            return n
+    return 0
+
+
+async def test_a_sweep_reads_each_queue_from_its_last_run_and_a_tenth_of_them_from_the_start(
+    db, settings, owner, pool, trigger
+):
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", endpoint)
+    ready = ReadyList()
+    sweep = ReadySweep(settings, owner, pool, trigger, ready)
+    assert await sweep.run_once() == 0  # nothing pending; every queue read from the start
+    # Written by hand since, due from its transaction's start: the next
+    # sweep finds it, though it reads most queues from its last run on.
+    await queue_unannounced(db)
+    assert await _sweeps_until_found(sweep, 1) == 1
+    head = await db.fetchval("SELECT next_attempt_at FROM deliveries")
+    assert ready.scheduled(endpoint)
+    floor = ready.floor(endpoint)
+    assert floor is None or floor <= head
+
+    # Written by hand an hour back, and forgotten by the list: found once
+    # its partition's turn to be read from the start comes, within
+    # SWEEP_WHOLE_EVERY sweeps, and not before. Two sweeps took the turns
+    # 0 and 1.
+    await db.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 hour'")
+    ready.retain(set())
+    ready.retain(set(ALL))
+    wait = (partition - 2) % SWEEP_WHOLE_EVERY + 1
+    assert await _sweeps_until_found(sweep, SWEEP_WHOLE_EVERY) == wait
+    assert ready.floor(endpoint) == await db.fetchval("SELECT next_attempt_at FROM deliveries")
+
+
+async def test_a_sweep_of_partitions_just_taken_reads_them_from_the_start(
+    db, settings, idle_owner, pool, trigger
+):
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    ready = ReadyList()
+    sweep = ReadySweep(settings, idle_owner, pool, trigger, ready)
+    assert await sweep.run_once() == 0  # owns nothing yet
+    await queue_unannounced(db)
+    await db.execute("UPDATE deliveries SET next_attempt_at = now() - interval '1 hour'")
+    await idle_owner.rebalance()
+    assert await sweep.run_once() == 1
+    assert ready.floor(endpoint) == await db.fetchval("SELECT next_attempt_at FROM deliveries")
 
 
 # --- gauges -----------------------------------------------------------------

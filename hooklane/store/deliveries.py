@@ -109,14 +109,34 @@ async def rescue_expired(
     )
 
 
+@dataclass(frozen=True)
+class Listed:
+    """What ``pending_endpoints`` read: (endpoint, partition, head) of each
+    endpoint with pending deliveries; ``checked_at``, the database's time
+    the queues were read at."""
+
+    checked_at: datetime
+    endpoints: list[tuple[int, int, datetime]]
+
+
 async def pending_endpoints(
-    conn: asyncpg.Connection, partitions: list[int]
-) -> list[tuple[int, int, datetime]]:
-    """(endpoint, partition, head) of each deliverable endpoint of
-    ``partitions`` with pending deliveries, its head the earliest
-    next_attempt_at among them: where a ready list starts from."""
-    rows = await conn.fetch(*QUERIES["pending_endpoints"](partitions=partitions))
-    return [(r["id"], r["partition"], r["head"]) for r in rows]
+    conn: asyncpg.Connection,
+    partitions: Sequence[int],
+    since: datetime | None = None,
+    whole: Sequence[int] = (),
+) -> Listed:
+    """Each deliverable endpoint of ``partitions`` with pending deliveries
+    due from ``since`` on (None: any), its head the earliest of them: where
+    a ready list starts from. The queues of the partitions in ``whole`` are
+    read from their start, whatever ``since`` says."""
+    row = await conn.fetchrow(
+        *QUERIES["pending_endpoints"](partitions=list(partitions), since=since, whole=list(whole))
+    )
+    assert row is not None, "an aggregate without GROUP BY returns one row"
+    return Listed(
+        row["checked_at"],
+        list(zip(row["endpoint_ids"], row["partitions"], row["heads"], strict=True)),
+    )
 
 
 async def absorb_wakeups(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:

@@ -306,21 +306,32 @@ ORDER BY x.position;
 -- name: pending_endpoints
 -- The endpoints of the given partitions that have pending deliveries and
 -- are deliverable (hooklane_deliverable), each with its head (the earliest
--- next_attempt_at of its pending deliveries): what a worker's ready list
--- starts from when it takes partitions, and what its sweep compares it
--- with now and then, a safety net for deliveries written without a
--- notification (by hand, or by a publish whose notification no worker
--- heard). Reads each endpoint's queue from its start, so it walks the dead
--- entries a held horizon keeps: run per partition taken and per sweep,
--- never per round, and the rounds after it read from the head it found.
--- Parameters: partitions. Index: endpoints_partition; deliveries_queue,
--- its first live entry per endpoint.
-SELECT ep.id, ep.partition, h.head
+-- next_attempt_at of its pending deliveries from where it is read): what a
+-- worker's ready list starts from when it takes partitions, and what its
+-- sweep compares it with now and then, a safety net for deliveries written
+-- without a notification (by hand, or by a publish whose notification no
+-- worker heard). Each queue is read from `since` (NULL: from its start),
+-- but those of the partitions in `whole` from their start: read from the
+-- start, a queue walks the dead entries of everything its endpoint sent
+-- while a horizon is held, so the sweep reads from its last run on, and
+-- only a few partitions from the start at a time. Never per round. One
+-- row: the database's time the queues were read at, and the endpoints,
+-- partitions and heads, in endpoint order.
+-- Parameters: partitions, since, whole (partitions read from the start).
+-- Index: endpoints_partition; deliveries_queue, its first live entry per
+-- endpoint from where it is read.
+SELECT now() AS checked_at,
+       coalesce(array_agg(ep.id ORDER BY ep.id), '{}') AS endpoint_ids,
+       coalesce(array_agg(ep.partition ORDER BY ep.id), '{}') AS partitions,
+       coalesce(array_agg(h.head ORDER BY ep.id), '{}') AS heads
 FROM endpoints ep
 CROSS JOIN LATERAL (
     SELECT min(d.next_attempt_at) AS head
     FROM deliveries d
-    WHERE d.endpoint_id = ep.id AND d.state = 'pending'
+    WHERE d.endpoint_id = ep.id
+      AND d.state = 'pending'
+      AND d.next_attempt_at >= CASE WHEN ep.partition = ANY(%(whole)s::int[]) THEN '-infinity'
+                                    ELSE coalesce(%(since)s::timestamptz, '-infinity') END
 ) h
 WHERE ep.partition = ANY(%(partitions)s::int[])
   AND hooklane_deliverable(ep)

@@ -40,6 +40,16 @@ _HOUSEKEEPER_PARTITION = 0
 # taken, which reads them all.
 _RESCUE_OVERLAP = timedelta(seconds=60)
 
+# A sweep reads each queue from this much before its last run: a delivery
+# written without a notification since then is due from its transaction's
+# start (the column's default), which this margin reaches back to.
+_SWEEP_OVERLAP = timedelta(seconds=60)
+# ...and reads, in turn, a few of the partitions from the start, each one at
+# least once in this many sweeps: a row written by hand with an earlier due
+# time is found by then. Read from the start, a queue walks every dead entry
+# a held horizon keeps; the sweep pays a tenth of that per run, not all of it.
+SWEEP_WHOLE_EVERY = 10
+
 
 class Job(Protocol):
     @property
@@ -193,12 +203,15 @@ class Maintenance:
 
 
 class ReadySweep:
-    """Reads again, from the start, the queue of every endpoint of this
-    worker's partitions with pending deliveries (a safety net for a
-    delivery written without a notification: by hand, or while no worker
-    listened), and of those a publisher of version 8 wrote wakeup rows for;
-    returns how many with pending deliveries the ready list did not have
-    scheduled. Should find none in steady state (docs/state-machine.md)."""
+    """Reads again the queue of every endpoint of this worker's partitions
+    with pending deliveries (a safety net for a delivery written without a
+    notification: by hand, or while no worker listened), and of those a
+    publisher of version 8 wrote wakeup rows for; returns how many with
+    pending deliveries the ready list did not have scheduled. Should find
+    none in steady state (docs/state-machine.md). Each queue is read from a
+    little before the last sweep, and a tenth of the partitions (in turn)
+    from the start: a held horizon keeps a dead entry for every delivery
+    sent, which a read from the start walks."""
 
     name = "sweep"
 
@@ -215,25 +228,40 @@ class ReadySweep:
         self._pool = pool
         self._trigger = trigger
         self._ready = ready
+        # The partitions the last sweep read, from when the next reads them,
+        # and whose turn it is to be read from the start.
+        self._swept_in: set[int] = set()
+        self._since: datetime | None = None
+        self._turn = 0
+
+    def _whole(self, owned: list[int]) -> list[int]:
+        """The partitions this sweep reads from the start."""
+        whole = owned[self._turn % SWEEP_WHOLE_EVERY :: SWEEP_WHOLE_EVERY]
+        self._turn += 1
+        return whole
 
     async def run_once(self) -> int:
         try:
             absorbed = await self._owner.run(store.absorb_wakeups)
         except LostOwnership:
             return 0
-        # On the pool, not the lock connection: read from the queues'
-        # starts, it walks every dead entry a held horizon keeps, and on the
-        # lock connection the reservation waited for it. It only reads;
-        # what it lists of a partition lost meanwhile is left out.
+        owned = sorted(self._owner.owned)
+        since = self._since if set(owned) <= self._swept_in else None
+        # On the pool, not the lock connection, where the reservation would
+        # wait for it. It only reads; what it lists of a partition lost
+        # meanwhile is left out.
+        whole = self._whole(owned)
         async with store.acquire(self._pool) as conn:
-            listing = await store.pending_endpoints(conn, sorted(self._owner.owned))
-        pending = [p for p in listing if p[1] in self._owner.owned]
+            listing = await store.pending_endpoints(conn, owned, since, whole)
+        self._swept_in, self._since = set(owned), listing.checked_at - _SWEEP_OVERLAP
+        pending = [p for p in listing.endpoints if p[1] in self._owner.owned]
         found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _, _ in pending)
         now = datetime.now(UTC)
         for endpoint_id, partition in absorbed:
             self._ready.wake(endpoint_id, partition, None, now, rescan=True)
         for endpoint_id, partition, head in pending:
-            self._ready.listed(endpoint_id, partition, head, now)
+            from_start = since is None or partition in whole
+            self._ready.listed(endpoint_id, partition, head, now, from_start=from_start)
         if found:
             logger.warning(
                 "%d endpoints had pending deliveries but were not ready; made ready",

@@ -229,15 +229,20 @@ class ReadyList:
         at = max(due, now) if due is not None and not rescan else now
         self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
 
-    def listed(self, endpoint_id: int, partition: int, head: datetime, now: datetime) -> None:
+    def listed(
+        self, endpoint_id: int, partition: int, head: datetime, now: datetime, *, from_start: bool = True
+    ) -> None:
         """The database lists the endpoint with pending deliveries from
         ``head`` on, the earliest of them (a partition taken, the sweep):
         its floor is at most that, and it is looked at by then. Unlike a
         rescan, a floor below the head stays where it is, so the rounds after
-        a sweep do not read every queue from its start again."""
+        a sweep do not read every queue from its start again. A head not
+        read from the queue's start (``from_start`` false: the sweep read
+        from its last run on) says nothing of what lies before it: an
+        endpoint the list did not know starts with its floor unknown."""
         entry = self._entries.get(endpoint_id)
         if entry is None:
-            entry = self._entries[endpoint_id] = _Entry(partition, floor=head)
+            entry = self._entries[endpoint_id] = _Entry(partition, floor=head if from_start else UNKNOWN)
         entry.waiting = False  # judged again, even if it waits for a slot
         self.wake(endpoint_id, partition, head, now)
 

@@ -280,9 +280,8 @@ class Worker:
             self._listed &= owned
             if taken:
                 now = datetime.now(UTC)
-                for endpoint_id, partition, head in await self.owner.run(
-                    lambda conn, _owned: store.pending_endpoints(conn, taken)
-                ):
+                listing = await self.owner.run(lambda conn, _owned: store.pending_endpoints(conn, taken))
+                for endpoint_id, partition, head in listing.endpoints:
                     self.ready_list.listed(endpoint_id, partition, head, now)
             self._listed = owned
         legacy = sorted(self._legacy & owned)
