@@ -133,8 +133,9 @@ class Settings:
     metrics_endpoints_top: Count = 100
     # How often maintenance runs (rescue, deactivation, retention).
     maintenance_seconds: Seconds = 5.0
-    # How often a worker reads again every queue of its partitions with
-    # pending deliveries from the start (a safety net: see ReadySweep).
+    # How often a worker reads the queues of its partitions again, from its
+    # last sweep on and a tenth of them from the start (a safety net: see
+    # ReadySweep).
     sweep_seconds: Seconds = 60.0
     deactivate_after_seconds: Seconds = 5 * 24 * 3600.0
     event_retention_seconds: Seconds = 30 * 24 * 3600.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 
 import asyncpg
@@ -10,6 +11,7 @@ import asyncpg
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
+from hooklane.store.queries import QUERIES
 from hooklane.worker.ready import Wakeup
 from tests.conftest import ALL_PARTITIONS as ALL
 from tests.conftest import add_endpoint, notified, queue_unannounced, reserve_round
@@ -599,3 +601,81 @@ async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_dea
     ]
     assert await flags(gone[:1]) == (2, False, True)
     assert await flags(gone[1:]) == (3, True, False)
+
+
+# --- under a held horizon ---------------------------------------------------
+
+
+async def _entries_read(db, index: str, name: str, **params) -> int:
+    """Index entries of ``index`` that the statement ``name`` walked (dead
+    ones included: the scan returns them before the heap says so)."""
+    sql, *args = QUERIES[name](**params)
+    async with db.transaction():
+        await db.fetch(sql, *args)
+        return await db.fetchval("SELECT pg_stat_get_xact_tuples_returned($1::regclass)", index)
+
+
+async def _scans_of_deliveries(db, name: str, **params) -> list[tuple[str, bool]]:
+    """(index, probed by endpoint) of each scan of deliveries in the plan
+    of the statement ``name``; a scan by no index is named "none"."""
+    sql, *args = QUERIES[name](**params)
+    (plan,) = json.loads(await db.fetchval("EXPLAIN (FORMAT JSON) " + sql, *args))
+    scans, nodes = [], [plan["Plan"]]
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.get("Plans", []))
+        if node.get("Relation Name") == "deliveries" and "Scan" in node["Node Type"]:
+            scans.append((node.get("Index Name", "none"), "endpoint_id =" in node.get("Index Cond", "")))
+    return scans
+
+
+async def test_rescue_and_sweep_read_no_dead_entries_from_before_since(dsn, db):
+    """While another session holds the horizon, every lease and queue entry
+    of a delivery sent stays in the indexes. Rescue and a sweep read from
+    `since`: what the endpoint sent an hour before costs them nothing."""
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    for n in range(99):
+        await add_endpoint(db, f"b{n}", f"http://127.0.0.1:1/b{n}", tenant=f"t{n}")
+    partition = await db.fetchval("SELECT partition FROM endpoints WHERE id = $1", endpoint)
+    report = await asyncpg.connect(dsn)
+    try:
+        await report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM events")
+        # 3,000 deliveries sent an hour ago, each through pending and sending
+        await db.execute(
+            "INSERT INTO events (id, tenant, type, data, fanout)"
+            " SELECT 'e' || i, 'acme', 't', '{}', 1 FROM generate_series(1, 3000) i"
+        )
+        await db.execute(
+            "INSERT INTO deliveries (endpoint_id, event_tenant, event_id, next_attempt_at)"
+            " SELECT $1, 'acme', 'e' || i, now() - interval '1 hour' + i * interval '1 ms'"
+            " FROM generate_series(1, 3000) i",
+            endpoint,
+        )
+        # analysed while nothing was in flight, as a table mostly is
+        await db.execute("ANALYZE deliveries")
+        await db.execute(
+            "UPDATE deliveries SET state = 'sending', lease_expires_at = next_attempt_at + interval '15 s'"
+        )
+        await db.execute("UPDATE deliveries SET state = 'delivered', lease_expires_at = NULL")
+        since = await db.fetchval("SELECT now() - interval '1 minute'")
+        assert await _rescued(db, since) == 0
+        assert (await store.pending_endpoints(db, ALL, since)).endpoints == []
+        # The rescue probes each endpoint's leases from `since` and updates
+        # by primary key, whatever the statistics say: with those of a
+        # table analysed while nothing was in flight, the planner once
+        # chose to scan every lease the index held, twice.
+        scans = await _scans_of_deliveries(db, "rescue_expired", partitions=ALL, since=since)
+        assert sorted(scans) == [("deliveries_leased", True), ("deliveries_pkey", False)]
+        assert (
+            await _entries_read(db, "deliveries_leased", "rescue_expired", partitions=ALL, since=since) == 0
+        )
+        # The sweep reads none of the dead entries before `since`...
+        listing = {"partitions": ALL, "since": since}
+        assert await _entries_read(db, "deliveries_queue", "pending_endpoints", **listing, whole=[]) == 0
+        # ...but, read from the start, a whole partition walks them.
+        walked = await _entries_read(
+            db, "deliveries_queue", "pending_endpoints", **listing, whole=[partition]
+        )
+        assert walked == 3000
+    finally:
+        await report.close()

@@ -246,11 +246,12 @@ class ReadySweep:
         except LostOwnership:
             return 0
         owned = sorted(self._owner.owned)
-        since = self._since if set(owned) <= self._swept_in else None
+        since = self._since
+        # Partitions taken since the last sweep are read from the start.
+        whole = sorted(set(self._whole(owned)) | (set(owned) - self._swept_in))
         # On the pool, not the lock connection, where the reservation would
         # wait for it. It only reads; what it lists of a partition lost
         # meanwhile is left out.
-        whole = self._whole(owned)
         async with store.acquire(self._pool) as conn:
             listing = await store.pending_endpoints(conn, owned, since, whole)
         self._swept_in, self._since = set(owned), listing.checked_at - _SWEEP_OVERLAP
