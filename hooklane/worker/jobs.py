@@ -246,14 +246,14 @@ class ReadySweep:
         except LostOwnership:
             return 0
         owned = sorted(self._owner.owned)
-        since = self._since
-        # Partitions taken since the last sweep are read from the start.
+        # Partitions taken since the last sweep (all of them at the first)
+        # are read from the start.
         whole = sorted(set(self._whole(owned)) | (set(owned) - self._swept_in))
         # On the pool, not the lock connection, where the reservation would
         # wait for it. It only reads; what it lists of a partition lost
         # meanwhile is left out.
         async with store.acquire(self._pool) as conn:
-            listing = await store.pending_endpoints(conn, owned, since, whole)
+            listing = await store.pending_endpoints(conn, owned, self._since, whole)
         self._swept_in, self._since = set(owned), listing.checked_at - _SWEEP_OVERLAP
         pending = [p for p in listing.endpoints if p[1] in self._owner.owned]
         found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _, _ in pending)
@@ -261,8 +261,7 @@ class ReadySweep:
         for endpoint_id, partition in absorbed:
             self._ready.wake(endpoint_id, partition, None, now, rescan=True)
         for endpoint_id, partition, head in pending:
-            from_start = since is None or partition in whole
-            self._ready.listed(endpoint_id, partition, head, now, from_start=from_start)
+            self._ready.listed(endpoint_id, partition, head, now, from_start=partition in whole)
         if found:
             logger.warning(
                 "%d endpoints had pending deliveries but were not ready; made ready",
