@@ -6,6 +6,7 @@ the store."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -19,6 +20,38 @@ class ResultOutcome(StrEnum):
     DEAD = "dead"
 
 
+class FailureClass(StrEnum):
+    """Why an attempt got no HTTP answer, as tenants may read it: a class,
+    never which port answered how (docs/security.md). Stored in
+    ``delivery_attempts.failure`` and ``deliveries.last_failure``, and what
+    the admin API filters on."""
+
+    TIMEOUT = "timeout"
+    CONNECTION_FAILED = "connection_failed"
+    TLS_ERROR = "tls_error"
+    INVALID_RESPONSE = "invalid_response"
+    INVALID_URL = "invalid_url"
+    DESTINATION_NOT_ALLOWED = "destination_not_allowed"
+    # Our side: an endpoint whose stored secret or URL does not work, or a
+    # fault in the worker itself.
+    INVALID_ENDPOINT = "invalid_endpoint"
+    INTERNAL_ERROR = "internal_error"
+    # Recorded by the rescue, not by a worker: no result came back before
+    # the delivery's lease ended (rescue_expired in queries.sql).
+    LEASE_EXPIRED = "lease_expired"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When an attempt's call started, how long it took, and the trace id
+    of its span (None: not traced): what its history row records beside
+    the result."""
+
+    started_at: datetime
+    duration: float
+    trace_id: str | None = None
+
+
 @dataclass(frozen=True)
 class Result:
     """One finished attempt, as the worker records it. Made by
@@ -30,17 +63,45 @@ class Result:
     retry_in: float | None
     status: int | None
     error: str | None
+    # Without an HTTP answer: why (None with one).
+    failure: FailureClass | None = None
+    # The receiver's Retry-After, in seconds, when the retry waits for it.
+    retry_after: float | None = None
+    # None: recorded as started when the result is written, with no duration.
+    timing: Timing | None = None
 
     @classmethod
-    def delivered(cls, delivery_id: int, attempts: int, *, status: int) -> Result:
-        return cls(delivery_id, attempts, ResultOutcome.DELIVERED, None, status, None)
+    def delivered(
+        cls, delivery_id: int, attempts: int, *, status: int, timing: Timing | None = None
+    ) -> Result:
+        return cls(delivery_id, attempts, ResultOutcome.DELIVERED, None, status, None, timing=timing)
 
     @classmethod
     def retry(
-        cls, delivery_id: int, attempts: int, *, retry_in: float, status: int | None, error: str
+        cls,
+        delivery_id: int,
+        attempts: int,
+        *,
+        retry_in: float,
+        status: int | None,
+        error: str,
+        failure: FailureClass | None = None,
+        retry_after: float | None = None,
+        timing: Timing | None = None,
     ) -> Result:
-        return cls(delivery_id, attempts, ResultOutcome.RETRY, retry_in, status, error)
+        return cls(
+            delivery_id, attempts, ResultOutcome.RETRY, retry_in, status, error, failure, retry_after, timing
+        )
 
     @classmethod
-    def dead(cls, delivery_id: int, attempts: int, *, status: int | None, error: str) -> Result:
-        return cls(delivery_id, attempts, ResultOutcome.DEAD, None, status, error)
+    def dead(
+        cls,
+        delivery_id: int,
+        attempts: int,
+        *,
+        status: int | None,
+        error: str,
+        failure: FailureClass | None = None,
+        timing: Timing | None = None,
+    ) -> Result:
+        return cls(delivery_id, attempts, ResultOutcome.DEAD, None, status, error, failure, None, timing)

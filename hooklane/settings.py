@@ -139,6 +139,10 @@ class Settings:
     sweep_seconds: Seconds = 60.0
     deactivate_after_seconds: Seconds = 5 * 24 * 3600.0
     event_retention_seconds: Seconds = 30 * 24 * 3600.0
+    # How long each attempt's record is kept: its whole day is dropped once
+    # the day ended this long ago (delivery_attempts is partitioned by day).
+    # As long as events by default, so a delivery's history goes with it.
+    attempt_retention_seconds: Seconds = 30 * 24 * 3600.0
     # How long SIGTERM waits for deliveries in flight; 0 records them as
     # they are, without waiting.
     drain_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 70.0

@@ -524,15 +524,15 @@ async def test_a_conflicting_batch_in_a_group_leaves_the_others_committed(
 
 async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Connection) -> None:
     async with db.transaction():
-        assert await store.insert_events(db, [("a", "acme", "a.b", '{"n": 1}', None)]) == []
+        assert await store.insert_events(db, [("a", "acme", "a.b", '{"n": 1}', None, None)]) == []
         conflicts = await store.insert_events(
             db,
             [
-                ("a", "acme", "a.b", '{"n": 1}', None),  # the same again: stored once
-                ("a", "acme", "a.b", '{"n": 2}', None),  # other content under a stored id
-                ("a", "globex", "a.b", '{"n": 2}', None),  # another tenant's id: another event
-                ("b", "acme", "a.b", "{}", "k"),
-                ("b", "acme", "a.b", "{}", None),  # another coalesce key, same call
+                ("a", "acme", "a.b", '{"n": 1}', None, None),  # the same again: stored once
+                ("a", "acme", "a.b", '{"n": 2}', None, None),  # other content under a stored id
+                ("a", "globex", "a.b", '{"n": 2}', None, None),  # another tenant's id: another event
+                ("b", "acme", "a.b", "{}", "k", None),
+                ("b", "acme", "a.b", "{}", None, None),  # another coalesce key, same call
             ],
         )
     assert conflicts == [1, 4]
@@ -663,7 +663,7 @@ async def hold_event(dsn: str, event_id: str) -> tuple[asyncpg.Connection, async
 
 
 def _row(event_id: str) -> store.EventRow:
-    return (event_id, "acme", EVENT["type"], json.dumps(EVENT["data"]), None)
+    return (event_id, "acme", EVENT["type"], json.dumps(EVENT["data"]), None, None)
 
 
 def event(event_id: str) -> Event:

@@ -64,6 +64,7 @@ async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_f
             trigger,
             ready,
             ALL,
+            "test-worker",
         )
         assert await trigger.wait(0) is Wake.POLL  # nothing pending: a round would find nothing
         assert not ready.scheduled(a)
@@ -79,6 +80,7 @@ async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_f
             trigger,
             ready,
             ALL,
+            "test-worker",
         )
         assert await trigger.wait(0) is Wake.READY  # its slot is free and the next one is due
         assert ready.due(a) <= datetime.now(UTC)
@@ -104,10 +106,12 @@ async def test_the_circuit_log_line_follows_what_complete_opened(db, settings, c
         ]
         gone = store.Result.dead(rows[-1]["id"], rows[-1]["attempts"], status=410, error="HTTP 410")
         with caplog.at_level(logging.WARNING, logger="hooklane.worker.runner"):
-            await record(pool, failed[:2], circuit, trigger, ReadyList(), ALL)
-            await record(pool, failed[2:5], circuit, trigger, ReadyList(), ALL)  # 2 to 5 failures
-            await record(pool, failed[5:6], circuit, trigger, ReadyList(), ALL)  # open already
-            await record(pool, [gone], circuit, trigger, ReadyList(), ALL)
+            await record(pool, failed[:2], circuit, trigger, ReadyList(), ALL, "test-worker")
+            await record(
+                pool, failed[2:5], circuit, trigger, ReadyList(), ALL, "test-worker"
+            )  # 2 to 5 failures
+            await record(pool, failed[5:6], circuit, trigger, ReadyList(), ALL, "test-worker")  # open already
+            await record(pool, [gone], circuit, trigger, ReadyList(), ALL, "test-worker")
         said = [(r.getMessage(), r.__dict__.get("action")) for r in caplog.records]
         assert said == [
             ("endpoint default/a paused: circuit open", "circuit"),

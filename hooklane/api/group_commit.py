@@ -86,6 +86,8 @@ class Event:
     type: str
     data_json: str
     coalesce_key: str | None
+    # The W3C trace context it was published in (hooklane/tracing.py).
+    traceparent: str | None = None
 
 
 class Conflict(Exception):
@@ -367,7 +369,7 @@ def _key(event: Event) -> tuple[str, str]:
 
 
 def _row(event: Event) -> store.EventRow:
-    return (event.id, event.tenant, event.type, event.data_json, event.coalesce_key)
+    return (event.id, event.tenant, event.type, event.data_json, event.coalesce_key, event.traceparent)
 
 
 def _conflict(unit: _Unit, index: int) -> Conflict:

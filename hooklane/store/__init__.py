@@ -5,7 +5,8 @@ as ``store.<name>``; the SQL itself lives in ``queries.sql``, the schema in
 ``migrations/`` (and, whole, in ``schema.sql``).
 """
 
-from hooklane.results import Result
+from hooklane.results import FailureClass, Result, Timing
+from hooklane.store.attempts import PARTITIONS_AHEAD, PartitionsKept, keep_attempt_partitions
 from hooklane.store.connection import (
     API_SESSION,
     CONNECTION_LOST,
@@ -92,6 +93,7 @@ __all__ = [
     "DELIVERED_STEP_SECONDS",
     "MAX_DELIVERY_ID",
     "MAX_PAGE",
+    "PARTITIONS_AHEAD",
     "STATES",
     "TABLES",
     "WORKER_SESSION",
@@ -103,9 +105,11 @@ __all__ = [
     "EndpointTotals",
     "EventPage",
     "EventRow",
+    "FailureClass",
     "Horizon",
     "HorizonHolder",
     "Listed",
+    "PartitionsKept",
     "Reactivation",
     "Rescued",
     "Reservation",
@@ -113,6 +117,7 @@ __all__ = [
     "Stored",
     "StoredEvent",
     "TableStatistics",
+    "Timing",
     "Unrouted",
     "Upserted",
     "absorb_wakeups",
@@ -138,6 +143,7 @@ __all__ = [
     "endpoint_totals",
     "insert_event",
     "insert_events",
+    "keep_attempt_partitions",
     "list_events",
     "live_workers",
     "migrate",

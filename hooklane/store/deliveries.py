@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -22,7 +22,7 @@ STATES = ("pending", "sending", "delivered", "dead", "discarded")
 @dataclass(frozen=True)
 class Reservation:
     """What a reservation round returns: the deliveries it reserved, and one
-    verdict per candidate endpoint (hooklane_reserve_v3: deliverable,
+    verdict per candidate endpoint (hooklane_reserve_v4: deliverable,
     paused_until, head, at_limit, leases_end, max_concurrency)."""
 
     deliveries: list[asyncpg.Record]
@@ -62,14 +62,20 @@ DELIVERED_STEP_SECONDS = 30.0
 
 
 async def complete(
-    conn: asyncpg.Connection, results: list[Result], circuit: CircuitPolicy, partitions: list[int]
+    conn: asyncpg.Connection,
+    results: list[Result],
+    circuit: CircuitPolicy,
+    partitions: list[int],
+    worker_id: str | None = None,
 ) -> list[asyncpg.Record]:
-    """Record results in one statement; returns the endpoints touched, with
-    their circuit state after it, whether each is deliverable and the
-    earliest retry queued for it (``retried_head``), for the ready list;
-    ``opened``: whether these results opened its circuit; ``deactivated``:
-    whether they deactivated it (a 410). Retries of endpoints outside
-    ``partitions`` (the recording worker's) are notified to their owner."""
+    """Record results in one statement, each one's attempt with it (made by
+    ``worker_id``); returns the endpoints touched, with their circuit state
+    after it, whether each is deliverable and the earliest retry queued for
+    it (``retried_head``), for the ready list; ``opened``: whether these
+    results opened its circuit; ``deactivated``: whether they deactivated it
+    (a 410). Retries of endpoints outside ``partitions`` (the recording
+    worker's) are notified to their owner."""
+    now = datetime.now(UTC)
     return await conn.fetch(
         *QUERIES["complete"](
             ids=[r.delivery_id for r in results],
@@ -78,6 +84,12 @@ async def complete(
             retry_ins=[r.retry_in for r in results],
             statuses=[r.status for r in results],
             errors=[r.error for r in results],
+            failures=[r.failure for r in results],
+            started_ats=[r.timing.started_at if r.timing else now for r in results],
+            durations=[r.timing.duration if r.timing else None for r in results],
+            retry_afters=[r.retry_after for r in results],
+            trace_ids=[r.timing.trace_id if r.timing else None for r in results],
+            worker_id=worker_id,
             threshold=circuit.threshold,
             step_seconds=circuit.step_seconds,
             cap_seconds=circuit.cap_seconds,

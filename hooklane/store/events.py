@@ -24,15 +24,17 @@ async def insert_event(
     type: str,
     data_json: str,
     coalesce_key: str | None,
+    traceparent: str | None = None,
 ) -> int | None:
     """Store the event and its deliveries on ``conn``, in whatever
     transaction it is in. Returns the fan-out (0: no endpoint matched), or
     None when the tenant already stored this very event under this id.
     ``EventConflict`` when the tenant stored a different one under it:
     nothing is stored, and the transaction is still usable. The caller's
-    ``conn`` raises its own errors (see :func:`hooklane.publish`)."""
+    ``conn`` raises its own errors (see :func:`hooklane.publish`).
+    ``traceparent``: the W3C trace context it was published in, checked."""
     event = {"id": id, "tenant": tenant, "type": type, "data": data_json, "coalesce_key": coalesce_key}
-    row = await conn.fetchrow(*QUERIES["publish"](**event))
+    row = await conn.fetchrow(*QUERIES["publish"](**event, traceparent=traceparent))
     assert row is not None, "publish returns one row, always"
     if row["fanout"] is not None:
         return row["fanout"]
@@ -45,8 +47,8 @@ async def insert_event(
 
 
 # An event as insert_events takes it: id, tenant, type, data (JSON text),
-# coalesce_key.
-EventRow = tuple[str, str, str, str, str | None]
+# coalesce_key, traceparent.
+EventRow = tuple[str, str, str, str, str | None, str | None]
 
 
 async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) -> list[int]:
@@ -63,11 +65,18 @@ async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) ->
     await conn.executemany(
         publish.sql,
         [
-            publish.args(id=event_id, tenant=tenant, type=event_type, data=data_json, coalesce_key=key)
-            for event_id, tenant, event_type, data_json, key in events
+            publish.args(
+                id=event_id,
+                tenant=tenant,
+                type=event_type,
+                data=data_json,
+                coalesce_key=key,
+                traceparent=parent,
+            )
+            for event_id, tenant, event_type, data_json, key, parent in events
         ],
     )
-    ids, tenants, types, data, keys = (list(column) for column in zip(*events, strict=True))
+    ids, tenants, types, data, keys, _ = (list(column) for column in zip(*events, strict=True))
     rows = await conn.fetch(
         *QUERIES["events_conflicting"](ids=ids, tenants=tenants, types=types, data=data, coalesce_keys=keys)
     )

@@ -238,7 +238,10 @@ RETURNING id;
 -- is analysed, and a nested loop over two CTE scans of 10,000 rows each
 -- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once, not
 -- joined.
--- Parameters: id, tenant, type, data (jsonb text), coalesce_key.
+-- The trace context is the event's own, stored and not compared: the same
+-- event published again from another trace is the same event.
+-- Parameters: id, tenant, type, data (jsonb text), coalesce_key,
+-- traceparent (W3C, checked by the caller; NULL: none).
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for the
 -- ON CONFLICT.
 WITH existing AS (
@@ -252,8 +255,9 @@ matched AS (
       AND hooklane_type_matches(ep.event_types, %(type)s)
 ),
 event AS (
-    INSERT INTO events (id, tenant, type, data, coalesce_key, fanout)
-    SELECT %(id)s, %(tenant)s, %(type)s, %(data)s::jsonb, %(coalesce_key)s, count(*) FROM matched
+    INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent)
+    SELECT %(id)s, %(tenant)s, %(type)s, %(data)s::jsonb, %(coalesce_key)s, count(*), %(traceparent)s
+    FROM matched
     ON CONFLICT (tenant, id) DO NOTHING
     RETURNING fanout
 ),
@@ -357,7 +361,9 @@ RETURNING endpoint_id, partition;
 -- entries a held horizon keeps lie before that. One row: the database's
 -- time the leases were judged at, the next run's `since` (with a margin),
 -- and the rescued deliveries' endpoints, partitions and due times, for the
--- worker's ready list. Runs only under the partitions' advisory locks.
+-- worker's ready list. Each rescued attempt is recorded in
+-- delivery_attempts as a retry of failure class lease_expired, with no
+-- duration. Runs only under the partitions' advisory locks.
 -- The plan is forced, as the planner's estimates of a partial index that
 -- a held horizon fills with dead entries cannot be trusted: the leases are
 -- probed per endpoint (OFFSET 0 keeps the probe a parameterised index scan
@@ -386,12 +392,23 @@ WITH expired AS MATERIALIZED (
 rescued AS (
     UPDATE deliveries d
     SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
+        last_failure = 'lease_expired',
         last_error = 'lease expired: the worker lost the delivery'
     FROM expired x
     WHERE d.id = x.id
       AND d.state = x.state
       AND d.attempts = x.attempts
-    RETURNING d.id, d.endpoint_id, x.partition, d.next_attempt_at
+    RETURNING d.id, d.endpoint_id, x.partition, d.next_attempt_at, d.attempts, d.event_tenant,
+              d.event_id, d.attempted_by, d.reserved_at, d.last_failure, d.last_error
+),
+-- The attempt whose result never came, so that the history has no gap.
+-- Runs whether or not it is read, as every data-modifying WITH does.
+logged AS (
+    INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                   attempted_by, started_at, outcome, failure, error, next_attempt_at)
+    SELECT r.id, r.attempts, r.endpoint_id, r.event_tenant, r.event_id, r.attempted_by,
+           coalesce(r.reserved_at, now()), 'retry', r.last_failure, r.last_error, r.next_attempt_at
+    FROM rescued r
 )
 SELECT now() AS checked_at,
        coalesce(array_agg(r.endpoint_id), '{}') AS endpoint_ids,
@@ -403,7 +420,7 @@ FROM rescued r;
 -- Reserve up to `limit` due deliveries of the candidates, the endpoints
 -- whose time has come in the worker's ready list, each read from its floor
 -- (the earliest next_attempt_at a pending delivery of it may have; NULL:
--- from the start): the steps are in hooklane_reserve_v3 (migration 0009),
+-- from the start): the steps are in hooklane_reserve_v4 (migration 0010),
 -- one round trip. Runs only under the partitions' advisory locks, and
 -- reserves only for endpoints of the owned partitions. A due delivery of
 -- another tenant's event than its endpoint's is discarded, never returned.
@@ -419,7 +436,7 @@ FROM rescued r;
 -- endpoint's timeout), worker_id.
 -- Index: primary key of endpoints, deliveries_leased, deliveries_queue from
 -- each floor, primary key of events (see the function).
-SELECT * FROM hooklane_reserve_v3(%(partitions)s::int[], %(candidates)s::bigint[],
+SELECT * FROM hooklane_reserve_v4(%(partitions)s::int[], %(candidates)s::bigint[],
                                   %(floors)s::timestamptz[], %(limit)s, %(lease_grace_seconds)s,
                                   %(worker_id)s);
 
@@ -442,18 +459,26 @@ SELECT * FROM hooklane_reserve_v3(%(partitions)s::int[], %(candidates)s::bigint[
 -- however many this batch added) and `deactivated` (this call deactivated
 -- it): what the worker logs. Retries of endpoints outside `partitions` (the
 -- recording worker's) are notified to their owner.
+-- Each result that passes the fence also leaves its attempt in
+-- delivery_attempts (migration 0010); one that does not leaves none.
 -- Parameters: ids, attempts (the fence), outcomes ('delivered', 'retry',
 -- 'dead'), retry_ins (delays in seconds), statuses (HTTP; NULL when no
--- response), errors, arrays of equal length; threshold (failures that open
--- the circuit), step_seconds and cap_seconds (of the pause); partitions
--- (owned); delivered_step_seconds.
--- The steps are in hooklane_complete_v3 (migration 0009), one round trip, with
+-- response), errors, failures (the class when no response), started_ats,
+-- durations (seconds), retry_afters (the Retry-After honoured, seconds),
+-- trace_ids, arrays of equal length; worker_id (the recording worker);
+-- threshold (failures that open the circuit), step_seconds and cap_seconds
+-- (of the pause); partitions (owned); delivered_step_seconds.
+-- The steps are in hooklane_complete_v4 (migration 0010), one round trip, with
 -- a plan kept per session that looks each result's row up by primary key.
--- Index: primary keys of deliveries and endpoints (see the function).
+-- Index: primary keys of deliveries and endpoints (see the function); the
+-- attempts are appended to today's partition.
 SELECT id, partition, namespace, name, state, paused_until, consecutive_failures, deliverable,
        retried_head, opened, deactivated
-FROM hooklane_complete_v3(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+FROM hooklane_complete_v4(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
                           %(retry_ins)s::float8[], %(statuses)s::int[], %(errors)s::text[],
+                          %(failures)s::text[], %(started_ats)s::timestamptz[],
+                          %(durations)s::float8[], %(retry_afters)s::float8[],
+                          %(trace_ids)s::text[], %(worker_id)s,
                           %(threshold)s, %(step_seconds)s, %(cap_seconds)s,
                           %(partitions)s::int[], %(delivered_step_seconds)s);
 
@@ -574,6 +599,15 @@ ORDER BY t.name;
 -- changes of the table conflict with.
 -- Parameters: none. Index: none.
 ANALYZE endpoints;
+
+-- name: attempt_partitions
+-- Keep delivery_attempts' daily partitions: create the missing ones from
+-- today to `ahead` days on, drop those past retention, and delete what the
+-- default partition holds past it (hooklane_attempt_partitions, migration
+-- 0010). A row per thing done.
+-- Parameters: ahead (days), keep_seconds. Index: none (the catalog; the
+-- default partition is read whole, and is empty unless maintenance stopped).
+SELECT action, partition_name, rows_deleted FROM hooklane_attempt_partitions(%(ahead)s, %(keep_seconds)s);
 
 -- name: purge_events
 -- Drop events past retention together with their finished deliveries; an

@@ -92,6 +92,9 @@ CREATE TABLE events (
     -- events of transactions below the oldest one still running, so that no
     -- event can commit later behind a receiver's cursor.
     xact         xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- The W3C traceparent the event was published under (migration 0010;
+    -- NULL: none), for the attempts' spans and the receiver's header.
+    traceparent  text CONSTRAINT events_traceparent_length CHECK (length(traceparent) <= 55),
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
@@ -138,6 +141,9 @@ CREATE TABLE deliveries (
     created_at      timestamptz NOT NULL DEFAULT now(),
     delivered_at    timestamptz,
     last_status     integer,
+    -- the failure class of the last attempt when it got no HTTP answer
+    -- (migration 0010; hooklane/results.py FailureClass)
+    last_failure    text,
     last_error      text,
     CONSTRAINT deliveries_event_fkey FOREIGN KEY (event_tenant, event_id)
         REFERENCES events (tenant, id) ON DELETE CASCADE
@@ -151,7 +157,7 @@ CREATE INDEX deliveries_queue
     ON deliveries (endpoint_id, next_attempt_at, id)
     WHERE state = 'pending';
 
--- reserve (hooklane_reserve_v3; v2 and rerate_v2 by endpoint alone): each
+-- reserve (hooklane_reserve_v4; v2 and rerate_v2 by endpoint alone): each
 -- endpoint's deliveries in flight by when their lease ends (migration
 -- 0009), so that counting the live leases against its concurrency reads
 -- only those, not an entry per delivery it sent while a held horizon keeps
@@ -183,6 +189,56 @@ CREATE INDEX deliveries_event ON deliveries (event_tenant, event_id);
 -- or changed; without it, listing a quiet endpoint's delivered rows would
 -- read the whole table.
 CREATE INDEX deliveries_endpoint ON deliveries (endpoint_id, id);
+
+-- ---------------------------------------------------------------------------
+-- The attempt history (migration 0010).
+
+-- One row per attempt that ended. Append-only, partitioned by the day it
+-- was recorded (UTC), so that retention drops a whole day at a constant
+-- cost (hooklane_attempt_partitions). The default partition catches rows
+-- no daily partition covers, should maintenance not have created it ahead
+-- (the worker creates three days ahead): recording a result never fails
+-- for want of a partition. No foreign key: a day is dropped whatever its
+-- deliveries do, and a delivery deleted with its event leaves rows nobody
+-- can reach (endpoint and delivery ids are never reused) until their day
+-- is dropped.
+CREATE TABLE delivery_attempts (
+    delivery_id         bigint NOT NULL,
+    -- The attempt's number in the delivery's current life (a resend starts
+    -- a new one from 1): the fence it was reserved with.
+    attempt             integer NOT NULL,
+    endpoint_id         bigint NOT NULL,
+    event_tenant        text NOT NULL,
+    event_id            text NOT NULL,
+    -- HOOKLANE_WORKER_ID of the worker that made the call.
+    attempted_by        text,
+    -- When the call started (the worker's clock) and how long it took;
+    -- NULL for a lease that ran out, whose call nobody timed.
+    started_at          timestamptz NOT NULL,
+    duration_seconds    double precision,
+    -- What the attempt did to the delivery: 'delivered', 'retry' (queued
+    -- again at next_attempt_at), 'dead', or 'discarded' (its endpoint moved
+    -- to another tenant while it was in flight).
+    outcome             text NOT NULL CHECK (outcome IN ('delivered', 'retry', 'dead', 'discarded')),
+    -- The HTTP status, or NULL with the failure class when no answer came.
+    status              integer,
+    failure             text,
+    error               text,
+    -- The receiver's Retry-After, in seconds, when it asked for one and the
+    -- next attempt waited for it.
+    retry_after_seconds double precision,
+    next_attempt_at     timestamptz,
+    -- The trace id of the attempt's span (32 hex digits), when traced.
+    trace_id            text,
+    recorded_at         timestamptz NOT NULL DEFAULT now()
+) PARTITION BY RANGE (recorded_at);
+
+CREATE TABLE delivery_attempts_default PARTITION OF delivery_attempts DEFAULT;
+
+-- delivery_attempts_of: a delivery's attempts, in order
+CREATE INDEX delivery_attempts_delivery ON delivery_attempts (delivery_id, recorded_at);
+-- endpoint_attempts: an endpoint's attempts over a time range, newest first
+CREATE INDEX delivery_attempts_endpoint ON delivery_attempts (endpoint_id, recorded_at);
 
 -- ---------------------------------------------------------------------------
 -- The ready index of version 8 and before: reservation visits only the
@@ -681,7 +737,7 @@ BEGIN
 END;
 $$;
 
--- The reservation from version 9 on: `reserve` in queries.sql. The worker
+-- The reservation from version 10 on: `reserve` in queries.sql. The worker
 -- names the candidates (endpoints of its partitions whose ready time has
 -- come, longest waiting first) and each one's floor: the earliest
 -- next_attempt_at a pending delivery of it may have (NULL: unknown, scan
@@ -689,15 +745,16 @@ $$;
 -- one verdict row per candidate (id NULL): whether it is deliverable, its
 -- circuit pause, its head (the earliest pending next_attempt_at from its
 -- floor on, after this round; NULL: nothing pending), whether its slots
--- are all taken, and when the first live lease ends.
-CREATE FUNCTION hooklane_reserve_v3(owned integer[], candidates bigint[], floors timestamptz[],
+-- are all taken, and when the first live lease ends. Each delivery carries
+-- its event's tenant and trace context (version 10).
+CREATE FUNCTION hooklane_reserve_v4(owned integer[], candidates bigint[], floors timestamptz[],
                                     max_rows integer, lease_grace double precision, worker text)
 RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
                namespace text, name text, url text, secret text, timeout_seconds integer,
                event_id text, type text, data text, event_created_at timestamptz,
                previous_secret text, max_concurrency integer,
                deliverable boolean, paused_until timestamptz, head timestamptz,
-               at_limit boolean, leases_end timestamptz)
+               at_limit boolean, leases_end timestamptz, tenant text, traceparent text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -774,12 +831,12 @@ BEGIN
                   e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
                   CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
                     AS previous_secret,
-                  ep.max_concurrency, d.state
+                  ep.max_concurrency, d.state, e.tenant, e.traceparent
     )
     SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
            r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
            r.max_concurrency, NULL::boolean, NULL::timestamptz, NULL::timestamptz, NULL::boolean,
-           NULL::timestamptz
+           NULL::timestamptz, r.tenant, r.traceparent
     FROM reserved r
     WHERE r.state = 'sending';
 
@@ -793,7 +850,7 @@ BEGIN
            NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer,
            NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text,
            ep.max_concurrency, k.ok, ep.paused_until, h.head,
-           coalesce(l.n >= ep.max_concurrency, false), l.ends
+           coalesce(l.n >= ep.max_concurrency, false), l.ends, NULL::text, NULL::text
     FROM unnest(candidates, floors) AS c(endpoint_id, low)
     LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
     CROSS JOIN LATERAL (
@@ -818,7 +875,7 @@ BEGIN
 END;
 $$;
 
--- Record a batch of results (version 9): `complete` in queries.sql. As
+-- Record a batch of results (version 10): `complete` in queries.sql. As
 -- hooklane_complete_v2, less the ready list: the worker owning each
 -- endpoint decides when it is ready from what this returns. An endpoint's
 -- row is written only when something of it changes (its failures, circuit,
@@ -826,9 +883,14 @@ $$;
 -- `delivered_step` seconds old: a healthy endpoint's row gets one version
 -- per step rather than one per batch. A retry of an endpoint of a partition
 -- the recording worker does not own (`owned`: it lost it while the call was
--- out) is notified to its owner.
-CREATE FUNCTION hooklane_complete_v3(ids bigint[], fences integer[], outcomes text[],
+-- out) is notified to its owner. Each result that passes the fence leaves
+-- its attempt in delivery_attempts in the same statement; a late result
+-- of a worker that lost the delivery leaves none.
+CREATE FUNCTION hooklane_complete_v4(ids bigint[], fences integer[], outcomes text[],
                                      retry_ins double precision[], statuses integer[], errors text[],
+                                     failures text[], started_ats timestamptz[],
+                                     durations double precision[], retry_afters double precision[],
+                                     trace_ids text[], worker text,
                                      threshold integer, step_seconds double precision,
                                      cap_seconds double precision, owned integer[],
                                      delivered_step double precision)
@@ -842,9 +904,12 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH fenced AS MATERIALIZED (
-        SELECT r.id, r.attempts, r.outcome, r.retry_in, r.status, r.error, d.state
-        FROM unnest(ids, fences, outcomes, retry_ins, statuses, errors)
-             AS r(id, attempts, outcome, retry_in, status, error)
+        SELECT r.id, r.attempts, r.outcome, r.retry_in, r.status, r.error, r.failure, r.started_at,
+               r.duration, r.retry_after, r.trace_id, d.state
+        FROM unnest(ids, fences, outcomes, retry_ins, statuses, errors, failures, started_ats, durations,
+                    retry_afters, trace_ids)
+             AS r(id, attempts, outcome, retry_in, status, error, failure, started_at, duration,
+                  retry_after, trace_id)
         CROSS JOIN LATERAL (SELECT d.state, d.attempts FROM deliveries d WHERE d.id = r.id OFFSET 0) d
         WHERE d.state = 'sending' AND d.attempts = r.attempts
     ),
@@ -861,6 +926,7 @@ BEGIN
             delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
             lease_expires_at = NULL,
             last_status = r.status,
+            last_failure = r.failure,
             last_error = CASE WHEN r.outcome <> 'delivered'
                                    AND hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NOT NULL
                               THEN format('%s (%s)', hooklane_tenant_discard(d.event_tenant, ep.tenant),
@@ -871,7 +937,21 @@ BEGIN
           AND d.state = r.state
           AND d.attempts = r.attempts
           AND ep.id = d.endpoint_id
-        RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
+        RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, d.attempts, d.event_tenant, d.event_id,
+                  d.last_error, r.outcome, r.status, r.error, r.failure, r.started_at, r.duration,
+                  r.retry_after, r.trace_id
+    ),
+    -- Runs whether or not it is read, as every data-modifying WITH does.
+    logged AS (
+        INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                       attempted_by, started_at, duration_seconds, outcome, status,
+                                       failure, error, retry_after_seconds, next_attempt_at, trace_id)
+        SELECT rec.id, rec.attempts, rec.endpoint_id, rec.event_tenant, rec.event_id, worker,
+               rec.started_at, rec.duration,
+               CASE WHEN rec.state = 'pending' THEN 'retry' ELSE rec.state END,
+               rec.status, rec.failure, rec.last_error, rec.retry_after,
+               CASE WHEN rec.state = 'pending' THEN rec.next_attempt_at END, rec.trace_id
+        FROM recorded rec
     ),
     per_endpoint AS (
         SELECT rec.endpoint_id,
@@ -954,6 +1034,95 @@ BEGIN
     FROM judged j, woken;
 END;
 $$;
+
+-- The daily partitions of delivery_attempts: create those of today and the
+-- `ahead` days after it that are missing, drop those whose whole day ended
+-- more than `keep_seconds` ago, and delete the rows of the default
+-- partition past `keep_seconds` (there are none unless maintenance stopped
+-- for days). A day whose rows already went to the default partition gets
+-- no partition: they stay where they are until retention deletes them.
+-- A partition is created standalone and attached, which takes a SHARE
+-- UPDATE EXCLUSIVE lock on delivery_attempts (results go on being
+-- recorded); a drop needs an ACCESS EXCLUSIVE lock, waited for at most
+-- `lock_timeout` (the setting below), and a partition whose lock is not
+-- had in time (a pg_dump reading it) is skipped until the next call.
+-- A drop that waits holds up the results queued behind it, hence the short
+-- wait. `keep_seconds` may be 'infinity' (drop nothing). Returns what it
+-- did, a row each: 'created', 'dropped' or 'busy' (not dropped this time)
+-- and the partition's name; 'purged', the default partition and the rows
+-- it deleted, when there were any.
+CREATE FUNCTION hooklane_attempt_partitions(ahead integer, keep_seconds double precision)
+RETURNS TABLE (action text, partition_name text, rows_deleted bigint)
+LANGUAGE plpgsql
+SET lock_timeout = '500ms'
+AS $$
+#variable_conflict use_column
+DECLARE
+    today date := (now() AT TIME ZONE 'UTC')::date;
+    cutoff timestamptz := CASE WHEN keep_seconds = 'infinity' THEN '-infinity'
+                               ELSE now() - make_interval(secs => keep_seconds) END;
+    day date;
+    low timestamptz;
+    high timestamptz;
+    table_name text;
+    old record;
+    purged bigint;
+BEGIN
+    FOR i IN 0..ahead LOOP
+        day := today + i;
+        low := day::timestamp AT TIME ZONE 'UTC';
+        high := (day + 1)::timestamp AT TIME ZONE 'UTC';
+        table_name := 'delivery_attempts_' || to_char(day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass(quote_ident(table_name)) IS NOT NULL;
+        CONTINUE WHEN EXISTS (SELECT FROM delivery_attempts_default a
+                              WHERE a.recorded_at >= low AND a.recorded_at < high);
+        EXECUTE format('CREATE TABLE %I (LIKE delivery_attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                       table_name);
+        -- The bound as a constraint first, so that attaching need not scan
+        -- the table (empty anyway) to prove it.
+        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (recorded_at >= %L AND recorded_at < %L)',
+                       table_name, table_name || '_bound', low, high);
+        EXECUTE format('ALTER TABLE delivery_attempts ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       table_name, low, high);
+        EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', table_name, table_name || '_bound');
+        action := 'created';
+        partition_name := table_name;
+        RETURN NEXT;
+    END LOOP;
+
+    FOR old IN
+        SELECT c.relname
+        FROM pg_inherits i
+        JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'delivery_attempts'::regclass
+          AND c.relname ~ '^delivery_attempts_[0-9]{8}$'
+          AND (to_date(substr(c.relname, 19), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' <= cutoff
+        ORDER BY c.relname
+    LOOP
+        BEGIN
+            EXECUTE format('DROP TABLE %I', old.relname);
+            action := 'dropped';
+        EXCEPTION WHEN lock_not_available THEN
+            action := 'busy';
+        END;
+        partition_name := old.relname;
+        RETURN NEXT;
+    END LOOP;
+
+    DELETE FROM delivery_attempts_default a WHERE a.recorded_at < cutoff;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    IF purged > 0 THEN
+        action := 'purged';
+        partition_name := 'delivery_attempts_default';
+        rows_deleted := purged;
+        RETURN NEXT;
+    END IF;
+END;
+$$;
+
+-- Today's partition of delivery_attempts and the next three days', as the migration made them;
+-- the worker's maintenance keeps making them ahead.
+SELECT hooklane_attempt_partitions(3, 'infinity');
 
 -- The reservation the 0.1.0 release calls (migrations 0002 and 0003), kept
 -- for its workers during a rolling upgrade; no code of this release calls

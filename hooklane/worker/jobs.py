@@ -39,6 +39,8 @@ _HOUSEKEEPER_PARTITION = 0
 # ended earlier were rescued by that run, or by the first of a partition
 # taken, which reads them all.
 _RESCUE_OVERLAP = timedelta(seconds=60)
+# How often the housekeeper keeps the attempt history's partitions.
+PARTITIONS_EVERY = 3600.0
 
 # A sweep reads each queue from this much before its last run: a delivery
 # written without a notification since then is due from its transaction's
@@ -120,6 +122,8 @@ class Maintained:
     deactivated: tuple[str, ...] = ()  # namespace/name
     purged: int = 0
     analysed: bool = False
+    # None when the attempt partitions were not due for a pass.
+    partitions: store.PartitionsKept | None = None
 
 
 class Maintenance:
@@ -146,6 +150,8 @@ class Maintenance:
         # The partitions the last rescue read, and from when the next reads.
         self._rescued_in: set[int] = set()
         self._since: datetime | None = None
+        # When the attempt partitions were last kept (monotonic; None: never).
+        self._kept_at: float | None = None
 
     async def _rescue(self) -> int:
         owned = set(self._owner.owned)
@@ -186,6 +192,7 @@ class Maintenance:
                     extra={"action": "deactivate", "endpoint": ep["id"]},
                 )
             purged = await store.purge_events(conn, s.event_retention_seconds)
+            partitions = await self._keep_partitions(conn)
             # Publish's fan-out is written not to depend on these
             # statistics, but every other statement reading endpoints is
             # planned from them, and autovacuum may take minutes to notice
@@ -199,7 +206,33 @@ class Maintenance:
             deactivated=tuple(f"{ep['namespace']}/{ep['name']}" for ep in deactivated),
             purged=purged,
             analysed=analysed,
+            partitions=partitions,
         )
+
+    async def _keep_partitions(self, conn: asyncpg.Connection) -> store.PartitionsKept | None:
+        """Make the attempt history's partitions ahead and drop those past
+        retention, once per ``PARTITIONS_EVERY``: a day's partition is made
+        days before it starts, so an hour late costs nothing."""
+        now = time.monotonic()
+        if self._kept_at is not None and now - self._kept_at < PARTITIONS_EVERY:
+            return None
+        kept = await store.keep_attempt_partitions(conn, self._settings.attempt_retention_seconds)
+        self._kept_at = now
+        if kept.created or kept.dropped or kept.purged:
+            logger.info(
+                "attempt history: created %s, dropped %s, %d rows deleted from the default partition",
+                ", ".join(kept.created) or "no partition",
+                ", ".join(kept.dropped) or "none",
+                kept.purged,
+                extra={"action": "partitions"},
+            )
+        if kept.busy:
+            logger.warning(
+                "attempt history: %s past retention but in use, dropped on a later pass",
+                ", ".join(kept.busy),
+                extra={"action": "partitions"},
+            )
+        return kept
 
 
 class ReadySweep:

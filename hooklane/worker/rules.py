@@ -11,16 +11,18 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from hooklane.policies import RetryPolicy
-from hooklane.results import Result
+from hooklane.results import FailureClass, Result, Timing
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """What one HTTP call gave: a status, or an error when there was none."""
+    """What one HTTP call gave: a status, or an error and its class when
+    there was none."""
 
     status: int | None
     retry_after: str | None = None
     error: str | None = None
+    failure: FailureClass | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Delivered:
 class Retry:
     delay_seconds: float
     error: str
+    # The receiver's Retry-After (capped) when it asked for one.
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,23 +124,42 @@ def classify(
         return Dead(f"{error}; gave up at age {age_seconds / 3600:.0f} h")
     delay = backoff_seconds(attempts, policy, rng)
     asked = parse_retry_after(attempt.retry_after, now)
-    if asked is not None:
-        delay = max(delay, min(asked, policy.cap_seconds))
-    return Retry(delay, error)
+    if asked is None:
+        return Retry(delay, error)
+    asked = min(asked, policy.cap_seconds)
+    return Retry(max(delay, asked), error, asked)
 
 
-def result_of(delivery_id: int, attempts: int, attempt: Attempt, outcome: Outcome) -> Result:
+def result_of(
+    delivery_id: int, attempts: int, attempt: Attempt, outcome: Outcome, timing: Timing | None = None
+) -> Result:
     """What the worker records of an attempt's ``outcome``: the one mapping
     from these outcomes to the store's. ``attempts`` is the fence the
-    delivery was reserved with; the HTTP status is kept whatever the
-    outcome, so a dead delivery shows what killed it."""
+    delivery was reserved with; the HTTP status (or the failure class) is
+    kept whatever the outcome, so a dead delivery shows what killed it."""
     match outcome:
         case Delivered(status=status):
-            return Result.delivered(delivery_id, attempts, status=status)
-        case Retry(delay_seconds=delay, error=error):
-            return Result.retry(delivery_id, attempts, retry_in=delay, status=attempt.status, error=error)
+            return Result.delivered(delivery_id, attempts, status=status, timing=timing)
+        case Retry(delay_seconds=delay, error=error, retry_after=asked):
+            return Result.retry(
+                delivery_id,
+                attempts,
+                retry_in=delay,
+                status=attempt.status,
+                error=error,
+                failure=attempt.failure,
+                retry_after=asked,
+                timing=timing,
+            )
         case Dead(error=error):
-            return Result.dead(delivery_id, attempts, status=attempt.status, error=error)
+            return Result.dead(
+                delivery_id,
+                attempts,
+                status=attempt.status,
+                error=error,
+                failure=attempt.failure,
+                timing=timing,
+            )
 
 
 def _failure(attempt: Attempt) -> str:

@@ -27,6 +27,7 @@ import asyncpg
 from hooklane import metrics, store
 from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
 from hooklane.policies import CircuitPolicy
+from hooklane.results import FailureClass, Timing
 from hooklane.secrets import owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
@@ -302,7 +303,7 @@ class Worker:
         self.trigger.slot_freed(len(self._sending))
 
     async def _deliver(self, row: asyncpg.Record) -> None:
-        started = time.perf_counter()
+        started_at, started = datetime.now(UTC), time.perf_counter()
         try:
             body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
             endpoint = owner(row["namespace"], row["name"])
@@ -320,11 +321,17 @@ class Worker:
             # refusals are worded for the endpoint's owner; the rest is in
             # the log.
             logger.exception("delivery %d could not be attempted", row["id"], extra={"action": "deliver"})
-            error = f"invalid endpoint: {exc}" if isinstance(exc, InvalidInput) else "internal error"
-            attempt = Attempt(None, error=error)
+            if isinstance(exc, InvalidInput):
+                attempt = Attempt(
+                    None, error=f"invalid endpoint: {exc}", failure=FailureClass.INVALID_ENDPOINT
+                )
+            else:
+                attempt = Attempt(None, error="internal error", failure=FailureClass.INTERNAL_ERROR)
             outcome = self._classify(row, attempt)
-        metrics.DELIVERY_DURATION.observe(time.perf_counter() - started)
-        self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome))
+        duration = time.perf_counter() - started
+        metrics.DELIVERY_DURATION.observe(duration)
+        timing = Timing(started_at, duration)
+        self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome, timing))
         # Its slot is held until the result is written: at the endpoint's
         # limit, the next delivery waits for that.
         if self.ready_list.busy(row["endpoint_id"]) >= row["max_concurrency"]:
@@ -384,6 +391,7 @@ class Worker:
                     self.trigger,
                     self.ready_list,
                     sorted(self.owner.owned),
+                    self.settings.worker_id,
                 )
             if item is None:
                 if self._results.empty():
@@ -411,17 +419,19 @@ async def record(
     trigger: Trigger,
     ready: ReadyList,
     owned: list[int],
+    worker_id: str,
 ) -> None:
-    """Write a batch of results, retrying while Postgres is unreachable or
-    aborts the statement: a result is never dropped while the worker lives
-    (and if it dies, the lease runs out and the delivery is sent again).
+    """Write a batch of results and their attempts (made by ``worker_id``),
+    retrying while Postgres is unreachable or aborts the statement: a
+    result is never dropped while the worker lives (and if it dies, the
+    lease runs out and the delivery is sent again).
     The ready list learns which slots are free and what is due again;
     retries for partitions outside ``owned`` are notified to their owner."""
     delay = 0.1
     while True:
         try:
             async with store.acquire(pool) as conn:
-                touched = await store.complete(conn, batch, circuit, owned)
+                touched = await store.complete(conn, batch, circuit, owned, worker_id)
             break
         except TransientStoreError as exc:
             logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})

@@ -19,6 +19,7 @@ from aiohttp.tracing import Trace
 
 from hooklane import metrics
 from hooklane.guard import DestinationNotAllowed, Network, dialled_address, is_allowed
+from hooklane.results import FailureClass
 from hooklane.signing import sign
 from hooklane.worker.rules import Attempt
 
@@ -41,23 +42,24 @@ def event_body(event_id: str, event_type: str, created_at: datetime, data_json: 
     ).encode()
 
 
-def failure_class(exc: Exception, timeout_seconds: float) -> str:
+def failure_class(exc: Exception, timeout_seconds: float) -> tuple[FailureClass, str]:
     """What a tenant may read about a call that got no HTTP answer: one of a
-    few classes, never the exception's text. aiohttp quotes the bytes it
-    could not parse, and telling refused from reset from closed (or a name
-    that does not resolve) would make the delivery log a port scanner."""
+    few classes, and its line, never the exception's text. aiohttp quotes
+    the bytes it could not parse, and telling refused from reset from
+    closed (or a name that does not resolve) would make the delivery log a
+    port scanner."""
     # First: TimeoutError is an OSError, and aiohttp's are ClientErrors too.
     if isinstance(exc, asyncio.TimeoutError):
-        return f"timeout: no response within {timeout_seconds:g} s"
+        return FailureClass.TIMEOUT, f"timeout: no response within {timeout_seconds:g} s"
     if isinstance(exc, (ssl.SSLError, aiohttp.ClientSSLError)):
-        return "TLS error"
+        return FailureClass.TLS_ERROR, "TLS error"
     # A status line or headers that do not parse, and everything else the
     # receiver answered that is not HTTP.
     if isinstance(exc, (aiohttp.ClientResponseError, aiohttp.ClientPayloadError)):
-        return "invalid response"
+        return FailureClass.INVALID_RESPONSE, "invalid response"
     if isinstance(exc, (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError)):
-        return "invalid URL"
-    return "connection failed"
+        return FailureClass.INVALID_URL, "invalid URL"
+    return FailureClass.CONNECTION_FAILED, "connection failed"
 
 
 def _check(host: str, allowed_networks: Sequence[Network]) -> None:
@@ -166,8 +168,8 @@ class Sender:
                 logger.warning(
                     "call for event %s refused: %s", msg_id, denied, extra={"action": "send", "event": msg_id}
                 )
-                return Attempt(None, error=str(denied))
-            failure = failure_class(exc, timeout_seconds)
+                return Attempt(None, error=str(denied), failure=FailureClass.DESTINATION_NOT_ALLOWED)
+            failure, line = failure_class(exc, timeout_seconds)
             # The detail is for operators only. A response error's text would
             # repeat the request, signature and URL (whose query may hold the
             # receiver's token); its message is what did not parse. repr keeps
@@ -176,12 +178,12 @@ class Sender:
             logger.info(
                 "call for event %s failed, recorded as %r: %s %.500r",
                 msg_id,
-                failure,
+                line,
                 type(exc).__name__,
                 detail,
                 extra={"action": "send", "event": msg_id},
             )
-            return Attempt(None, error=failure)
+            return Attempt(None, error=line, failure=failure)
 
     async def close(self) -> None:
         await self._session.close()

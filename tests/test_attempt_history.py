@@ -1,0 +1,207 @@
+"""Every attempt recorded (delivery_attempts, migration 0010): written by the
+statement that records results and by the rescue, fenced like the result,
+and kept by dropping whole days."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import hooklane
+from hooklane import store
+from hooklane.policies import CircuitPolicy, RetryPolicy
+from tests.conftest import ALL_PARTITIONS as ALL
+from tests.conftest import add_endpoint, reserve_round, wait_for
+from tests.receivers import Answer
+
+pytestmark = pytest.mark.db
+
+_ATTEMPTS = "SELECT * FROM delivery_attempts ORDER BY recorded_at, attempt"
+
+
+async def _one(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    (row,) = await reserve_round(db)
+    return row
+
+
+async def test_each_recorded_result_leaves_its_attempt_with_what_the_worker_saw(db):
+    first = await _one(db)
+    started = datetime.now(UTC) - timedelta(seconds=2)
+    timing = store.Timing(started, 1.25, "ab" * 16)
+    await store.complete(
+        db,
+        [
+            store.Result.retry(
+                first["id"],
+                first["attempts"],
+                retry_in=120.0,
+                status=None,
+                error="timeout: no response within 5 s",
+                failure=store.FailureClass.TIMEOUT,
+                timing=timing,
+            )
+        ],
+        CircuitPolicy(),
+        ALL,
+        "worker-1",
+    )
+    await db.execute("UPDATE deliveries SET next_attempt_at = now()")
+    (second,) = await reserve_round(db)
+    await store.complete(
+        db,
+        [store.Result.delivered(second["id"], second["attempts"], status=204)],
+        CircuitPolicy(),
+        ALL,
+        "worker-2",
+    )
+    retried, delivered = await db.fetch(_ATTEMPTS)
+    assert (retried["delivery_id"], retried["attempt"], retried["outcome"]) == (first["id"], 1, "retry")
+    assert (retried["status"], retried["failure"], retried["error"]) == (
+        None,
+        "timeout",
+        "timeout: no response within 5 s",
+    )
+    assert (retried["attempted_by"], retried["duration_seconds"], retried["trace_id"]) == (
+        "worker-1",
+        1.25,
+        "ab" * 16,
+    )
+    assert retried["started_at"] == started
+    assert retried["next_attempt_at"] > retried["recorded_at"] + timedelta(seconds=100)
+    assert (retried["endpoint_id"], retried["event_tenant"], retried["event_id"]) == (
+        first["endpoint_id"],
+        "acme",
+        first["event_id"],
+    )
+    assert (delivered["attempt"], delivered["outcome"], delivered["status"]) == (2, "delivered", 204)
+    assert (delivered["failure"], delivered["error"], delivered["next_attempt_at"]) == (None, None, None)
+    # Untimed (a caller that did not measure): started when recorded.
+    assert delivered["duration_seconds"] is None and delivered["attempted_by"] == "worker-2"
+    row = await db.fetchrow("SELECT state, last_status, last_failure FROM deliveries")
+    assert tuple(row) == ("delivered", 204, None)
+
+
+async def test_a_late_result_of_a_worker_that_lost_the_delivery_leaves_no_attempt(db):
+    lost = await _one(db)
+    await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
+    assert len((await store.rescue_expired(db, ALL)).endpoints) == 1
+    (again,) = await reserve_round(db)
+    await store.complete(
+        db,
+        [store.Result.retry(lost["id"], lost["attempts"], retry_in=60.0, status=500, error="HTTP 500")],
+        CircuitPolicy(),
+        ALL,
+        "late",
+    )
+    # Only the rescue's record of the lost attempt: the late answer changed
+    # nothing, and claims nothing.
+    (rescued,) = await db.fetch(_ATTEMPTS)
+    assert (rescued["attempt"], rescued["outcome"], rescued["failure"]) == (1, "retry", "lease_expired")
+    assert rescued["error"] == "lease expired: the worker lost the delivery"
+    assert rescued["duration_seconds"] is None
+    assert await db.fetchval("SELECT last_failure FROM deliveries") == "lease_expired"
+    await store.complete(
+        db,
+        [store.Result.dead(again["id"], again["attempts"], status=413, error="HTTP 413")],
+        CircuitPolicy(),
+        ALL,
+        "w",
+    )
+    assert [(r["attempt"], r["outcome"], r["status"]) for r in await db.fetch(_ATTEMPTS)] == [
+        (1, "retry", None),
+        (2, "dead", 413),
+    ]
+
+
+async def test_a_failure_discarded_for_a_tenant_change_is_recorded_as_discarded(db):
+    row = await _one(db)
+    await db.execute("UPDATE endpoints SET tenant = 'globex'")
+    await store.complete(
+        db,
+        [store.Result.retry(row["id"], row["attempts"], retry_in=30.0, status=503, error="HTTP 503")],
+        CircuitPolicy(),
+        ALL,
+        "w",
+    )
+    (attempt,) = await db.fetch(_ATTEMPTS)
+    assert (attempt["outcome"], attempt["status"], attempt["next_attempt_at"]) == ("discarded", 503, None)
+    assert attempt["error"].startswith("discarded: the endpoint's tenant changed from acme to globex")
+
+
+async def _partitions(db) -> list[str]:
+    rows = await db.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'delivery_attempts'::regclass ORDER BY 1"
+    )
+    return [r["relname"] for r in rows]
+
+
+def _day(offset: int) -> str:
+    return (datetime.now(UTC).date() + timedelta(days=offset)).strftime("%Y%m%d")
+
+
+async def test_partitions_are_made_ahead_and_whole_days_dropped_past_retention(db):
+    # As migrated: today and three days ahead, and the default.
+    assert await _partitions(db) == [f"delivery_attempts_{_day(i)}" for i in range(4)] + [
+        "delivery_attempts_default"
+    ]
+    old = f"delivery_attempts_{_day(-40)}"
+    low = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)
+    await db.execute(
+        f"CREATE TABLE {old} PARTITION OF delivery_attempts FOR VALUES FROM ('{low.isoformat()}')"
+        f" TO ('{(low + timedelta(days=1)).isoformat()}')"
+    )
+    await db.execute(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,"
+        " started_at, outcome, recorded_at) VALUES (1, 1, 1, 't', 'e', $1, 'delivered', $1)",
+        low + timedelta(hours=1),
+    )
+    kept = await store.keep_attempt_partitions(db, 30 * 86400.0, ahead=5)
+    assert kept.created == (f"delivery_attempts_{_day(4)}", f"delivery_attempts_{_day(5)}")
+    assert kept.dropped == (old,) and kept.busy == () and kept.purged == 0
+    assert old not in await _partitions(db)
+    again = await store.keep_attempt_partitions(db, 30 * 86400.0, ahead=5)
+    assert again == store.PartitionsKept()
+
+
+async def test_a_day_with_rows_in_the_default_partition_gets_none_and_retention_deletes_them(db):
+    far = datetime.now(UTC) + timedelta(days=10)
+    # Rows for a day no partition covers go to the default one: recording
+    # never fails for want of a partition.
+    await db.execute(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,"
+        " started_at, outcome, recorded_at) VALUES (1, 1, 1, 't', 'e', $1, 'delivered', $1)",
+        far,
+    )
+    assert await db.fetchval("SELECT count(*) FROM delivery_attempts_default") == 1
+    kept = await store.keep_attempt_partitions(db, 30 * 86400.0, ahead=12)
+    day = far.strftime("%Y%m%d")
+    assert f"delivery_attempts_{day}" not in kept.created
+    assert f"delivery_attempts_{(far + timedelta(days=1)).strftime('%Y%m%d')}" in kept.created
+    # Past retention (negative: the future is past it), the default's rows go.
+    kept = await store.keep_attempt_partitions(db, -30 * 86400.0, ahead=0)
+    assert kept.purged == 1
+    assert await db.fetchval("SELECT count(*) FROM delivery_attempts_default") == 0
+
+
+async def test_a_receiver_that_fails_twice_then_succeeds_shows_three_attempts(db, receiver, start_worker):
+    url = receiver.on("flaky", lambda i: Answer(204) if i >= 2 else Answer(503, headers={"Retry-After": "1"}))
+    await add_endpoint(db, "flaky", url)
+    await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    start_worker(retry=RetryPolicy(base_seconds=0.2, cap_seconds=1.0))
+    await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"), timeout=20)
+    rows = await db.fetch(_ATTEMPTS)
+    assert [(r["attempt"], r["outcome"], r["status"]) for r in rows] == [
+        (1, "retry", 503),
+        (2, "retry", 503),
+        (3, "delivered", 204),
+    ]
+    assert [r["retry_after_seconds"] for r in rows] == [1.0, 1.0, None]
+    assert all(r["duration_seconds"] > 0 and r["attempted_by"] for r in rows)
+    # Each retry started no earlier than the time its attempt before said.
+    for before, after in itertools.pairwise(rows):
+        assert after["started_at"] >= before["next_attempt_at"] - timedelta(seconds=0.1)
