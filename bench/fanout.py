@@ -79,10 +79,18 @@ def publish_statement(source: Path | None) -> Query:
 
 
 def event(statement: Query) -> tuple[object, ...]:
-    """The arguments of one publish of a new event."""
-    return statement.args(
-        id=f"e-{uuid.uuid4().hex}", tenant=TENANT, type="order.created", data="{}", coalesce_key=None
-    )
+    """The arguments of one publish of a new event (untraced, where the
+    statement knows of traces)."""
+    values: dict[str, object] = {
+        "id": f"e-{uuid.uuid4().hex}",
+        "tenant": TENANT,
+        "type": "order.created",
+        "data": "{}",
+        "coalesce_key": None,
+    }
+    if "traceparent" in statement.params:
+        values["traceparent"] = None
+    return statement.args(**values)
 
 
 async def publish_once(conn: asyncpg.Connection, statement: Query) -> tuple[float, int]:

@@ -10,6 +10,11 @@ the shape of the queue is the input here, not how it got there) with
 - 10% are at their limit: 4 deliveries in flight, due deliveries waiting;
 - the rest (69%) hold pending deliveries that are not due yet (retries).
 
+``--finished N`` adds N delivered deliveries spread over every endpoint,
+the history a platform keeps for its retention, and each size is then
+timed without and with them side by side: what reservation pays for the
+finished rows beside the queue.
+
 Then ``reserve`` is timed as one worker owning every partition runs it, for
 as many slots as a worker with the default concurrency has (64), inside a
 transaction that is rolled back so every repetition sees the same state.
@@ -52,6 +57,7 @@ class Config:
     pending: int  # pending deliveries in all, at every size
     repeat: int  # timed runs per size
     due_per_endpoint: int = 20
+    finished: int = 0  # delivered deliveries beside the queue
     limit: int = 64  # slots asked for: a default worker's concurrency
     lease_grace: float = 10.0
 
@@ -120,6 +126,17 @@ FROM generate_series(0, $1 - 1) g, n, others o
 WHERE o.k = g % n.c
 """
 
+# Delivered deliveries of the last days, spread evenly over every endpoint.
+FINISHED = """
+WITH n AS (SELECT count(*) AS c FROM roles)
+INSERT INTO deliveries (endpoint_id, event_tenant, event_id, state, attempts, next_attempt_at,
+                        created_at, delivered_at, last_status)
+SELECT r.id, 't0', 'evt_' || (g % 1000), 'delivered', 1, at, at, at + interval '40 milliseconds', 200
+FROM generate_series(0, $1 - 1) g, n, roles r,
+     LATERAL (SELECT now() - (g % 2592000) * interval '1 second' AS at) t
+WHERE r.k = g % n.c
+"""
+
 
 async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     started = time.perf_counter()
@@ -130,11 +147,14 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     await conn.execute(IN_FLIGHT)
     due = await conn.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'")
     await conn.execute(REST, cfg.pending - due)
+    if cfg.finished:
+        await conn.execute(FINISHED, cfg.finished)
     await conn.execute("VACUUM ANALYZE")
     counts = await conn.fetchrow(
         """SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
                   count(*) FILTER (WHERE state = 'sending') AS sending,
-                  count(*) FILTER (WHERE state = 'pending' AND next_attempt_at <= now()) AS due_rows
+                  count(*) FILTER (WHERE state = 'pending' AND next_attempt_at <= now()) AS due_rows,
+                  count(*) FILTER (WHERE state = 'delivered') AS delivered
            FROM deliveries"""
     )
     return {**dict(counts), "fill_seconds": round(time.perf_counter() - started, 1)}
@@ -233,7 +253,8 @@ async def one_size(server: str, endpoints: int, cfg: Config, plan_dir: str | Non
             filled = await fill(conn, endpoints, cfg)
             timing = await time_reserve(conn, cfg)
             if plan_dir:
-                path = Path(plan_dir) / f"reserve-plan-{endpoints}.txt"
+                suffix = f"-finished-{cfg.finished}" if cfg.finished else ""
+                path = Path(plan_dir) / f"reserve-plan-{endpoints}{suffix}.txt"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(await explain(conn, cfg) + "\n")
         finally:
@@ -247,16 +268,17 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, sizes=tuple(args.sizes))
     if args.pending:
         cfg = replace(cfg, pending=args.pending)
-    results = []
+    results, with_finished = [], []
     with postgres_server(args.dsn) as server:
         for n in cfg.sizes:
-            r = await one_size(server, n, cfg, args.plan_dir)
-            print(
-                f"{n:7d} endpoints: reserve median {r['median_ms']:.2f} ms "
-                f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}",
-                flush=True,
-            )
-            results.append(r)
+            for finished in (0, args.finished) if args.finished else (0,):
+                r = await one_size(server, n, replace(cfg, finished=finished), args.plan_dir)
+                print(
+                    f"{n:7d} endpoints, {finished:9d} finished: reserve median {r['median_ms']:.2f} ms "
+                    f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}",
+                    flush=True,
+                )
+                (with_finished if finished else results).append(r)
     small, large = results[0], results[-1]
     ratio = large["median_ms"] / small["median_ms"]
     return {
@@ -266,6 +288,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         "sizes": results,
         "ratio_largest_over_smallest": ratio,
         "target_at_most_2x": ratio <= 2.0,
+        "with_finished": with_finished,
+        # empty without --finished: then nothing was timed with finished rows
+        "finished_over_none": [
+            f["median_ms"] / r["median_ms"] for r, f in zip(results, with_finished, strict=False)
+        ],
     }
 
 
@@ -277,6 +304,9 @@ def main() -> None:
     )
     parser.add_argument("--sizes", type=int, action="append", help="endpoint counts (repeatable)")
     parser.add_argument("--pending", type=int, help="pending deliveries in all, overriding the preset")
+    parser.add_argument(
+        "--finished", type=int, help="also time each size with this many delivered deliveries present"
+    )
     parser.add_argument("--plan-dir", help="write EXPLAIN ANALYZE of reserve per size here")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()

@@ -848,8 +848,10 @@ async def _await_recovery(run: _Run, fault: Fault, n: int) -> None:
         await asyncio.sleep(0.05)
     while not run.ledger.drained_until(fault.end):
         if time.monotonic() > deadline or _all_workers_gone(run):
+            late = await _late_samples(run, fault.end)
             run.problems.append(
-                f"fault {n + 1} ({fault.kind}): backlog not drained within {s.recover_timeout:g} s"
+                f"fault {n + 1} ({fault.kind}): backlog not drained within {s.recover_timeout:g} s; "
+                f"waiting: {late}"
             )
             return
         await asyncio.sleep(0.05)
@@ -1107,6 +1109,34 @@ async def _account_healthy(run: _Run, r: Report) -> None:
         max(0.0, ledger.first[k] - ledger.committed[k[1]][0]) for k in owed if k in ledger.first
     )
     r.latency_ms = _percentiles([x * 1000 for x in latencies])
+
+
+async def _late_samples(run: _Run, t: float, most: int = 5) -> list[dict[str, Any]]:
+    """A few of the deliveries published up to ``t`` and not yet received,
+    each with its row and its recorded attempts: where it waits."""
+    keys = [k for k, at in run.ledger.pending.items() if at <= t][:most]
+    states = await _states(run.control, keys)
+    samples = []
+    for key in keys:
+        sample = _lost_sample(run, key, states.get(key))
+        rows = await run.control.fetch(
+            """SELECT d.id, d.next_attempt_at::text, d.reserved_at::text, d.lease_expires_at::text,
+                      d.attempted_by, ep.partition, ep.paused_until::text,
+                      (SELECT json_agg(json_build_object(
+                                  'attempt', a.attempt, 'by', a.attempted_by, 'started', a.started_at,
+                                  'seconds', a.duration_seconds, 'outcome', a.outcome,
+                                  'status', a.status, 'failure', a.failure)
+                              ORDER BY a.recorded_at)::text
+                       FROM delivery_attempts a WHERE a.delivery_id = d.id) AS attempts
+               FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
+               WHERE ep.namespace = $1 AND ep.name = $2 AND d.event_id = $3""",
+            NAMESPACE,
+            key[0].lstrip("/"),
+            key[1],
+        )
+        sample.update(dict(rows[0]) if rows else {})
+        samples.append(sample)
+    return samples
 
 
 def _lost_sample(run: _Run, key: tuple[str, str], row: asyncpg.Record | None) -> dict[str, Any]:

@@ -293,7 +293,9 @@ async def test_a_fanout_to_ten_thousand_endpoints_never_depends_on_their_statist
         nonlocal explained
         explained = await db.fetchval(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + publish.sql,
-            *publish.args(id="evt-1", tenant="big", type="order.created", data="{}", coalesce_key=None),
+            *publish.args(
+                id="evt-1", tenant="big", type="order.created", data="{}", coalesce_key=None, traceparent=None
+            ),
         )
 
     heard = await notified(db, explain)
