@@ -35,6 +35,7 @@ from hooklane.worker.jobs import (
 )
 from hooklane.worker.partitions import PartitionOwner
 from hooklane.worker.ready import ReadyList
+from hooklane.worker.runner import Worker
 from hooklane.worker.trigger import Trigger, Wake
 from tests.conftest import add_endpoint, queue_unannounced, reserve_round, wait_for
 
@@ -156,6 +157,24 @@ async def test_the_rebalancer_reconnects_a_lost_lock_connection(db, settings, ow
     assert await rebalancer.run_once() == Rebalanced(reconnected=True)
     assert reconnects == [True] and owner.owned == set()
     assert await rebalancer.run_once() == Rebalanced(taken=frozenset(ALL))
+
+
+async def test_partitions_taken_again_on_a_new_lock_connection_are_listed_again(db, settings, owner):
+    worker = Worker(settings)
+    worker._owner = owner
+    await worker._follow_partitions()  # listed under this connection: nothing pending
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    # The lock connection is replaced: what is published before the new one
+    # takes the partitions back is notified to nobody. (A listing that ran
+    # while a reconnect was under way left the same partitions marked as
+    # listed: chaos runs with terminated backends waited for the sweep.)
+    await owner.close()
+    await owner.connect()
+    await hooklane.publish(db, tenant="acme", type="t", data={})
+    await owner.rebalance()
+    assert owner.owned == set(ALL)
+    await worker._follow_partitions()
+    assert worker.ready_list.scheduled(endpoint)
 
 
 # --- maintenance ------------------------------------------------------------

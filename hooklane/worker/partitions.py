@@ -68,6 +68,10 @@ class PartitionOwner:
         self._io = asyncio.Lock()
         self.member_id = 0
         self.owned: set[int] = set()
+        # Counts lock connections: what was learnt of the partitions under
+        # one (a listing of their queues) says nothing of what was published
+        # while no connection listened, before the next one took them.
+        self.generation = 0
         # True once a rebalance on the current lock connection has taken this
         # worker's fair share, or every partition it could: the worker then
         # owns what it should (possibly nothing) and is ready.
@@ -98,6 +102,7 @@ class PartitionOwner:
                     break
             await conn.add_listener("hooklane_ready", self._notified)
             self._conn, self.member_id, self.owned, self.settled = conn, member_id, set(), False
+            self.generation += 1
         logger.info("worker %d joined", member_id, extra={"action": "join", "member": member_id})
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:

@@ -67,9 +67,11 @@ class Worker:
         self._stopping = asyncio.Event()
         self._sending: set[asyncio.Task] = set()
         self.ready_list = ReadyList()
-        # The partitions the ready list was built for, and those whose
-        # version 8 publishers wrote wakeup rows to absorb.
+        # The partitions the ready list was built for (and under which lock
+        # connection: PartitionOwner.generation), and those whose version 8
+        # publishers wrote wakeup rows to absorb.
         self._listed: set[int] = set()
+        self._listed_generation = 0
         self._legacy: set[int] = set()
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
         self._owner: PartitionOwner | None = None
@@ -273,12 +275,17 @@ class Worker:
     async def _follow_partitions(self) -> None:
         """Keep the ready list to the partitions owned: forget those
         released, list the endpoints with pending deliveries of those taken,
-        and absorb the wakeup rows of version 8 publishers."""
-        owned = set(self.owner.owned)
-        if owned != self._listed:
+        and absorb the wakeup rows of version 8 publishers. A partition
+        listed under an earlier lock connection is listed again once a new
+        one takes it: a listing that ran while the connection was replaced
+        (or before) missed what was published in between, when nobody
+        listened for its notifications."""
+        generation, owned = self.owner.generation, set(self.owner.owned)
+        listed = self._listed if self._listed_generation == generation else set()
+        if owned != listed:
             self.ready_list.retain(owned)
-            taken = sorted(owned - self._listed)
-            self._listed &= owned
+            taken = sorted(owned - listed)
+            self._listed, self._listed_generation = listed & owned, generation
             if taken:
                 now = datetime.now(UTC)
                 listing = await self.owner.run(lambda conn, _owned: store.pending_endpoints(conn, taken))
@@ -400,9 +407,9 @@ class Worker:
 
     async def _reconnect(self) -> None:
         """Open a new lock connection after the old one failed; partitions are
-        taken again by the next rebalance, and listed again from Postgres:
-        what was notified while no connection listened is only there."""
-        self._listed = set()
+        taken again by the next rebalance, and listed again from Postgres
+        (_follow_partitions): what was notified while no connection listened
+        is only there."""
         while not self._stopping.is_set():
             try:
                 await self.owner.connect()
