@@ -96,8 +96,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
     query = request.query
     states = store.check_states(inputs.values(query, "state"))
     since, until = inputs.time(query, "since"), inputs.time(query, "until")
-    status = store.check_status_filter(query.get("status"))
-    failure = store.check_failure(query.get("failure"))
+    status, failure = inputs.answer_filter(query)
     limit = inputs.limit(query, _DEFAULT_DELIVERIES)
     cursor = inputs.delivery_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:
@@ -139,8 +138,7 @@ async def list_attempts(request: web.Request) -> web.Response:
     query = request.query
     since, until = inputs.time_range(query, default=_ATTEMPTS_BY_DEFAULT, longest=_LONGEST_ATTEMPT_RANGE)
     outcomes = store.check_outcomes(inputs.values(query, "outcome"))
-    status = store.check_status_filter(query.get("status"))
-    failure = store.check_failure(query.get("failure"))
+    status, failure = inputs.answer_filter(query)
     limit = inputs.limit(query, _DEFAULT_ATTEMPTS)
     cursor = inputs.attempt_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:

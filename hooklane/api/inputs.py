@@ -79,6 +79,12 @@ def time_range(
     return since, until
 
 
+def answer_filter(query: Mapping[str, str]) -> tuple[store.StatusRange | None, str | None]:
+    """``status`` and ``failure``: what an attempt got back, an HTTP status
+    (or a class of them) or why there was none; any when left out."""
+    return store.check_status_filter(query.get("status")), store.check_failure(query.get("failure"))
+
+
 def values(query: MultiMapping[str], key: str) -> list[str] | None:
     """A parameter that may be repeated or hold a comma-separated list;
     None when left out."""
