@@ -39,6 +39,7 @@ from hooklane.signing import parse_secret
 from hooklane.spec import check_tenant, load_manifest
 from hooklane.store.cursor import event_position
 from hooklane.times import parse_time, rfc3339, rfc3339_seconds
+from hooklane.views import detail_json
 
 logger = logging.getLogger("hooklane")
 
@@ -112,6 +113,12 @@ def _parser() -> argparse.ArgumentParser:
             )
         if action == "replay":
             p.add_argument("--since", required=True, help="RFC 3339 time with a timezone")
+
+    delivery = sub.add_parser("delivery", help="one delivery and its attempts")
+    dlsub = delivery.add_subparsers(dest="delivery_command", required=True, metavar="ACTION")
+    show = dlsub.add_parser("show", help="a delivery, its endpoint and every attempt made of it")
+    show.add_argument("id", type=_delivery_id, help="the delivery's id")
+    show.add_argument("--json", action="store_true", help="print it as the admin API answers it")
 
     events = sub.add_parser("events", help="a tenant's events, for reconciliation")
     evsub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
@@ -437,6 +444,58 @@ async def _events(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _delivery(args: argparse.Namespace, settings: Settings) -> int:
+    """``hooklane delivery show``: what a support engineer asks first about
+    one delivery (where it went, what each attempt got back)."""
+    async with _database(settings) as conn:
+        detail = await store.delivery_detail(conn, args.id)
+    if detail is None:
+        print(f"delivery {args.id} not found", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(detail_json(detail), ensure_ascii=False, indent=2))
+        return 0
+    d = detail.delivery
+    _print_fields(
+        [
+            ("delivery", d.id),
+            ("endpoint", f"{detail.namespace}/{detail.name}"),
+            ("tenant", detail.tenant),
+            ("event", f"{d.event_id} ({d.event_type})"),
+            ("state", d.state),
+            ("created", rfc3339_seconds(d.created_at)),
+            ("next attempt", rfc3339_seconds(d.next_attempt_at) or "-"),
+            ("delivered", rfc3339_seconds(d.delivered_at) or "-"),
+            ("attempts", d.attempts),
+            ("last status", d.last_status or "-"),
+            ("last failure", d.last_failure or "-"),
+            ("last error", d.last_error or "-"),
+        ]
+    )
+    print()
+    _print_table(
+        ["ATTEMPT", "STARTED", "DURATION", "OUTCOME", "STATUS", "ERROR", "WORKER"],
+        [
+            [
+                a.attempt,
+                rfc3339_seconds(a.started_at),
+                "-" if a.duration_seconds is None else f"{a.duration_seconds:.3f}s",
+                a.outcome,
+                a.status or a.failure or "-",
+                (a.error or "-")[:60],
+                a.attempted_by or "-",
+            ]
+            for a in detail.attempts
+        ],
+    )
+    if detail.attempts_truncated:
+        print(
+            f"hooklane: only the first {store.MAX_ATTEMPTS_SHOWN} attempts are shown: it has more",
+            file=sys.stderr,
+        )
+    return 0
+
+
 async def _api(args: argparse.Namespace, settings: Settings) -> int:
     from hooklane.api.app import run
 
@@ -451,6 +510,7 @@ _COMMANDS = {
     "endpoint": _endpoint,
     "status": _status,
     "events": _events,
+    "delivery": _delivery,
 }
 
 
@@ -523,6 +583,13 @@ def _age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds // 60}m"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _print_fields(fields: list[tuple[str, Any]]) -> None:
+    """One ``name  value`` line each, the values aligned."""
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {printable(str(value))}")
 
 
 def _print_table(headers: list[str], rows: list[list[Any]]) -> None:

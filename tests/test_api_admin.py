@@ -5,6 +5,7 @@ receivers' reconciliation with a stable cursor."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -21,9 +22,11 @@ from hooklane import metrics, store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
 from hooklane.dev.postgres import free_port
+from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.tokens import Tokens
 from tests.conftest import SECRET, add_endpoint, in_process_api, notified, wait_for
+from tests.test_attempt_history import _flaky_history
 from tests.test_cli import hooklane as run_cli
 
 ADMIN = "admin-token-0123456789"
@@ -370,12 +373,158 @@ async def test_deliveries_by_state_and_time_page_by_page(api, db):
         ({"cursor": "ZTE6MTI6YQ"}, "cursor"),  # an events cursor
         ({"since": "2026-03-01T12:00:00"}, "since"),  # no timezone
         ({"until": "yesterday"}, "until"),
+        ({"status": "5XX"}, "status"),
+        ({"failure": "timed_out"}, "failure"),
     ],
 )
 async def test_bad_delivery_parameters_are_named(api, db, params, field):
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
     body = await call(api, "GET", f"{EP}/a/deliveries", 422, params=params)
     assert (body["error"], body["field"]) == ("invalid", field)
+
+
+async def test_deliveries_by_last_status_and_failure_each_with_its_last_failure(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await publish(db, 3)
+    ids = await delivery_ids(db, "a")
+    await db.execute("UPDATE deliveries SET last_status = 503, last_error = 'HTTP 503' WHERE id = $1", ids[0])
+    await db.execute(
+        "UPDATE deliveries SET last_failure = 'timeout', last_error = 'timeout: no response within 5 s' "
+        "WHERE id = $1",
+        ids[1],
+    )
+
+    async def listed(**params: str) -> list[tuple[int, Any, Any]]:
+        body = await call(api, "GET", f"{EP}/a/deliveries", params=params)
+        return [(d["id"], d["last_status"], d["last_failure"]) for d in body["deliveries"]]
+
+    assert await listed() == [(ids[2], None, None), (ids[1], None, "timeout"), (ids[0], 503, None)]
+    assert await listed(status="5xx") == await listed(status="503") == [(ids[0], 503, None)]
+    assert await listed(status="500") == []
+    assert await listed(failure="timeout") == [(ids[1], None, "timeout")]
+    assert await listed(failure="tls_error", state="pending") == []
+
+
+@pytest.fixture
+async def flaky(db, receiver, start_worker) -> int:
+    """One delivery of endpoint default/flaky answered 503, 500, then 204; its id."""
+    return await _flaky_history(db, receiver, start_worker)
+
+
+async def test_a_delivery_shows_its_attempts_in_order(api, db, flaky):
+    body = await call(api, "GET", f"{EP}/flaky/deliveries/{flaky}")
+    conforms(body, "AdminDeliveryDetail")
+    assert (body["endpoint"], body["tenant"], body["attempts_truncated"]) == (
+        {"namespace": "default", "name": "flaky"},
+        "acme",
+        False,
+    )
+    delivery = body["delivery"]
+    assert (delivery["id"], delivery["event_id"], delivery["state"], delivery["attempts"]) == (
+        flaky,
+        "evt-flaky",
+        "delivered",
+        3,
+    )
+    assert (delivery["last_status"], delivery["last_failure"], delivery["last_error"]) == (204, None, None)
+    attempts = body["attempts"]
+    assert [(a["attempt"], a["outcome"], a["status"], a["error"]) for a in attempts] == [
+        (1, "retry", 503, "HTTP 503"),
+        (2, "retry", 500, "HTTP 500"),
+        (3, "delivered", 204, None),
+    ]
+    assert all(a["attempted_by"] and a["duration_seconds"] > 0 and a["failure"] is None for a in attempts)
+    assert attempts[0]["next_attempt_at"] is not None and attempts[2]["next_attempt_at"] is None
+    assert [a["started_at"] for a in attempts] == sorted(a["started_at"] for a in attempts)
+
+    # Only through its own endpoint; an id of none is not found either way.
+    await add_endpoint(db, "other", "http://127.0.0.1:9/other")
+    for path in (f"{EP}/other/deliveries/{flaky}", f"{EP}/flaky/deliveries/{flaky + 1}"):
+        missing = await call(api, "GET", path, 404)
+        assert (missing["error"], missing["field"]) == ("not_found", "id")
+    assert (await call(api, "GET", f"{EP}/nobody/deliveries/{flaky}", 404))["error"] == "not_found"
+    for bad in ("x1", "0", "99999999999999999999"):
+        assert (await call(api, "GET", f"{EP}/flaky/deliveries/{bad}", 422))["field"] == "id"
+
+
+async def test_an_endpoints_attempts_by_filter_and_page(api, db, flaky):
+    async def listed(**params: str) -> list[tuple[int, str, Any]]:
+        body = await call(api, "GET", f"{EP}/flaky/attempts", params=params)
+        conforms(body, "AdminAttemptPage")
+        assert all((a["delivery_id"], a["event_id"]) == (flaky, "evt-flaky") for a in body["attempts"])
+        return [(a["attempt"], a["outcome"], a["status"]) for a in body["attempts"]]
+
+    every = [(3, "delivered", 204), (2, "retry", 500), (1, "retry", 503)]
+    assert await listed() == every
+    assert await listed(status="5xx") == every[1:]
+    assert await listed(status="503") == every[2:]
+    assert await listed(status="2xx", outcome="delivered") == every[:1]
+    assert await listed(outcome="retry,dead") == every[1:]
+    assert await listed(failure="timeout") == []
+    body = await call(api, "GET", f"{EP}/flaky/attempts?outcome=delivered&outcome=retry")
+    assert len(body["attempts"]) == 3
+    # Outside the range: none, though the endpoint is there.
+    day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    assert await listed(until=day_ago) == []
+    assert await listed(since=day_ago) == every
+
+    seen, cursor = [], None
+    while True:
+        params = {"limit": "1", **({"cursor": cursor} if cursor else {})}
+        page = await call(api, "GET", f"{EP}/flaky/attempts", params=params)
+        assert len(page["attempts"]) <= 1
+        seen += [a["attempt"] for a in page["attempts"]]
+        if page["next_cursor"] is None:
+            break
+        cursor = page["next_cursor"]
+    assert seen == [3, 2, 1]
+    assert (await call(api, "GET", f"{EP}/nobody/attempts", 404))["error"] == "not_found"
+
+
+_NOW = datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"status": "5XX"}, "status"),
+        ({"status": "600"}, "status"),
+        ({"status": ""}, "status"),
+        ({"failure": "port closed"}, "failure"),
+        ({"outcome": "sent"}, "outcome"),
+        ({"outcome": "retry,"}, "outcome"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"cursor": "ZDE6MQ"}, "cursor"),  # a deliveries cursor
+        ({"limit": "0"}, "limit"),
+        ({"since": "yesterday"}, "since"),
+        ({"until": "2026-03-01T12:00:00"}, "until"),  # no timezone
+        ({"until": "0001-01-01T00:00:00+14:00"}, "until"),
+        # Longer than 31 days, or empty.
+        ({"since": (_NOW - timedelta(days=32)).isoformat()}, "since"),
+        ({"since": "2026-01-01T00:00:00Z", "until": "2026-03-01T00:00:00Z"}, "since"),
+        ({"since": (_NOW + timedelta(hours=1)).isoformat()}, "since"),
+        ({"since": "2026-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
+    ],
+)
+async def test_bad_attempt_parameters_are_named(api, db, params, field):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    body = await call(api, "GET", f"{EP}/a/attempts", 422, params=params)
+    assert (body["error"], body["field"]) == ("invalid", field)
+
+
+async def test_an_attempt_range_of_31_days_is_taken(api, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    body = await call(
+        api,
+        "GET",
+        f"{EP}/a/attempts",
+        params={"since": "2026-01-01T00:00:00Z", "until": "2026-02-01T00:00:00Z"},
+    )
+    assert body == {"attempts": [], "next_cursor": None}
+    # An `until` at the start of year 1: the default hour before it is clamped.
+    assert (await call(api, "GET", f"{EP}/a/attempts", params={"until": "0001-01-01T00:10:00Z"}))[
+        "attempts"
+    ] == []
 
 
 # --- repairs -----------------------------------------------------------------------
@@ -566,8 +715,8 @@ async def test_the_api_answers_503_while_the_database_is_away(api, database_outa
 
 def conforms(body: Any, schema: str) -> None:
     """``body`` is valid by the OpenAPI document's component ``schema``."""
-    doc = json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
-    OAS31Validator({"$ref": f"#/components/schemas/{schema}", "components": doc["components"]}).validate(body)
+    components = _document()["components"]
+    OAS31Validator({"$ref": f"#/components/schemas/{schema}", "components": components}).validate(body)
 
 
 async def test_answers_match_the_openapi_document(api, db):
@@ -579,7 +728,20 @@ async def test_answers_match_the_openapi_document(api, db):
     await kill(db, ids[:2])
     await db.execute("UPDATE deliveries SET state = 'sending', attempted_by = 'pod-1' WHERE id = $1", ids[2])
     await db.execute("UPDATE endpoints SET consecutive_failures = 20, paused_until = now() + interval '1 m'")
+    # An attempt without an answer, so that the nullable enums are checked too.
+    await db.execute(
+        """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                          started_at, outcome, failure, error, next_attempt_at)
+           SELECT id, 1, endpoint_id, 'acme', event_id, now(), 'retry', 'timeout', 'timeout', now()
+           FROM deliveries WHERE id = $1""",
+        ids[0],
+    )
+    await db.execute("UPDATE deliveries SET last_failure = 'timeout' WHERE id = $1", ids[0])
     answers = [
+        ("GET", f"{EP}/a/deliveries/{ids[0]}", {}, "AdminDeliveryDetail"),
+        ("GET", f"{EP}/a/attempts", {}, "AdminAttemptPage"),
+        ("GET", f"{EP}/a/deliveries/{ids[0] + 100}", {"expect": 404}, "Error"),
+        ("GET", f"{EP}/a/attempts", {"params": {"outcome": "sent"}, "expect": 422}, "Error"),
         ("GET", "/v1/admin/endpoints", {}, "AdminEndpointList"),
         ("GET", f"{EP}/a", {}, "AdminEndpoint"),
         ("GET", f"{EP}/a/deliveries", {"params": {"limit": "2"}}, "AdminDeliveryPage"),
@@ -595,6 +757,34 @@ async def test_answers_match_the_openapi_document(api, db):
     ]
     for method, path, kwargs, schema in answers:
         conforms(await call(api, method, path, kwargs.pop("expect", 200), **kwargs), schema)
+    listed = await call(api, "GET", f"{EP}/a/attempts")
+    assert [(a["delivery_id"], a["failure"]) for a in listed["attempts"]] == [(ids[0], "timeout")]
+
+
+def _document() -> Any:
+    return json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
+
+
+@pytest.mark.unit
+def test_the_documents_enums_are_the_stores():
+    schemas = _document()["components"]["schemas"]
+    assert tuple(schemas["AttemptOutcome"]["enum"]) == store.OUTCOMES
+    assert tuple(schemas["FailureClass"]["enum"]) == store.FAILURES
+    assert tuple(schemas["AdminDelivery"]["properties"]["state"]["enum"]) == store.STATES
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "text", ["503", "5xx", "1xx", "199", "599", "5XX", "600", "099", "50", "5000", "x5x", ""]
+)
+def test_the_documents_status_pattern_is_the_stores_rule(text):
+    pattern = _document()["components"]["schemas"]["StatusFilter"]["pattern"]
+    try:
+        store.check_status_filter(text)
+        taken = True
+    except InvalidInput:
+        taken = False
+    assert (re.search(pattern, text) is not None) == taken
 
 
 async def test_a_malformed_cursor_is_refused_even_with_the_database_away(settings: Settings) -> None:
@@ -606,8 +796,16 @@ async def test_a_malformed_cursor_is_refused_even_with_the_database_away(setting
     )
     try:
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            refused = await call(client, "GET", f"{EP}/orders/deliveries?cursor=not-a-cursor", 422)
-            assert refused["field"] == "cursor"
+            for path, field in (
+                ("deliveries?cursor=not-a-cursor", "cursor"),
+                ("deliveries?status=5XX", "status"),
+                ("deliveries/x1", "id"),
+                ("attempts?cursor=not-a-cursor", "cursor"),
+                ("attempts?outcome=sent", "outcome"),
+                ("attempts?since=2026-01-01T00:00:00Z", "since"),
+            ):
+                refused = await call(client, "GET", f"{EP}/orders/{path}", 422)
+                assert refused["field"] == field
             # A well-formed request does need the database: 503, not a 422.
             await call(client, "GET", f"{EP}/orders/deliveries", 503)
     finally:

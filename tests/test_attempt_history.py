@@ -11,7 +11,9 @@ import pytest
 
 import hooklane
 from hooklane import store
+from hooklane.errors import InvalidInput
 from hooklane.policies import CircuitPolicy, RetryPolicy
+from hooklane.store.cursor import AttemptPosition, attempt_cursor
 from tests.conftest import ALL_PARTITIONS as ALL
 from tests.conftest import add_endpoint, reserve_round, wait_for
 from tests.receivers import Answer
@@ -205,3 +207,158 @@ async def test_a_receiver_that_fails_twice_then_succeeds_shows_three_attempts(db
     # Each retry started no earlier than the time its attempt before said.
     for before, after in itertools.pairwise(rows):
         assert after["started_at"] >= before["next_attempt_at"] - timedelta(seconds=0.1)
+
+
+# --------------------------------------------------------------------------
+# The read side: what the admin API, the dashboard and the CLI show
+
+
+async def _flaky_history(db, receiver, start_worker):
+    """One delivery answered 503, 500, then 204; its id."""
+    answers = {0: Answer(503), 1: Answer(500)}
+    url = receiver.on("flaky", lambda i: answers.get(i, Answer(204)))
+    await add_endpoint(db, "flaky", url)
+    await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="evt-flaky")
+    start_worker(retry=RetryPolicy(base_seconds=0.2, cap_seconds=1.0))
+    await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"), timeout=20)
+    return await db.fetchval("SELECT id FROM deliveries")
+
+
+async def test_a_delivery_is_shown_with_every_attempt_in_order(db, receiver, start_worker):
+    delivery_id = await _flaky_history(db, receiver, start_worker)
+    detail = await store.delivery_detail(db, delivery_id)
+    assert detail is not None
+    assert (detail.tenant, detail.namespace, detail.name) == ("acme", "default", "flaky")
+    assert (detail.delivery.state, detail.delivery.last_status, detail.delivery.event_id) == (
+        "delivered",
+        204,
+        "evt-flaky",
+    )
+    assert [(a.attempt, a.outcome, a.status) for a in detail.attempts] == [
+        (1, "retry", 503),
+        (2, "retry", 500),
+        (3, "delivered", 204),
+    ]
+    assert not detail.attempts_truncated
+    assert all(a.delivery_id == delivery_id and a.event_id == "evt-flaky" for a in detail.attempts)
+    # Asked through another endpoint, it is not there; through its own, it is.
+    assert await store.delivery_detail(db, delivery_id, ("default", "other")) is None
+    assert await store.delivery_detail(db, delivery_id, ("default", "flaky")) == detail
+    assert await store.delivery_detail(db, delivery_id + 1) is None
+
+
+async def test_a_delivery_shows_its_first_attempts_when_it_has_too_many(db, monkeypatch):
+    row = await _one(db)
+    monkeypatch.setattr("hooklane.store.attempts.MAX_ATTEMPTS_SHOWN", 2)
+    for attempt in (1, 2, 3):
+        await db.execute(
+            """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                              started_at, outcome, status)
+               VALUES ($1, $2, $3, 'acme', $4, now(), 'retry', 503)""",
+            row["id"],
+            attempt,
+            row["endpoint_id"],
+            row["event_id"],
+        )
+    detail = await store.delivery_detail(db, row["id"])
+    assert detail is not None
+    assert [a.attempt for a in detail.attempts] == [1, 2]
+    assert detail.attempts_truncated
+
+
+async def test_an_endpoints_attempts_page_newest_first_filtered_by_status_class(db, receiver, start_worker):
+    delivery_id = await _flaky_history(db, receiver, start_worker)
+    now = datetime.now(UTC)
+    hour = {"since": now - timedelta(hours=1), "until": now + timedelta(minutes=1)}
+
+    failed = await store.endpoint_attempts(
+        db, "default", "flaky", status=store.check_status_filter("5xx"), **hour
+    )
+    assert failed is not None
+    assert [(a.attempt, a.status) for a in failed.attempts] == [(2, 500), (1, 503)]
+    assert failed.cursor is None
+
+    one = await store.endpoint_attempts(
+        db, "default", "flaky", status=store.check_status_filter("503"), **hour
+    )
+    assert one is not None and [a.status for a in one.attempts] == [503]
+
+    # Paged one at a time, every attempt once, newest first.
+    seen, cursor = [], None
+    while True:
+        page = await store.endpoint_attempts(db, "default", "flaky", cursor=cursor, limit=1, **hour)
+        assert page is not None
+        seen += [(a.delivery_id, a.attempt) for a in page.attempts]
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert seen == [(delivery_id, 3), (delivery_id, 2), (delivery_id, 1)]
+
+    delivered = await store.endpoint_attempts(db, "default", "flaky", outcomes=["delivered"], **hour)
+    assert delivered is not None and [a.attempt for a in delivered.attempts] == [3]
+    # Outside the time range: none, but the endpoint is there.
+    earlier = await store.endpoint_attempts(
+        db, "default", "flaky", since=now - timedelta(days=2), until=now - timedelta(days=1)
+    )
+    assert earlier is not None and earlier.attempts == []
+    assert await store.endpoint_attempts(db, "default", "nobody", **hour) is None
+
+
+async def test_deliveries_filter_on_their_last_status_and_failure(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    for n in range(3):
+        await hooklane.publish(db, tenant="acme", type="order.created", data={}, id=f"e{n}")
+    rows = await reserve_round(db)
+    by_event = {r["event_id"]: r for r in rows}
+    results = [
+        store.Result.retry(by_event["e0"]["id"], 1, retry_in=60.0, status=503, error="HTTP 503"),
+        store.Result.retry(
+            by_event["e1"]["id"],
+            1,
+            retry_in=60.0,
+            status=None,
+            error="timeout: no response within 5 s",
+            failure=store.FailureClass.TIMEOUT,
+        ),
+        store.Result.delivered(by_event["e2"]["id"], 1, status=204),
+    ]
+    await store.complete(db, results, CircuitPolicy(), ALL, "w")
+
+    async def events(**filters):
+        page = await store.endpoint_deliveries(db, "default", "a", **filters)
+        assert page is not None
+        return [(d.event_id, d.last_status, d.last_failure) for d in page.deliveries]
+
+    assert await events(status=store.check_status_filter("5xx")) == [("e0", 503, None)]
+    assert await events(status=store.check_status_filter("2xx")) == [("e2", 204, None)]
+    assert await events(failure="timeout") == [("e1", None, "timeout")]
+    assert len(await events()) == 3
+
+
+@pytest.mark.parametrize("text", ["5XX", "600", "50", "5000", "xx5", "٥٠٣", "", " 503"])
+def test_a_status_filter_is_a_status_or_a_class(text):
+    with pytest.raises(InvalidInput, match="status"):
+        store.check_status_filter(text)
+
+
+def test_a_failure_or_outcome_filter_is_one_of_the_known():
+    assert store.check_failure("tls_error") == "tls_error"
+    with pytest.raises(InvalidInput, match="failure: must be among timeout"):
+        store.check_failure("port closed")
+    with pytest.raises(InvalidInput, match="outcome"):
+        store.check_outcomes(["sent"])
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    # an empty one, garbage, raw text, a time out of range, an attempt past 32 bits
+    ["", "x", "a1:1:1:1", "YTE6OTk5OTk5OTk5OTk5OTk5OTk5OToxOjE", "YTE6MToxOjk5OTk5OTk5OTk"],
+)
+def test_an_attempt_cursor_not_made_by_the_listing_is_refused(cursor):
+    with pytest.raises(InvalidInput, match="cursor: is not a cursor this listing returned"):
+        store.attempt_position(cursor)
+
+
+def test_an_attempt_cursor_goes_back_to_its_position():
+    position = AttemptPosition(datetime(2026, 12, 3, 14, 3, 7, 123456, tzinfo=UTC), 42, 3)
+    assert store.attempt_position(attempt_cursor(position)) == position

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hooklane import __version__
+from hooklane import __version__, store
 from hooklane import publish as publish_event
+from hooklane.views import detail_json
 from tests.conftest import LOOPBACK, SECRET, add_endpoint
+from tests.test_attempt_history import _flaky_history
 from tests.test_manifest import LAUGHS
 
 MANIFEST = textwrap.dedent(
@@ -514,3 +517,51 @@ def test_listing_options_are_checked(dsn, args, message):
     for command in (["status"], ["endpoint", "list"]):
         result = hooklane(dsn, *command, *args)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.processes
+async def test_delivery_show_lists_every_attempt(dsn, db, receiver, start_worker):
+    delivery_id = await _flaky_history(db, receiver, start_worker)
+    result = await asyncio.to_thread(hooklane, dsn, "delivery", "show", str(delivery_id))
+    assert result.returncode == 0, result.stderr
+    fields, table = result.stdout.split("\n\n")
+    shown_fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in fields.splitlines())
+    assert {k: v for k, v in shown_fields.items() if k not in ("created", "delivered")} == {
+        "delivery": str(delivery_id),
+        "endpoint": "default/flaky",
+        "tenant": "acme",
+        "event": "evt-flaky (order.created)",
+        "state": "delivered",
+        "next attempt": "-",
+        "attempts": "3",
+        "last status": "204",
+        "last failure": "-",
+        "last error": "-",
+    }
+    header, *rows = table.splitlines()
+    assert header.split() == ["ATTEMPT", "STARTED", "DURATION", "OUTCOME", "STATUS", "ERROR", "WORKER"]
+    cells = [row.split() for row in rows]
+    assert [(c[0], c[3], c[4], " ".join(c[5:-1])) for c in cells] == [
+        ("1", "retry", "503", "HTTP 503"),
+        ("2", "retry", "500", "HTTP 500"),
+        ("3", "delivered", "204", "-"),
+    ]
+    assert all(c[2].endswith("s") and c[-1] != "-" for c in cells)
+
+    as_json = await asyncio.to_thread(hooklane, dsn, "delivery", "show", str(delivery_id), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    detail = await store.delivery_detail(db, delivery_id)
+    assert detail is not None
+    # The admin API's JSON, field for field.
+    assert json.loads(as_json.stdout) == detail_json(detail)
+    assert [a["status"] for a in json.loads(as_json.stdout)["attempts"]] == [503, 500, 204]
+
+
+@pytest.mark.processes
+def test_delivery_show_of_a_missing_or_malformed_id(dsn):
+    missing = hooklane(dsn, "delivery", "show", "999999")
+    assert (missing.returncode, missing.stdout, missing.stderr) == (1, "", "delivery 999999 not found\n")
+    for bad in ("x", "0", "-1", "99999999999999999999"):
+        result = hooklane(dsn, "delivery", "show", bad)
+        assert result.returncode == 2 and "is not a delivery id" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -3,7 +3,9 @@ and their programs, with an admin token (:mod:`.auth`).
 
 Endpoints with their health (the records ``hooklane status``, the
 operator and the gauges show: :mod:`hooklane.health`), an endpoint's
-deliveries, the repairs (resend, discard, replay, reactivate), receivers'
+deliveries and attempts, a delivery with its attempts (the JSON of
+:mod:`hooklane.views`, which ``hooklane delivery show --json`` prints too),
+the repairs (resend, discard, replay, reactivate), receivers'
 reconciliation (a tenant's events by time, with a stable cursor) and the
 unrouted events. Each handler parses its input, calls one store function
 and shapes the answer; every refusal is the JSON of :mod:`.errors`, a bad
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +30,7 @@ from hooklane.errors import InvalidInput, shown
 from hooklane.health import as_json
 from hooklane.spec import check_tenant
 from hooklane.times import parse_time, rfc3339
+from hooklane.views import delivery_json, detail_json, listed_attempt_json
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,13 @@ _ENDPOINT = PREFIX + "/endpoints/{namespace}/{name}"
 _ACTOR = "the admin API"
 _DEFAULT_DELIVERIES = 100
 _DEFAULT_ENDPOINTS = 100
+_DEFAULT_ATTEMPTS = 100
+# An attempt listing walks the endpoint's history from ``until`` down to
+# ``since`` (one partition a day), skipping what its filters leave out: the
+# range is what bounds that walk when few attempts match, so it is bounded
+# too, rather than a filter for a rare failure reading a month of attempts.
+_ATTEMPTS_BY_DEFAULT = timedelta(hours=1)
+_LONGEST_ATTEMPT_RANGE = timedelta(days=31)
 
 
 def add_routes(app: web.Application) -> None:
@@ -44,6 +55,8 @@ def add_routes(app: web.Application) -> None:
     router.add_get(PREFIX + "/endpoints", list_endpoints)
     router.add_get(_ENDPOINT, get_endpoint)
     router.add_get(_ENDPOINT + "/deliveries", list_deliveries)
+    router.add_get(_ENDPOINT + "/deliveries/{id}", get_delivery)
+    router.add_get(_ENDPOINT + "/attempts", list_attempts)
     for path, handler in (
         ("/deliveries/{id}/resend", resend_delivery),
         ("/resend-dead", resend_dead),
@@ -81,8 +94,9 @@ async def get_endpoint(request: web.Request) -> web.Response:
 async def list_deliveries(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     query = request.query
-    states = [s for value in query.getall("state", []) for s in value.split(",")] or None
+    states = store.check_states(inputs.values(query, "state"))
     since, until = inputs.time(query, "since"), inputs.time(query, "until")
+    status, failure = inputs.answer_filter(query)
     limit = inputs.limit(query, _DEFAULT_DELIVERIES)
     cursor = inputs.delivery_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:
@@ -90,16 +104,60 @@ async def list_deliveries(request: web.Request) -> web.Response:
             conn,
             namespace,
             name,
-            states=store.check_states(states),
+            states=states,
             since=since,
             until=until,
+            status=status,
+            failure=failure,
             cursor=cursor,
             limit=limit,
         )
     if page is None:
         return _no_endpoint(namespace, name)
     return web.json_response(
-        {"deliveries": [_delivery(d) for d in page.deliveries], "next_cursor": page.cursor}
+        {"deliveries": [delivery_json(d) for d in page.deliveries], "next_cursor": page.cursor}
+    )
+
+
+@audience(Audience.ADMIN)
+async def get_delivery(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    delivery = inputs.delivery_id(request.match_info["id"])
+    async with store.acquire(request.app[POOL]) as conn:
+        detail = await store.delivery_detail(conn, delivery, (namespace, name))
+    if detail is None:
+        return problem(
+            404, "not_found", f"endpoint {namespace}/{name} has no delivery {delivery}", field="id"
+        )
+    return web.json_response(detail_json(detail))
+
+
+@audience(Audience.ADMIN)
+async def list_attempts(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    query = request.query
+    since, until = inputs.time_range(query, default=_ATTEMPTS_BY_DEFAULT, longest=_LONGEST_ATTEMPT_RANGE)
+    outcomes = store.check_outcomes(inputs.values(query, "outcome"))
+    status, failure = inputs.answer_filter(query)
+    limit = inputs.limit(query, _DEFAULT_ATTEMPTS)
+    cursor = inputs.attempt_cursor(query)
+    async with store.acquire(request.app[POOL]) as conn:
+        page = await store.endpoint_attempts(
+            conn,
+            namespace,
+            name,
+            since=since,
+            until=until,
+            outcomes=outcomes,
+            status=status,
+            failure=failure,
+            cursor=cursor,
+            limit=limit,
+        )
+    if page is None:
+        return _no_endpoint(namespace, name)
+    return web.json_response(
+        {"attempts": [listed_attempt_json(a) for a in page.attempts], "next_cursor": page.cursor}
     )
 
 
@@ -239,22 +297,6 @@ def _ids(value: Any) -> list[int] | None:
 async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
     """A repair's JSON object body; {} when it may be left out and is."""
     return await inputs.json_body(request, required=required, limit=inputs.ADMIN_MAX_BODY_BYTES)
-
-
-def _delivery(d: store.DeliveryView) -> dict[str, Any]:
-    return {
-        "id": d.id,
-        "event_id": d.event_id,
-        "event_type": d.event_type,
-        "state": d.state,
-        "attempts": d.attempts,
-        "attempted_by": d.attempted_by,
-        "created_at": rfc3339(d.created_at),
-        "next_attempt_at": rfc3339(d.next_attempt_at),
-        "delivered_at": rfc3339(d.delivered_at),
-        "last_status": d.last_status,
-        "last_error": d.last_error,
-    }
 
 
 def _log(action: str, namespace: str, name: str, count: int) -> None:

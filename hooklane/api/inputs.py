@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from hooklane import store
 from hooklane.api.errors import Refused
@@ -30,6 +31,7 @@ READ_TIMEOUT_SECONDS = 10.0
 # wrong one.
 ADMIN_MAX_BODY_BYTES = 256 * 1024
 _MAX_LIMIT_DIGITS = 6
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 # --------------------------------------------------------------------------
 # The URL and the query
@@ -61,6 +63,34 @@ def time(query: Mapping[str, str], key: str) -> datetime | None:
     return None if value is None else parse_time(value, key)
 
 
+def time_range(
+    query: Mapping[str, str], *, default: timedelta, longest: timedelta
+) -> tuple[datetime, datetime]:
+    """``since`` and ``until``: ``until`` now and ``since`` ``default``
+    before it when left out; ``since`` refused when it is not before
+    ``until`` or lies more than ``longest`` before it."""
+    until = time(query, "until") or datetime.now(UTC)
+    # Clamped: an ``until`` in the first hour of year 1 has no hour before it.
+    since = time(query, "since") or max(until, _EARLIEST + default) - default
+    if since >= until:
+        raise InvalidInput("since", "must be before until (now when left out)")
+    if until - since > longest:
+        raise InvalidInput("since", f"must be at most {longest.days} days before until")
+    return since, until
+
+
+def answer_filter(query: Mapping[str, str]) -> tuple[store.StatusRange | None, str | None]:
+    """``status`` and ``failure``: what an attempt got back, an HTTP status
+    (or a class of them) or why there was none; any when left out."""
+    return store.check_status_filter(query.get("status")), store.check_failure(query.get("failure"))
+
+
+def values(query: MultiMapping[str], key: str) -> list[str] | None:
+    """A parameter that may be repeated or hold a comma-separated list;
+    None when left out."""
+    return [v for value in query.getall(key, []) for v in value.split(",")] or None
+
+
 def limit(query: Mapping[str, str], default: int) -> int:
     value = query.get("limit")
     if value is None:
@@ -83,6 +113,13 @@ def delivery_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None
     """A deliveries listing's cursor, checked (and handed on as it came)."""
     value = query.get(key) or None
     store.delivery_position(value, key)
+    return value
+
+
+def attempt_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None:
+    """An attempt listing's cursor, checked (and handed on as it came)."""
+    value = query.get(key) or None
+    store.attempt_position(value, key)
     return value
 
 

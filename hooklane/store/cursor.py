@@ -109,3 +109,38 @@ def endpoint_position(cursor: str | None, field: str = "cursor") -> EndpointPosi
         except OverflowError:
             raise InvalidInput(field, "is not a cursor this listing returned") from None
     return EndpointPosition(at, match[2], match[3])
+
+
+# The attempt listing's position: the last attempt's recorded_at in
+# microseconds since the epoch, its delivery id and attempt number.
+_ATTEMPTS = re.compile(r"a1:(-?[0-9]{1,19}):([0-9]{1,19}):([0-9]{1,10})")
+
+
+class AttemptPosition(NamedTuple):
+    """Where an attempt listing's page ends: its last attempt's
+    recorded_at, delivery id and attempt number."""
+
+    recorded_at: datetime
+    delivery_id: int
+    attempt: int
+
+
+def attempt_cursor(position: AttemptPosition) -> str:
+    """The position after ``position`` in the newest-first attempt listing."""
+    micros = (position.recorded_at - _EPOCH) // timedelta(microseconds=1)
+    return _encode(f"a1:{micros}:{position.delivery_id}:{position.attempt}")
+
+
+def attempt_position(cursor: str | None, field: str = "cursor") -> AttemptPosition | None:
+    """The position of an :func:`attempt_cursor`; None for the first page."""
+    if cursor is None:
+        return None
+    match = _decode(cursor, _ATTEMPTS, field)
+    delivery_id, attempt = int(match[2]), int(match[3])
+    if delivery_id > _MAX_BIGINT or attempt > 2**31 - 1:
+        raise InvalidInput(field, "is not a cursor this listing returned")
+    try:
+        at = _EPOCH + timedelta(microseconds=int(match[1]))
+    except OverflowError:
+        raise InvalidInput(field, "is not a cursor this listing returned") from None
+    return AttemptPosition(at, delivery_id, attempt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -10,13 +11,15 @@ import asyncpg
 
 from hooklane.errors import InvalidInput, shown
 from hooklane.policies import CircuitPolicy
-from hooklane.results import Result
+from hooklane.results import FailureClass, Result
 from hooklane.store.cursor import delivery_cursor, delivery_position
 from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
 
 # A delivery's states (the CHECK constraint of deliveries.state).
 STATES = ("pending", "sending", "delivered", "dead", "discarded")
+FAILURES = tuple(f.value for f in FailureClass)
+_STATUS = re.compile(r"([1-5])(xx|[0-9]{2})")
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,27 @@ class DeliveryView:
     next_attempt_at: datetime | None  # when pending only
     delivered_at: datetime | None
     last_status: int | None
+    # Without an HTTP answer to the last attempt: why (FailureClass).
+    last_failure: str | None
     last_error: str | None
+
+
+def delivery_view(row: asyncpg.Record) -> DeliveryView:
+    """A delivery as a listing or a lookup (delivery_of) read it."""
+    return DeliveryView(
+        row["id"],
+        row["event_id"],
+        row["event_type"],
+        row["state"],
+        row["attempts"],
+        row["attempted_by"],
+        row["created_at"],
+        row["next_attempt_at"],
+        row["delivered_at"],
+        row["last_status"],
+        row["last_failure"],
+        row["last_error"],
+    )
 
 
 @dataclass(frozen=True)
@@ -271,6 +294,33 @@ def check_states(states: Sequence[str] | None, field: str = "state") -> list[str
     return list(states)
 
 
+@dataclass(frozen=True)
+class StatusRange:
+    """A status filter: one code (``503``) or a class (``5xx``)."""
+
+    low: int
+    high: int
+
+
+def check_status_filter(text: str | None, field: str = "status") -> StatusRange | None:
+    """A status filter as a caller wrote it: three digits, or a class as ``5xx``."""
+    if text is None:
+        return None
+    match = _STATUS.fullmatch(text)
+    if match is None:
+        raise InvalidInput(field, f"must be an HTTP status (503) or a class of them (5xx), not {shown(text)}")
+    if match[2] == "xx":
+        low = int(match[1]) * 100
+        return StatusRange(low, low + 99)
+    return StatusRange(int(text), int(text))
+
+
+def check_failure(text: str | None, field: str = "failure") -> str | None:
+    if text is not None and text not in FAILURES:
+        raise InvalidInput(field, f"must be among {', '.join(FAILURES)}, not {shown(text)}")
+    return text
+
+
 async def endpoint_deliveries(
     conn: asyncpg.Connection,
     namespace: str,
@@ -279,12 +329,15 @@ async def endpoint_deliveries(
     states: Sequence[str] | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    status: StatusRange | None = None,
+    failure: str | None = None,
     cursor: str | None = None,
     limit: int = 100,
 ) -> DeliveryPage | None:
     """A page of the endpoint's deliveries, newest first, of ``states``
-    (all when None) created in [since, until); None if there is no such
-    endpoint."""
+    (all when None) created in [since, until), whose last attempt answered
+    a status in ``status`` or failed with ``failure`` (each:
+    any when None); None if there is no such endpoint."""
     rows = await conn.fetch(
         *QUERIES["endpoint_deliveries"](
             namespace=namespace,
@@ -292,29 +345,16 @@ async def endpoint_deliveries(
             states=check_states(states),
             since=check_time(since, "since"),
             until=check_time(until, "until"),
+            status_min=status.low if status else None,
+            status_max=status.high if status else None,
+            failure=check_failure(failure),
             before_id=delivery_position(cursor),
             limit=check_page(limit),
         )
     )
     if not rows:
         return None
-    page = [
-        DeliveryView(
-            r["id"],
-            r["event_id"],
-            r["event_type"],
-            r["state"],
-            r["attempts"],
-            r["attempted_by"],
-            r["created_at"],
-            r["next_attempt_at"],
-            r["delivered_at"],
-            r["last_status"],
-            r["last_error"],
-        )
-        for r in rows
-        if r["id"] is not None
-    ]
+    page = [delivery_view(r) for r in rows if r["id"] is not None]
     return DeliveryPage(page, delivery_cursor(page[-1].id) if len(page) == limit else None)
 
 

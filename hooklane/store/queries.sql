@@ -831,33 +831,107 @@ SELECT (SELECT count(*) FROM chosen) AS endpoints,
 
 -- name: endpoint_deliveries
 -- A page of an endpoint's deliveries, newest first, after the cursor's id,
--- optionally of some states only and created in a time range; each with
+-- optionally of some states only, created in a time range, and whose last
+-- attempt answered a status in a range or failed with a class; each with
 -- its event's type. One row with a NULL id when the endpoint has none
 -- there, no row when there is no such endpoint.
 -- Parameters: namespace, name, states (NULL for all), since (created from,
--- or NULL), until (created until, or NULL), before_id (below this id, or
--- NULL), limit.
+-- or NULL), until (created until, or NULL), status_min and status_max (the
+-- last status within, or NULL), failure (the last failure class, or NULL),
+-- before_id (below this id, or NULL), limit.
 -- Index: the unique (namespace, name) constraint; deliveries_endpoint
 -- (deliveries_dead does as well for dead ones only); primary key of events.
+-- The status and failure filters are read off the rows that index walks,
+-- newest first: a rare match costs a walk down the endpoint's history, as
+-- far as `since` says (the attempts listing is bounded by time instead).
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT d.id, d.event_id, e.type AS event_type, d.state, d.attempts, d.attempted_by,
            d.created_at,
            CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-           d.delivered_at, d.last_status, d.last_error
+           d.delivered_at, d.last_status, d.last_failure, d.last_error
     FROM deliveries d
     JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
     WHERE d.endpoint_id = ep.id
       AND (%(states)s::text[] IS NULL OR d.state = ANY(%(states)s::text[]))
       AND (%(since)s::timestamptz IS NULL OR d.created_at >= %(since)s)
       AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s)
+      AND (%(status_min)s::integer IS NULL OR d.last_status BETWEEN %(status_min)s AND %(status_max)s)
+      AND (%(failure)s::text IS NULL OR d.last_failure = %(failure)s)
       AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s)
     ORDER BY d.id DESC
     LIMIT %(limit)s
 ) p ON true
 WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
 ORDER BY p.id DESC;
+
+-- name: delivery_of
+-- One delivery with its endpoint, tenant and event type, by id; when
+-- `namespace` and `name` are given, only if it is that endpoint's. No row
+-- when there is none.
+-- Parameters: id, namespace (or NULL), name (or NULL).
+-- Index: primary keys of deliveries, endpoints and events.
+SELECT d.id, d.event_id, e.type AS event_type, d.event_tenant AS tenant, d.state, d.attempts,
+       d.attempted_by, d.created_at,
+       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
+       d.delivered_at, d.last_status, d.last_failure, d.last_error,
+       ep.namespace, ep.name
+FROM deliveries d
+JOIN endpoints ep ON ep.id = d.endpoint_id
+JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
+WHERE d.id = %(id)s
+  AND (%(namespace)s::text IS NULL OR (ep.namespace = %(namespace)s AND ep.name = %(name)s));
+
+-- name: delivery_attempts_of
+-- A delivery's attempts in the order they were recorded, at most `limit`.
+-- Parameters: delivery_id, created_at (the delivery's: no attempt of it
+-- was recorded before, less a day for clocks apart), limit.
+-- Index: delivery_attempts_delivery of each partition; the lower bound on
+-- recorded_at prunes the partitions of the days before the delivery.
+SELECT a.attempt, a.attempted_by, a.started_at, a.duration_seconds, a.outcome, a.status,
+       a.failure, a.error, a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at
+FROM delivery_attempts a
+WHERE a.delivery_id = %(delivery_id)s
+  AND a.recorded_at >= %(created_at)s::timestamptz - interval '1 day'
+ORDER BY a.recorded_at, a.attempt
+LIMIT %(limit)s;
+
+-- name: endpoint_attempts
+-- A page of an endpoint's attempts recorded in [since, until), newest
+-- first, after the cursor's (recorded_at, delivery_id, attempt), of some
+-- outcomes, statuses or failure classes only; each with its delivery's
+-- event. One row with NULL columns but endpoint_id when the endpoint has
+-- none there, no row when there is no such endpoint.
+-- Parameters: namespace, name, since, until, outcomes (NULL for all),
+-- status_min and status_max (NULL for any), failure (or NULL), after_at,
+-- after_delivery, after_attempt (the cursor; NULL for the first page),
+-- limit.
+-- Index: the unique (namespace, name) constraint; delivery_attempts_endpoint
+-- of each partition, walked from `until` (or the cursor) down to `since`:
+-- the time range prunes the partitions outside it and bounds the walk.
+SELECT ep.id AS endpoint_id, p.*
+FROM endpoints ep
+LEFT JOIN LATERAL (
+    SELECT a.delivery_id, a.event_id, a.attempt, a.attempted_by, a.started_at,
+           a.duration_seconds, a.outcome, a.status, a.failure, a.error,
+           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at
+    FROM delivery_attempts a
+    WHERE a.endpoint_id = ep.id
+      AND a.recorded_at >= %(since)s
+      AND a.recorded_at < %(until)s
+      AND (%(after_at)s::timestamptz IS NULL OR a.recorded_at <= %(after_at)s)
+      AND (%(after_at)s::timestamptz IS NULL
+           OR (a.recorded_at, a.delivery_id, a.attempt)
+              < (%(after_at)s, %(after_delivery)s::bigint, %(after_attempt)s::integer))
+      AND (%(outcomes)s::text[] IS NULL OR a.outcome = ANY(%(outcomes)s::text[]))
+      AND (%(status_min)s::integer IS NULL OR a.status BETWEEN %(status_min)s AND %(status_max)s)
+      AND (%(failure)s::text IS NULL OR a.failure = %(failure)s)
+    ORDER BY a.recorded_at DESC, a.delivery_id DESC, a.attempt DESC
+    LIMIT %(limit)s
+) p ON true
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
+ORDER BY p.recorded_at DESC, p.delivery_id DESC, p.attempt DESC;
 
 -- name: discard_dead
 -- Give up for good on dead deliveries of one endpoint (all of them, or the
