@@ -106,9 +106,21 @@ def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 @pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
-    result = run_bench("reservation", tmp_path, "--dsn", server_dsn)
+    result = run_bench("reservation", tmp_path, "--dsn", server_dsn, "--finished", "20000")
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
-    assert all(s["reserved"] > 0 for s in result["sizes"])
+    assert all(s["reserved"] > 0 for s in result["sizes"] + result["with_finished"])
+    assert len(result["finished_over_none"]) == len(result["sizes"])
+
+
+@pytest.mark.processes
+def test_retention_smoke(server_dsn: str, tmp_path: Path) -> None:
+    (size,) = run_bench("retention", tmp_path, "--dsn", server_dsn)["sizes"]
+    assert size["events_purge"]["done"] == size["rows"]
+    assert size["attempts_row_by_row"]["done"]["purged"] == size["rows"]
+    (dropped,) = size["attempts_partition_drop"]["done"]["dropped"]
+    assert dropped.startswith("delivery_attempts_")
+    # A dropped partition leaves nothing behind to vacuum: far less WAL.
+    assert size["attempts_partition_drop"]["wal_bytes"] < size["attempts_row_by_row"]["wal_bytes"]
 
 
 @pytest.mark.processes
