@@ -32,7 +32,7 @@ from hooklane.results import Result
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, add_endpoint, reserve_round, wait_for
+from tests.conftest import SECRET, add_endpoint, flaky_history, reserve_round, wait_for
 from tests.receivers import Answer, Receiver
 
 # Characters a cookie value must carry through quoting ("/", "+", "=").
@@ -369,16 +369,36 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     assert re.fullmatch(r"\s*2 failures; next probe\s+in (9|10) min( \d+ s)?\s*", circuit or ""), circuit
 
 
-async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str) -> None:
+async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str, db: asyncpg.Connection) -> None:
+    await add_endpoint(db, "orders", "http://127.0.0.1:9/orders")
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with aiohttp.ClientSession(headers=auth) as http:
-        async with http.get(f"{base}/dashboard/endpoints/default/nowhere") as answer:
-            assert answer.status == 404
-            assert answer.content_type == "text/html"
-            assert "There is no endpoint default/nowhere." in await answer.text()
-        async with http.get(f"{base}/dashboard/endpoints/default/nowhere?state=lost") as answer:
-            assert answer.status == 422
-            assert "state must be among" in await answer.text()
+        for path in ("", "/attempts", "/deliveries/1", "?state=lost"):
+            async with http.get(f"{base}/dashboard/endpoints/default/nowhere{path}") as answer:
+                assert answer.status == 404, path
+                assert answer.content_type == "text/html"
+                assert "There is no endpoint default/nowhere." in await answer.text()
+        for query, said in (
+            ("?state=lost", "state must be among"),
+            (
+                "?status=6xx",
+                "status must be an HTTP status (503) or a class of them (5xx), not &#39;6xx&#39;",
+            ),
+            ("?failure=sad", "failure must be among timeout"),
+            ("?before=nope", "before is not a cursor"),
+            ("/attempts?outcome=won", "outcome must be among delivered"),
+            ("/attempts?since=yesterday", "since must be an RFC 3339 time"),
+            ("/attempts?until=2026-03-01T12:00:00", "until needs a timezone"),
+            ("/attempts?since=2026-03-01T13:00:00Z&until=2026-03-01T12:00:00Z", "since must be before until"),
+            ("/attempts?after=nope", "after is not a cursor"),
+        ):
+            async with http.get(f"{base}/dashboard/endpoints/default/orders{query}") as answer:
+                body = await answer.text()
+            # The endpoint's page, its form as sent and what is wrong with
+            # it; it does not refresh itself.
+            assert answer.status == 422, query
+            assert said in body, (query, body)
+            assert "<h1>" in body and "dashboard.js" not in body and "Traceback" not in body
 
 
 async def test_a_database_out_of_reach_is_a_page_that_retries(start_dashboard: StartServer) -> None:
@@ -436,6 +456,100 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
 
 
 # --------------------------------------------------------------------------
+# Attempts: a delivery's timeline, an endpoint's over a time window
+
+
+def cells(page: Page, table: str, column: int) -> Awaitable[list[str]]:
+    return page.locator(f"table.{table} tbody tr td:nth-child({column})").all_inner_texts()
+
+
+@pytest.mark.browser
+async def test_a_delivery_shows_its_attempts_and_the_last_hours_5xx_leave_out_the_success(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    delivery = await flaky_history(db, receiver, start_worker)
+    await log_in(page, base)
+    await page.click("a[href='/dashboard/endpoints/default/flaky']")
+    await page.click(f"tr[data-delivery='{delivery}'] a")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/flaky/deliveries/{delivery}")
+
+    facts = await page.locator("dl.facts").inner_text()
+    assert "evt-flaky" in facts and "order.created" in facts and "acme" in facts and "204" in facts
+    assert await page.locator("h1 .state").text_content() == "delivered"
+    assert await cells(page, "attempts", 1) == ["1", "2", "3"]
+    assert await cells(page, "attempts", 4) == ["retry", "retry", "delivered"]
+    assert await cells(page, "attempts", 5) == ["503", "500", "204"]
+    # Each attempt says when it started, how long it took and which worker made it.
+    started = await page.locator("table.attempts tbody td:nth-child(2) time").evaluate_all(
+        "times => times.map(t => t.dateTime)"
+    )
+    assert started == sorted(started) and len(started) == 3
+    assert all(re.fullmatch(r"\d+ ms|\d+ s", d) for d in await cells(page, "attempts", 3))
+    workers = await cells(page, "attempts", 9)
+    assert len(set(workers)) == 1 and workers[0]
+    # The retries say when the next attempt was due; the success does not.
+    assert [bool(n) for n in await cells(page, "attempts", 8)] == [True, True, False]
+    assert await page.locator("button:text-is('Resend')").count() == 0
+
+    await page.click(".crumbs a:text-is('default/flaky')")
+    await page.click("a:text-is('5xx in the last hour')")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/flaky/attempts?status=5xx")
+    assert await page.input_value("input[name=status]") == "5xx"
+    # Newest first: the 500, then the 503; no 204.
+    assert await cells(page, "attempts", 6) == ["500", "503"]
+    assert await cells(page, "attempts", 5) == ["retry", "retry"]
+    await page.click(f"tr[data-attempt='2'] a[href$='/deliveries/{delivery}']")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/flaky/deliveries/{delivery}")
+
+    # A status that is none is said on the page, with the form as it was typed.
+    await page.goto(f"{base}/dashboard/endpoints/default/flaky/attempts")
+    assert await cells(page, "attempts", 6) == ["204", "500", "503"]
+    await page.fill("input[name=status]", "5x")
+    async with page.expect_response(re.compile(r".*/attempts\?.*status=5x&.*")) as answer:
+        await page.click("form.search button[type=submit]")
+    assert (await answer.value).status == 422
+    assert await page.text_content("[role=alert]") == (
+        "status must be an HTTP status (503) or a class of them (5xx), not '5x'"
+    )
+    assert await page.input_value("input[name=status]") == "5x"
+    assert await page.locator("table.attempts").count() == 0
+
+    # The deliveries list filters on the last attempt: 204 now, no 5xx.
+    await page.goto(f"{base}/dashboard/endpoints/default/flaky")
+    await page.fill("input[name=status]", "5xx")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_selector("p.empty:text-is('No deliveries match the filter.')")
+    await page.fill("input[name=status]", "204")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_selector(f"tr[data-delivery='{delivery}']")
+
+
+async def test_a_delivery_of_another_endpoint_or_a_malformed_id_is_not_found(
+    base: str, db: asyncpg.Connection
+) -> None:
+    await add_endpoint(db, "orders", "http://127.0.0.1:9/orders")
+    await add_endpoint(db, "billing", "http://127.0.0.1:9/billing", event_types=("invoice.paid",))
+    await publish(db)
+    delivery = await db.fetchval("SELECT id FROM deliveries")
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(f"{base}/dashboard/endpoints/default/orders/deliveries/{delivery}") as answer:
+            assert answer.status == 200
+            assert "No attempt recorded yet." in await answer.text()
+        for path in (f"billing/deliveries/{delivery}", f"orders/deliveries/{delivery + 1}"):
+            async with http.get(f"{base}/dashboard/endpoints/default/{path}") as answer:
+                assert answer.status == 404, path
+                assert "No such delivery" in await answer.text()
+        for malformed in ("abc", "-1", "0", "9" * 30):
+            async with http.get(
+                f"{base}/dashboard/endpoints/default/orders/deliveries/{malformed}"
+            ) as answer:
+                body = await answer.text()
+                assert answer.status == 404, malformed
+                assert "No such delivery" in body and "Traceback" not in body
+
+
+# --------------------------------------------------------------------------
 # Repairing, with a worker delivering for real
 
 
@@ -456,15 +570,19 @@ async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     await log_in(page, base)
     assert await page.locator("table.endpoints tbody tr td:nth-child(6)").text_content() == "3"
     await page.click("a[href='/dashboard/endpoints/default/orders']")
-    await page.click("nav.filter a:text-is('dead')")
+    await page.select_option("select[name=state]", "dead")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_url(re.compile(r".*\?state=dead&.*"))
     assert await page.locator("table.deliveries tbody tr").count() == 3
 
     await page.click(f"tr[data-delivery='{first}'] button:text-is('Resend')")
     await page.wait_for_selector(f".flash:text-is('Delivery {first} queued again.')")
     event = await db.fetchval("SELECT event_id FROM deliveries WHERE id = $1", first)
     await wait_for(lambda: webhook_ids(receiver, "orders").count(event) == 2)
-    # The page refreshes itself: on the "all" filter the delivery shows delivered.
-    await page.click("nav.filter a:text-is('all')")
+    # The redirect kept the filter; the page refreshes itself: unfiltered,
+    # the delivery shows delivered.
+    assert await page.input_value("select[name=state]") == "dead"
+    await page.click("form.search a:text-is('all deliveries')")
     await page.wait_for_selector(f"tr[data-delivery='{first}'].state-delivered", timeout=WAIT_MS)
 
     await page.click("button:text-is('Resend all 2 dead')")
