@@ -454,6 +454,17 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
     assert await page.evaluate("window.pwned") is None
     assert await page.locator("#live script, #live img").count() == 0
 
+    # The delivery's own page, and its attempt, show the whole error as text.
+    await page.click(f"tr[data-delivery='{reserved['id']}'] a")
+    await page.wait_for_selector("table.attempts")
+    assert await page.locator("dl.facts .error").text_content() == hostile
+    assert await page.locator("table.attempts .error").get_attribute("title") == hostile
+    await page.goto(f"{base}/dashboard/endpoints/default/hostile/attempts?status=%3Cscript%3E")
+    assert "<script>" in (await page.text_content("[role=alert]") or "")
+    assert await page.input_value("input[name=status]") == "<script>"
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("main script, main img").count() == 0
+
 
 # --------------------------------------------------------------------------
 # Attempts: a delivery's timeline, an endpoint's over a time window
@@ -593,6 +604,31 @@ async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'delivered'") == 3
     # Nothing left to resend: the button is gone.
     assert await page.locator("button:has-text('Resend all')").count() == 0
+
+
+@pytest.mark.browser
+async def test_resend_a_dead_delivery_from_its_own_page(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    fixed = asyncio.Event()
+    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
+    await add_endpoint(db, "orders", url)
+    await publish(db)
+    start_worker()
+    [dead] = await wait_for(lambda: dead_ids(db))
+    fixed.set()
+
+    await log_in(page, base)
+    await page.goto(f"{base}/dashboard/endpoints/default/orders/deliveries/{dead}")
+    assert await cells(page, "attempts", 5) == ["413"]
+    assert await cells(page, "attempts", 4) == ["dead"]
+    await page.click("button:text-is('Resend')")
+    await page.wait_for_selector(f".flash:text-is('Delivery {dead} queued again.')")
+    assert page.url == f"{base}/dashboard/endpoints/default/orders/deliveries/{dead}"
+    # A resend counts its attempts from 1 again; the page refreshes itself.
+    await page.wait_for_selector("h1 .state:text-is('delivered')")
+    assert await cells(page, "attempts", 1) == ["1", "1"]
+    assert await cells(page, "attempts", 5) == ["413", "200"]
 
 
 async def test_reactivating_an_active_endpoint_resets_nothing(base: str, db: asyncpg.Connection) -> None:
@@ -753,6 +789,30 @@ def test_flash_messages_come_only_from_known_values() -> None:
 )
 def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
     assert dashboard.is_https(scheme, forwarded) is secure
+
+
+@pytest.mark.unit
+def test_the_filters_keep_what_was_chosen_and_default_to_the_last_hour() -> None:
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    chosen = dashboard.attempt_filter({"status": "5xx", "failure": "", "outcome": ""}, now)
+    assert (chosen.since, chosen.until) == (now - timedelta(hours=1), now)
+    assert chosen.query() == [
+        ("since", "2026-03-01T11:00:00Z"),
+        ("until", "2026-03-01T12:00:00Z"),
+        ("status", "5xx"),
+    ]
+    later = dashboard.attempt_filter({"until": "2026-03-02T00:00:00+02:00", "outcome": "retry"}, now)
+    assert later.since == datetime(2026, 3, 1, 21, tzinfo=UTC) and later.outcome == "retry"
+    assert dashboard.delivery_filter({"state": "", "status": "503", "failure": "timeout"}).query() == [
+        ("status", "503"),
+        ("failure", "timeout"),
+    ]
+    assert dashboard.delivery_filter({}).query() == []
+    for bad in ({"status": "5"}, {"failure": "sad"}, {"state": "lost"}):
+        with pytest.raises(InvalidInput):
+            dashboard.delivery_filter(bad)
+    with pytest.raises(InvalidInput, match="before until"):
+        dashboard.attempt_filter({"since": "2026-03-01T12:00:00Z"}, now)
 
 
 @pytest.mark.unit
