@@ -118,6 +118,21 @@ async def dead_ids(db: asyncpg.Connection) -> list[int]:
     return [r["id"] for r in await db.fetch("SELECT id FROM deliveries WHERE state = 'dead' ORDER BY id")]
 
 
+async def dead_until_fixed(
+    db: asyncpg.Connection, receiver: Receiver, start_worker: Any, n: int
+) -> list[str]:
+    """``n`` events to default/orders, refused as too large (413: dead at
+    once) by its receiver, which then takes them; their ids."""
+    fixed = asyncio.Event()
+    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
+    await add_endpoint(db, "orders", url)
+    events = await publish(db, n)
+    start_worker()
+    await wait_for(lambda: _count(dead_ids(db), n))
+    fixed.set()
+    return events
+
+
 def webhook_ids(receiver: Receiver, path: str) -> list[str]:
     return [r.headers["webhook-id"] for r in receiver.at(path)]
 
@@ -568,15 +583,8 @@ async def test_a_delivery_of_another_endpoint_or_a_malformed_id_is_not_found(
 async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
-    # Refused as too large (413: dead at once) until the receiver is fixed.
-    fixed = asyncio.Event()
-    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
-    await add_endpoint(db, "orders", url)
-    events = await publish(db, 3)
-    start_worker()
-    await wait_for(lambda: _count(dead_ids(db), 3))
+    events = await dead_until_fixed(db, receiver, start_worker, 3)
     first, *rest = await dead_ids(db)
-    fixed.set()
 
     await log_in(page, base)
     assert await page.locator("table.endpoints tbody tr td:nth-child(6)").text_content() == "3"
@@ -610,13 +618,8 @@ async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
 async def test_resend_a_dead_delivery_from_its_own_page(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
-    fixed = asyncio.Event()
-    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
-    await add_endpoint(db, "orders", url)
-    await publish(db)
-    start_worker()
-    [dead] = await wait_for(lambda: dead_ids(db))
-    fixed.set()
+    await dead_until_fixed(db, receiver, start_worker, 1)
+    [dead] = await dead_ids(db)
 
     await log_in(page, base)
     await page.goto(f"{base}/dashboard/endpoints/default/orders/deliveries/{dead}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import resources
@@ -417,35 +417,23 @@ def search_query(chosen: store.EndpointFilter) -> list[tuple[str, str]]:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def endpoint_page(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
-        health = await _health(conn, namespace, name)
-        if health is None:
-            return _not_found(namespace, name)
-        try:
-            chosen = delivery_filter(request.query)
-            page = await store.endpoint_deliveries(
-                conn,
-                namespace,
-                name,
-                states=None if chosen.state is None else [chosen.state],
-                status=store.check_status_filter(chosen.status),
-                failure=chosen.failure,
-                cursor=inputs.delivery_cursor(request.query, "before"),
-                limit=DELIVERIES_PER_PAGE,
-            )
-        except InvalidInput as refused:
-            return _refused(request, "endpoint.html", refused, health)
-    if page is None:
-        return _not_found(namespace, name)
-    return _shown_once(
-        request,
-        "endpoint.html",
-        health=health,
-        page=page,
-        query=request.query,
-        **_endpoint_links(namespace, name, chosen.query()),
-    )
+    async def read(conn: asyncpg.Connection, h: EndpointHealth) -> dict[str, Any] | None:
+        chosen = delivery_filter(request.query)
+        page = await store.endpoint_deliveries(
+            conn,
+            h.namespace,
+            h.name,
+            states=None if chosen.state is None else [chosen.state],
+            status=store.check_status_filter(chosen.status),
+            failure=chosen.failure,
+            cursor=inputs.delivery_cursor(request.query, "before"),
+            limit=DELIVERIES_PER_PAGE,
+        )
+        return (
+            None if page is None else {"page": page, **_endpoint_links(h.namespace, h.name, chosen.query())}
+        )
+
+    return await _filtered(request, "endpoint.html", read)
 
 
 @audience(Audience.DASHBOARD)
@@ -477,43 +465,54 @@ async def delivery_page(request: web.Request) -> web.Response:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def attempts_page(request: web.Request) -> web.Response:
+    async def read(conn: asyncpg.Connection, h: EndpointHealth) -> dict[str, Any] | None:
+        chosen = attempt_filter(request.query, h.observed_at)
+        page = await store.endpoint_attempts(
+            conn,
+            h.namespace,
+            h.name,
+            since=chosen.since,
+            until=chosen.until,
+            outcomes=None if chosen.outcome is None else [chosen.outcome],
+            status=store.check_status_filter(chosen.status),
+            failure=chosen.failure,
+            cursor=_attempt_cursor(request.query),
+            limit=ATTEMPTS_PER_PAGE,
+        )
+        if page is None:
+            return None
+        links = _endpoint_links(h.namespace, h.name, [])
+        older = None if page.cursor is None else [*chosen.query(), ("after", page.cursor)]
+        return {
+            "page": page,
+            "chosen": chosen,
+            "window_given": bool(_chosen(request.query, "since") or _chosen(request.query, "until")),
+            "next_url": None if older is None else f"{links['path']}/attempts?{urlencode(older)}",
+            **links,
+        }
+
+    return await _filtered(request, "attempts.html", read)
+
+
+Read = Callable[[asyncpg.Connection, EndpointHealth], Awaitable[dict[str, Any] | None]]
+
+
+async def _filtered(request: web.Request, template: str, read: Read) -> web.Response:
+    """An endpoint's page of what its filter chose: ``read`` checks the
+    filter and reads the list, giving the page's values (None: the
+    endpoint went meanwhile). A filter refused is said on the page."""
     namespace, name = inputs.endpoint_key(request)
     async with store.acquire(request.app[POOL]) as conn:
         health = await _health(conn, namespace, name)
         if health is None:
             return _not_found(namespace, name)
         try:
-            chosen = attempt_filter(request.query, health.observed_at)
-            page = await store.endpoint_attempts(
-                conn,
-                namespace,
-                name,
-                since=chosen.since,
-                until=chosen.until,
-                outcomes=None if chosen.outcome is None else [chosen.outcome],
-                status=store.check_status_filter(chosen.status),
-                failure=chosen.failure,
-                cursor=_attempt_cursor(request.query),
-                limit=ATTEMPTS_PER_PAGE,
-            )
+            values = await read(conn, health)
         except InvalidInput as refused:
-            return _refused(request, "attempts.html", refused, health)
-    if page is None:
+            return _refused(request, template, refused, health)
+    if values is None:
         return _not_found(namespace, name)
-    links = _endpoint_links(namespace, name, [])
-    return _shown_once(
-        request,
-        "attempts.html",
-        health=health,
-        page=page,
-        chosen=chosen,
-        query=request.query,
-        window_given=bool(_chosen(request.query, "since") or _chosen(request.query, "until")),
-        next_url=None
-        if page.cursor is None
-        else f"{links['path']}/attempts?{urlencode([*chosen.query(), ('after', page.cursor)])}",
-        **links,
-    )
+    return _shown_once(request, template, health=health, query=request.query, **values)
 
 
 def _attempt_cursor(query: Mapping[str, str]) -> str | None:
