@@ -562,6 +562,18 @@ async def test_a_delivery_of_another_endpoint_or_a_malformed_id_is_not_found(
         async with http.get(f"{base}/dashboard/endpoints/default/orders/deliveries/{delivery}") as answer:
             assert answer.status == 200
             assert "No attempt recorded yet." in await answer.text()
+        # An attempt whose lease ran out, traced: its failure class and trace id.
+        await db.execute(
+            """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                              started_at, outcome, failure, error, trace_id)
+               SELECT id, 1, endpoint_id, event_tenant, event_id, now(), 'retry', 'lease_expired',
+                      'the lease ran out', '4bf92f3577b34da6a3ce929d0e0e4736'
+               FROM deliveries""",
+        )
+        async with http.get(f"{base}/dashboard/endpoints/default/orders/deliveries/{delivery}") as answer:
+            body = await answer.text()
+        assert "lease_expired" in body and "lease ran out" in body
+        assert '<code class="trace">4bf92f3577b34da6a3ce929d0e0e4736</code>' in body
         for path in (f"billing/deliveries/{delivery}", f"orders/deliveries/{delivery + 1}"):
             async with http.get(f"{base}/dashboard/endpoints/default/{path}") as answer:
                 assert answer.status == 404, path
