@@ -22,18 +22,20 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pytest_postgresql import factories
 
+import hooklane
 from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.guard import parse_networks
+from hooklane.policies import RetryPolicy
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
 from hooklane.worker.ready import ReadyList, Verdict, Wakeup, parse_wakeup
 from hooklane.worker.runner import Worker
 from tests import timings
-from tests.receivers import Receiver
+from tests.receivers import Answer, Receiver
 from tests.tiers import TIERS, tier_problems
 
 pytest_plugins = ["tests.kube_fixtures"]
@@ -266,6 +268,20 @@ async def queue_unannounced(db: asyncpg.Connection) -> None:
     await db.execute(
         "INSERT INTO deliveries (endpoint_id, event_tenant, event_id) SELECT id, 'acme', 'e1' FROM endpoints"
     )
+
+
+async def flaky_history(
+    db: asyncpg.Connection, receiver: Receiver, start_worker: Callable[..., object]
+) -> int:
+    """One delivery of event evt-flaky to endpoint default/flaky, answered
+    503, 500, then 204 by a real worker retrying quickly; its id."""
+    answers = {0: Answer(503), 1: Answer(500)}
+    url = receiver.on("flaky", lambda i: answers.get(i, Answer(204)))
+    await add_endpoint(db, "flaky", url)
+    await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="evt-flaky")
+    start_worker(retry=RetryPolicy(base_seconds=0.2, cap_seconds=1.0))
+    await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"), timeout=20)
+    return await db.fetchval("SELECT id FROM deliveries")
 
 
 ALL_PARTITIONS = list(range(32))

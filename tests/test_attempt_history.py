@@ -15,7 +15,7 @@ from hooklane.errors import InvalidInput
 from hooklane.policies import CircuitPolicy, RetryPolicy
 from hooklane.store.cursor import AttemptPosition, attempt_cursor
 from tests.conftest import ALL_PARTITIONS as ALL
-from tests.conftest import add_endpoint, reserve_round, wait_for
+from tests.conftest import add_endpoint, flaky_history, reserve_round, wait_for
 from tests.receivers import Answer
 
 pytestmark = pytest.mark.db
@@ -213,19 +213,8 @@ async def test_a_receiver_that_fails_twice_then_succeeds_shows_three_attempts(db
 # The read side: what the admin API, the dashboard and the CLI show
 
 
-async def _flaky_history(db, receiver, start_worker):
-    """One delivery answered 503, 500, then 204; its id."""
-    answers = {0: Answer(503), 1: Answer(500)}
-    url = receiver.on("flaky", lambda i: answers.get(i, Answer(204)))
-    await add_endpoint(db, "flaky", url)
-    await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="evt-flaky")
-    start_worker(retry=RetryPolicy(base_seconds=0.2, cap_seconds=1.0))
-    await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"), timeout=20)
-    return await db.fetchval("SELECT id FROM deliveries")
-
-
 async def test_a_delivery_is_shown_with_every_attempt_in_order(db, receiver, start_worker):
-    delivery_id = await _flaky_history(db, receiver, start_worker)
+    delivery_id = await flaky_history(db, receiver, start_worker)
     detail = await store.delivery_detail(db, delivery_id)
     assert detail is not None
     assert (detail.tenant, detail.namespace, detail.name) == ("acme", "default", "flaky")
@@ -267,7 +256,7 @@ async def test_a_delivery_shows_its_first_attempts_when_it_has_too_many(db, monk
 
 
 async def test_an_endpoints_attempts_page_newest_first_filtered_by_status_class(db, receiver, start_worker):
-    delivery_id = await _flaky_history(db, receiver, start_worker)
+    delivery_id = await flaky_history(db, receiver, start_worker)
     now = datetime.now(UTC)
     hour = {"since": now - timedelta(hours=1), "until": now + timedelta(minutes=1)}
 

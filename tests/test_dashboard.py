@@ -32,7 +32,7 @@ from hooklane.results import Result
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, add_endpoint, reserve_round, wait_for
+from tests.conftest import SECRET, add_endpoint, flaky_history, reserve_round, wait_for
 from tests.receivers import Answer, Receiver
 
 # Characters a cookie value must carry through quoting ("/", "+", "=").
@@ -116,6 +116,21 @@ async def publish(db: asyncpg.Connection, n: int = 1, tenant: str = "acme") -> l
 
 async def dead_ids(db: asyncpg.Connection) -> list[int]:
     return [r["id"] for r in await db.fetch("SELECT id FROM deliveries WHERE state = 'dead' ORDER BY id")]
+
+
+async def dead_until_fixed(
+    db: asyncpg.Connection, receiver: Receiver, start_worker: Any, n: int
+) -> list[str]:
+    """``n`` events to default/orders, refused as too large (413: dead at
+    once) by its receiver, which then takes them; their ids."""
+    fixed = asyncio.Event()
+    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
+    await add_endpoint(db, "orders", url)
+    events = await publish(db, n)
+    start_worker()
+    await wait_for(lambda: _count(dead_ids(db), n))
+    fixed.set()
+    return events
 
 
 def webhook_ids(receiver: Receiver, path: str) -> list[str]:
@@ -369,16 +384,36 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     assert re.fullmatch(r"\s*2 failures; next probe\s+in (9|10) min( \d+ s)?\s*", circuit or ""), circuit
 
 
-async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str) -> None:
+async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str, db: asyncpg.Connection) -> None:
+    await add_endpoint(db, "orders", "http://127.0.0.1:9/orders")
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with aiohttp.ClientSession(headers=auth) as http:
-        async with http.get(f"{base}/dashboard/endpoints/default/nowhere") as answer:
-            assert answer.status == 404
-            assert answer.content_type == "text/html"
-            assert "There is no endpoint default/nowhere." in await answer.text()
-        async with http.get(f"{base}/dashboard/endpoints/default/nowhere?state=lost") as answer:
-            assert answer.status == 422
-            assert "state must be among" in await answer.text()
+        for path in ("", "/attempts", "/deliveries/1", "?state=lost"):
+            async with http.get(f"{base}/dashboard/endpoints/default/nowhere{path}") as answer:
+                assert answer.status == 404, path
+                assert answer.content_type == "text/html"
+                assert "There is no endpoint default/nowhere." in await answer.text()
+        for query, said in (
+            ("?state=lost", "state must be among"),
+            (
+                "?status=6xx",
+                "status must be an HTTP status (503) or a class of them (5xx), not &#39;6xx&#39;",
+            ),
+            ("?failure=sad", "failure must be among timeout"),
+            ("?before=nope", "before is not a cursor"),
+            ("/attempts?outcome=won", "outcome must be among delivered"),
+            ("/attempts?since=yesterday", "since must be an RFC 3339 time"),
+            ("/attempts?until=2026-03-01T12:00:00", "until needs a timezone"),
+            ("/attempts?since=2026-03-01T13:00:00Z&until=2026-03-01T12:00:00Z", "since must be before until"),
+            ("/attempts?after=nope", "after is not a cursor"),
+        ):
+            async with http.get(f"{base}/dashboard/endpoints/default/orders{query}") as answer:
+                body = await answer.text()
+            # The endpoint's page, its form as sent and what is wrong with
+            # it; it does not refresh itself.
+            assert answer.status == 422, query
+            assert said in body, (query, body)
+            assert "<h1>" in body and "dashboard.js" not in body and "Traceback" not in body
 
 
 async def test_a_database_out_of_reach_is_a_page_that_retries(start_dashboard: StartServer) -> None:
@@ -434,6 +469,123 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
     assert await page.evaluate("window.pwned") is None
     assert await page.locator("#live script, #live img").count() == 0
 
+    # The delivery's own page, and its attempt, show the whole error as text.
+    await page.click(f"tr[data-delivery='{reserved['id']}'] a")
+    await page.wait_for_selector("table.attempts")
+    assert await page.locator("dl.facts .error").text_content() == hostile
+    assert await page.locator("table.attempts .error").get_attribute("title") == hostile
+    await page.goto(f"{base}/dashboard/endpoints/default/hostile/attempts?status=%3Cscript%3E")
+    assert "<script>" in (await page.text_content("[role=alert]") or "")
+    assert await page.input_value("input[name=status]") == "<script>"
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("main script, main img").count() == 0
+
+
+# --------------------------------------------------------------------------
+# Attempts: a delivery's timeline, an endpoint's over a time window
+
+
+def cells(page: Page, table: str, column: int) -> Awaitable[list[str]]:
+    return page.locator(f"table.{table} tbody tr td:nth-child({column})").all_inner_texts()
+
+
+@pytest.mark.browser
+async def test_a_delivery_shows_its_attempts_and_the_last_hours_5xx_leave_out_the_success(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    delivery = await flaky_history(db, receiver, start_worker)
+    await log_in(page, base)
+    await page.click("a[href='/dashboard/endpoints/default/flaky']")
+    await page.click(f"tr[data-delivery='{delivery}'] a")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/flaky/deliveries/{delivery}")
+
+    facts = await page.locator("dl.facts").inner_text()
+    assert "evt-flaky" in facts and "order.created" in facts and "acme" in facts and "204" in facts
+    assert await page.locator("h1 .state").text_content() == "delivered"
+    assert await cells(page, "attempts", 1) == ["1", "2", "3"]
+    assert await cells(page, "attempts", 4) == ["retry", "retry", "delivered"]
+    assert await cells(page, "attempts", 5) == ["503", "500", "204"]
+    # Each attempt says when it started, how long it took and which worker made it.
+    started = await page.locator("table.attempts tbody td:nth-child(2) time").evaluate_all(
+        "times => times.map(t => t.dateTime)"
+    )
+    assert started == sorted(started) and len(started) == 3
+    assert all(re.fullmatch(r"\d+ ms|\d+ s", d) for d in await cells(page, "attempts", 3))
+    workers = await cells(page, "attempts", 9)
+    assert len(set(workers)) == 1 and workers[0]
+    # The retries say when the next attempt was due; the success does not.
+    assert [bool(n) for n in await cells(page, "attempts", 8)] == [True, True, False]
+    assert await page.locator("button:text-is('Resend')").count() == 0
+
+    await page.click(".crumbs a:text-is('default/flaky')")
+    await page.click("a:text-is('5xx in the last hour')")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/flaky/attempts?status=5xx")
+    assert await page.input_value("input[name=status]") == "5xx"
+    # Newest first: the 500, then the 503; no 204.
+    assert await cells(page, "attempts", 6) == ["500", "503"]
+    assert await cells(page, "attempts", 5) == ["retry", "retry"]
+    await page.click(f"tr[data-attempt='2'] a[href$='/deliveries/{delivery}']")
+    await page.wait_for_url(f"{base}/dashboard/endpoints/default/flaky/deliveries/{delivery}")
+
+    # A status that is none is said on the page, with the form as it was typed.
+    await page.goto(f"{base}/dashboard/endpoints/default/flaky/attempts")
+    assert await cells(page, "attempts", 6) == ["204", "500", "503"]
+    await page.fill("input[name=status]", "5x")
+    async with page.expect_response(re.compile(r".*/attempts\?.*status=5x&.*")) as answer:
+        await page.click("form.search button[type=submit]")
+    assert (await answer.value).status == 422
+    assert await page.text_content("[role=alert]") == (
+        "status must be an HTTP status (503) or a class of them (5xx), not '5x'"
+    )
+    assert await page.input_value("input[name=status]") == "5x"
+    assert await page.locator("table.attempts").count() == 0
+
+    # The deliveries list filters on the last attempt: 204 now, no 5xx.
+    await page.goto(f"{base}/dashboard/endpoints/default/flaky")
+    await page.fill("input[name=status]", "5xx")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_selector("p.empty:text-is('No deliveries match the filter.')")
+    await page.fill("input[name=status]", "204")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_selector(f"tr[data-delivery='{delivery}']")
+
+
+async def test_a_delivery_of_another_endpoint_or_a_malformed_id_is_not_found(
+    base: str, db: asyncpg.Connection
+) -> None:
+    await add_endpoint(db, "orders", "http://127.0.0.1:9/orders")
+    await add_endpoint(db, "billing", "http://127.0.0.1:9/billing", event_types=("invoice.paid",))
+    await publish(db)
+    delivery = await db.fetchval("SELECT id FROM deliveries")
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(f"{base}/dashboard/endpoints/default/orders/deliveries/{delivery}") as answer:
+            assert answer.status == 200
+            assert "No attempt recorded yet." in await answer.text()
+        # An attempt whose lease ran out, traced: its failure class and trace id.
+        await db.execute(
+            """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                              started_at, outcome, failure, error, trace_id)
+               SELECT id, 1, endpoint_id, event_tenant, event_id, now(), 'retry', 'lease_expired',
+                      'the lease ran out', '4bf92f3577b34da6a3ce929d0e0e4736'
+               FROM deliveries""",
+        )
+        async with http.get(f"{base}/dashboard/endpoints/default/orders/deliveries/{delivery}") as answer:
+            body = await answer.text()
+        assert "lease_expired" in body and "lease ran out" in body
+        assert '<code class="trace">4bf92f3577b34da6a3ce929d0e0e4736</code>' in body
+        for path in (f"billing/deliveries/{delivery}", f"orders/deliveries/{delivery + 1}"):
+            async with http.get(f"{base}/dashboard/endpoints/default/{path}") as answer:
+                assert answer.status == 404, path
+                assert "No such delivery" in await answer.text()
+        for malformed in ("abc", "-1", "0", "9" * 30):
+            async with http.get(
+                f"{base}/dashboard/endpoints/default/orders/deliveries/{malformed}"
+            ) as answer:
+                body = await answer.text()
+                assert answer.status == 404, malformed
+                assert "No such delivery" in body and "Traceback" not in body
+
 
 # --------------------------------------------------------------------------
 # Repairing, with a worker delivering for real
@@ -443,28 +595,25 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
 async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
-    # Refused as too large (413: dead at once) until the receiver is fixed.
-    fixed = asyncio.Event()
-    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
-    await add_endpoint(db, "orders", url)
-    events = await publish(db, 3)
-    start_worker()
-    await wait_for(lambda: _count(dead_ids(db), 3))
+    events = await dead_until_fixed(db, receiver, start_worker, 3)
     first, *rest = await dead_ids(db)
-    fixed.set()
 
     await log_in(page, base)
     assert await page.locator("table.endpoints tbody tr td:nth-child(6)").text_content() == "3"
     await page.click("a[href='/dashboard/endpoints/default/orders']")
-    await page.click("nav.filter a:text-is('dead')")
+    await page.select_option("select[name=state]", "dead")
+    await page.click("form.search button[type=submit]")
+    await page.wait_for_url(re.compile(r".*\?state=dead&.*"))
     assert await page.locator("table.deliveries tbody tr").count() == 3
 
     await page.click(f"tr[data-delivery='{first}'] button:text-is('Resend')")
     await page.wait_for_selector(f".flash:text-is('Delivery {first} queued again.')")
     event = await db.fetchval("SELECT event_id FROM deliveries WHERE id = $1", first)
     await wait_for(lambda: webhook_ids(receiver, "orders").count(event) == 2)
-    # The page refreshes itself: on the "all" filter the delivery shows delivered.
-    await page.click("nav.filter a:text-is('all')")
+    # The redirect kept the filter; the page refreshes itself: unfiltered,
+    # the delivery shows delivered.
+    assert await page.input_value("select[name=state]") == "dead"
+    await page.click("form.search a:text-is('all deliveries')")
     await page.wait_for_selector(f"tr[data-delivery='{first}'].state-delivered", timeout=WAIT_MS)
 
     await page.click("button:text-is('Resend all 2 dead')")
@@ -475,6 +624,26 @@ async def test_resend_one_dead_delivery_then_all_of_them_from_the_browser(
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'delivered'") == 3
     # Nothing left to resend: the button is gone.
     assert await page.locator("button:has-text('Resend all')").count() == 0
+
+
+@pytest.mark.browser
+async def test_resend_a_dead_delivery_from_its_own_page(
+    base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    await dead_until_fixed(db, receiver, start_worker, 1)
+    [dead] = await dead_ids(db)
+
+    await log_in(page, base)
+    await page.goto(f"{base}/dashboard/endpoints/default/orders/deliveries/{dead}")
+    assert await cells(page, "attempts", 5) == ["413"]
+    assert await cells(page, "attempts", 4) == ["dead"]
+    await page.click("button:text-is('Resend')")
+    await page.wait_for_selector(f".flash:text-is('Delivery {dead} queued again.')")
+    assert page.url == f"{base}/dashboard/endpoints/default/orders/deliveries/{dead}"
+    # A resend counts its attempts from 1 again; the page refreshes itself.
+    await page.wait_for_selector("h1 .state:text-is('delivered')")
+    assert await cells(page, "attempts", 1) == ["1", "1"]
+    assert await cells(page, "attempts", 5) == ["413", "200"]
 
 
 async def test_reactivating_an_active_endpoint_resets_nothing(base: str, db: asyncpg.Connection) -> None:
@@ -635,6 +804,30 @@ def test_flash_messages_come_only_from_known_values() -> None:
 )
 def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
     assert dashboard.is_https(scheme, forwarded) is secure
+
+
+@pytest.mark.unit
+def test_the_filters_keep_what_was_chosen_and_default_to_the_last_hour() -> None:
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    chosen = dashboard.attempt_filter({"status": "5xx", "failure": "", "outcome": ""}, now)
+    assert (chosen.since, chosen.until) == (now - timedelta(hours=1), now)
+    assert chosen.query() == [
+        ("since", "2026-03-01T11:00:00Z"),
+        ("until", "2026-03-01T12:00:00Z"),
+        ("status", "5xx"),
+    ]
+    later = dashboard.attempt_filter({"until": "2026-03-02T00:00:00+02:00", "outcome": "retry"}, now)
+    assert later.since == datetime(2026, 3, 1, 21, tzinfo=UTC) and later.outcome == "retry"
+    assert dashboard.delivery_filter({"state": "", "status": "503", "failure": "timeout"}).query() == [
+        ("status", "503"),
+        ("failure", "timeout"),
+    ]
+    assert dashboard.delivery_filter({}).query() == []
+    for bad in ({"status": "5"}, {"failure": "sad"}, {"state": "lost"}):
+        with pytest.raises(InvalidInput):
+            dashboard.delivery_filter(bad)
+    with pytest.raises(InvalidInput, match="before until"):
+        dashboard.attempt_filter({"since": "2026-03-01T12:00:00Z"}, now)
 
 
 @pytest.mark.unit

@@ -1,5 +1,6 @@
 """The dashboard's pages (``/dashboard``): endpoints by oldest pending age,
-one endpoint's recent deliveries, and the buttons that repair them.
+one endpoint's recent deliveries, one delivery with its attempts, an
+endpoint's attempts over a time window, and the buttons that repair them.
 
 Server-rendered HTML (Jinja2, every value escaped) and one small script
 that refreshes the live part of a page; without JavaScript a meta refresh
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
+import asyncpg
 import jinja2
 from aiohttp import web
 
@@ -28,6 +32,8 @@ from hooklane.api.auth import LOGIN_PATH, SESSION_COOKIE, Audience, audience, ex
 from hooklane.api.context import ADMIN_TOKENS, POOL
 from hooklane.api.errors import Problem, answers_in
 from hooklane.endpoint_state import EndpointState
+from hooklane.errors import InvalidInput, shown
+from hooklane.health import EndpointHealth
 from hooklane.times import rfc3339
 
 logger = logging.getLogger(__name__)
@@ -43,6 +49,10 @@ DELIVERIES_PER_PAGE = 50
 # many endpoints there are.
 ENDPOINTS_PER_PAGE = 50
 LAST_ERROR_CHARS = 80
+# The attempts page's window when none is given: "what failed in the last
+# hour" is the question a support engineer comes with.
+ATTEMPT_WINDOW = timedelta(hours=1)
+ATTEMPTS_PER_PAGE = 50
 
 # Scripts and styles from this server only, never inline: should a value
 # ever slip through unescaped, the browser still refuses to run it. No
@@ -73,6 +83,8 @@ def add_routes(app: web.Application) -> None:
     router.add_get(HOME, endpoints_page)
     router.add_get(LOGIN_PATH, login_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
+    router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/deliveries/{{id}}", delivery_page)
+    router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/attempts", attempts_page)
     router.add_get(f"{HOME}/static/{{file}}", static)
     for path, handler in (
         (LOGIN_PATH, log_in),
@@ -167,6 +179,76 @@ def state_filter(text: str | None) -> str | None:
     return text
 
 
+def _chosen(query: Mapping[str, str], key: str) -> str | None:
+    # A filter form sends what is left empty as "": all.
+    return query.get(key) or None
+
+
+@dataclass(frozen=True)
+class DeliveryFilter:
+    """Which deliveries the endpoint page lists, as its form wrote them:
+    their state, their last attempt's status (``503``, ``5xx``) or failure
+    class; None: any."""
+
+    state: str | None = None
+    status: str | None = None
+    failure: str | None = None
+
+    def query(self) -> list[tuple[str, str]]:
+        """The query string of the form that chose these, without what is
+        left empty: for the links and forms that keep the filter."""
+        return [
+            (k, v)
+            for k, v in (("state", self.state), ("status", self.status), ("failure", self.failure))
+            if v
+        ]
+
+
+def delivery_filter(query: Mapping[str, str]) -> DeliveryFilter:
+    status = _chosen(query, "status")
+    store.check_status_filter(status)
+    return DeliveryFilter(
+        state_filter(query.get("state")), status, store.check_failure(_chosen(query, "failure"))
+    )
+
+
+@dataclass(frozen=True)
+class AttemptFilter:
+    """Which attempts the attempts page lists: recorded in [since, until),
+    of a status (``503``, ``5xx``), failure class and outcome (None: any)."""
+
+    since: datetime
+    until: datetime
+    status: str | None = None
+    failure: str | None = None
+    outcome: str | None = None
+
+    def query(self) -> list[tuple[str, str]]:
+        values = [
+            ("since", rfc3339(self.since)),
+            ("until", rfc3339(self.until)),
+            ("status", self.status),
+            ("failure", self.failure),
+            ("outcome", self.outcome),
+        ]
+        return [(k, v) for k, v in values if v]
+
+
+def attempt_filter(query: Mapping[str, str], now: datetime) -> AttemptFilter:
+    """The attempts page's filter; its window, when left out, the hour up to
+    ``now`` (the database's time: the one attempts are recorded in)."""
+    filled = {k: v for k, v in query.items() if v}
+    until = inputs.time(filled, "until") or now
+    since = inputs.time(filled, "since") or until - ATTEMPT_WINDOW
+    if since >= until:
+        raise InvalidInput("since", f"must be before until ({rfc3339(until)}), not {rfc3339(since)}")
+    status = _chosen(query, "status")
+    store.check_status_filter(status)
+    outcome = _chosen(query, "outcome")
+    store.check_outcomes(None if outcome is None else [outcome])
+    return AttemptFilter(since, until, status, store.check_failure(_chosen(query, "failure")), outcome)
+
+
 # Rendering.
 
 _TEMPLATES = jinja2.Environment(
@@ -177,7 +259,14 @@ _TEMPLATES = jinja2.Environment(
     lstrip_blocks=True,
 )
 _TEMPLATES.filters.update(age=age_text, short=short_text, rfc3339=rfc3339)
-_TEMPLATES.globals.update(relative=relative_text, home=HOME, refresh_seconds=REFRESH_SECONDS)
+_TEMPLATES.globals.update(
+    relative=relative_text,
+    home=HOME,
+    refresh_seconds=REFRESH_SECONDS,
+    states=store.STATES,
+    failures=store.FAILURES,
+    outcomes=store.OUTCOMES,
+)
 
 
 def render(
@@ -205,6 +294,11 @@ def _shown_once(request: web.Request, template: str, **values: Any) -> web.Respo
     return response
 
 
+def refusal_text(field: str | None, detail: str) -> str:
+    """A refusal as a sentence: the input at fault first when there is one."""
+    return detail[:1].upper() + detail[1:] if field is None else f"{field} {detail}"
+
+
 _TITLES = {408: "Too slow", 422: "Not understood", 503: "Database unavailable"}
 
 
@@ -212,11 +306,7 @@ def problem_page(request: web.Request, found: Problem) -> web.Response:
     """A problem (:mod:`.errors`) as a page: the database away is a page
     that retries by itself (a page that was read; a form post is not
     repeated behind the person's back), a bad input a page saying so."""
-    detail = (
-        found.detail[:1].upper() + found.detail[1:]
-        if found.field is None
-        else f"{found.field} {found.detail}"
-    )
+    detail = refusal_text(found.field, found.detail)
     if found.retry_after is None:
         return render("problem.html", found.status, title=_TITLES.get(found.status, "Refused"), detail=detail)
     retry = {"retry_seconds": REFRESH_SECONDS} if request.method in ("GET", "HEAD") else {}
@@ -327,30 +417,140 @@ def search_query(chosen: store.EndpointFilter) -> list[tuple[str, str]]:
 @audience(Audience.DASHBOARD)
 @browser_page
 async def endpoint_page(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
-    state = state_filter(request.query.get("state"))
-    before = inputs.delivery_cursor(request.query, "before")
-    async with store.acquire(request.app[POOL]) as conn:
-        healths = await store.endpoint_health(conn, endpoint=(namespace, name))
+    async def read(conn: asyncpg.Connection, h: EndpointHealth) -> dict[str, Any] | None:
+        chosen = delivery_filter(request.query)
         page = await store.endpoint_deliveries(
             conn,
-            namespace,
-            name,
-            states=None if state is None else [state],
-            cursor=before,
+            h.namespace,
+            h.name,
+            states=None if chosen.state is None else [chosen.state],
+            status=store.check_status_filter(chosen.status),
+            failure=chosen.failure,
+            cursor=inputs.delivery_cursor(request.query, "before"),
             limit=DELIVERIES_PER_PAGE,
         )
-    if not healths or page is None:
+        return (
+            None if page is None else {"page": page, **_endpoint_links(h.namespace, h.name, chosen.query())}
+        )
+
+    return await _filtered(request, "endpoint.html", read)
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def delivery_page(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    try:
+        delivery_id = inputs.delivery_id(request.match_info["id"])
+    except InvalidInput:
+        return _no_delivery(namespace, name, request.match_info["id"])
+    async with store.acquire(request.app[POOL]) as conn:
+        health = await _health(conn, namespace, name)
+        detail = None if health is None else await store.delivery_detail(conn, delivery_id, (namespace, name))
+    if health is None:
         return _not_found(namespace, name)
+    if detail is None:
+        return _no_delivery(namespace, name, str(delivery_id))
     return _shown_once(
         request,
-        "endpoint.html",
-        health=healths[0],
-        page=page,
-        state=state,
-        states=store.STATES,
-        path=_endpoint_path(namespace, name),
+        "delivery.html",
+        health=health,
+        detail=detail,
+        delivery=detail.delivery,
+        shown_at_most=store.MAX_ATTEMPTS_SHOWN,
+        **_endpoint_links(namespace, name, [("delivery", str(delivery_id))]),
     )
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def attempts_page(request: web.Request) -> web.Response:
+    async def read(conn: asyncpg.Connection, h: EndpointHealth) -> dict[str, Any] | None:
+        chosen = attempt_filter(request.query, h.observed_at)
+        page = await store.endpoint_attempts(
+            conn,
+            h.namespace,
+            h.name,
+            since=chosen.since,
+            until=chosen.until,
+            outcomes=None if chosen.outcome is None else [chosen.outcome],
+            status=store.check_status_filter(chosen.status),
+            failure=chosen.failure,
+            cursor=_attempt_cursor(request.query),
+            limit=ATTEMPTS_PER_PAGE,
+        )
+        if page is None:
+            return None
+        links = _endpoint_links(h.namespace, h.name, [])
+        older = None if page.cursor is None else [*chosen.query(), ("after", page.cursor)]
+        return {
+            "page": page,
+            "chosen": chosen,
+            "window_given": bool(_chosen(request.query, "since") or _chosen(request.query, "until")),
+            "next_url": None if older is None else f"{links['path']}/attempts?{urlencode(older)}",
+            **links,
+        }
+
+    return await _filtered(request, "attempts.html", read)
+
+
+Read = Callable[[asyncpg.Connection, EndpointHealth], Awaitable[dict[str, Any] | None]]
+
+
+async def _filtered(request: web.Request, template: str, read: Read) -> web.Response:
+    """An endpoint's page of what its filter chose: ``read`` checks the
+    filter and reads the list, giving the page's values (None: the
+    endpoint went meanwhile). A filter refused is said on the page."""
+    namespace, name = inputs.endpoint_key(request)
+    async with store.acquire(request.app[POOL]) as conn:
+        health = await _health(conn, namespace, name)
+        if health is None:
+            return _not_found(namespace, name)
+        try:
+            values = await read(conn, health)
+        except InvalidInput as refused:
+            return _refused(request, template, refused, health)
+    if values is None:
+        return _not_found(namespace, name)
+    return _shown_once(request, template, health=health, query=request.query, **values)
+
+
+def _attempt_cursor(query: Mapping[str, str]) -> str | None:
+    """The attempts page's cursor, checked (and handed on as it came)."""
+    value = _chosen(query, "after")
+    store.attempt_position(value, "after")
+    return value
+
+
+async def _health(conn: asyncpg.Connection, namespace: str, name: str) -> EndpointHealth | None:
+    healths = await store.endpoint_health(conn, endpoint=(namespace, name))
+    return healths[0] if healths else None
+
+
+def _refused(
+    request: web.Request, template: str, refused: InvalidInput, health: EndpointHealth
+) -> web.Response:
+    """The page with the filter's form as it was sent and what is wrong
+    with it, in place of the list; it does not refresh itself (there is
+    nothing to refresh until the filter is put right)."""
+    return render(
+        template,
+        422,
+        refused=refusal_text(refused.field, refused.message),
+        query=request.query,
+        flash=None,
+        chosen=None,
+        health=health,
+        page=None,
+        **_endpoint_links(health.namespace, health.name, []),
+    )
+
+
+def _endpoint_links(namespace: str, name: str, back: list[tuple[str, str]]) -> dict[str, Any]:
+    """Where a page's links and forms go: the endpoint's page (``path``),
+    and ``back``, the query string its buttons post with so that the
+    redirect comes back to the page they were on."""
+    return {"path": _endpoint_path(namespace, name), "back": f"?{urlencode(back)}" if back else ""}
 
 
 @audience(Audience.DASHBOARD)
@@ -398,10 +598,25 @@ async def reactivate(request: web.Request) -> web.Response:
 
 
 def _back(request: web.Request, namespace: str, name: str) -> str:
-    """The endpoint page, with the state filter the form was posted from."""
+    """The page the form was posted from: a delivery's, or the endpoint's
+    with its filter; the endpoint's whole list if that is not understood."""
     path = _endpoint_path(namespace, name)
-    state = request.query.get("state")
-    return f"{path}?state={state}" if state in store.STATES else path
+    try:
+        if "delivery" in request.query:
+            return f"{path}/deliveries/{inputs.delivery_id(request.query['delivery'], 'delivery')}"
+        query = delivery_filter(request.query).query()
+    except InvalidInput:
+        return path
+    return f"{path}?{urlencode(query)}" if query else path
+
+
+def _no_delivery(namespace: str, name: str, delivery: str) -> web.Response:
+    return render(
+        "problem.html",
+        404,
+        title="No such delivery",
+        detail=f"Endpoint {namespace}/{name} has no delivery {shown(delivery)}.",
+    )
 
 
 @audience(Audience.OPEN)
