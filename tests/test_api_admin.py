@@ -25,8 +25,7 @@ from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, add_endpoint, in_process_api, notified, wait_for
-from tests.test_attempt_history import _flaky_history
+from tests.conftest import SECRET, add_endpoint, flaky_history, in_process_api, notified, wait_for
 from tests.test_cli import hooklane as run_cli
 
 ADMIN = "admin-token-0123456789"
@@ -408,7 +407,7 @@ async def test_deliveries_by_last_status_and_failure_each_with_its_last_failure(
 @pytest.fixture
 async def flaky(db, receiver, start_worker) -> int:
     """One delivery of endpoint default/flaky answered 503, 500, then 204; its id."""
-    return await _flaky_history(db, receiver, start_worker)
+    return await flaky_history(db, receiver, start_worker)
 
 
 async def test_a_delivery_shows_its_attempts_in_order(api, db, flaky):

@@ -18,8 +18,7 @@ import pytest
 from hooklane import __version__, store
 from hooklane import publish as publish_event
 from hooklane.views import detail_json
-from tests.conftest import LOOPBACK, SECRET, add_endpoint
-from tests.test_attempt_history import _flaky_history
+from tests.conftest import LOOPBACK, SECRET, add_endpoint, flaky_history
 from tests.test_manifest import LAUGHS
 
 MANIFEST = textwrap.dedent(
@@ -521,7 +520,7 @@ def test_listing_options_are_checked(dsn, args, message):
 
 @pytest.mark.processes
 async def test_delivery_show_lists_every_attempt(dsn, db, receiver, start_worker):
-    delivery_id = await _flaky_history(db, receiver, start_worker)
+    delivery_id = await flaky_history(db, receiver, start_worker)
     result = await asyncio.to_thread(hooklane, dsn, "delivery", "show", str(delivery_id))
     assert result.returncode == 0, result.stderr
     fields, table = result.stdout.split("\n\n")
