@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -199,10 +199,14 @@ def python_module(module: str, *args: str, tree: Path | None = None) -> list[str
     return [sys.executable, "-c", _FROM_TREE, str(tree), module, *args]
 
 
-def start_worker(dsn: str, *, tree: Path | None = None, **overrides: str) -> subprocess.Popen:
+def start_worker(
+    dsn: str, *, tree: Path | None = None, env: Mapping[str, str] | None = None, **overrides: str
+) -> subprocess.Popen:
+    """A ``hooklane worker`` with ``overrides`` of its settings and ``env``
+    added to its environment (the OTEL_* variables, say)."""
     return subprocess.Popen(
         python_module("hooklane.cli", "--log-level", "WARNING", "worker", tree=tree),
-        env=worker_env(dsn, **overrides),
+        env={**worker_env(dsn, **overrides), **(env or {})},
         cwd=REPO,
     )
 

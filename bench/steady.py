@@ -21,9 +21,12 @@ published event has arrived, and says if one never did.
 source tree (a ``git worktree`` of an older commit); ``--compare DIR`` runs a
 second tree interleaved with the first, per rate and repeat in alternating
 order, and reports both side by side with their ratios: the way to compare
-before and after on a shared, noisy machine.
+before and after on a shared, noisy machine. ``--traced`` runs the last
+tree a second time with tracing on (every delivery a span, exported over
+OTLP/HTTP to a collector in this driver that counts them and keeps
+nothing): the cost of tracing, side by side.
 
-Run: ``python -m bench.steady --preset full [--synchronous-commit on] [--compare ../before]``
+Run: ``python -m bench.steady --preset full [--synchronous-commit on] [--compare ../before] [--traced]``
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import asyncpg
@@ -59,6 +63,7 @@ from bench.common import (
     summary,
     wait_workers_ready,
 )
+from bench.otlp_sink import otlp_sink, tracing_env
 from bench.throughput import postgres_pids, receiver, scrape
 from hooklane.settings import Settings
 
@@ -272,7 +277,10 @@ async def run_once(
     rate: float,
     tree: Path | None,
     durable: bool,
+    env: dict[str, str] | None = None,
 ) -> dict:
+    """One measured run of ``tree``'s worker, with ``env`` added to its
+    environment."""
     async with fresh_database(server_dsn, "steady", durable=durable, tree=tree) as dsn:
         with tempfile.TemporaryDirectory(prefix="hooklane-steady-") as tmp:
             out = Path(tmp) / "events.json"
@@ -304,6 +312,7 @@ async def run_once(
                 worker = start_worker(
                     dsn,
                     tree=tree,
+                    env=env,
                     worker_concurrency=str(cfg.concurrency),
                     metrics_port=str(metrics_port),
                     metrics_host="127.0.0.1",
@@ -376,15 +385,22 @@ def describe(tree: Path | None) -> str:
     return f"{path} @ {git('rev-parse', '--short', 'HEAD')}{changed}"
 
 
-def plan(cfg: Config, trees: list[Path | None]) -> list[tuple[float, int, Path | None]]:
-    """(rate, repeat, tree) in running order: per rate and repeat every tree
-    once, alternating which goes first, so that drift in the machine's load
-    falls on both alike."""
+class Variant(NamedTuple):
+    """What one column of the comparison runs: a source tree, traced or not."""
+
+    tree: Path | None
+    traced: bool = False
+
+
+def plan(cfg: Config, variants: list[Variant]) -> list[tuple[float, int, Variant]]:
+    """(rate, repeat, variant) in running order: per rate and repeat every
+    variant once, alternating which goes first, so that drift in the
+    machine's load falls on all alike."""
     order = []
     for rate in cfg.rates:
         for r in range(cfg.repeat):
-            for tree in trees if r % 2 == 0 else trees[::-1]:
-                order.append((rate, r, tree))
+            for variant in variants if r % 2 == 0 else variants[::-1]:
+                order.append((rate, r, variant))
     return order
 
 
@@ -458,33 +474,40 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, rates=tuple(args.rate))
     cfg = replace(cfg, **{k: v for k, v in (("seconds", args.seconds), ("repeat", args.repeat)) if v})
     durable = args.synchronous_commit == "on"
-    trees = [args.tree, *([args.compare] if args.compare else [])]
-    labels = {tree: describe(tree) for tree in trees}
+    variants = [Variant(args.tree), *([Variant(args.compare)] if args.compare else [])]
+    if args.traced:
+        variants.append(Variant(variants[-1].tree, traced=True))
+    labels = {v: describe(v.tree) + (" traced" if v.traced else "") for v in variants}
     runs = []
     with (
         receiver("aiohttp") as (base, receiver_pids, _kind),
         postgres_server(args.dsn, durable=durable) as server,
     ):
-        for rate, repeat, tree in plan(cfg, trees):
-            run: dict = {"tree": labels[tree], "repeat": repeat}
-            run.update(await run_once(server, base, receiver_pids, cfg, rate, tree, durable))
-            print(
-                f"{rate:g}/s {labels[tree]} #{repeat}: {run['deliveries_per_s']:.1f} del/s, "
-                f"cores worker {run['cores']['worker']:.3f} pg {run['cores']['postgres']:.3f}, "
-                f"{run['reservation_rounds_per_s']:.0f} rounds/s, p50 {run['latency_ms']['p50']} ms "
-                f"p99 {run['latency_ms']['p99']} ms, {run['published'] - run['delivered']} undelivered, "
-                f"publisher late p99 {run['publisher_late_ms']['p99']} ms",
-                flush=True,
-            )
-            runs.append(run)
-    rows = aggregate(runs, [labels[t] for t in trees])
+        async with otlp_sink() as (traces_url, exported):
+            for rate, repeat, variant in plan(cfg, variants):
+                run: dict = {"tree": labels[variant], "repeat": repeat}
+                spans_before = exported.spans
+                env = tracing_env(traces_url) if variant.traced else None
+                run.update(await run_once(server, base, receiver_pids, cfg, rate, variant.tree, durable, env))
+                run["spans_exported"] = exported.spans - spans_before
+                print(
+                    f"{rate:g}/s {labels[variant]} #{repeat}: {run['deliveries_per_s']:.1f} del/s, "
+                    f"cores worker {run['cores']['worker']:.3f} pg {run['cores']['postgres']:.3f}, "
+                    f"{run['reservation_rounds_per_s']:.0f} rounds/s, p50 {run['latency_ms']['p50']} ms "
+                    f"p99 {run['latency_ms']['p99']} ms, {run['published'] - run['delivered']} undelivered, "
+                    f"publisher late p99 {run['publisher_late_ms']['p99']} ms, "
+                    f"{run['spans_exported']} spans exported",
+                    flush=True,
+                )
+                runs.append(run)
+    rows = aggregate(runs, [labels[v] for v in variants])
     print(table(rows), flush=True)
     return {
         "preset": args.preset,
         "config": asdict(cfg),
         "synchronous_commit": args.synchronous_commit,
         "machine": machine(),
-        "trees": [labels[t] for t in trees],
+        "trees": [labels[v] for v in variants],
         "summary": rows,
         "runs": runs,
     }
@@ -514,6 +537,9 @@ def main() -> None:
         "--tree", type=Path, help="run worker, publisher and migrations from this source tree"
     )
     parser.add_argument("--compare", type=Path, help="a second source tree, run interleaved with the first")
+    parser.add_argument(
+        "--traced", action="store_true", help="also run the last tree with tracing on, exporting every span"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     run_and_report(main_async, args, lambda result: {k: v for k, v in result.items() if k != "runs"})
