@@ -271,7 +271,7 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
     data = _data(args.data)
     parent = None if args.traceparent is None else str(parse_traceparent(args.traceparent, "--traceparent"))
     # Traced, the event joins the command's span, a child of --traceparent.
-    with tracing.internal("hooklane publish", parent=parent):
+    with tracing.internal("publish", parent=parent):
         async with _database(settings) as conn, conn.transaction():
             event_id = await publish(
                 conn,

@@ -23,6 +23,7 @@ from hooklane.worker import probes
 from tests.conftest import add_endpoint, in_process_api, wait_for, worker_process
 from tests.otlp import Collector
 from tests.receivers import Answer
+from tests.test_cli import hooklane as hooklane_command
 
 INGEST = "ingest-token-tracing-0123456789"
 ADMIN = "admin-token-tracing-0123456789"
@@ -86,14 +87,14 @@ async def test_a_trace_runs_from_the_producer_through_the_api_to_each_attempt(
         assert call.attributes["server.address"] == "127.0.0.1"
         # Each came from a reservation round whose span it links to.
         ((link_trace, link_span),) = call.links
-        (round_span,) = [s for s in traced.named("hooklane reserve") if s.span_id == link_span]
+        (round_span,) = [s for s in traced.named("reserve") if s.span_id == link_span]
         assert round_span.trace_id == link_trace and round_span.attributes["hooklane.reserved"] >= 1
     failed, delivered = calls
     assert (failed.attributes["http.response.status_code"], failed.status) == (503, "error")
     assert failed.attributes["hooklane.outcome"] == "retry"
     assert (delivered.attributes["http.response.status_code"], delivered.status) == (204, "unset")
     assert "hooklane.failure" not in delivered.attributes
-    assert traced.named("hooklane record")
+    assert traced.named("record")
     assert [(a["attempt"], a["status"], a["trace_id"]) for a in attempts] == [
         (1, 503, trace_id),
         (2, 204, trace_id),
@@ -253,3 +254,41 @@ async def test_untraced_nothing_is_exported_and_only_a_publishers_traceparent_is
     # The worker exited after its deliveries were recorded: any span it made
     # would have been exported by then.
     assert collector.requests == 0 and collector.spans == []
+
+
+@pytest.mark.processes
+async def test_hooklane_publish_joins_its_traceparent_traced_or_not(dsn, db, collector):
+    trace_id, producer, traceparent = producer_span()
+
+    def publish(event_id: str, **env: str):
+        return hooklane_command(
+            dsn,
+            "publish",
+            "--tenant",
+            "acme",
+            "--type",
+            "order.created",
+            "--data",
+            "{}",
+            "--id",
+            event_id,
+            "--traceparent",
+            traceparent,
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=collector.url,
+            **env,
+        )
+
+    plain = await asyncio.to_thread(publish, "plain")
+    traced = await asyncio.to_thread(publish, "traced", OTEL_TRACES_EXPORTER="otlp")
+    refused = await asyncio.to_thread(publish, "refused", OTEL_TRACES_EXPORTER="console")
+    assert (plain.returncode, traced.returncode) == (0, 0), (plain.stderr, traced.stderr)
+    assert refused.returncode == 2 and "OTEL_TRACES_EXPORTER: must be otlp or none" in refused.stderr
+    (span,) = collector.spans
+    assert (span.name, span.service, span.trace_id, span.parent_span_id) == (
+        "publish",
+        "hooklane-publish",
+        trace_id,
+        producer,
+    )
+    stored = dict(await db.fetch("SELECT id, traceparent FROM events"))
+    assert stored == {"plain": traceparent, "traced": f"00-{trace_id}-{span.span_id}-01"}

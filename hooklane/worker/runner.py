@@ -254,7 +254,7 @@ class Worker:
         candidates = self.ready_list.take(datetime.now(UTC), limit)
         if not candidates:
             return [], None
-        with tracing.internal("hooklane reserve", candidates=len(candidates)) as span:
+        with tracing.internal("reserve", candidates=len(candidates)) as span:
             try:
                 reservation = await self.owner.run(
                     functools.partial(
@@ -463,7 +463,7 @@ async def record(
     The ready list learns which slots are free and what is due again;
     retries for partitions outside ``owned`` are notified to their owner."""
     delay = 0.1
-    with tracing.internal("hooklane record", results=len(batch)):
+    with tracing.internal("record", results=len(batch)):
         while True:
             try:
                 async with store.acquire(pool) as conn:
