@@ -3,12 +3,14 @@
 A request is checked in this order, each step refusing before the next
 costs anything: the token (the :mod:`.auth` middleware), the W3C
 ``traceparent`` header when there is one (400 naming it; ``tracestate`` is
-ignored), the content type (415), the announced length (413, before reading), the body as it is read
-(413 past ``api_max_body_bytes``; 408 when it trickles in slower than
-``READ_TIMEOUT_SECONDS``), UTF-8 and JSON (400), the fields (422 naming the
-field), the tenants the token may publish for (403). Only then are the
-events committed, together with other requests' (:mod:`.group_commit`), and
-202 answered once COMMIT returned. A 503 says whether nothing was stored
+ignored), the content type (415), the announced length (413, before
+reading), the body as it is read (413 past ``api_max_body_bytes``; 408
+when it trickles in slower than ``READ_TIMEOUT_SECONDS``), UTF-8 and JSON
+(400), the fields (422 naming the field), the tenants the token may
+publish for (403). Only then are the events committed, together with
+other requests' (:mod:`.group_commit`), and 202 answered once COMMIT
+returned. The events keep the trace context of the request's SERVER span
+when the API is traced, else the producer's header as it came. A 503 says whether nothing was stored
 (``unavailable``) or the COMMIT went unanswered (``outcome_unknown``, with
 the ids to publish again).
 
