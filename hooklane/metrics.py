@@ -9,6 +9,8 @@ from aiohttp import web
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from hooklane.results import ResultOutcome
+
 DELIVERIES = Counter("hooklane_deliveries_total", "Delivery attempts by outcome.", ["outcome"])
 _CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_DURATION = Histogram(
@@ -23,6 +25,9 @@ ATTEMPT_DURATION = Histogram(
     ["outcome"],
     buckets=_CALL_BUCKETS,
 )
+# Made once: each attempt then observes without the labels' lookup, and
+# every outcome has its series from the start.
+ATTEMPT_DURATION_BY = {outcome: ATTEMPT_DURATION.labels(outcome) for outcome in ResultOutcome}
 IN_FLIGHT = Gauge("hooklane_worker_in_flight", "Deliveries this worker process has in flight.")
 RESERVATION_DURATION = Histogram(
     "hooklane_reservation_duration_seconds",

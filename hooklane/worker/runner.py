@@ -346,7 +346,7 @@ class Worker:
         timing = Timing(started_at, duration, tracing.trace_id_of(traceparent))
         result = result_of(row["id"], row["attempts"], attempt, outcome, timing)
         metrics.DELIVERY_DURATION.observe(duration)
-        metrics.ATTEMPT_DURATION.labels(result.outcome).observe(duration, tracing.exemplar(span))
+        metrics.ATTEMPT_DURATION_BY[result.outcome].observe(duration, tracing.exemplar(span))
         if span is not None:
             tracing.attempted(span, result)
         self._results.put_nowait(result)
