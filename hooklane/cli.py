@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import uvloop
 
-from hooklane import __version__, store
+from hooklane import __version__, store, tracing
 from hooklane.bounded_yaml import MAX_MANIFEST_BYTES
 from hooklane.checks import check_name, check_namespace
 from hooklane.errors import (
@@ -39,6 +39,7 @@ from hooklane.signing import parse_secret
 from hooklane.spec import check_tenant, load_manifest
 from hooklane.store.cursor import event_position
 from hooklane.times import parse_time, rfc3339, rfc3339_seconds
+from hooklane.traceparent import parse_traceparent
 from hooklane.views import detail_json
 
 logger = logging.getLogger("hooklane")
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pub.add_argument("--id", help="event id; publishing the same id twice stores it once")
     pub.add_argument("--coalesce-key", help="replaces a still-pending delivery with the same key")
+    pub.add_argument("--traceparent", help="the W3C trace context the event joins (00-TRACEID-SPANID-FLAGS)")
 
     endpoint = sub.add_parser("endpoint", help="endpoints in local mode (without Kubernetes)")
     esub = endpoint.add_subparsers(dest="endpoint_command", required=True, metavar="ACTION")
@@ -197,7 +199,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return operator_main(rest)
         settings = Settings.from_env()
-        return uvloop.run(_COMMANDS[args.command](args, settings))
+        tracing.configure(f"hooklane-{args.command}")
+        try:
+            return uvloop.run(_COMMANDS[args.command](args, settings))
+        finally:
+            tracing.shutdown()
     except InvalidInput as exc:
         print(f"hooklane: {exc}", file=sys.stderr)
         return 2
@@ -270,10 +276,19 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _publish(args: argparse.Namespace, settings: Settings) -> int:
     data = _data(args.data)
-    async with _database(settings) as conn, conn.transaction():
-        event_id = await publish(
-            conn, tenant=args.tenant, type=args.type, data=data, id=args.id, coalesce_key=args.coalesce_key
-        )
+    parent = None if args.traceparent is None else str(parse_traceparent(args.traceparent, "--traceparent"))
+    # Traced, the event joins the command's span, a child of --traceparent.
+    with tracing.internal("publish", parent=parent):
+        async with _database(settings) as conn, conn.transaction():
+            event_id = await publish(
+                conn,
+                tenant=args.tenant,
+                type=args.type,
+                data=data,
+                id=args.id,
+                coalesce_key=args.coalesce_key,
+                traceparent=None if tracing.enabled() else parent,
+            )
     print(event_id)
     return 0
 

@@ -6,14 +6,28 @@ Per-endpoint series carry the endpoint's namespace and name, never its URL.
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from hooklane.results import ResultOutcome
 
 DELIVERIES = Counter("hooklane_deliveries_total", "Delivery attempts by outcome.", ["outcome"])
+_CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_DURATION = Histogram(
-    "hooklane_delivery_duration_seconds",
-    "Whole-call duration of delivery attempts.",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    "hooklane_delivery_duration_seconds", "Whole-call duration of delivery attempts.", buckets=_CALL_BUCKETS
 )
+# The same calls by what they did (ResultOutcome), so that the slow ones of
+# each outcome stand apart; when the worker is traced, each bucket's
+# exemplar names the trace of a call in it (OpenMetrics exposition only).
+ATTEMPT_DURATION = Histogram(
+    "hooklane_attempt_duration_seconds",
+    "Whole-call duration of delivery attempts, by outcome (delivered, retry, dead).",
+    ["outcome"],
+    buckets=_CALL_BUCKETS,
+)
+# Made once: each attempt then observes without the labels' lookup, and
+# every outcome has its series from the start.
+ATTEMPT_DURATION_BY = {outcome: ATTEMPT_DURATION.labels(outcome) for outcome in ResultOutcome}
 IN_FLIGHT = Gauge("hooklane_worker_in_flight", "Deliveries this worker process has in flight.")
 RESERVATION_DURATION = Histogram(
     "hooklane_reservation_duration_seconds",
@@ -164,6 +178,10 @@ for _reason in ("limit", "header_timeout", "idle"):
     API_CONNECTIONS_SHED.labels(_reason)
 
 
-async def exposition(_request: web.Request) -> web.Response:
-    """``GET /metrics`` of the worker's and the API's metrics ports."""
-    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+async def exposition(request: web.Request) -> web.Response:
+    """``GET /metrics`` of the worker's and the API's metrics ports: in
+    OpenMetrics when the scraper's Accept asks for it (Prometheus does when
+    its exemplar storage is on), the only format that carries exemplars;
+    in Prometheus' text format otherwise."""
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encode(REGISTRY), headers={"Content-Type": content_type})

@@ -14,6 +14,8 @@ from hooklane.checks import EVENT_TYPE, check_text, walk
 from hooklane.errors import InvalidInput, shown
 from hooklane.jsonb import jsonb_text, number_text
 from hooklane.spec import check_tenant
+from hooklane.traceparent import parse_traceparent
+from hooklane.tracing import current_traceparent
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 # Of the data as stored and sent: jsonb's text (hooklane/jsonb.py), which a
@@ -96,6 +98,7 @@ async def publish(
     data: dict[str, Any],
     id: str | None = None,
     coalesce_key: str | None = None,
+    traceparent: str | None = None,
 ) -> str:
     """Publish an event inside the caller's transaction on ``conn``.
 
@@ -107,6 +110,9 @@ async def publish(
     ``id``), storing nothing and leaving the transaction usable. An event that
     matches no endpoint is kept and counted, never dropped. ``coalesce_key``
     replaces a still-pending delivery of the same key to the same endpoint.
+    ``traceparent`` (W3C) is the trace the event joins: each attempt's span
+    is its child and the receiver gets it; left out, the caller's current
+    OpenTelemetry span (of the application's own tracer provider) is.
 
     Raises ``InvalidInput`` (bad arguments, before any SQL) and
     ``EventConflict``. Errors of the connection itself are left as ``conn``
@@ -116,8 +122,18 @@ async def publish(
     ``hooklane.errors.StoreError`` on one from ``hooklane.store.connect``.
     """
     data_json = check_event(tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key)
+    if traceparent is None:
+        traceparent = current_traceparent()
+    else:
+        parse_traceparent(traceparent, "traceparent")
     event_id = id or new_event_id()
     await store.insert_event(
-        conn, id=event_id, tenant=tenant, type=type, data_json=data_json, coalesce_key=coalesce_key
+        conn,
+        id=event_id,
+        tenant=tenant,
+        type=type,
+        data_json=data_json,
+        coalesce_key=coalesce_key,
+        traceparent=traceparent,
     )
     return event_id

@@ -44,8 +44,8 @@ class FailureClass(StrEnum):
 @dataclass(frozen=True)
 class Timing:
     """When an attempt's call started, how long it took, and the trace id
-    of its span (None: not traced): what its history row records beside
-    the result."""
+    of the ``traceparent`` the receiver got (None: it got none): what its
+    history row records beside the result."""
 
     started_at: datetime
     duration: float

@@ -154,6 +154,7 @@ async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, 
         (["--data", "{not json"], "--data: is not valid JSON"),
         (["--data", "[1]"], "data: must be a JSON object"),
         (["--data", "{}", "--type", "no spaces"], "type: must be a dotted event type"),
+        (["--data", "{}", "--traceparent", "00-junk"], "--traceparent: must be a W3C traceparent"),
     ],
 )
 def test_publish_refuses_bad_input_and_stores_nothing(dsn, db_sync, args, message):

@@ -38,6 +38,8 @@ FIXTURES = {
     "postgresql": "db",
     "postgresql_noproc": "db",
     "receiver": "db",
+    # tests/otlp.py: an OTLP/HTTP trace collector on loopback
+    "collector": "db",
     # a PostgreSQL of the module's own, which its tests restart
     "chaos_pg": "processes",
     "api_schema": "processes",

@@ -1,13 +1,16 @@
 """The ingest routes: ``POST /v1/events`` and ``POST /v1/events/batch``.
 
 A request is checked in this order, each step refusing before the next
-costs anything: the token (the :mod:`.auth` middleware), the content type
-(415), the announced length (413, before reading), the body as it is read
-(413 past ``api_max_body_bytes``; 408 when it trickles in slower than
-``READ_TIMEOUT_SECONDS``), UTF-8 and JSON (400), the fields (422 naming the
-field), the tenants the token may publish for (403). Only then are the
-events committed, together with other requests' (:mod:`.group_commit`), and
-202 answered once COMMIT returned. A 503 says whether nothing was stored
+costs anything: the token (the :mod:`.auth` middleware), the W3C
+``traceparent`` header when there is one (400 naming it; ``tracestate`` is
+ignored), the content type (415), the announced length (413, before
+reading), the body as it is read (413 past ``api_max_body_bytes``; 408
+when it trickles in slower than ``READ_TIMEOUT_SECONDS``), UTF-8 and JSON
+(400), the fields (422 naming the field), the tenants the token may
+publish for (403). Only then are the events committed, together with
+other requests' (:mod:`.group_commit`), and 202 answered once COMMIT
+returned. The events keep the trace context of the request's SERVER span
+when the API is traced, else the producer's header as it came. A 503 says whether nothing was stored
 (``unavailable``) or the COMMIT went unanswered (``outcome_unknown``, with
 the ids to publish again).
 
@@ -18,6 +21,7 @@ library call makes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hooklane import metrics
+from hooklane import metrics, tracing
 from hooklane.api.auth import Audience, audience, expect_continue
 from hooklane.api.context import POOL, SETTINGS, deadline, grant, started
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, problem
@@ -33,6 +37,7 @@ from hooklane.api.group_commit import Conflict, Event, GroupCommitter
 from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
 from hooklane.errors import InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
+from hooklane.traceparent import parse_traceparent
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +125,18 @@ def batch_of(body: dict[str, Any], max_events: int) -> list[Event]:
     return checked
 
 
+def traceparent_header(request: web.Request) -> str | None:
+    """The producer's W3C ``traceparent`` header, checked; ``Refused``
+    (400 ``malformed``, naming it) when it is not one."""
+    value = request.headers.get("traceparent")
+    if value is None:
+        return None
+    try:
+        return str(parse_traceparent(value, "traceparent"))
+    except InvalidInput as exc:
+        raise Refused(400, "malformed", f"the traceparent header {exc.message}", "traceparent") from None
+
+
 def check_grant(request: web.Request, events: Sequence[Event], batch: bool) -> None:
     allowed = grant(request)
     for index, event in enumerate(events):
@@ -140,9 +157,10 @@ class Received:
     batch: bool
 
 
-async def receive(request: web.Request, *, batch: bool) -> Received:
+async def receive(request: web.Request, *, batch: bool, traceparent: str | None = None) -> Received:
     """Everything before the commit: ``Refused`` or ``InvalidInput`` when
-    the request is refused. The benchmark's ceiling serves this alone."""
+    the request is refused. The benchmark's ceiling serves this alone. The
+    events are stored under ``traceparent``."""
     settings = request.config_dict[SETTINGS]
     check_media_type(request.content_type, request.charset)
     check_length(request.content_length, settings.api_max_body_bytes)
@@ -159,6 +177,8 @@ async def receive(request: web.Request, *, batch: bool) -> Received:
     body = parse_json(raw)
     events = batch_of(body, settings.api_batch_max_events) if batch else [event_of(body)]
     check_grant(request, events, batch)
+    if traceparent is not None:
+        events = [dataclasses.replace(event, traceparent=traceparent) for event in events]
     return Received(events, batch)
 
 
@@ -178,11 +198,28 @@ async def publish_batch(request: web.Request) -> web.Response:
 
 async def _publish(request: web.Request, *, batch: bool) -> web.Response:
     try:
-        received = await receive(request, batch=batch)
+        parent = traceparent_header(request)
+    except Refused as exc:
+        return _refused(exc)
+    if not tracing.enabled():
+        return await _ingest(request, batch, parent)
+    with tracing.ingest_span(BATCH_PATH if batch else EVENTS_PATH, parent) as span:
+        response = await _ingest(request, batch, tracing.traceparent_of(span.get_span_context()))
+        tracing.answered(span, response.status)
+    return response
+
+
+def _refused(exc: Refused | InvalidInput) -> web.Response:
+    reason, response = refusal(exc)
+    metrics.API_EVENTS_REFUSED.labels(reason).inc()
+    return response
+
+
+async def _ingest(request: web.Request, batch: bool, traceparent: str | None) -> web.Response:
+    try:
+        received = await receive(request, batch=batch, traceparent=traceparent)
     except (Refused, InvalidInput) as exc:
-        reason, response = refusal(exc)
-        metrics.API_EVENTS_REFUSED.labels(reason).inc()
-        return response
+        return _refused(exc)
     try:
         # The deadline counts from the request's arrival: reading and
         # checking took part of it already.

@@ -228,7 +228,9 @@ CREATE TABLE delivery_attempts (
     -- next attempt waited for it.
     retry_after_seconds double precision,
     next_attempt_at     timestamptz,
-    -- The trace id of the attempt's span (32 hex digits), when traced.
+    -- The trace id (32 hex digits) of the traceparent the receiver got: the
+    -- attempt's span's when the worker is traced, else the event's own;
+    -- NULL when it got none.
     trace_id            text,
     recorded_at         timestamptz NOT NULL DEFAULT now()
 ) PARTITION BY RANGE (recorded_at);

@@ -21,10 +21,12 @@ import logging
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import asyncpg
+from opentelemetry.trace import Span, SpanContext
 
-from hooklane import metrics, store
+from hooklane import metrics, store, tracing
 from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
 from hooklane.policies import CircuitPolicy
 from hooklane.results import FailureClass, Timing
@@ -213,8 +215,9 @@ class Worker:
             failed = False
             if free > 0 and self.owner.owned:
                 started = time.perf_counter()
+                round_span: SpanContext | None = None
                 try:
-                    rows = await self._round(free)
+                    rows, round_span = await self._round(free)
                 except LostOwnership:
                     rows, failed = [], True
                     await self._reconnect()
@@ -223,7 +226,7 @@ class Worker:
                     logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
-                    task = asyncio.create_task(self._deliver(row))
+                    task = asyncio.create_task(self._deliver(row, round_span))
                     self._sending.add(task)
                     task.add_done_callback(self._sent)
                 reserved = len(rows)
@@ -245,32 +248,37 @@ class Worker:
             return poll
         return min(poll, max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
-    async def _round(self, limit: int) -> list[asyncpg.Record]:
-        """One reservation round over the endpoints whose time has come."""
+    async def _round(self, limit: int) -> tuple[list[asyncpg.Record], SpanContext | None]:
+        """One reservation round over the endpoints whose time has come:
+        the deliveries reserved, and the round's span when traced (only a
+        round that asks Postgres has one: an idle worker makes none)."""
         await self._follow_partitions()
         candidates = self.ready_list.take(datetime.now(UTC), limit)
         if not candidates:
-            return []
-        try:
-            reservation = await self.owner.run(
-                functools.partial(
-                    store.reserve,
-                    candidates=[c.endpoint_id for c in candidates],
-                    floors=[c.floor for c in candidates],
-                    limit=limit,
-                    lease_grace_seconds=self.settings.lease_grace_seconds,
-                    worker_id=self.settings.worker_id,
+            return [], None
+        with tracing.internal("reserve", candidates=len(candidates)) as span:
+            try:
+                reservation = await self.owner.run(
+                    functools.partial(
+                        store.reserve,
+                        candidates=[c.endpoint_id for c in candidates],
+                        floors=[c.floor for c in candidates],
+                        limit=limit,
+                        lease_grace_seconds=self.settings.lease_grace_seconds,
+                        worker_id=self.settings.worker_id,
+                    )
                 )
-            )
-        except BaseException:
-            self.ready_list.returned(candidates, datetime.now(UTC))
-            raise
+            except BaseException:
+                self.ready_list.returned(candidates, datetime.now(UTC))
+                raise
+            if span is not None:
+                span.set_attribute("hooklane.reserved", len(reservation.deliveries))
         self.ready_list.settle(
             [Verdict.of(v) for v in reservation.verdicts],
             [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
             datetime.now(UTC),
         )
-        return reservation.deliveries
+        return reservation.deliveries, None if span is None else span.get_span_context()
 
     async def _follow_partitions(self) -> None:
         """Keep the ready list to the partitions owned: forget those
@@ -309,15 +317,21 @@ class Worker:
             logger.error("delivery task failed", exc_info=task.exception(), extra={"action": "deliver"})
         self.trigger.slot_freed(len(self._sending))
 
-    async def _deliver(self, row: asyncpg.Record) -> None:
+    async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None) -> None:
         started_at, started = datetime.now(UTC), time.perf_counter()
+        span = _attempt_span(row, reserved_in) if tracing.enabled() else None
+        # Untraced, the receiver still gets the publisher's trace context,
+        # unchanged: its own spans then join the producer's trace.
+        traceparent = row["traceparent"] if span is None else tracing.traceparent_of(span.get_span_context())
         try:
             body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
             endpoint = owner(row["namespace"], row["name"])
             keys = [self._key(row["secret"], endpoint)]
             if row["previous_secret"] is not None:
                 keys.append(self._key(row["previous_secret"], endpoint))
-            attempt = await self.sender.send(row["url"], keys, row["event_id"], body, row["timeout_seconds"])
+            attempt = await self.sender.send(
+                row["url"], keys, row["event_id"], body, row["timeout_seconds"], traceparent
+            )
             outcome = self._classify(row, attempt)
         except Exception as exc:
             # Whatever went wrong before, around or after the call (a secret
@@ -336,9 +350,13 @@ class Worker:
                 attempt = Attempt(None, error="internal error", failure=FailureClass.INTERNAL_ERROR)
             outcome = self._classify(row, attempt)
         duration = time.perf_counter() - started
+        timing = Timing(started_at, duration, tracing.trace_id_of(traceparent))
+        result = result_of(row["id"], row["attempts"], attempt, outcome, timing)
         metrics.DELIVERY_DURATION.observe(duration)
-        timing = Timing(started_at, duration)
-        self._results.put_nowait(result_of(row["id"], row["attempts"], attempt, outcome, timing))
+        metrics.ATTEMPT_DURATION_BY[result.outcome].observe(duration, tracing.exemplar(span))
+        if span is not None:
+            tracing.attempted(span, result)
+        self._results.put_nowait(result)
         # Its slot is held until the result is written: at the endpoint's
         # limit, the next delivery waits for that.
         if self.ready_list.busy(row["endpoint_id"]) >= row["max_concurrency"]:
@@ -419,6 +437,23 @@ class Worker:
                 await asyncio.sleep(1.0)
 
 
+def _attempt_span(row: asyncpg.Record, reserved_in: SpanContext | None) -> Span:
+    try:
+        host = urlsplit(row["url"]).hostname or ""
+    except ValueError:
+        host = ""  # a stored URL that does not parse: the attempt says so
+    return tracing.attempt_span(
+        parent=row["traceparent"],
+        endpoint=owner(row["namespace"], row["name"]),
+        tenant=row["tenant"],
+        attempt=row["attempts"],
+        host=host,
+        delivery_id=row["id"],
+        event_id=row["event_id"],
+        reserved_in=reserved_in,
+    )
+
+
 async def record(
     pool: asyncpg.Pool,
     batch: list[store.Result],
@@ -435,15 +470,16 @@ async def record(
     The ready list learns which slots are free and what is due again;
     retries for partitions outside ``owned`` are notified to their owner."""
     delay = 0.1
-    while True:
-        try:
-            async with store.acquire(pool) as conn:
-                touched = await store.complete(conn, batch, circuit, owned, worker_id)
-            break
-        except TransientStoreError as exc:
-            logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    with tracing.internal("record", results=len(batch)):
+        while True:
+            try:
+                async with store.acquire(pool) as conn:
+                    touched = await store.complete(conn, batch, circuit, owned, worker_id)
+                break
+            except TransientStoreError as exc:
+                logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
     for result in batch:
         metrics.DELIVERIES.labels(result.outcome).inc()
     for ep in touched:

@@ -132,18 +132,27 @@ class Sender:
         )
 
     async def send(
-        self, url: str, key: bytes | Sequence[bytes], msg_id: str, body: bytes, timeout_seconds: float
+        self,
+        url: str,
+        key: bytes | Sequence[bytes],
+        msg_id: str,
+        body: bytes,
+        timeout_seconds: float,
+        traceparent: str | None = None,
     ) -> Attempt:
         """POST one signed delivery, with a signature per key (the current
-        one, and the replaced one while a rotation overlaps). The deadline
-        covers the whole call: connect, TLS, send and the response's status
-        line and headers."""
+        one, and the replaced one while a rotation overlaps), and the W3C
+        ``traceparent`` header when there is one. The deadline covers the
+        whole call: connect, TLS, send and the response's status line and
+        headers."""
         timestamp = int(time.time())
         headers = {
             "webhook-id": msg_id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(key, msg_id, timestamp, body),
         }
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         # Set every phase deliberately: only ``total`` bounds the call, and
         # the others' defaults differ across aiohttp versions.
         timeout = aiohttp.ClientTimeout(
