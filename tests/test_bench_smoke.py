@@ -65,10 +65,17 @@ def test_latency_smoke(server_dsn: str, tmp_path: Path) -> None:
 @pytest.mark.processes
 def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
     # --compare with this same tree: the two-tree path (migrations, worker and
-    # publisher started from a given tree, interleaving, ratios) runs too.
-    result = run_bench("steady", tmp_path, "--dsn", server_dsn, "--compare", str(REPO), timeout=120)
-    assert len(result["trees"]) == 2
+    # publisher started from a given tree, interleaving, ratios) runs too;
+    # --traced, the same again with every delivery traced and exported.
+    result = run_bench(
+        "steady", tmp_path, "--dsn", server_dsn, "--compare", str(REPO), "--traced", timeout=180
+    )
+    assert len(result["trees"]) == 3 and result["trees"][2].endswith(" traced")
     assert {r["tree"] for r in result["runs"]} == set(result["trees"])
+    for run in result["runs"]:
+        traced = run["tree"].endswith(" traced")
+        # a span per attempt at least, and none at all untraced
+        assert (run["spans_exported"] >= run["published"]) if traced else run["spans_exported"] == 0
     for run in result["runs"]:
         assert run["published"] == result["config"]["rates"][0] * (
             result["config"]["warmup"] + result["config"]["seconds"] + result["config"]["tail"]
@@ -80,7 +87,7 @@ def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert run["latency_ms"]["n"] > 0
         assert run["hooklane"] == str(REPO / "hooklane" / "__init__.py")
     ratios = [row for row in result["summary"] if "ratio" in row]
-    assert len(ratios) == 1 and ratios[0]["ratio"]["del/s"] > 0
+    assert len(ratios) == 2 and all(r["ratio"]["del/s"] > 0 for r in ratios)
 
 
 @pytest.mark.processes
