@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import hooklane
 from hooklane import store, tracing
-from hooklane.errors import InvalidInput
+from hooklane.errors import InvalidInput, StoreError
 from hooklane.policies import RetryPolicy
 from hooklane.traceparent import format_traceparent, parse_traceparent
 from hooklane.worker import probes
@@ -223,6 +223,28 @@ async def _deliver_by_process(dsn, receiver, collector, path: str, traceparents:
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize(
+    "value",
+    [
+        "00-" + "0" * 32 + "-" + "b" * 16 + "-01",
+        "00-" + "a" * 32 + "-" + "0" * 16 + "-01",
+        "01-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        "00-" + "A" * 32 + "-" + "b" * 16 + "-01",
+        "00-" + "a" * 32 + "-" + "b" * 16 + "-01\r\nX-Injected: 1",
+    ],
+)
+async def test_the_database_refuses_a_traceparent_that_is_not_one_whoever_writes_it(db, value):
+    # What is stored is sent to receivers as a header: a writer other than
+    # hooklane.publish (SQL by hand, another language) gets the same rule.
+    with pytest.raises(StoreError, match="events_traceparent_format"):
+        await db.execute(
+            "INSERT INTO events (id, tenant, type, data, fanout, traceparent) VALUES ('e', 'acme', 't', '{}', 0, $1)",
+            value,
+        )
+    with pytest.raises(InvalidInput, match="traceparent"):
+        parse_traceparent(value, "traceparent")
+
+
 async def test_a_worker_traced_by_its_environment_exports_its_spans(dsn, receiver, collector):
     trace_id, producer, traceparent = producer_span()
     await _deliver_by_process(

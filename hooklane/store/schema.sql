@@ -94,11 +94,18 @@ CREATE TABLE events (
     xact         xid8 NOT NULL DEFAULT pg_current_xact_id(),
     -- The W3C traceparent the event was published under (migration 0010;
     -- NULL: none), for the attempts' spans and the receiver's header.
-    traceparent  text CONSTRAINT events_traceparent_length CHECK (length(traceparent) <= 55),
+    traceparent  text,
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
 );
+
+-- The traceparent's rule, as migration 0010 adds it: NOT VALID there (the
+-- column was new, NULL in every row), and so here too, for the two to agree.
+ALTER TABLE events ADD CONSTRAINT events_traceparent_format
+    CHECK (traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+           AND substr(traceparent, 4, 32) <> repeat('0', 32)
+           AND substr(traceparent, 37, 16) <> repeat('0', 16)) NOT VALID;
 
 -- purge_events: events past retention, oldest first
 CREATE INDEX events_created_at ON events (created_at);
