@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -144,14 +144,29 @@ async def list_events(
     return EventPage(events, cursor or event_cursor(xact, after))
 
 
+# Before every event: where a purge's first batch starts.
+_BEFORE_EVENTS = datetime(1, 1, 1, tzinfo=UTC)
+
+
 async def purge_events(conn: asyncpg.Connection, retention_seconds: float, batch: int = 1000) -> int:
-    """Drop events past retention, a batch at a time; returns how many."""
+    """Drop events past retention, a batch at a time, oldest first; returns
+    how many. Each batch starts after the last one's last event, so the
+    events kept (a delivery of theirs still pending or dead) are looked at
+    once a purge, and the cost grows with what is purged."""
     purged = 0
+    after: tuple[datetime, str, str] = (_BEFORE_EVENTS, "", "")
     while True:
-        status = await conn.execute(
-            *QUERIES["purge_events"](retention_seconds=retention_seconds, batch_size=batch)
+        row = await conn.fetchrow(
+            *QUERIES["purge_events"](
+                retention_seconds=retention_seconds,
+                after_at=after[0],
+                after_tenant=after[1],
+                after_id=after[2],
+                batch_size=batch,
+            )
         )
-        count = int(status.split()[-1])
-        purged += count
-        if count < batch:
+        assert row is not None, "a SELECT of aggregates returns one row"
+        purged += row["deleted"]
+        if row["scanned"] < batch:
             return purged
+        after = (row["next_at"], row["next_tenant"], row["next_id"])

@@ -612,21 +612,47 @@ SELECT action, partition_name, rows_deleted FROM hooklane_attempt_partitions(%(a
 -- name: purge_events
 -- Drop events past retention together with their finished deliveries; an
 -- event that a pending or dead delivery still needs stays until it is sent
--- or discarded. Batched so that a large purge never holds locks for long.
--- Parameters: retention_seconds, batch_size.
--- Index: events_created_at; deliveries_event for the check and the cascade.
-DELETE FROM events
-WHERE (tenant, id) IN (
-    SELECT e.tenant, e.id
+-- or discarded. One batch: the `batch_size` oldest events past retention
+-- after the cursor (created_at, tenant, id), each deleted if it is
+-- finished; returns how many it looked at and deleted, and where the next
+-- batch starts. Batched so that a large purge never holds locks for long,
+-- and paged by the cursor so that each batch starts where the last ended,
+-- not at the dead index entries the batches before it left.
+-- Parameters: retention_seconds, after_at, after_tenant, after_id (the
+-- cursor; a time before any event for the first batch), batch_size.
+-- Index: events_created_at, walked from the cursor's time; deliveries_event
+-- for the check (a probe per event: OFFSET 0 keeps the planner from
+-- turning it into an anti-join over a scan of every delivery, which it
+-- chose at 10 million rows, once per batch) and the cascade.
+WITH candidates AS MATERIALIZED (
+    SELECT e.tenant, e.id, e.created_at,
+           NOT EXISTS (SELECT 1 FROM deliveries d
+                       WHERE d.event_tenant = e.tenant
+                         AND d.event_id = e.id
+                         AND d.state IN ('pending', 'sending', 'dead')
+                       OFFSET 0) AS finished
     FROM events e
     WHERE e.created_at < now() - make_interval(secs => %(retention_seconds)s)
-      AND NOT EXISTS (SELECT 1 FROM deliveries d
-                      WHERE d.event_tenant = e.tenant
-                        AND d.event_id = e.id
-                        AND d.state IN ('pending', 'sending', 'dead'))
-    ORDER BY e.created_at
+      AND e.created_at >= %(after_at)s
+      AND (e.created_at, e.tenant, e.id) > (%(after_at)s, %(after_tenant)s, %(after_id)s)
+    ORDER BY e.created_at, e.tenant, e.id
     LIMIT %(batch_size)s
-);
+),
+deleted AS (
+    DELETE FROM events e
+    USING candidates c
+    WHERE c.finished AND e.tenant = c.tenant AND e.id = c.id
+    RETURNING 1
+),
+last AS (
+    SELECT c.created_at, c.tenant, c.id FROM candidates c
+    ORDER BY c.created_at DESC, c.tenant DESC, c.id DESC
+    LIMIT 1
+)
+SELECT (SELECT count(*) FROM candidates) AS scanned,
+       (SELECT count(*) FROM deleted) AS deleted,
+       last.created_at AS next_at, last.tenant AS next_tenant, last.id AS next_id
+FROM (SELECT 1) one LEFT JOIN last ON true;
 
 -- name: resend_dead
 -- Explicit resend of dead deliveries of one endpoint (all of them, or the
