@@ -14,10 +14,13 @@ there), with as many endpoints as ``--endpoints``:
   history one plain table;
 - N attempts in their own daily partition: dropped by the same function.
 
-Each removal is timed from a checkpoint (so that the full-page images it
-writes are counted as a daily job writes them) with the WAL it wrote
+Each removal is timed from a checkpoint with the WAL it wrote
 (``pg_current_wal_lsn``), then the VACUUM that a row-by-row delete leaves
 to do, timed and measured the same way. A drop leaves nothing to vacuum.
+The throwaway server runs with ``full_page_writes`` off: the WAL figures
+are the records alone, and a production server writes more for a
+row-by-row delete (a full-page image of each page it first touches after a
+checkpoint), nothing more for a drop.
 
 Run: ``python -m bench.retention --preset full``
 """
