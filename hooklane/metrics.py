@@ -6,7 +6,7 @@ Per-endpoint series carry the endpoint's namespace and name, never its URL.
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from hooklane.results import ResultOutcome
@@ -183,5 +183,10 @@ async def exposition(request: web.Request) -> web.Response:
     OpenMetrics when the scraper's Accept asks for it (Prometheus does when
     its exemplar storage is on), the only format that carries exemplars;
     in Prometheus' text format otherwise."""
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    except (TypeError, ValueError):
+        # prometheus_client compares a version parameter it could not
+        # parse (``version=zz``): a scraper's typo gets the text format.
+        encode, content_type = generate_latest, CONTENT_TYPE_LATEST
     return web.Response(body=encode(REGISTRY), headers={"Content-Type": content_type})

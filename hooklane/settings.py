@@ -21,6 +21,12 @@ from hooklane.policies import CircuitPolicy, Count, RetryPolicy, Seconds
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring
 from hooklane.tokens import Tokens
 
+# How far back a setting may reach: ten years. Postgres computes
+# ``now() - interval`` of it, and a larger one (1e13, meant as "for ever")
+# is out of its range: maintenance would fail on every pass.
+MAX_AGE_SECONDS = 10 * 365 * 24 * 3600.0
+Age = Annotated[float, Field(gt=0, le=MAX_AGE_SECONDS, allow_inf_nan=False)]
+
 logger = logging.getLogger(__name__)
 
 _PREFIX = "HOOKLANE_"
@@ -137,12 +143,12 @@ class Settings:
     # last sweep on and a tenth of them from the start (a safety net: see
     # ReadySweep).
     sweep_seconds: Seconds = 60.0
-    deactivate_after_seconds: Seconds = 5 * 24 * 3600.0
-    event_retention_seconds: Seconds = 30 * 24 * 3600.0
+    deactivate_after_seconds: Age = 5 * 24 * 3600.0
+    event_retention_seconds: Age = 30 * 24 * 3600.0
     # How long each attempt's record is kept: its whole day is dropped once
     # the day ended this long ago (delivery_attempts is partitioned by day).
     # As long as events by default, so a delivery's history goes with it.
-    attempt_retention_seconds: Seconds = 30 * 24 * 3600.0
+    attempt_retention_seconds: Age = 30 * 24 * 3600.0
     # How long SIGTERM waits for deliveries in flight; 0 records them as
     # they are, without waiting.
     drain_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 70.0

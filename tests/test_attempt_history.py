@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import pytest
 
 import hooklane
@@ -170,6 +171,36 @@ async def test_partitions_are_made_ahead_and_whole_days_dropped_past_retention(d
     assert again == store.PartitionsKept()
 
 
+async def test_a_step_whose_lock_is_held_is_busy_and_the_rest_goes_on(db, dsn):
+    old = f"delivery_attempts_{_day(-40)}"
+    low = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)
+    await db.execute(
+        f"CREATE TABLE {old} PARTITION OF delivery_attempts FOR VALUES FROM ('{low.isoformat()}')"
+        f" TO ('{(low + timedelta(days=1)).isoformat()}')"
+    )
+    reader = await asyncpg.connect(dsn)
+    try:
+        # A long read of the history (a pg_dump, a support query) holds the
+        # default partition and the old day: attaching needs the one,
+        # dropping the other.
+        reader_tx = reader.transaction()
+        await reader_tx.start()
+        await reader.execute(f"SELECT count(*) FROM delivery_attempts_default, {old}")
+        kept = await store.keep_attempt_partitions(db, 30 * 86400.0, ahead=4)
+        assert kept.busy == (f"delivery_attempts_{_day(4)}", old)
+        assert kept.created == kept.dropped == ()
+        # Meanwhile results are recorded: no step holds a lock past itself.
+        row = await _one(db)
+        await store.complete(
+            db, [store.Result.delivered(row["id"], row["attempts"], status=204)], CircuitPolicy(), ALL, "w"
+        )
+        await reader_tx.rollback()
+    finally:
+        await reader.close()
+    kept = await store.keep_attempt_partitions(db, 30 * 86400.0, ahead=4)
+    assert (kept.created, kept.dropped, kept.busy) == ((f"delivery_attempts_{_day(4)}",), (old,), ())
+
+
 async def test_a_day_with_rows_in_the_default_partition_gets_none_and_retention_deletes_them(db):
     far = datetime.now(UTC) + timedelta(days=10)
     # Rows for a day no partition covers go to the default one: recording
@@ -322,6 +353,41 @@ async def test_deliveries_filter_on_their_last_status_and_failure(db):
     assert await events(status=store.check_status_filter("2xx")) == [("e2", 204, None)]
     assert await events(failure="timeout") == [("e1", None, "timeout")]
     assert len(await events()) == 3
+
+
+async def test_a_resent_delivery_keeps_its_history_and_forgets_its_last_failure(db):
+    row = await _one(db)
+    dead = store.Result.dead(
+        row["id"], row["attempts"], status=None, error="timeout", failure=store.FailureClass.TIMEOUT
+    )
+    await store.complete(db, [dead], CircuitPolicy(), ALL, "w")
+    # Days later: the attempt is old, and the resend starts the delivery anew.
+    await db.execute("UPDATE delivery_attempts SET recorded_at = recorded_at - interval '3 days'")
+    assert await store.resend_dead(db, "default", "a") == 1
+    detail = await store.delivery_detail(db, row["id"])
+    assert detail is not None
+    assert (detail.delivery.state, detail.delivery.last_failure, detail.delivery.last_status) == (
+        "pending",
+        None,
+        None,
+    )
+    assert [(a.attempt, a.outcome, a.failure) for a in detail.attempts] == [(1, "dead", "timeout")]
+    page = await store.endpoint_deliveries(db, "default", "a", failure="timeout")
+    assert page is not None and page.deliveries == []
+
+
+async def test_a_rescued_delivery_shows_the_lease_not_the_status_before_it(db):
+    row = await _one(db)
+    retry = store.Result.retry(row["id"], row["attempts"], retry_in=0.0, status=503, error="HTTP 503")
+    await store.complete(db, [retry], CircuitPolicy(), ALL, "w")
+    (again,) = await reserve_round(db)
+    await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
+    await store.rescue_expired(db, ALL)
+    detail = await store.delivery_detail(db, again["id"])
+    assert detail is not None
+    assert (detail.delivery.last_status, detail.delivery.last_failure) == (None, "lease_expired")
+    page = await store.endpoint_deliveries(db, "default", "a", status=store.check_status_filter("5xx"))
+    assert page is not None and page.deliveries == []
 
 
 @pytest.mark.parametrize("text", ["5XX", "600", "50", "5000", "xx5", "٥٠٣", "", " 503"])

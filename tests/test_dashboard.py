@@ -828,6 +828,12 @@ def test_the_filters_keep_what_was_chosen_and_default_to_the_last_hour() -> None
             dashboard.delivery_filter(bad)
     with pytest.raises(InvalidInput, match="before until"):
         dashboard.attempt_filter({"since": "2026-03-01T12:00:00Z"}, now)
+    # The range bounds the walk over the history, as in the admin API.
+    with pytest.raises(InvalidInput, match="at most 31 days"):
+        dashboard.attempt_filter({"since": "2026-01-01T00:00:00Z"}, now)
+    # An hour before the first hour of year 1 does not exist: clamped.
+    earliest = dashboard.attempt_filter({"until": "0001-01-01T00:10:00Z"}, now)
+    assert earliest.since < earliest.until
 
 
 @pytest.mark.unit

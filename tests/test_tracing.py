@@ -222,7 +222,15 @@ async def _deliver_by_process(dsn, receiver, collector, path: str, traceparents:
         await conn.close()
 
 
-@pytest.mark.processes
+@pytest.mark.parametrize("accept", ["text/plain; version=zz", "application/openmetrics-text; version=abc"])
+async def test_a_scrapers_accept_header_that_does_not_parse_gets_the_text_format(accept):
+    async with TestClient(TestServer(probes.application(lambda: True))) as metrics:
+        answer = await metrics.get("/metrics", headers={"Accept": accept})
+        assert answer.status == 200
+        assert answer.headers["Content-Type"].startswith("text/plain")
+        assert "hooklane_attempt_duration_seconds" in await answer.text()
+
+
 @pytest.mark.parametrize(
     "value",
     [
@@ -245,6 +253,7 @@ async def test_the_database_refuses_a_traceparent_that_is_not_one_whoever_writes
         parse_traceparent(value, "traceparent")
 
 
+@pytest.mark.processes
 async def test_a_worker_traced_by_its_environment_exports_its_spans(dsn, receiver, collector):
     trace_id, producer, traceparent = producer_span()
     await _deliver_by_process(

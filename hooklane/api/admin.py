@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
 from typing import Any
 
 from aiohttp import web
@@ -41,12 +40,6 @@ _ACTOR = "the admin API"
 _DEFAULT_DELIVERIES = 100
 _DEFAULT_ENDPOINTS = 100
 _DEFAULT_ATTEMPTS = 100
-# An attempt listing walks the endpoint's history from ``until`` down to
-# ``since`` (one partition a day), skipping what its filters leave out: the
-# range is what bounds that walk when few attempts match, so it is bounded
-# too, rather than a filter for a rare failure reading a month of attempts.
-_ATTEMPTS_BY_DEFAULT = timedelta(hours=1)
-_LONGEST_ATTEMPT_RANGE = timedelta(days=31)
 
 
 def add_routes(app: web.Application) -> None:
@@ -136,7 +129,7 @@ async def get_delivery(request: web.Request) -> web.Response:
 async def list_attempts(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     query = request.query
-    since, until = inputs.time_range(query, default=_ATTEMPTS_BY_DEFAULT, longest=_LONGEST_ATTEMPT_RANGE)
+    since, until = inputs.time_range(query)
     outcomes = store.check_outcomes(inputs.values(query, "outcome"))
     status, failure = inputs.answer_filter(query)
     limit = inputs.limit(query, _DEFAULT_ATTEMPTS)

@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -49,9 +49,6 @@ DELIVERIES_PER_PAGE = 50
 # many endpoints there are.
 ENDPOINTS_PER_PAGE = 50
 LAST_ERROR_CHARS = 80
-# The attempts page's window when none is given: "what failed in the last
-# hour" is the question a support engineer comes with.
-ATTEMPT_WINDOW = timedelta(hours=1)
 ATTEMPTS_PER_PAGE = 50
 
 # Scripts and styles from this server only, never inline: should a value
@@ -237,11 +234,7 @@ class AttemptFilter:
 def attempt_filter(query: Mapping[str, str], now: datetime) -> AttemptFilter:
     """The attempts page's filter; its window, when left out, the hour up to
     ``now`` (the database's time: the one attempts are recorded in)."""
-    filled = {k: v for k, v in query.items() if v}
-    until = inputs.time(filled, "until") or now
-    since = inputs.time(filled, "since") or until - ATTEMPT_WINDOW
-    if since >= until:
-        raise InvalidInput("since", f"must be before until ({rfc3339(until)}), not {rfc3339(since)}")
+    since, until = inputs.time_range({k: v for k, v in query.items() if v}, now=now)
     status = _chosen(query, "status")
     store.check_status_filter(status)
     outcome = _chosen(query, "outcome")

@@ -63,13 +63,26 @@ def time(query: Mapping[str, str], key: str) -> datetime | None:
     return None if value is None else parse_time(value, key)
 
 
+# An attempt listing walks the endpoint's history from ``until`` down to
+# ``since`` (one partition a day), skipping what its filters leave out: the
+# range is what bounds that walk when few attempts match, so it is bounded
+# too, rather than a filter for a rare failure reading a month of attempts.
+ATTEMPTS_BY_DEFAULT = timedelta(hours=1)
+LONGEST_ATTEMPT_RANGE = timedelta(days=31)
+
+
 def time_range(
-    query: Mapping[str, str], *, default: timedelta, longest: timedelta
+    query: Mapping[str, str],
+    *,
+    default: timedelta = ATTEMPTS_BY_DEFAULT,
+    longest: timedelta = LONGEST_ATTEMPT_RANGE,
+    now: datetime | None = None,
 ) -> tuple[datetime, datetime]:
-    """``since`` and ``until``: ``until`` now and ``since`` ``default``
-    before it when left out; ``since`` refused when it is not before
-    ``until`` or lies more than ``longest`` before it."""
-    until = time(query, "until") or datetime.now(UTC)
+    """``since`` and ``until``: ``until`` ``now`` (this machine's when not
+    given) and ``since`` ``default`` before it when left out; ``since``
+    refused when it is not before ``until`` or lies more than ``longest``
+    before it."""
+    until = time(query, "until") or now or datetime.now(UTC)
     # Clamped: an ``until`` in the first hour of year 1 has no hour before it.
     since = time(query, "since") or max(until, _EARLIEST + default) - default
     if since >= until:

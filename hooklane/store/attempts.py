@@ -38,16 +38,22 @@ async def keep_attempt_partitions(
     conn: asyncpg.Connection, retention_seconds: float, ahead: int = PARTITIONS_AHEAD
 ) -> PartitionsKept:
     """Create the daily partitions of today and ``ahead`` days on, drop
-    those whose day ended more than ``retention_seconds`` ago."""
-    rows = await conn.fetch(*QUERIES["attempt_partitions"](ahead=ahead, keep_seconds=retention_seconds))
+    those whose day ended more than ``retention_seconds`` ago: a step a
+    statement, each its own transaction (call it outside one), so that no
+    exclusive lock outlives its step."""
     done: dict[str, list[str]] = {"created": [], "dropped": [], "busy": []}
-    purged = 0
-    for row in rows:
+    while True:
+        row = await conn.fetchrow(
+            *QUERIES["attempt_partitions"](ahead=ahead, keep_seconds=retention_seconds, skip=done["busy"])
+        )
+        if row is None:
+            return PartitionsKept(tuple(done["created"]), tuple(done["dropped"]), tuple(done["busy"]))
         if row["action"] == "purged":
-            purged = row["rows_deleted"]
-        else:
-            done[row["action"]].append(row["partition_name"])
-    return PartitionsKept(tuple(done["created"]), tuple(done["dropped"]), tuple(done["busy"]), purged)
+            # the last step there is
+            return PartitionsKept(
+                tuple(done["created"]), tuple(done["dropped"]), tuple(done["busy"]), row["rows_deleted"]
+            )
+        done[row["action"]].append(row["partition_name"])
 
 
 # What an attempt did to its delivery (the CHECK of delivery_attempts.outcome).
@@ -89,10 +95,10 @@ class AttemptView:
     recorded_at: datetime
 
 
-def _attempt(row: asyncpg.Record, delivery_id: int, event_id: str) -> AttemptView:
+def _attempt(row: asyncpg.Record, delivery_id: int) -> AttemptView:
     return AttemptView(
         delivery_id,
-        event_id,
+        row["event_id"],
         row["attempt"],
         row["attempted_by"],
         row["started_at"],
@@ -132,11 +138,9 @@ async def delivery_detail(
     if row is None:
         return None
     rows = await conn.fetch(
-        *QUERIES["delivery_attempts_of"](
-            delivery_id=delivery_id, created_at=row["created_at"], limit=MAX_ATTEMPTS_SHOWN + 1
-        )
+        *QUERIES["delivery_attempts_of"](delivery_id=delivery_id, limit=MAX_ATTEMPTS_SHOWN + 1)
     )
-    attempts = [_attempt(r, delivery_id, row["event_id"]) for r in rows[:MAX_ATTEMPTS_SHOWN]]
+    attempts = [_attempt(r, delivery_id) for r in rows[:MAX_ATTEMPTS_SHOWN]]
     return DeliveryDetail(
         delivery_view(row),
         row["tenant"],
@@ -190,7 +194,7 @@ async def endpoint_attempts(
     )
     if not rows:
         return None
-    page = [_attempt(r, r["delivery_id"], r["event_id"]) for r in rows if r["delivery_id"] is not None]
+    page = [_attempt(r, r["delivery_id"]) for r in rows if r["delivery_id"] is not None]
     last = page[-1] if len(page) == limit else None
     return AttemptPage(
         page,

@@ -392,7 +392,7 @@ WITH expired AS MATERIALIZED (
 rescued AS (
     UPDATE deliveries d
     SET state = 'pending', next_attempt_at = now(), lease_expires_at = NULL,
-        last_failure = 'lease_expired',
+        last_status = NULL, last_failure = 'lease_expired',
         last_error = 'lease expired: the worker lost the delivery'
     FROM expired x
     WHERE d.id = x.id
@@ -601,13 +601,17 @@ ORDER BY t.name;
 ANALYZE endpoints;
 
 -- name: attempt_partitions
--- Keep delivery_attempts' daily partitions: create the missing ones from
--- today to `ahead` days on, drop those past retention, and delete what the
--- default partition holds past it (hooklane_attempt_partitions, migration
--- 0010). A row per thing done.
--- Parameters: ahead (days), keep_seconds. Index: none (the catalog; the
--- default partition is read whole, and is empty unless maintenance stopped).
-SELECT action, partition_name, rows_deleted FROM hooklane_attempt_partitions(%(ahead)s, %(keep_seconds)s);
+-- One step of keeping delivery_attempts' daily partitions: create the
+-- first missing one from today to `ahead` days on, or drop the first past
+-- retention, or delete what the default partition holds past it
+-- (hooklane_attempt_partitions, migration 0010). A row saying what was
+-- done, none when nothing was left to do. Run outside a transaction, a
+-- step each: the locks a step takes end with it.
+-- Parameters: ahead (days), keep_seconds, skip (partitions found busy in
+-- this pass). Index: none (the catalog; the default partition is read
+-- whole, and is empty unless maintenance stopped).
+SELECT action, partition_name, rows_deleted
+FROM hooklane_attempt_partitions(%(ahead)s, %(keep_seconds)s, %(skip)s::text[]);
 
 -- name: purge_events
 -- Drop events past retention together with their finished deliveries; an
@@ -668,7 +672,7 @@ WITH endpoint AS (
 resent AS (
     UPDATE deliveries d
     SET state = 'pending', attempts = 0, next_attempt_at = now(),
-        created_at = now(), last_error = NULL, last_status = NULL
+        created_at = now(), last_error = NULL, last_status = NULL, last_failure = NULL
     FROM endpoint ep
     WHERE d.endpoint_id = ep.id
       AND d.state = 'dead'
@@ -910,16 +914,18 @@ WHERE d.id = %(id)s
   AND (%(namespace)s::text IS NULL OR (ep.namespace = %(namespace)s AND ep.name = %(name)s));
 
 -- name: delivery_attempts_of
--- A delivery's attempts in the order they were recorded, at most `limit`.
--- Parameters: delivery_id, created_at (the delivery's: no attempt of it
--- was recorded before, less a day for clocks apart), limit.
--- Index: delivery_attempts_delivery of each partition; the lower bound on
--- recorded_at prunes the partitions of the days before the delivery.
-SELECT a.attempt, a.attempted_by, a.started_at, a.duration_seconds, a.outcome, a.status,
-       a.failure, a.error, a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at
+-- A delivery's attempts in the order they were recorded, at most `limit`,
+-- each with the event it carried (a coalesced delivery's earlier attempts
+-- carried earlier events).
+-- Parameters: delivery_id, limit.
+-- Index: delivery_attempts_delivery of each partition: a probe per day
+-- kept (about 34), as no time bounds a delivery's history (a resend, days
+-- after, sets created_at anew and keeps the attempts before it).
+SELECT a.attempt, a.event_id, a.attempted_by, a.started_at, a.duration_seconds, a.outcome,
+       a.status, a.failure, a.error, a.retry_after_seconds, a.next_attempt_at, a.trace_id,
+       a.recorded_at
 FROM delivery_attempts a
 WHERE a.delivery_id = %(delivery_id)s
-  AND a.recorded_at >= %(created_at)s::timestamptz - interval '1 day'
 ORDER BY a.recorded_at, a.attempt
 LIMIT %(limit)s;
 
@@ -946,10 +952,12 @@ LEFT JOIN LATERAL (
     WHERE a.endpoint_id = ep.id
       AND a.recorded_at >= %(since)s
       AND a.recorded_at < %(until)s
-      AND (%(after_at)s::timestamptz IS NULL OR a.recorded_at <= %(after_at)s)
-      AND (%(after_at)s::timestamptz IS NULL
-           OR (a.recorded_at, a.delivery_id, a.attempt)
-              < (%(after_at)s, %(after_delivery)s::bigint, %(after_attempt)s::integer))
+      -- The cursor's bound without an OR, so that a generic plan walks
+      -- the index from it too (the first page's 'infinity' bounds nothing).
+      AND a.recorded_at <= coalesce(%(after_at)s::timestamptz, 'infinity')
+      AND (a.recorded_at, a.delivery_id, a.attempt)
+          < (coalesce(%(after_at)s::timestamptz, 'infinity'),
+             coalesce(%(after_delivery)s::bigint, 0), coalesce(%(after_attempt)s::integer, 0))
       AND (%(outcomes)s::text[] IS NULL OR a.outcome = ANY(%(outcomes)s::text[]))
       AND (%(status_min)s::integer IS NULL OR a.status BETWEEN %(status_min)s AND %(status_max)s)
       AND (%(failure)s::text IS NULL OR a.failure = %(failure)s)

@@ -69,7 +69,9 @@ CREATE TABLE delivery_attempts (
     -- next attempt waited for it.
     retry_after_seconds double precision,
     next_attempt_at     timestamptz,
-    -- The trace id of the attempt's span (32 hex digits), when traced.
+    -- The trace id (32 hex digits) of the traceparent the receiver got: the
+    -- attempt's span's when the worker is traced, else the event's own;
+    -- NULL when it got none.
     trace_id            text,
     recorded_at         timestamptz NOT NULL DEFAULT now()
 ) PARTITION BY RANGE (recorded_at);
@@ -81,23 +83,29 @@ CREATE INDEX delivery_attempts_delivery ON delivery_attempts (delivery_id, recor
 -- endpoint_attempts: an endpoint's attempts over a time range, newest first
 CREATE INDEX delivery_attempts_endpoint ON delivery_attempts (endpoint_id, recorded_at);
 
--- The daily partitions of delivery_attempts: create those of today and the
--- `ahead` days after it that are missing, drop those whose whole day ended
--- more than `keep_seconds` ago, and delete the rows of the default
--- partition past `keep_seconds` (there are none unless maintenance stopped
--- for days). A day whose rows already went to the default partition gets
--- no partition: they stay where they are until retention deletes them.
--- A partition is created standalone and attached, which takes a SHARE
--- UPDATE EXCLUSIVE lock on delivery_attempts (results go on being
--- recorded); a drop needs an ACCESS EXCLUSIVE lock, waited for at most
--- `lock_timeout` (the setting below), and a partition whose lock is not
--- had in time (a pg_dump reading it) is skipped until the next call.
--- A drop that waits holds up the results queued behind it, hence the short
--- wait. `keep_seconds` may be 'infinity' (drop nothing). Returns what it
--- did, a row each: 'created', 'dropped' or 'busy' (not dropped this time)
--- and the partition's name; 'purged', the default partition and the rows
--- it deleted, when there were any.
-CREATE FUNCTION hooklane_attempt_partitions(ahead integer, keep_seconds double precision)
+-- The daily partitions of delivery_attempts, one step per call, so that
+-- each exclusive lock a step takes is held by a transaction of its own
+-- (the caller's statement) and no longer than that step: create the first
+-- missing partition of today and the `ahead` days after it, or else drop
+-- the first partition whose whole day ended more than `keep_seconds` ago,
+-- or else delete the rows of the default partition past `keep_seconds`
+-- (there are none unless maintenance stopped for days). The caller calls
+-- again until no row comes back. A day whose rows already went to the
+-- default partition gets no partition: they stay where they are until
+-- retention deletes them. A partition is created standalone and attached,
+-- which takes a SHARE UPDATE EXCLUSIVE lock on delivery_attempts (results
+-- go on being recorded) and an ACCESS EXCLUSIVE one on the default
+-- partition; a drop takes ACCESS EXCLUSIVE locks on delivery_attempts and
+-- the default partition. Each is waited for at most `lock_timeout` (the
+-- setting below): results queued behind a waiting step wait too, hence
+-- the short wait. A step whose lock was not had in time (a pg_dump, a long
+-- read of the history) is 'busy': the partition is named in `skip` by the
+-- next call of the same pass, and taken up by the next pass.
+-- `keep_seconds` may be 'infinity' (drop nothing). Returns what the step
+-- did, one row: 'created', 'dropped' or 'busy' and the partition's name;
+-- 'purged', the default partition and the rows it deleted. No row: there
+-- was nothing to do.
+CREATE FUNCTION hooklane_attempt_partitions(ahead integer, keep_seconds double precision, skip text[])
 RETURNS TABLE (action text, partition_name text, rows_deleted bigint)
 LANGUAGE plpgsql
 SET lock_timeout = '500ms'
@@ -111,7 +119,7 @@ DECLARE
     low timestamptz;
     high timestamptz;
     table_name text;
-    old record;
+    old text;
     purged bigint;
 BEGIN
     FOR i IN 0..ahead LOOP
@@ -119,41 +127,52 @@ BEGIN
         low := day::timestamp AT TIME ZONE 'UTC';
         high := (day + 1)::timestamp AT TIME ZONE 'UTC';
         table_name := 'delivery_attempts_' || to_char(day, 'YYYYMMDD');
+        CONTINUE WHEN table_name = ANY(skip);
         CONTINUE WHEN to_regclass(quote_ident(table_name)) IS NOT NULL;
         CONTINUE WHEN EXISTS (SELECT FROM delivery_attempts_default a
                               WHERE a.recorded_at >= low AND a.recorded_at < high);
-        EXECUTE format('CREATE TABLE %I (LIKE delivery_attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
-                       table_name);
-        -- The bound as a constraint first, so that attaching need not scan
-        -- the table (empty anyway) to prove it.
-        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (recorded_at >= %L AND recorded_at < %L)',
-                       table_name, table_name || '_bound', low, high);
-        EXECUTE format('ALTER TABLE delivery_attempts ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                       table_name, low, high);
-        EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', table_name, table_name || '_bound');
-        action := 'created';
+        BEGIN
+            EXECUTE format('CREATE TABLE %I (LIKE delivery_attempts INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                           table_name);
+            -- The bound as a constraint first, so that attaching need not
+            -- scan the table (empty anyway) to prove it.
+            EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (recorded_at >= %L AND recorded_at < %L)',
+                           table_name, table_name || '_bound', low, high);
+            EXECUTE format('ALTER TABLE delivery_attempts ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                           table_name, low, high);
+            EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', table_name, table_name || '_bound');
+            action := 'created';
+        EXCEPTION WHEN lock_not_available THEN
+            action := 'busy';
+        END;
         partition_name := table_name;
         RETURN NEXT;
+        RETURN;
     END LOOP;
 
-    FOR old IN
-        SELECT c.relname
-        FROM pg_inherits i
-        JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'delivery_attempts'::regclass
-          AND c.relname ~ '^delivery_attempts_[0-9]{8}$'
-          AND (to_date(substr(c.relname, 19), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' <= cutoff
-        ORDER BY c.relname
-    LOOP
+    SELECT c.relname INTO old
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'delivery_attempts'::regclass
+      AND c.relname ~ '^delivery_attempts_[0-9]{8}$'
+      AND NOT c.relname = ANY(skip)
+      -- never one the loop above makes, whatever keep_seconds says: a step
+      -- would undo the one before it, for ever
+      AND to_date(substr(c.relname, 19), 'YYYYMMDD') < today
+      AND (to_date(substr(c.relname, 19), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' <= cutoff
+    ORDER BY c.relname
+    LIMIT 1;
+    IF old IS NOT NULL THEN
         BEGIN
-            EXECUTE format('DROP TABLE %I', old.relname);
+            EXECUTE format('DROP TABLE %I', old);
             action := 'dropped';
         EXCEPTION WHEN lock_not_available THEN
             action := 'busy';
         END;
-        partition_name := old.relname;
+        partition_name := old;
         RETURN NEXT;
-    END LOOP;
+        RETURN;
+    END IF;
 
     DELETE FROM delivery_attempts_default a WHERE a.recorded_at < cutoff;
     GET DIAGNOSTICS purged = ROW_COUNT;
@@ -166,7 +185,8 @@ BEGIN
 END;
 $$;
 
-SELECT hooklane_attempt_partitions(3, 'infinity');
+-- Today's partition and the next three days': a step each.
+SELECT hooklane_attempt_partitions(3, 'infinity', '{}') FROM generate_series(0, 3);
 
 -- Reserve (version 10): as hooklane_reserve_v3, and each delivery also
 -- carries its event's tenant and trace context, for the attempt's span and
