@@ -10,9 +10,8 @@ from datetime import datetime
 
 import asyncpg
 
-from hooklane.errors import InvalidInput, shown
 from hooklane.store.cursor import AttemptPosition, attempt_cursor, attempt_position
-from hooklane.store.deliveries import DeliveryView, StatusRange, check_failure, delivery_view
+from hooklane.store.deliveries import DeliveryView, StatusRange, check_among, check_failure, delivery_view
 from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
 
@@ -65,12 +64,7 @@ MAX_ATTEMPTS_SHOWN = 1000
 
 
 def check_outcomes(outcomes: Sequence[str] | None, field: str = "outcome") -> list[str] | None:
-    if outcomes is None:
-        return None
-    unknown = [o for o in outcomes if o not in OUTCOMES]
-    if unknown or not outcomes:
-        raise InvalidInput(field, f"must be among {', '.join(OUTCOMES)}, not {shown(unknown or '')}")
-    return list(outcomes)
+    return check_among(outcomes, OUTCOMES, field)
 
 
 @dataclass(frozen=True)

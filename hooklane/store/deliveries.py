@@ -285,13 +285,18 @@ def check_delivery_id(text: str, field: str = "id") -> int:
     return int(text)
 
 
-def check_states(states: Sequence[str] | None, field: str = "state") -> list[str] | None:
-    if states is None:
+def check_among(values: Sequence[str] | None, known: Sequence[str], field: str) -> list[str] | None:
+    """A filter of some of ``known`` (None: any): never empty, nothing else."""
+    if values is None:
         return None
-    unknown = [s for s in states if s not in STATES]
-    if unknown or not states:
-        raise InvalidInput(field, f"must be among {', '.join(STATES)}, not {shown(unknown or '')}")
-    return list(states)
+    unknown = [v for v in values if v not in known]
+    if unknown or not values:
+        raise InvalidInput(field, f"must be among {', '.join(known)}, not {shown(unknown or '')}")
+    return list(values)
+
+
+def check_states(states: Sequence[str] | None, field: str = "state") -> list[str] | None:
+    return check_among(states, STATES, field)
 
 
 @dataclass(frozen=True)
