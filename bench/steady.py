@@ -23,8 +23,8 @@ second tree interleaved with the first, per rate and repeat in alternating
 order, and reports both side by side with their ratios: the way to compare
 before and after on a shared, noisy machine. ``--traced`` runs the last
 tree a second time with tracing on (every delivery a span, exported over
-OTLP/HTTP to a collector in this driver that counts them and keeps
-nothing): the cost of tracing, side by side.
+OTLP/HTTP to the tests' collector, tests/otlp.py, run in this driver,
+whose CPU is not counted): the cost of tracing, side by side.
 
 Run: ``python -m bench.steady --preset full [--synchronous-commit on] [--compare ../before] [--traced]``
 """
@@ -63,9 +63,9 @@ from bench.common import (
     summary,
     wait_workers_ready,
 )
-from bench.otlp_sink import otlp_sink, tracing_env
 from bench.throughput import postgres_pids, receiver, scrape
 from hooklane.settings import Settings
+from tests.otlp import Collector
 
 EVENT_TYPE = "order.updated"
 ROUNDS = "hooklane_reservation_duration_seconds_count"
@@ -385,6 +385,16 @@ def describe(tree: Path | None) -> str:
     return f"{path} @ {git('rev-parse', '--short', 'HEAD')}{changed}"
 
 
+def tracing_env(url: str) -> dict[str, str]:
+    """A worker's environment for tracing every delivery, exported to ``url``."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "hooklane-worker-bench",
+    }
+
+
 class Variant(NamedTuple):
     """What one column of the comparison runs: a source tree, traced or not."""
 
@@ -483,13 +493,14 @@ async def main_async(args: argparse.Namespace) -> dict:
         receiver("aiohttp") as (base, receiver_pids, _kind),
         postgres_server(args.dsn, durable=durable) as server,
     ):
-        async with otlp_sink() as (traces_url, exported):
+        # The tests' collector: its decoding is the driver's CPU, not counted.
+        async with Collector() as collector:
             for rate, repeat, variant in plan(cfg, variants):
                 run: dict = {"tree": labels[variant], "repeat": repeat}
-                spans_before = exported.spans
-                env = tracing_env(traces_url) if variant.traced else None
+                spans_before = len(collector.spans)
+                env = tracing_env(collector.url) if variant.traced else None
                 run.update(await run_once(server, base, receiver_pids, cfg, rate, variant.tree, durable, env))
-                run["spans_exported"] = exported.spans - spans_before
+                run["spans_exported"] = len(collector.spans) - spans_before
                 print(
                     f"{rate:g}/s {labels[variant]} #{repeat}: {run['deliveries_per_s']:.1f} del/s, "
                     f"cores worker {run['cores']['worker']:.3f} pg {run['cores']['postgres']:.3f}, "

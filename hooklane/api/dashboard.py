@@ -469,7 +469,7 @@ async def attempts_page(request: web.Request) -> web.Response:
             outcomes=None if chosen.outcome is None else [chosen.outcome],
             status=store.check_status_filter(chosen.status),
             failure=chosen.failure,
-            cursor=_attempt_cursor(request.query),
+            cursor=inputs.attempt_cursor(request.query, "after"),
             limit=ATTEMPTS_PER_PAGE,
         )
         if page is None:
@@ -506,13 +506,6 @@ async def _filtered(request: web.Request, template: str, read: Read) -> web.Resp
     if values is None:
         return _not_found(namespace, name)
     return _shown_once(request, template, health=health, query=request.query, **values)
-
-
-def _attempt_cursor(query: Mapping[str, str]) -> str | None:
-    """The attempts page's cursor, checked (and handed on as it came)."""
-    value = _chosen(query, "after")
-    store.attempt_position(value, "after")
-    return value
 
 
 async def _health(conn: asyncpg.Connection, namespace: str, name: str) -> EndpointHealth | None:
