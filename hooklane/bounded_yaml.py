@@ -20,6 +20,17 @@ MAX_INT_CHARS = 64
 def load_yaml(raw: bytes, source: str) -> Any:
     """One YAML document, without aliases, at most ``MAX_MANIFEST_BYTES``,
     ``MAX_DEPTH`` deep and ``MAX_NODES`` values."""
+    return _load(raw, source, many=False)
+
+
+def load_yaml_documents(raw: bytes, source: str) -> list[Any]:
+    """Every document of a YAML stream (``---`` between them), within the
+    bounds of ``load_yaml`` for all of them together."""
+    documents: list[Any] = _load(raw, source, many=True)
+    return documents
+
+
+def _load(raw: bytes, source: str, *, many: bool) -> Any:
     if len(raw) > MAX_MANIFEST_BYTES:
         raise InvalidInput(source, f"is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -31,7 +42,7 @@ def load_yaml(raw: bytes, source: str) -> Any:
     try:
         loader = _BoundedLoader(text, source)
         try:
-            return loader.load_single()
+            return loader.load_all_bounded() if many else loader.load_single()
         finally:
             loader.dispose()
     except InvalidInput:
@@ -88,6 +99,13 @@ class _BoundedLoader(yaml.SafeLoader):
         if not self.check_event(yaml.StreamEndEvent):
             raise InvalidInput(self.source, "holds more than one YAML document: one WebhookEndpoint per file")
         return None if node is None else self.construct_document(node)
+
+    def load_all_bounded(self) -> list[Any]:
+        self.get_event()  # type: ignore[no-untyped-call]
+        documents = []
+        while not self.check_event(yaml.StreamEndEvent):
+            documents.append(self.construct_document(self.compose_document()))
+        return documents
 
     def construct_bounded_int(self, node: yaml.ScalarNode) -> int:
         if len(node.value) > MAX_INT_CHARS:

@@ -19,8 +19,9 @@ import asyncpg
 import uvloop
 
 from hooklane import __version__, store, tracing
-from hooklane.bounded_yaml import MAX_MANIFEST_BYTES
+from hooklane.bounded_yaml import MAX_MANIFEST_BYTES, load_yaml_documents
 from hooklane.checks import check_name, check_namespace
+from hooklane.delivery import RequestTerms, SecretProblem, resolve, secrets_of
 from hooklane.errors import (
     DatabaseUnreachable,
     DataRefused,
@@ -36,7 +37,7 @@ from hooklane.health import EndpointHealth
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
-from hooklane.spec import check_tenant, load_manifest
+from hooklane.spec import EndpointSpec, check_tenant, load_manifest
 from hooklane.store.cursor import event_position
 from hooklane.times import parse_time, rfc3339, rfc3339_seconds
 from hooklane.traceparent import parse_traceparent
@@ -100,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     apply = esub.add_parser("apply", help="create or update an endpoint from a WebhookEndpoint manifest")
     apply.add_argument("-f", "--filename", required=True, help="the manifest (YAML), or - for stdin")
     apply.add_argument("--secret-file", required=True, help="file holding the whsec_ signing secret")
+    apply.add_argument(
+        "--secrets-file",
+        help="v1 Secret manifests (YAML, --- between them) that spec.delivery's headers and tls refer to",
+    )
     _listing_options(esub.add_parser("list", help="list endpoints, the most delayed first"))
     for action, text in (
         ("reactivate", "reactivate a deactivated endpoint"),
@@ -356,9 +361,15 @@ async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
     raw = read_bounded(args.secret_file, "--secret-file", MAX_SECRET_BYTES, stdin=True)
     secret = decode_utf8(raw, "--secret-file").strip()
     parse_secret(secret)
+    terms = _request_terms(spec, args.secrets_file)
     async with _database(settings) as conn:
         result = await store.upsert_endpoint(
-            conn, spec, secret, keyring=settings.encryption_key, grace_seconds=settings.secret_grace_seconds
+            conn,
+            spec,
+            secret,
+            terms=terms,
+            keyring=settings.encryption_key,
+            grace_seconds=settings.secret_grace_seconds,
         )
     print(f"webhookendpoint {spec.namespace}/{spec.name} {'created' if result.created else 'configured'}")
     if result.previous_tenant is not None:
@@ -369,6 +380,22 @@ async def _endpoint_apply(args: argparse.Namespace, settings: Settings) -> int:
     if result.rotated:
         print(f"signing secret rotated: the previous one also signs for {settings.secret_grace_seconds:g} s")
     return 0
+
+
+def _request_terms(spec: EndpointSpec, secrets_file: str | None) -> RequestTerms | None:
+    """spec.delivery's headers and TLS, their Secrets read from
+    ``secrets_file``: a reference it cannot resolve is refused, as nothing
+    would be delivered with it."""
+    secrets: dict[str, dict[str, str]] = {}
+    if secrets_file is not None:
+        raw = read_bounded(secrets_file, "--secrets-file", MAX_MANIFEST_BYTES, stdin=False)
+        secrets = secrets_of(load_yaml_documents(raw, "--secrets-file"), spec.namespace, "--secrets-file")
+    elif spec.delivery.secret_names():
+        raise InvalidInput("--secrets-file", "is required: spec.delivery refers to Secrets")
+    try:
+        return resolve(spec.delivery, spec.namespace, secrets.get)
+    except SecretProblem as exc:
+        raise InvalidInput("--secrets-file", exc.message) from None
 
 
 async def _listed(args: argparse.Namespace, settings: Settings) -> list[EndpointHealth]:

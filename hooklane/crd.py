@@ -83,6 +83,11 @@ _STATUS = {
         "inFlight": {"type": "integer"},
         "dead": {"type": "integer"},
         "oldestPendingAgeSeconds": {"type": "integer"},
+        "effectiveConcurrency": {
+            "type": "integer",
+            "description": "The concurrency limit in force: maxConcurrency, or where"
+            " spec.delivery.adaptiveConcurrency moved it to.",
+        },
     },
 }
 

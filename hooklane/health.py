@@ -54,6 +54,14 @@ class EndpointHealth:
     # The database's clock when the statement read the row.
     observed_at: datetime
     standing: Standing
+    # Its own delivery terms: the concurrency limit in force (moved by the
+    # receiver's overload signals when adaptive), until when a Retry-After
+    # holds it, and its rate limit (None: none).
+    effective_concurrency: int = 0
+    adaptive_concurrency: bool = False
+    throttled_until: datetime | None = None
+    rate_per_second: int | None = None
+    rate_burst: int = 1
 
     @classmethod
     def from_row(cls, row: Row) -> EndpointHealth:
@@ -85,6 +93,11 @@ class EndpointHealth:
                 paused_until=row["paused_until"],
                 now=row["observed_at"],
             ),
+            effective_concurrency=row["effective_concurrency"],
+            adaptive_concurrency=row["adaptive_concurrency"],
+            throttled_until=row["throttled_until"],
+            rate_per_second=row["rate_per_second"],
+            rate_burst=row["rate_burst"],
         )
 
 
@@ -158,6 +171,12 @@ def as_json(h: EndpointHealth) -> dict[str, Any]:
         "paused_by": None if h.standing.paused_by is None else str(h.standing.paused_by),
         "signed": h.signed,
         "max_concurrency": h.max_concurrency,
+        "effective_concurrency": h.effective_concurrency,
+        "adaptive_concurrency": h.adaptive_concurrency,
+        "throttled_until": rfc3339(h.throttled_until),
+        "rate_limit": None
+        if h.rate_per_second is None
+        else {"per_second": h.rate_per_second, "burst": h.rate_burst},
         "pending": h.pending,
         "in_flight": h.in_flight,
         "dead": h.dead,

@@ -51,6 +51,12 @@ ENDPOINT_OLDEST_PENDING_AGE = Gauge(
 ENDPOINT_DEAD = Gauge(
     "hooklane_endpoint_dead_deliveries", "Dead deliveries kept per endpoint.", ["namespace", "name"]
 )
+ENDPOINT_EFFECTIVE_CONCURRENCY = Gauge(
+    "hooklane_endpoint_effective_concurrency",
+    "Concurrency limit in force of an adaptive endpoint its receiver's overload signals lowered"
+    " below maxConcurrency.",
+    ["namespace", "name"],
+)
 ENDPOINTS_PAUSED = Gauge(
     "hooklane_endpoints_paused",
     "Endpoints to which nothing is sent: circuit open and pausing, paused by hand, or deactivated.",
@@ -108,7 +114,13 @@ TABLE_AUTOVACUUMS = Gauge(
 )
 PER_TABLE = (TABLE_LIVE_ROWS, TABLE_DEAD_ROWS, TABLE_LAST_AUTOVACUUM, TABLE_LAST_VACUUM, TABLE_AUTOVACUUMS)
 
-PER_ENDPOINT = (ENDPOINT_PENDING, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_PENDING_AGE, ENDPOINT_DEAD)
+PER_ENDPOINT = (
+    ENDPOINT_PENDING,
+    ENDPOINT_IN_FLIGHT,
+    ENDPOINT_OLDEST_PENDING_AGE,
+    ENDPOINT_DEAD,
+    ENDPOINT_EFFECTIVE_CONCURRENCY,
+)
 
 # HOOKLANE_METRICS_ENDPOINTS=tenant: the same, summed per tenant of this
 # worker's partitions (the oldest age is the tenant's oldest).

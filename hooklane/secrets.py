@@ -80,6 +80,12 @@ def owner(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
+def terms_owner(namespace: str, name: str) -> str:
+    """What an endpoint's sealed request terms are bound to: not its
+    signing secret's binding, so that neither opens in the other's place."""
+    return f"{namespace}/{name} request terms"
+
+
 def seal(keyring: Keyring | None, plaintext: str, owner: str) -> str:
     """The secret as stored: sealed when there is a key, as is otherwise."""
     return plaintext if keyring is None else keyring.seal(plaintext, owner)

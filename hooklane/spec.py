@@ -30,6 +30,25 @@ from hooklane.checks import (
     unstorable,
     walk,
 )
+from hooklane.delivery import (
+    CA_KEY,
+    DURATION_PATTERN,
+    HEADER_NAME_PATTERN,
+    HEADER_VALUE_PATTERN,
+    MAX_ATTEMPTS,
+    MAX_HEADER_VALUE,
+    MAX_HEADERS,
+    REFUSED_HEADER_PREFIX,
+    REFUSED_HEADERS,
+    DeliverySpec,
+    HeaderSpec,
+    SecretKeyRef,
+    TlsSpec,
+    check_header_name,
+    check_headers,
+    check_max_age,
+    parse_duration,
+)
 from hooklane.errors import InvalidInput, shown
 
 API_VERSION = "hooklane.io/v1alpha1"
@@ -101,6 +120,180 @@ class FieldRule:
     # rule's bounds and default, the database's backstop (tested to agree).
     column: str | None = None
 
+
+_SECRET_NAME = FieldRule(
+    "string",
+    "The Secret's name, in this namespace.",
+    min_length=1,
+    max_length=253,
+    pattern=K8S_NAME_PATTERN,
+    pattern_message="must be a lowercase DNS-style name (RFC 1123)",
+)
+
+
+def _secret_key(description: str, default: str | None = None) -> FieldRule:
+    return FieldRule(
+        "string",
+        description,
+        default=default,
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        pattern_message="must be 1 to 253 letters, digits and '-._'",
+    )
+
+
+_REFUSED_CEL = ", ".join(f"'{h}'" for h in REFUSED_HEADERS)
+_HOSTNAME_PATTERN = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
+
+DELIVERY = FieldRule(
+    "object",
+    "How deliveries go to this receiver: its rate limit, adaptive concurrency, extra headers, TLS and"
+    " retries. Every field is optional; left out, the defaults apply.",
+    properties={
+        "rateLimit": FieldRule(
+            "object",
+            "At most perSecond delivery starts per second, across every worker (a token bucket kept in"
+            " Postgres). After an idle spell up to burst start at once.",
+            required=("perSecond",),
+            properties={
+                "perSecond": FieldRule(
+                    "integer", "Delivery starts per second, at most.", minimum=1, maximum=10_000
+                ),
+                "burst": FieldRule(
+                    "integer",
+                    "Starts allowed at once after an idle spell (1: evenly spaced starts).",
+                    default=1,
+                    minimum=1,
+                    maximum=10_000,
+                ),
+            },
+        ),
+        "adaptiveConcurrency": FieldRule(
+            "boolean",
+            "Move the concurrency limit between 1 and maxConcurrency: down on the receiver's overload"
+            " signals (429, 503, timeouts), up while it keeps up. Retry-After on a 429 or 503 holds the"
+            " whole endpoint. The limit in force is status.effectiveConcurrency.",
+            default=False,
+        ),
+        "headers": FieldRule(
+            "array",
+            "Extra request headers, each with a value or one read from a Secret key (an API key). Never"
+            " shown in status, logs or the dashboard.",
+            max_items=MAX_HEADERS,
+            items=FieldRule(
+                "object",
+                required=("name",),
+                properties={
+                    "name": FieldRule(
+                        "string",
+                        "The header's name. Hop-by-hop headers, Host, Content-Type, Content-Length,"
+                        " Content-Encoding and webhook-* are refused.",
+                        min_length=1,
+                        max_length=256,
+                        pattern=HEADER_NAME_PATTERN,
+                        pattern_message="must be a header name (letters, digits and !#$%&'*+.^_`|~-)",
+                        cel=(
+                            (
+                                f"!(self.lowerAscii() in [{_REFUSED_CEL}])"
+                                f" && !self.lowerAscii().startsWith('{REFUSED_HEADER_PREFIX}')",
+                                "may not be set: hop-by-hop headers, Host, Content-Type, Content-Length,"
+                                " Content-Encoding and the webhook-* signature headers are Hooklane's",
+                            ),
+                        ),
+                        check=check_header_name,
+                    ),
+                    "value": FieldRule(
+                        "string",
+                        "The header's value.",
+                        min_length=1,
+                        max_length=MAX_HEADER_VALUE,
+                        pattern=HEADER_VALUE_PATTERN,
+                        pattern_message="must be visible ASCII, spaces and tabs only inside, no line breaks",
+                    ),
+                    "valueFrom": FieldRule(
+                        "object",
+                        "Where the value is read from instead.",
+                        required=("secretKeyRef",),
+                        properties={
+                            "secretKeyRef": FieldRule(
+                                "object",
+                                "A key of a Secret in this namespace; a change takes effect without a"
+                                " restart.",
+                                required=("name", "key"),
+                                properties={"name": _SECRET_NAME, "key": _secret_key("The key.")},
+                            )
+                        },
+                    ),
+                },
+                cel=(
+                    ("has(self.value) != has(self.valueFrom)", "must set exactly one of value and valueFrom"),
+                ),
+            ),
+            cel=(
+                (
+                    "self.all(h, self.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",
+                    "must not set a header twice",
+                ),
+            ),
+            check=check_headers,
+        ),
+        "tls": FieldRule(
+            "object",
+            "TLS to an https:// receiver: a private CA to trust (for this endpoint only), a client"
+            " certificate (mutual TLS) and the name to verify.",
+            properties={
+                "caSecretRef": FieldRule(
+                    "object",
+                    "A Secret key holding the PEM certificates to trust instead of the system's.",
+                    required=("name",),
+                    properties={"name": _SECRET_NAME, "key": _secret_key("The key.", CA_KEY)},
+                ),
+                "clientCertificateSecretRef": FieldRule(
+                    "object",
+                    "A kubernetes.io/tls Secret (tls.crt, tls.key): the certificate presented to the"
+                    " receiver.",
+                    required=("name",),
+                    properties={"name": _SECRET_NAME},
+                ),
+                "serverName": FieldRule(
+                    "string",
+                    "The name sent in SNI and verified in the receiver's certificate, instead of the URL's"
+                    " host. The address dialled is still the URL's, and still judged by the destination"
+                    " guard.",
+                    min_length=1,
+                    max_length=253,
+                    pattern=_HOSTNAME_PATTERN,
+                    pattern_message="must be a DNS name",
+                ),
+            },
+        ),
+        "retry": FieldRule(
+            "object",
+            "This endpoint's retry limits, within the contract's (20 attempts, 72h).",
+            properties={
+                "maxAttempts": FieldRule(
+                    "integer", "Attempts before a delivery is dead.", minimum=1, maximum=MAX_ATTEMPTS
+                ),
+                "maxAge": FieldRule(
+                    "string",
+                    'Age at which a delivery is dead, a duration ("1h", "90m", "36h"), at most 72h.',
+                    min_length=2,
+                    max_length=32,
+                    pattern=DURATION_PATTERN,
+                    pattern_message='must be a duration such as "90s", "30m" or "36h"',
+                    cel=(
+                        (
+                            "duration(self) >= duration('1s') && duration(self) <= duration('72h')",
+                            "must be between 1s and 72h",
+                        ),
+                    ),
+                    check=check_max_age,
+                ),
+            },
+        ),
+    },
+)
 
 SPEC = FieldRule(
     "object",
@@ -186,7 +379,15 @@ SPEC = FieldRule(
         "paused": FieldRule(
             "boolean", "Manual pause; pending deliveries are kept.", default=False, column="paused"
         ),
+        "delivery": DELIVERY,
     },
+    cel=(
+        (
+            "!has(self.delivery) || !has(self.delivery.tls) || url(self.url).getScheme() == 'https'",
+            "delivery.tls needs an https:// url",
+        ),
+    ),
+    check=lambda spec: _tls_needs_https(spec),
 )
 _FIELDS = SPEC.properties
 
@@ -202,6 +403,13 @@ class EndpointSpec:
     event_types: tuple[str, ...] = field(default_factory=tuple)
     timeout_seconds: int = _FIELDS["timeoutSeconds"].default
     paused: bool = _FIELDS["paused"].default
+    delivery: DeliverySpec = field(default_factory=DeliverySpec)
+
+
+def _tls_needs_https(spec: dict[str, Any]) -> None:
+    delivery = spec.get("delivery") or {}
+    if delivery.get("tls") is not None and not spec["url"].lower().startswith("https://"):
+        raise InvalidInput("spec.delivery.tls", "needs an https:// url")
 
 
 def check_tenant(value: Any, field: str) -> str:
@@ -224,11 +432,18 @@ def _checked(rule: FieldRule, value: Any, path: str) -> Any:
             if not isinstance(value, bool):
                 raise InvalidInput(path, f"must be true or false, not {shown(value)}")
         case "array":
-            _check_array(rule, value, path)
+            value = _check_array(rule, value, path)
         case "object":
-            return _check_object(rule, value, path)
+            value = _check_object(rule, value, path)
     if rule.check is not None:
-        rule.check(value)
+        try:
+            rule.check(value)
+        except InvalidInput as exc:
+            # A check that does not know where its value sits leaves the
+            # field empty: it is this one.
+            if exc.field:
+                raise
+            raise InvalidInput(path, exc.message) from None
     return value
 
 
@@ -252,18 +467,21 @@ def _check_integer(rule: FieldRule, value: Any, path: str) -> None:
         raise InvalidInput(path, f"must be between {rule.minimum} and {rule.maximum}, not {shown(value)}")
 
 
-def _check_array(rule: FieldRule, value: Any, path: str) -> None:
+def _check_array(rule: FieldRule, value: Any, path: str) -> list[Any]:
+    """The list with every item checked (objects with their defaults)."""
     if not isinstance(value, list):
         raise InvalidInput(path, f"must be a list, not {shown(value)}")
     if rule.max_items is not None and len(value) > rule.max_items:
         raise InvalidInput(path, f"has more than {rule.max_items} items")
     if rule.items is None:
-        return
+        return value
+    checked = []
     for i, item in enumerate(value):
         try:
-            _checked(rule.items, item, path)
+            checked.append(_checked(rule.items, item, path))
         except InvalidInput as exc:
             raise InvalidInput(path, f"item {i}: {exc.message}") from None
+    return checked
 
 
 def _check_object(rule: FieldRule, value: Any, path: str) -> dict[str, Any]:
@@ -309,6 +527,36 @@ def parse_spec(namespace: str, name: str, spec: Any) -> EndpointSpec:
         event_types=tuple(checked["eventTypes"] or ()),
         timeout_seconds=checked["timeoutSeconds"],
         paused=checked["paused"],
+        delivery=_delivery(checked["delivery"]),
+    )
+
+
+def _delivery(checked: dict[str, Any] | None) -> DeliverySpec:
+    if checked is None:
+        return DeliverySpec()
+    rate, tls, retry = checked["rateLimit"], checked["tls"], checked["retry"] or {}
+    headers = tuple(
+        HeaderSpec(
+            h["name"],
+            h["value"],
+            None if h["valueFrom"] is None else SecretKeyRef(**h["valueFrom"]["secretKeyRef"]),
+        )
+        for h in checked["headers"] or ()
+    )
+    return DeliverySpec(
+        rate_per_second=None if rate is None else rate["perSecond"],
+        burst=1 if rate is None else rate["burst"],
+        adaptive=checked["adaptiveConcurrency"],
+        headers=headers,
+        tls=None
+        if tls is None
+        else TlsSpec(
+            None if tls["caSecretRef"] is None else SecretKeyRef(**tls["caSecretRef"]),
+            None if tls["clientCertificateSecretRef"] is None else tls["clientCertificateSecretRef"]["name"],
+            tls["serverName"],
+        ),
+        max_attempts=retry.get("maxAttempts"),
+        max_age_seconds=None if retry.get("maxAge") is None else parse_duration(retry["maxAge"]),
     )
 
 

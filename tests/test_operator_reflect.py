@@ -64,17 +64,29 @@ def b64(value: str) -> str:
 # --- secrets ---------------------------------------------------------------
 
 
-def test_signing_values_keep_only_what_looks_like_a_signing_secret():
-    values = reflect.signing_values(
+def test_secret_values_keep_only_signing_secrets_pem_and_header_values():
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    values = reflect.secret_values(
         {
             "secret": b64(SECRET + "\n"),
             "token": b64("eyJhbGciOi"),
+            "ca.crt": b64(pem + "\n"),
             "binary": base64.b64encode(b"\xff\xfe").decode(),
             "huge": b64("whsec_" + "A" * 1000),
+            "lines": b64("two\nlines"),
+            "long": b64("k" * 5000),
         }
     )
-    assert values == {"secret": SECRET, "token": None, "binary": None, "huge": None}
-    assert reflect.signing_values(None) == {}
+    assert values == {
+        "secret": SECRET,
+        "token": "eyJhbGciOi",
+        "ca.crt": pem,
+        "binary": None,
+        "huge": None,
+        "lines": None,
+        "long": None,
+    }
+    assert reflect.secret_values(None) == {}
 
 
 @pytest.mark.parametrize(

@@ -283,7 +283,7 @@ def test_a_verdict_row_of_a_deleted_endpoint():
     assert not v.exists
 
 
-def test_a_complete_v3_row():
+def test_a_complete_row():
     row = {
         "id": 7,
         "partition": 3,
@@ -296,10 +296,18 @@ def test_a_complete_v3_row():
         "retried_head": t(10),
         "opened": True,
         "deactivated": False,
+        "throttled_until": None,
+        "effective_concurrency": 4,
+        "lowered": False,
     }
     assert Recorded.of(row) == Recorded(7, row["partition"], True, t(60), t(10))
     row.update(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
     assert Recorded.of(row) == Recorded(7, row["partition"], False, None, None)
+    # A Retry-After's hold on an adaptive endpoint waits as a pause does.
+    row.update(state="active", deliverable=True, throttled_until=t(30))
+    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(30), None)
+    row.update(paused_until=t(90))
+    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(90), None)
 
 
 # wake

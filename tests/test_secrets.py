@@ -185,8 +185,8 @@ async def test_what_the_operator_compares_at_start_is_what_the_upsert_stored(db)
     held = await store.stored_endpoints(db, RING21)
     assert held[("default", "a")] == store.stored_form(spec, OLD)
     assert held[("default", "a")] != store.stored_form(spec, NEW)
-    assert held[("default", "plain")][-1] == OLD
-    assert held[("default", "none")][-1] is None
+    assert held[("default", "plain")].secret == OLD
+    assert held[("default", "none")].secret is None
     # Sealed with k1, which RING2 no longer holds: left out, so upserted again.
     assert ("default", "a") not in await store.stored_endpoints(db, RING2)
 

@@ -28,6 +28,7 @@ Decisions live in :mod:`hooklane.operator.reflect`, SQL in the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -241,7 +242,7 @@ async def database(*, memo: kopf.Memo, **_: Any) -> bool:
 async def index_secret(
     *, namespace: str, name: str, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, str | None]]:
-    return {(namespace, name): reflect.signing_values(body.get("data"))}
+    return {(namespace, name): reflect.secret_values(body.get("data"))}
 
 
 async def index_endpoint(
@@ -260,10 +261,18 @@ async def index_endpoint(
 async def index_endpoint_by_secret(
     *, namespace: str, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
 ) -> dict[Key, str]:
-    ref = spec.get("secretRef") or {}
-    if meta.get("deletionTimestamp") or not ref.get("name"):
+    """Every Secret the endpoint reads: its signing secret's, and those of
+    its spec.delivery (headers, TLS), whichever of them is valid."""
+    if meta.get("deletionTimestamp"):
         return {}
-    return {(namespace, ref["name"]): name}
+    ref = spec.get("secretRef") or {}
+    names = {ref["name"]} if isinstance(ref, dict) and ref.get("name") else set()
+    # An invalid spec is the sync's to report; its signing secret's name is
+    # still followed.
+    with contextlib.suppress(InvalidInput):
+        if spec.get("delivery"):
+            names |= parse_spec(namespace, name, dict(spec)).delivery.secret_names()
+    return {(namespace, secret): name for secret in names}
 
 
 async def sync(
@@ -550,7 +559,7 @@ async def _unchanged(
             wanted = _wanted(endpoints, secrets, namespace, name)
         except InvalidInput:
             return False
-        if wanted is None or store.stored_form(wanted.spec, wanted.check.secret) != held:
+        if wanted is None or store.stored_form(wanted.spec, wanted.check.secret, wanted.check.terms) != held:
             return False
         _stored_as(tracked, wanted)
     memo.reflector.forget(key)
@@ -594,7 +603,13 @@ def _wanted(
     values = None
     if spec.secret_ref is not None:
         values = _first(secrets.get((namespace, spec.secret_ref.name), ()))
-    return Wanted(declared, spec, reflect.check_secret(namespace, spec.secret_ref, values))
+    check = reflect.check_terms(
+        reflect.check_secret(namespace, spec.secret_ref, values),
+        namespace,
+        spec.delivery,
+        lambda secret: _first(secrets.get((namespace, secret), ())),
+    )
+    return Wanted(declared, spec, check)
 
 
 async def _sync(
@@ -627,13 +642,14 @@ async def _sync(
                     conn,
                     spec,
                     check.secret,
+                    terms=check.terms,
                     keyring=config.encryption_key,
                     grace_seconds=config.secret_grace_seconds,
                 )
                 # Before the release awaits: a status pass in between must not
                 # take the previous write for this one.
                 _stored_as(tracked, wanted)
-                memo.at_start.record((namespace, name), store.stored_form(spec, check.secret))
+                memo.at_start.record((namespace, name), store.stored_form(spec, check.secret, check.terms))
         except StoreError as exc:
             if exc.transient:
                 raise kopf_error(exc) from exc

@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from hooklane.delivery import (
+    HEADER_VALUE_PATTERN,
+    MAX_HEADER_VALUE,
+    MAX_PEM_CHARS,
+    DeliverySpec,
+    RequestTerms,
+    SecretLookup,
+    SecretProblem,
+    resolve,
+)
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing, endpoint_state
 from hooklane.errors import InvalidInput
 from hooklane.guard import is_refusal
@@ -78,16 +89,23 @@ RESEND_DEAD_ANNOTATION = "hooklane.io/resend-dead"
 # A Secret value longer than this is not a Standard Webhooks secret (64 key
 # bytes encode to 88 characters); keeping it out of the index bounds memory.
 _MAX_SECRET_CHARS = 256
+_PEM_START = "-----BEGIN "
+_HEADER_VALUE = re.compile(HEADER_VALUE_PATTERN)
 
 
 @dataclass(frozen=True)
 class SecretCheck:
     """The signing secret an endpoint's secretRef resolves to: ``secret`` is
-    the ``whsec_`` value, or None with the reason nothing may be signed."""
+    the ``whsec_`` value, or None with the reason nothing may be signed;
+    ``terms``, the request terms of its spec.delivery (headers, TLS), read
+    from their Secrets. A Secret those name that is missing or unusable
+    leaves the endpoint unsigned too: nothing is sent without the
+    credentials its receiver expects."""
 
     secret: str | None
     reason: Reason
     message: str
+    terms: RequestTerms | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +136,9 @@ class Queue:
     in_flight: int
     oldest_pending_age: float | None
     dead: int = 0
+    # The concurrency limit in force (adaptive concurrency moves it); 0:
+    # not known, not shown.
+    effective_concurrency: int = 0
 
     @classmethod
     def from_health(cls, health: EndpointHealth) -> Queue:
@@ -131,6 +152,7 @@ class Queue:
             in_flight=health.in_flight,
             oldest_pending_age=health.oldest_pending_age,
             dead=health.dead,
+            effective_concurrency=health.effective_concurrency,
         )
 
 
@@ -151,26 +173,34 @@ class Reflection:
     events: list[KubeEvent] = field(default_factory=list)
 
 
-def signing_values(data: Mapping[str, str] | None) -> dict[str, str | None]:
-    """A Secret's ``data`` reduced to what the operator needs: each key with
-    its decoded value when it looks like a signing secret, None otherwise.
-    Every Secret of the watched namespaces passes through here, so nothing
-    else (tokens, Helm releases) is kept in memory."""
+def secret_values(data: Mapping[str, str] | None) -> dict[str, str | None]:
+    """A Secret's ``data`` reduced to what the operator may need: each key
+    with its decoded text when it looks like a signing secret, a PEM block
+    (a CA or a client certificate and key) or a header value (an API key),
+    None otherwise. Every Secret of the watched namespaces passes through
+    here, so nothing else (tokens, Helm releases) is kept in memory."""
     values: dict[str, str | None] = {}
     for key, encoded in (data or {}).items():
         try:
             value = base64.b64decode(encoded, validate=True).decode().strip()
         except (binascii.Error, UnicodeDecodeError):
             value = ""
-        looks_right = value.startswith(SECRET_PREFIX) and len(value) <= _MAX_SECRET_CHARS
-        values[key] = value if looks_right else None
+        values[key] = value if _kept(value) else None
     return values
+
+
+def _kept(value: str) -> bool:
+    if value.startswith(SECRET_PREFIX):
+        return len(value) <= _MAX_SECRET_CHARS
+    if value.startswith(_PEM_START):
+        return len(value) <= MAX_PEM_CHARS
+    return len(value) <= MAX_HEADER_VALUE and _HEADER_VALUE.fullmatch(value) is not None
 
 
 def check_secret(
     namespace: str, ref: SecretRef | None, values: Mapping[str, str | None] | None
 ) -> SecretCheck:
-    """Resolve a secretRef against the Secret's :func:`signing_values`
+    """Resolve a secretRef against the Secret's :func:`secret_values`
     (None when the Secret does not exist)."""
     if ref is None:
         return SecretCheck(
@@ -186,7 +216,7 @@ def check_secret(
             None, Reason.SECRET_MISSING, f"{where} has no key {ref.key!r}; nothing is delivered until it does"
         )
     value = values[ref.key]
-    if value is None:
+    if value is None or not value.startswith(SECRET_PREFIX) or len(value) > _MAX_SECRET_CHARS:
         return SecretCheck(
             None,
             Reason.SECRET_INVALID,
@@ -266,6 +296,7 @@ def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: flo
         "inFlight": queue.in_flight,
         "dead": queue.dead,
         "oldestPendingAgeSeconds": age,
+        "effectiveConcurrency": queue.effective_concurrency or None,
     }
 
 
@@ -399,3 +430,17 @@ def tenant_changed(previous: str, tenant: str, discarded: int) -> KubeEvent:
         f"spec.tenant changed from {previous} to {tenant}: {discarded} pending or dead deliveries "
         f"of {previous}'s events discarded, never to be sent to this endpoint",
     )
+
+
+def check_terms(
+    check: SecretCheck, namespace: str, delivery: DeliverySpec, lookup: SecretLookup
+) -> SecretCheck:
+    """``check`` with the request terms of ``delivery`` resolved, or unsigned
+    with the reason when a Secret they name is missing or unusable."""
+    if check.secret is None:
+        return check
+    try:
+        terms = resolve(delivery, namespace, lookup)
+    except SecretProblem as exc:
+        return SecretCheck(None, Reason.SECRET_MISSING if exc.missing else Reason.SECRET_INVALID, exc.message)
+    return SecretCheck(check.secret, check.reason, check.message, terms)

@@ -20,12 +20,20 @@ from hooklane.store.queries import QUERIES
 STATES = ("pending", "sending", "delivered", "dead", "discarded")
 FAILURES = tuple(f.value for f in FailureClass)
 _STATUS = re.compile(r"([1-5])(xx|[0-9]{2})")
+# How far ahead a rate-limited endpoint's starts are granted: a round
+# grants what its bucket allows until then, each start with its wait, so
+# that an endpoint at 100/s costs about one round a second rather than a
+# hundred. A worker that dies holds that much of the rate unused until its
+# leases are rescued.
+RATE_LOOKAHEAD_SECONDS = 1.0
+# The least time between two changes of an adaptive endpoint's limit.
+ADAPT_STEP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
 class Reservation:
     """What a reservation round returns: the deliveries it reserved, and one
-    verdict per candidate endpoint (hooklane_reserve_v4: deliverable,
+    verdict per candidate endpoint (hooklane_reserve_v5: deliverable,
     paused_until, head, at_limit, leases_end, max_concurrency)."""
 
     deliveries: list[asyncpg.Record]
@@ -40,10 +48,13 @@ async def reserve(
     limit: int,
     lease_grace_seconds: float,
     worker_id: str,
+    lookahead_seconds: float = RATE_LOOKAHEAD_SECONDS,
 ) -> Reservation:
     """Reserve up to ``limit`` due deliveries of the ``candidates`` (endpoints
     of ``partitions``), reading each one's queue from its floor (None: from
     the start); each records ``worker_id`` as the worker that attempted it.
+    A rate-limited endpoint's starts are granted ``lookahead_seconds`` ahead
+    at most, each with its wait (``send_in``).
     Call only while this session holds those partitions' advisory locks."""
     rows = await conn.fetch(
         *QUERIES["reserve"](
@@ -53,6 +64,7 @@ async def reserve(
             limit=limit,
             lease_grace_seconds=lease_grace_seconds,
             worker_id=worker_id,
+            lookahead_seconds=lookahead_seconds,
         )
     )
     return Reservation([r for r in rows if r["id"] is not None], [r for r in rows if r["id"] is None])
@@ -70,14 +82,17 @@ async def complete(
     circuit: CircuitPolicy,
     partitions: list[int],
     worker_id: str | None = None,
+    adapt_step_seconds: float = ADAPT_STEP_SECONDS,
 ) -> list[asyncpg.Record]:
     """Record results in one statement, each one's attempt with it (made by
     ``worker_id``); returns the endpoints touched, with their circuit state
     after it, whether each is deliverable and the earliest retry queued for
     it (``retried_head``), for the ready list; ``opened``: whether these
     results opened its circuit; ``deactivated``: whether they deactivated it
-    (a 410). Retries of endpoints outside ``partitions`` (the recording
-    worker's) are notified to their owner."""
+    (a 410); ``throttled_until``, ``effective_concurrency`` and ``lowered``:
+    an adaptive endpoint's hold and limit, changed at most once per
+    ``adapt_step_seconds``. Retries of endpoints outside ``partitions`` (the
+    recording worker's) are notified to their owner."""
     now = datetime.now(UTC)
     return await conn.fetch(
         *QUERIES["complete"](
@@ -98,6 +113,7 @@ async def complete(
             cap_seconds=circuit.cap_seconds,
             partitions=partitions,
             delivered_step_seconds=DELIVERED_STEP_SECONDS,
+            adapt_step_seconds=adapt_step_seconds,
         )
     )
 

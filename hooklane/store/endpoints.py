@@ -8,13 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import NamedTuple
 
 import asyncpg
 
+from hooklane.delivery import RequestTerms
 from hooklane.endpoint_state import EndpointState
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
-from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, unseal
+from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, terms_owner, unseal
 from hooklane.spec import EndpointSpec
 from hooklane.store.cursor import EndpointPosition, endpoint_cursor, endpoint_position
 from hooklane.store.queries import QUERIES
@@ -47,6 +49,7 @@ async def upsert_endpoint(
     spec: EndpointSpec,
     secret: str | None,
     *,
+    terms: RequestTerms | None = None,
     keyring: Keyring | None = None,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
 ) -> Upserted:
@@ -58,7 +61,11 @@ async def upsert_endpoint(
     stored before, with the active key). A secret that replaces another keeps
     the other one signing for ``grace_seconds``, so that receivers switch
     keys without refusing a delivery. Moving the endpoint to another tenant
-    discards the pending and dead deliveries of the old one."""
+    discards the pending and dead deliveries of the old one.
+
+    ``terms``: the headers and TLS material of ``spec.delivery``, resolved
+    from their Secrets (hooklane/delivery.py), stored sealed like the
+    secret; the rest of ``spec.delivery`` is stored as columns."""
     bound = owner(spec.namespace, spec.name)
     async with conn.transaction():
         stored = await conn.fetchval(
@@ -93,6 +100,14 @@ async def upsert_endpoint(
                 paused=spec.paused,
                 replaced_secret=replaced,
                 grace_seconds=grace_seconds,
+                rate_per_second=spec.delivery.rate_per_second,
+                rate_burst=spec.delivery.burst,
+                adaptive_concurrency=spec.delivery.adaptive,
+                max_attempts=spec.delivery.max_attempts,
+                max_age_seconds=spec.delivery.max_age_seconds,
+                request_terms=None
+                if terms is None
+                else seal(keyring, terms.to_json(), terms_owner(spec.namespace, spec.name)),
             )
         )
     assert row is not None, "upsert_endpoint returns one row, always"
@@ -116,14 +131,25 @@ async def upsert_endpoint(
     return upserted
 
 
-# What upsert_endpoint stores of a spec and its signing secret (plaintext,
-# or None without one), in a form to compare: equal means an upsert would
-# change nothing.
-Stored = tuple[str, str, int, tuple[str, ...], int, bool, str | None]
+# What upsert_endpoint stores of a spec, its signing secret (plaintext, or
+# None without one) and its request terms (as JSON, or None), in a form to
+# compare: equal means an upsert would change nothing.
+class Stored(NamedTuple):
+    tenant: str
+    url: str
+    max_concurrency: int
+    event_types: tuple[str, ...]
+    timeout_seconds: int
+    paused: bool
+    secret: str | None
+    # spec.delivery's columns: rate, burst, adaptive, max attempts, max age.
+    delivery: tuple[int | None, int, bool, int | None, float | None]
+    terms: str | None
 
 
-def stored_form(spec: EndpointSpec, secret: str | None) -> Stored:
-    return (
+def stored_form(spec: EndpointSpec, secret: str | None, terms: RequestTerms | None = None) -> Stored:
+    d = spec.delivery
+    return Stored(
         spec.tenant,
         spec.url,
         spec.max_concurrency,
@@ -131,6 +157,8 @@ def stored_form(spec: EndpointSpec, secret: str | None) -> Stored:
         spec.timeout_seconds,
         spec.paused,
         secret,
+        (d.rate_per_second, d.burst, d.adaptive, d.max_attempts, d.max_age_seconds),
+        None if terms is None else terms.to_json(),
     )
 
 
@@ -142,13 +170,16 @@ async def stored_endpoints(
     upsert replaces it."""
     found: dict[tuple[str, str], Stored] = {}
     for row in await conn.fetch(*QUERIES["stored_endpoints"]()):
-        secret = row["secret"]
-        if secret is not None:
-            try:
-                secret = unseal(keyring, secret, owner(row["namespace"], row["name"]))
-            except InvalidInput:
-                continue
-        found[(row["namespace"], row["name"])] = (
+        secret, terms = row["secret"], row["request_terms"]
+        bound = owner(row["namespace"], row["name"])
+        try:
+            if secret is not None:
+                secret = unseal(keyring, secret, bound)
+            if terms is not None:
+                terms = unseal(keyring, terms, terms_owner(row["namespace"], row["name"]))
+        except InvalidInput:
+            continue
+        found[(row["namespace"], row["name"])] = Stored(
             row["tenant"],
             row["url"],
             row["max_concurrency"],
@@ -156,6 +187,14 @@ async def stored_endpoints(
             row["timeout_seconds"],
             row["paused"],
             secret,
+            (
+                row["rate_per_second"],
+                row["rate_burst"],
+                row["adaptive_concurrency"],
+                row["max_attempts"],
+                row["max_age_seconds"],
+            ),
+            terms,
         )
     return found
 

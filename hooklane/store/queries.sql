@@ -80,7 +80,10 @@ SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- the Secret is missing), max_concurrency, event_types, timeout_seconds,
 -- paused, replaced_secret (the secret being replaced, as stored; NULL when
 -- the secret did not change: the previous one is kept as it was),
--- grace_seconds (how long the replaced secret still signs).
+-- grace_seconds (how long the replaced secret still signs); the delivery
+-- terms: rate_per_second (NULL: none), rate_burst, adaptive_concurrency,
+-- max_attempts and max_age_seconds (NULL: the settings'), request_terms
+-- (sealed; NULL: none). Turning adaptive concurrency off forgets its state.
 -- Index: the unique (namespace, name) constraint; deliveries_queue and
 -- deliveries_dead for the discard.
 WITH before AS (
@@ -88,11 +91,14 @@ WITH before AS (
 ),
 upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
-                       event_types, timeout_seconds, paused, partition)
+                       event_types, timeout_seconds, paused, partition, rate_per_second, rate_burst,
+                       adaptive_concurrency, max_attempts, max_age_seconds, request_terms)
 VALUES (%(namespace)s, %(name)s, %(tenant)s, %(url)s, %(secret)s, %(max_concurrency)s,
         %(event_types)s, %(timeout_seconds)s, %(paused)s,
         (hashtext(%(namespace)s || '/' || %(name)s)::bigint & 2147483647)
-          %% (SELECT partition_count FROM hooklane_config))
+          %% (SELECT partition_count FROM hooklane_config),
+        %(rate_per_second)s, %(rate_burst)s, %(adaptive_concurrency)s, %(max_attempts)s,
+        %(max_age_seconds)s, %(request_terms)s)
 ON CONFLICT (namespace, name) DO UPDATE
 SET tenant          = EXCLUDED.tenant,
     url             = EXCLUDED.url,
@@ -104,6 +110,16 @@ SET tenant          = EXCLUDED.tenant,
     event_types     = EXCLUDED.event_types,
     timeout_seconds = EXCLUDED.timeout_seconds,
     paused          = EXCLUDED.paused,
+    rate_per_second = EXCLUDED.rate_per_second,
+    rate_burst      = EXCLUDED.rate_burst,
+    adaptive_concurrency = EXCLUDED.adaptive_concurrency,
+    effective_concurrency = CASE WHEN EXCLUDED.adaptive_concurrency THEN endpoints.effective_concurrency END,
+    concurrency_raised_at = CASE WHEN EXCLUDED.adaptive_concurrency THEN endpoints.concurrency_raised_at END,
+    concurrency_lowered_at = CASE WHEN EXCLUDED.adaptive_concurrency THEN endpoints.concurrency_lowered_at END,
+    throttled_until = CASE WHEN EXCLUDED.adaptive_concurrency THEN endpoints.throttled_until END,
+    max_attempts    = EXCLUDED.max_attempts,
+    max_age_seconds = EXCLUDED.max_age_seconds,
+    request_terms   = EXCLUDED.request_terms,
     updated_at      = now()
 RETURNING id, partition, tenant, (xmax = 0) AS created
 ),
@@ -172,7 +188,8 @@ WHERE ep.id = r.id
 -- Parameters: none. Index: none, one sequential read of the table (10,000
 -- endpoints are ~2 MB of rows), cheaper than one probe per resource.
 SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
-       timeout_seconds, paused
+       timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
+       max_age_seconds, request_terms
 FROM endpoints;
 
 -- name: reactivate_endpoint
@@ -420,25 +437,33 @@ FROM rescued r;
 -- Reserve up to `limit` due deliveries of the candidates, the endpoints
 -- whose time has come in the worker's ready list, each read from its floor
 -- (the earliest next_attempt_at a pending delivery of it may have; NULL:
--- from the start): the steps are in hooklane_reserve_v4 (migration 0010),
+-- from the start): the steps are in hooklane_reserve_v5 (migration 0011),
 -- one round trip. Runs only under the partitions' advisory locks, and
 -- reserves only for endpoints of the owned partitions. A due delivery of
 -- another tenant's event than its endpoint's is discarded, never returned.
 -- Each reserved delivery records the worker's id in attempted_by.
 -- `previous_secret` is the replaced signing secret while it still signs,
--- else NULL. `max_concurrency` is the endpoint's limit. The rows with a
--- NULL id are one verdict per candidate, for the ready list: deliverable,
--- paused_until, head (its earliest pending delivery from the floor on,
--- NULL: none), at_limit (every slot held by a live lease) and leases_end
--- (when the first live lease ends).
+-- else NULL. `max_concurrency` is the endpoint's limit in force (its
+-- effective concurrency when adaptive). `send_in`: seconds the worker waits
+-- before the call, so that a rate-limited endpoint's starts keep to its
+-- rate; `request_terms` (sealed; NULL: none), `max_attempts` and
+-- `max_age_seconds` (NULL: the settings') are the endpoint's own terms.
+-- The rows with a NULL id are one verdict per candidate, for the ready
+-- list: deliverable, paused_until (when a start may be granted again: the
+-- circuit's pause, a Retry-After's hold, the rate limit), head (its
+-- earliest pending delivery from the floor on, NULL: none), at_limit (every
+-- slot held by a live lease) and leases_end (when the first live lease
+-- ends).
 -- Parameters: partitions (owned), candidates and floors (arrays of the same
 -- length), limit (how many at most), lease_grace_seconds (beyond the
--- endpoint's timeout), worker_id.
--- Index: primary key of endpoints, deliveries_leased, deliveries_queue from
--- each floor, primary key of events (see the function).
-SELECT * FROM hooklane_reserve_v4(%(partitions)s::int[], %(candidates)s::bigint[],
+-- endpoint's timeout), worker_id, lookahead_seconds (how far ahead a
+-- rate-limited endpoint's starts are granted).
+-- Index: primary key of endpoints, deliveries_leased, deliveries_rate,
+-- deliveries_queue from each floor, primary key of events (see the
+-- function).
+SELECT * FROM hooklane_reserve_v5(%(partitions)s::int[], %(candidates)s::bigint[],
                                   %(floors)s::timestamptz[], %(limit)s, %(lease_grace_seconds)s,
-                                  %(worker_id)s);
+                                  %(worker_id)s, %(lookahead_seconds)s);
 
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each
@@ -467,20 +492,25 @@ SELECT * FROM hooklane_reserve_v4(%(partitions)s::int[], %(candidates)s::bigint[
 -- durations (seconds), retry_afters (the Retry-After honoured, seconds),
 -- trace_ids, arrays of equal length; worker_id (the recording worker);
 -- threshold (failures that open the circuit), step_seconds and cap_seconds
--- (of the pause); partitions (owned); delivered_step_seconds.
--- The steps are in hooklane_complete_v4 (migration 0010), one round trip, with
+-- (of the pause); partitions (owned); delivered_step_seconds;
+-- adapt_step_seconds (between two changes of an adaptive endpoint's limit).
+-- Also returns, per endpoint, throttled_until (a Retry-After's hold),
+-- effective_concurrency (the limit in force) and lowered (this call lowered
+-- it).
+-- The steps are in hooklane_complete_v5 (migration 0011), one round trip, with
 -- a plan kept per session that looks each result's row up by primary key.
 -- Index: primary keys of deliveries and endpoints (see the function); the
 -- attempts are appended to today's partition.
 SELECT id, partition, namespace, name, state, paused_until, consecutive_failures, deliverable,
-       retried_head, opened, deactivated
-FROM hooklane_complete_v4(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+       retried_head, opened, deactivated, throttled_until, effective_concurrency, lowered
+FROM hooklane_complete_v5(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
                           %(retry_ins)s::float8[], %(statuses)s::int[], %(errors)s::text[],
                           %(failures)s::text[], %(started_ats)s::timestamptz[],
                           %(durations)s::float8[], %(retry_afters)s::float8[],
                           %(trace_ids)s::text[], %(worker_id)s,
                           %(threshold)s, %(step_seconds)s, %(cap_seconds)s,
-                          %(partitions)s::int[], %(delivered_step_seconds)s);
+                          %(partitions)s::int[], %(delivered_step_seconds)s,
+                          %(adapt_step_seconds)s);
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -737,6 +767,8 @@ ORDER BY p.xact, p.id;
 -- deliveries_dead, each probed per endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
+       hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
+       ep.rate_per_second, ep.rate_burst, ep.throttled_until,
        ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
        q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
        f.in_flight, f.sending_on, x.dead,
@@ -790,6 +822,8 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 WITH chosen AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
+           hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
+           ep.rate_per_second, ep.rate_burst, ep.throttled_until,
            ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
            q.pending, q.oldest_pending_at
     FROM endpoints ep
@@ -1122,6 +1156,8 @@ SELECT pg_advisory_unlock(%(lock_class)s::int, %(key)s::int) AS released;
 WITH health AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
+           hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
+           ep.rate_per_second, ep.rate_burst, ep.throttled_until,
            ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
            count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
            extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
@@ -1138,6 +1174,7 @@ WITH health AS (
 ), digested AS (
     SELECT h.*,
            md5(row(h.tenant, h.url, h.state, h.paused, h.signed, h.max_concurrency,
+                   h.effective_concurrency,
                    h.consecutive_failures, h.paused_until, h.paused_until > h.observed_at,
                    h.last_error, h.last_delivered_at, h.deactivated_reason,
                    h.pending, h.in_flight, h.dead,

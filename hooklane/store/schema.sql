@@ -61,6 +61,24 @@ CREATE TABLE endpoints (
     last_delivered_at    timestamptz,
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now(),
+    -- spec.delivery (migration 0011). The rate limit: starts per second
+    -- and the bucket's size, kept in the deliveries it grants (rate_tat).
+    rate_per_second      integer CHECK (rate_per_second BETWEEN 1 AND 10000),
+    rate_burst           integer NOT NULL DEFAULT 1 CHECK (rate_burst BETWEEN 1 AND 10000),
+    -- Adaptive concurrency: the limit in force (NULL: max_concurrency),
+    -- when complete last raised and lowered it, and until when a
+    -- Retry-After holds the whole endpoint.
+    adaptive_concurrency boolean NOT NULL DEFAULT false,
+    effective_concurrency integer CHECK (effective_concurrency >= 1),
+    concurrency_raised_at timestamptz,
+    concurrency_lowered_at timestamptz,
+    throttled_until      timestamptz,
+    -- Retry limits of its own (NULL: the settings').
+    max_attempts         integer CHECK (max_attempts BETWEEN 1 AND 20),
+    max_age_seconds      double precision CHECK (max_age_seconds > 0 AND max_age_seconds <= 259200),
+    -- Extra headers and TLS material, resolved from their Secrets and
+    -- sealed like the signing secret (hooklane/delivery.py: RequestTerms).
+    request_terms        text,
     UNIQUE (namespace, name),
     CONSTRAINT endpoints_previous_secret_check
         CHECK ((previous_secret IS NULL) = (previous_secret_until IS NULL))
@@ -152,6 +170,10 @@ CREATE TABLE deliveries (
     -- (migration 0010; hooklane/results.py FailureClass)
     last_failure    text,
     last_error      text,
+    -- The endpoint's rate-limit bucket after this delivery's start, set by
+    -- the reservation that granted it (migration 0011; NULL: not rate
+    -- limited): the endpoint's bucket is its latest delivery's.
+    rate_tat        timestamptz,
     CONSTRAINT deliveries_event_fkey FOREIGN KEY (event_tenant, event_id)
         REFERENCES events (tenant, id) ON DELETE CASCADE
 );
@@ -164,7 +186,7 @@ CREATE INDEX deliveries_queue
     ON deliveries (endpoint_id, next_attempt_at, id)
     WHERE state = 'pending';
 
--- reserve (hooklane_reserve_v4; v2 and rerate_v2 by endpoint alone): each
+-- reserve (hooklane_reserve_v5; v2 and rerate_v2 by endpoint alone): each
 -- endpoint's deliveries in flight by when their lease ends (migration
 -- 0009), so that counting the live leases against its concurrency reads
 -- only those, not an entry per delivery it sent while a held horizon keeps
@@ -175,6 +197,10 @@ CREATE INDEX deliveries_queue
 CREATE INDEX deliveries_leased
     ON deliveries (endpoint_id, lease_expires_at)
     WHERE state = 'sending';
+
+-- reserve (hooklane_reserve_v5, migration 0011): a rate-limited endpoint's
+-- bucket, its latest granted start, read newest first
+CREATE INDEX deliveries_rate ON deliveries (endpoint_id, rate_tat DESC) WHERE rate_tat IS NOT NULL;
 
 -- publish: at most one pending delivery per entity and endpoint (coalescing)
 CREATE UNIQUE INDEX deliveries_coalesce
@@ -304,6 +330,13 @@ CREATE INDEX ready_endpoints_ready_at ON ready_endpoints (ready_at, partition);
 CREATE FUNCTION hooklane_deliverable(ep endpoints) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT ep.state = 'active' AND NOT ep.paused AND ep.secret IS NOT NULL
+$$;
+
+-- The concurrency limit in force (migration 0011): an adaptive endpoint's
+-- effective concurrency, within max_concurrency. Reserve and complete.
+CREATE FUNCTION hooklane_concurrency(ep endpoints) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT least(coalesce(ep.effective_concurrency, ep.max_concurrency), ep.max_concurrency)
 $$;
 
 -- The phase of an endpoint at the transaction's time (migration 0007), as
@@ -755,15 +788,20 @@ $$;
 -- circuit pause, its head (the earliest pending next_attempt_at from its
 -- floor on, after this round; NULL: nothing pending), whether its slots
 -- are all taken, and when the first live lease ends. Each delivery carries
--- its event's tenant and trace context (version 10).
-CREATE FUNCTION hooklane_reserve_v4(owned integer[], candidates bigint[], floors timestamptz[],
-                                    max_rows integer, lease_grace double precision, worker text)
+-- its event's tenant and trace context (version 10), and its wait, its
+-- endpoint's request terms and retry limits (version 11); an endpoint's
+-- rate limit, effective concurrency and Retry-After hold decide its share.
+CREATE FUNCTION hooklane_reserve_v5(owned integer[], candidates bigint[], floors timestamptz[],
+                                    max_rows integer, lease_grace double precision, worker text,
+                                    lookahead double precision)
 RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
                namespace text, name text, url text, secret text, timeout_seconds integer,
                event_id text, type text, data text, event_created_at timestamptz,
                previous_secret text, max_concurrency integer,
                deliverable boolean, paused_until timestamptz, head timestamptz,
-               at_limit boolean, leases_end timestamptz, tenant text, traceparent text)
+               at_limit boolean, leases_end timestamptz, tenant text, traceparent text,
+               send_in double precision, request_terms text, max_attempts integer,
+               max_age_seconds double precision)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -776,27 +814,52 @@ BEGIN
     -- the same statement. Each queue is read from its floor, so that the
     -- entries of deliveries sent before (dead versions while the horizon is
     -- held) are not walked again.
-    -- Index: deliveries_leased for the count; deliveries_queue from each
-    -- floor; primary key of events.
+    -- A rate-limited endpoint is granted no more starts than its bucket
+    -- allows within the next `lookahead` seconds (GCRA: `tat` is when the
+    -- bucket would be full again, each start moves it on by 1/rate, and
+    -- `tolerance` is the burst's worth of starts before it), each with the
+    -- seconds its worker waits before the call (`send_in`), so that starts
+    -- are spaced as the bucket says whoever sends them. The bucket lives in
+    -- the deliveries it granted (`rate_tat`, the bucket after each start),
+    -- written by this same update: no row of its own to version.
+    -- An adaptive endpoint's limit is its effective concurrency, and a
+    -- Retry-After it gave (throttled_until) holds all of it.
+    -- Index: deliveries_leased for the count; deliveries_rate for the
+    -- bucket; deliveries_queue from each floor; primary key of events.
     RETURN QUERY
     WITH candidate AS (
         SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low
         FROM unnest(candidates, floors) AS c(endpoint_id, low)
     ),
     slots AS (
-        SELECT ep.id, c.low,
-               ep.max_concurrency - (SELECT count(*) FROM deliveries f
-                                     WHERE f.endpoint_id = ep.id AND f.state = 'sending'
-                                       AND f.lease_expires_at > now()) AS free
+        SELECT ep.id, c.low, ep.rate_per_second::float8 AS rate,
+               (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
+               hooklane_concurrency(ep) - (SELECT count(*) FROM deliveries f
+                                           WHERE f.endpoint_id = ep.id AND f.state = 'sending'
+                                             AND f.lease_expires_at > now()) AS free,
+               CASE WHEN ep.rate_per_second IS NOT NULL
+                    THEN greatest(now(), (SELECT t.rate_tat FROM deliveries t
+                                          WHERE t.endpoint_id = ep.id AND t.rate_tat IS NOT NULL
+                                          ORDER BY t.rate_tat DESC LIMIT 1)) END AS tat
         FROM candidate c
         JOIN endpoints ep ON ep.id = c.endpoint_id
         WHERE ep.partition = ANY(owned)
           AND hooklane_deliverable(ep)
           AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+          AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
+    ),
+    granted AS (
+        SELECT s.id, s.low, s.rate, s.tolerance, s.tat,
+               CASE WHEN s.rate IS NULL THEN greatest(s.free, 0)
+                    ELSE least(greatest(s.free, 0),
+                               greatest(floor((extract(epoch FROM now() - s.tat)::float8 + lookahead
+                                               + s.tolerance) * s.rate)::bigint + 1, 0)) END AS allowed
+        FROM slots s
     ),
     queued AS (
-        SELECT q.id, q.state, row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
-        FROM slots s
+        SELECT q.id, q.state, s.rate, s.tolerance, s.tat,
+               row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
+        FROM granted s
         CROSS JOIN LATERAL (
             -- SKIP LOCKED: a pending row is locked by a publish coalescing
             -- into it, in an application transaction that may stay open
@@ -809,12 +872,17 @@ BEGIN
               AND d.next_attempt_at >= s.low
               AND d.next_attempt_at <= now()
             ORDER BY d.next_attempt_at, d.id
-            LIMIT greatest(s.free, 0)
+            LIMIT s.allowed
             FOR UPDATE SKIP LOCKED
         ) q
     ),
     chosen AS (
-        SELECT q.id, q.state FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
+        SELECT q.id, q.state,
+               CASE WHEN q.rate IS NULL THEN 0
+                    ELSE greatest(0, extract(epoch FROM q.tat - now())::float8
+                                     + (q.pos - 1) / q.rate - q.tolerance) END AS send_in,
+               q.tat + make_interval(secs => q.pos / q.rate) AS rate_tat
+        FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
     ),
     reserved AS (
         UPDATE deliveries d
@@ -826,8 +894,11 @@ BEGIN
             attempted_by = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
                                 THEN worker ELSE d.attempted_by END,
             lease_expires_at = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                                    THEN now() + make_interval(secs => ep.timeout_seconds + lease_grace)
+                                    THEN now() + make_interval(secs => ep.timeout_seconds + lease_grace
+                                                                       + s.send_in)
                                END,
+            rate_tat = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
+                            THEN coalesce(s.rate_tat, d.rate_tat) ELSE d.rate_tat END,
             last_error = coalesce(hooklane_tenant_discard(d.event_tenant, ep.tenant), d.last_error)
         FROM chosen s, endpoints ep, events e
         WHERE d.id = s.id
@@ -840,26 +911,34 @@ BEGIN
                   e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
                   CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
                     AS previous_secret,
-                  ep.max_concurrency, d.state, e.tenant, e.traceparent
+                  hooklane_concurrency(ep) AS max_concurrency, d.state, e.tenant, e.traceparent,
+                  s.send_in, ep.request_terms, ep.max_attempts, ep.max_age_seconds
     )
     SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
            r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
            r.max_concurrency, NULL::boolean, NULL::timestamptz, NULL::timestamptz, NULL::boolean,
-           NULL::timestamptz, r.tenant, r.traceparent
+           NULL::timestamptz, r.tenant, r.traceparent, r.send_in, r.request_terms, r.max_attempts,
+           r.max_age_seconds
     FROM reserved r
     WHERE r.state = 'sending';
 
     -- The verdicts, in a statement of their own: its snapshot sees this
     -- round's reservations, so a head is read past what was just reserved,
-    -- and only from the floor on.
+    -- and only from the floor on. Its paused_until is when the endpoint
+    -- may be granted a start again: the end of its circuit's pause, of the
+    -- hold a Retry-After asked for, or of the bucket's lookahead.
     -- Index: primary key of endpoints; deliveries_queue from each floor;
-    -- deliveries_leased for the live leases.
+    -- deliveries_leased for the live leases; deliveries_rate.
     RETURN QUERY
     SELECT NULL::bigint, NULL::integer, NULL::timestamptz, c.endpoint_id,
            NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer,
            NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text,
-           ep.max_concurrency, k.ok, ep.paused_until, h.head,
-           coalesce(l.n >= ep.max_concurrency, false), l.ends, NULL::text, NULL::text
+           hooklane_concurrency(ep), k.ok,
+           greatest(ep.paused_until, ep.throttled_until,
+                    b.tat - make_interval(secs => lookahead
+                                          + (ep.rate_burst - 1)::float8 / ep.rate_per_second)),
+           h.head, coalesce(l.n >= hooklane_concurrency(ep), false), l.ends, NULL::text, NULL::text,
+           NULL::float8, NULL::text, NULL::integer, NULL::float8
     FROM unnest(candidates, floors) AS c(endpoint_id, low)
     LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
     CROSS JOIN LATERAL (
@@ -880,7 +959,17 @@ BEGIN
           AND f.endpoint_id = c.endpoint_id
           AND f.state = 'sending'
           AND f.lease_expires_at > now()
-    ) l ON true;
+    ) l ON true
+    LEFT JOIN LATERAL (
+        SELECT t.rate_tat AS tat
+        FROM deliveries t
+        WHERE k.ok
+          AND ep.rate_per_second IS NOT NULL
+          AND t.endpoint_id = c.endpoint_id
+          AND t.rate_tat IS NOT NULL
+        ORDER BY t.rate_tat DESC
+        LIMIT 1
+    ) b ON true;
 END;
 $$;
 
@@ -895,17 +984,18 @@ $$;
 -- out) is notified to its owner. Each result that passes the fence leaves
 -- its attempt in delivery_attempts in the same statement; a late result
 -- of a worker that lost the delivery leaves none.
-CREATE FUNCTION hooklane_complete_v4(ids bigint[], fences integer[], outcomes text[],
+CREATE FUNCTION hooklane_complete_v5(ids bigint[], fences integer[], outcomes text[],
                                      retry_ins double precision[], statuses integer[], errors text[],
                                      failures text[], started_ats timestamptz[],
                                      durations double precision[], retry_afters double precision[],
                                      trace_ids text[], worker text,
                                      threshold integer, step_seconds double precision,
                                      cap_seconds double precision, owned integer[],
-                                     delivered_step double precision)
+                                     delivered_step double precision, adapt_step double precision)
 RETURNS TABLE (id bigint, partition integer, namespace text, name text, state text,
                paused_until timestamptz, consecutive_failures integer, deliverable boolean,
-               retried_head timestamptz, opened boolean, deactivated boolean)
+               retried_head timestamptz, opened boolean, deactivated boolean,
+               throttled_until timestamptz, effective_concurrency integer, lowered boolean)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -969,7 +1059,10 @@ BEGIN
                bool_or(rec.status = 410) AS gone,
                (array_agg(rec.error ORDER BY rec.id DESC)
                   FILTER (WHERE rec.outcome <> 'delivered'))[1] AS error,
-               min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head
+               min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head,
+               -- The receiver's overload signals, for adaptive concurrency.
+               bool_or(rec.status IN (429, 503) OR rec.failure = 'timeout') AS overloaded,
+               max(rec.retry_after) FILTER (WHERE rec.status IN (429, 503)) AS hold
         FROM recorded rec
         GROUP BY rec.endpoint_id
     ),
@@ -980,14 +1073,41 @@ BEGIN
         SELECT ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused,
                ep.secret IS NOT NULL AS signed, ep.consecutive_failures, ep.failing_since,
                ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_at,
-               ep.deactivated_reason
+               ep.deactivated_reason, ep.adaptive_concurrency, ep.effective_concurrency,
+               hooklane_concurrency(ep) AS concurrency, ep.max_concurrency, ep.concurrency_raised_at,
+               ep.concurrency_lowered_at, ep.throttled_until
         FROM per_endpoint pe
         JOIN endpoints ep ON ep.id = pe.endpoint_id
         ORDER BY ep.id
         FOR NO KEY UPDATE OF ep
     ),
+    -- Adaptive concurrency: an overload signal lowers the limit to 0.7 of
+    -- itself (at least 1), once per adapt_step, as the calls in flight when
+    -- it came back are of the same overload; a batch with a success and no
+    -- signal raises it by one, adapt_step after any change, up to
+    -- maxConcurrency. A Retry-After on a 429 or 503 holds the endpoint.
+    adapted AS (
+        SELECT b.id,
+               b.adaptive_concurrency AND pe.overloaded
+                 AND coalesce(b.concurrency_lowered_at <= now() - make_interval(secs => adapt_step), true)
+                 AS lower,
+               b.adaptive_concurrency AND NOT pe.overloaded AND pe.succeeded
+                 AND b.concurrency < b.max_concurrency
+                 AND coalesce(greatest(b.concurrency_raised_at, b.concurrency_lowered_at)
+                                <= now() - make_interval(secs => adapt_step), true) AS raise
+        FROM locked b
+        JOIN per_endpoint pe ON pe.endpoint_id = b.id
+    ),
     judged AS (
-        SELECT b.*, pe.retried_head,
+        SELECT b.*, pe.retried_head, a.lower,
+               CASE WHEN a.lower THEN greatest(1, floor(b.concurrency * 0.7))::integer
+                    WHEN a.raise THEN b.concurrency + 1
+                    ELSE b.effective_concurrency END AS new_effective,
+               CASE WHEN a.raise THEN now() ELSE b.concurrency_raised_at END AS new_raised_at,
+               CASE WHEN a.lower THEN now() ELSE b.concurrency_lowered_at END AS new_lowered_at,
+               CASE WHEN b.adaptive_concurrency AND pe.hold > 0
+                    THEN greatest(b.throttled_until, now() + make_interval(secs => pe.hold))
+                    ELSE b.throttled_until END AS new_throttled_until,
                CASE WHEN pe.succeeded THEN 0 ELSE (b.consecutive_failures + pe.failures)::integer END
                  AS new_failures,
                CASE WHEN pe.succeeded THEN NULL ELSE coalesce(b.failing_since, now()) END
@@ -1010,6 +1130,7 @@ BEGIN
                     ELSE b.deactivated_reason END AS new_deactivated_reason
         FROM locked b
         JOIN per_endpoint pe ON pe.endpoint_id = b.id
+        JOIN adapted a ON a.id = b.id
     ),
     -- Runs whether or not it is read, as every data-modifying WITH does.
     written AS (
@@ -1021,14 +1142,21 @@ BEGIN
             last_delivered_at = j.new_last_delivered_at,
             state = j.new_state,
             deactivated_at = j.new_deactivated_at,
-            deactivated_reason = j.new_deactivated_reason
+            deactivated_reason = j.new_deactivated_reason,
+            effective_concurrency = j.new_effective,
+            concurrency_raised_at = j.new_raised_at,
+            concurrency_lowered_at = j.new_lowered_at,
+            throttled_until = j.new_throttled_until
         FROM judged j
         WHERE ep.id = j.id
           AND (j.new_failures, j.new_failing_since, j.new_paused_until, j.new_last_error,
-               j.new_last_delivered_at, j.new_state, j.new_deactivated_at, j.new_deactivated_reason)
+               j.new_last_delivered_at, j.new_state, j.new_deactivated_at, j.new_deactivated_reason,
+               j.new_effective, j.new_raised_at, j.new_lowered_at, j.new_throttled_until)
               IS DISTINCT FROM
               (j.consecutive_failures, j.failing_since, j.paused_until, j.last_error,
-               j.last_delivered_at, j.state, j.deactivated_at, j.deactivated_reason)
+               j.last_delivered_at, j.state, j.deactivated_at, j.deactivated_reason,
+               j.effective_concurrency, j.concurrency_raised_at, j.concurrency_lowered_at,
+               j.throttled_until)
     ),
     woken AS (
         SELECT hooklane_wake_v2(array_agg(j.id), array_agg(j.partition), array_agg(j.retried_head))
@@ -1039,7 +1167,8 @@ BEGIN
     SELECT j.id, j.partition, j.namespace, j.name, j.new_state, j.new_paused_until, j.new_failures,
            j.new_state = 'active' AND NOT j.paused AND j.signed, j.retried_head,
            j.consecutive_failures < threshold AND j.new_failures >= threshold,
-           j.state = 'active' AND j.new_state = 'deactivated'
+           j.state = 'active' AND j.new_state = 'deactivated', j.new_throttled_until,
+           least(coalesce(j.new_effective, j.max_concurrency), j.max_concurrency), j.lower
     FROM judged j, woken;
 END;
 $$;

@@ -346,6 +346,13 @@ class Gauges:
             metrics.ENDPOINT_OLDEST_PENDING_AGE.labels(*labels).set(h.oldest_pending_age or 0.0)
             if h.dead:
                 metrics.ENDPOINT_DEAD.labels(*labels).set(h.dead)
+        # Whatever HOOKLANE_METRICS_ENDPOINTS says: only endpoints that asked
+        # for adaptive concurrency, and only while it holds them back.
+        for h in healths:
+            if h.adaptive_concurrency and h.effective_concurrency < h.max_concurrency:
+                metrics.ENDPOINT_EFFECTIVE_CONCURRENCY.labels(h.namespace, h.name).set(
+                    h.effective_concurrency
+                )
         if s.metrics_endpoints == "tenant":
             for tenant, sums in tenant_totals(healths).items():
                 metrics.TENANT_PENDING.labels(tenant).set(sums.pending)

@@ -105,6 +105,8 @@ class Verdict:
     endpoint_id: int
     exists: bool
     deliverable: bool
+    # When a start may be granted again: its circuit's pause, a Retry-After's
+    # hold, its rate limit's next start.
     paused_until: datetime | None
     head: datetime | None  # earliest pending from its floor on, after the round
     at_limit: bool  # every slot held by a live lease
@@ -130,13 +132,20 @@ class Recorded:
     endpoint_id: int
     partition: int
     deliverable: bool
-    paused_until: datetime | None
+    paused_until: datetime | None  # its circuit's pause, or a Retry-After's hold
     retried_head: datetime | None  # earliest retry the batch queued
 
     @classmethod
     def of(cls, row: Row) -> Recorded:
+        # An adaptive endpoint's Retry-After hold keeps it waiting as a
+        # pause does.
+        held = [t for t in (row["paused_until"], row["throttled_until"]) if t is not None]
         return cls(
-            row["id"], row["partition"], bool(row["deliverable"]), row["paused_until"], row["retried_head"]
+            row["id"],
+            row["partition"],
+            bool(row["deliverable"]),
+            max(held, default=None),
+            row["retried_head"],
         )
 
 

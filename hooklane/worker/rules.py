@@ -6,7 +6,7 @@ Nothing here does I/O, so every rule of the contract is testable directly.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -128,6 +128,20 @@ def classify(
         return Retry(delay, error)
     asked = min(asked, policy.cap_seconds)
     return Retry(max(delay, asked), error, asked)
+
+
+def endpoint_policy(
+    policy: RetryPolicy, max_attempts: int | None, max_age_seconds: float | None
+) -> RetryPolicy:
+    """``policy`` with an endpoint's own limits (spec.delivery.retry) in
+    place of the settings' where it sets them."""
+    if max_attempts is None and max_age_seconds is None:
+        return policy
+    return replace(
+        policy,
+        max_attempts=max_attempts or policy.max_attempts,
+        max_age_seconds=max_age_seconds or policy.max_age_seconds,
+    )
 
 
 def result_of(

@@ -30,14 +30,15 @@ from hooklane import metrics, store, tracing
 from hooklane.errors import InvalidInput, SchemaMissing, StoreError, TransientStoreError
 from hooklane.policies import CircuitPolicy
 from hooklane.results import FailureClass, Timing
-from hooklane.secrets import owner, unseal
+from hooklane.secrets import owner, terms_owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.worker.jobs import Gauges, HorizonWatch, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
-from hooklane.worker.rules import Attempt, Dead, Outcome, classify, result_of
+from hooklane.worker.rules import Attempt, Dead, Outcome, classify, endpoint_policy, result_of
 from hooklane.worker.sender import Sender, event_body
+from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
+        self._terms = TermsCache(settings.encryption_key)
 
     # Set by ``_start``, before any of the loops that use them runs.
     @property
@@ -318,6 +320,9 @@ class Worker:
         self.trigger.slot_freed(len(self._sending))
 
     async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None) -> None:
+        if row["send_in"] > 0:
+            # Its start as its endpoint's rate limit spaced it: never sooner.
+            await asyncio.sleep(row["send_in"])
         started_at, started = datetime.now(UTC), time.perf_counter()
         span = _attempt_span(row, reserved_in) if tracing.enabled() else None
         # Untraced, the receiver still gets the publisher's trace context,
@@ -329,8 +334,9 @@ class Worker:
             keys = [self._key(row["secret"], endpoint)]
             if row["previous_secret"] is not None:
                 keys.append(self._key(row["previous_secret"], endpoint))
+            terms = self._terms.get(row["request_terms"], terms_owner(row["namespace"], row["name"]))
             attempt = await self.sender.send(
-                row["url"], keys, row["event_id"], body, row["timeout_seconds"], traceparent
+                row["url"], keys, row["event_id"], body, row["timeout_seconds"], traceparent, terms
             )
             outcome = self._classify(row, attempt)
         except Exception as exc:
@@ -374,7 +380,8 @@ class Worker:
     def _classify(self, row: asyncpg.Record, attempt: Attempt) -> Outcome:
         now = datetime.now(UTC)
         age = (now - row["created_at"]).total_seconds()
-        return classify(attempt, row["attempts"], age, self.settings.retry, now)
+        policy = endpoint_policy(self.settings.retry, row["max_attempts"], row["max_age_seconds"])
+        return classify(attempt, row["attempts"], age, policy, now)
 
     def _key(self, stored: str, endpoint: str) -> bytes:
         """The HMAC key of a secret as stored (sealed or not) for an endpoint.
@@ -417,6 +424,7 @@ class Worker:
                     self.ready_list,
                     sorted(self.owner.owned),
                     self.settings.worker_id,
+                    self.settings.adaptive_step_seconds,
                 )
             if item is None:
                 if self._results.empty():
@@ -462,6 +470,7 @@ async def record(
     ready: ReadyList,
     owned: list[int],
     worker_id: str,
+    adapt_step_seconds: float,
 ) -> None:
     """Write a batch of results and their attempts (made by ``worker_id``),
     retrying while Postgres is unreachable or aborts the statement: a
@@ -474,7 +483,7 @@ async def record(
         while True:
             try:
                 async with store.acquire(pool) as conn:
-                    touched = await store.complete(conn, batch, circuit, owned, worker_id)
+                    touched = await store.complete(conn, batch, circuit, owned, worker_id, adapt_step_seconds)
                 break
             except TransientStoreError as exc:
                 logger.warning("recording results failed, retrying: %s", exc, extra={"action": "record"})
@@ -492,6 +501,14 @@ async def record(
                 ep["name"],
                 "deactivated" if ep["deactivated"] else "paused: circuit open",
                 extra={"action": "circuit", "endpoint": ep["id"]},
+            )
+        if ep["lowered"]:
+            logger.info(
+                "endpoint %s/%s overloaded: concurrency lowered to %d",
+                ep["namespace"],
+                ep["name"],
+                ep["effective_concurrency"],
+                extra={"action": "adapt", "endpoint": ep["id"]},
             )
     now = datetime.now(UTC)
     if ready.recorded((r.delivery_id for r in batch), (Recorded.of(ep) for ep in touched), now):

@@ -22,6 +22,7 @@ from hooklane.guard import DestinationNotAllowed, Network, dialled_address, is_a
 from hooklane.results import FailureClass
 from hooklane.signing import sign
 from hooklane.worker.rules import Attempt
+from hooklane.worker.terms import NONE, Terms
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def failure_class(exc: Exception, timeout_seconds: float) -> tuple[FailureClass,
     # First: TimeoutError is an OSError, and aiohttp's are ClientErrors too.
     if isinstance(exc, asyncio.TimeoutError):
         return FailureClass.TIMEOUT, f"timeout: no response within {timeout_seconds:g} s"
-    if isinstance(exc, (ssl.SSLError, aiohttp.ClientSSLError)):
+    if _tls_failed(exc):
         return FailureClass.TLS_ERROR, "TLS error"
     # A status line or headers that do not parse, and everything else the
     # receiver answered that is not HTTP.
@@ -60,6 +61,16 @@ def failure_class(exc: Exception, timeout_seconds: float) -> tuple[FailureClass,
     if isinstance(exc, (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError)):
         return FailureClass.INVALID_URL, "invalid URL"
     return FailureClass.CONNECTION_FAILED, "connection failed"
+
+
+def _tls_failed(exc: BaseException | None) -> bool:
+    """A TLS failure anywhere in the chain: a refused client certificate
+    comes back after the handshake (TLS 1.3), as the read's error."""
+    while exc is not None:
+        if isinstance(exc, (ssl.SSLError, aiohttp.ClientSSLError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _check(host: str, allowed_networks: Sequence[Network]) -> None:
@@ -139,14 +150,17 @@ class Sender:
         body: bytes,
         timeout_seconds: float,
         traceparent: str | None = None,
+        terms: Terms = NONE,
     ) -> Attempt:
         """POST one signed delivery, with a signature per key (the current
         one, and the replaced one while a rotation overlaps), and the W3C
-        ``traceparent`` header when there is one. The deadline covers the
-        whole call: connect, TLS, send and the response's status line and
-        headers."""
+        ``traceparent`` header when there is one; with the endpoint's
+        ``terms``: its headers (which cannot name any of Hooklane's), its TLS
+        context and server name. The deadline covers the whole call:
+        connect, TLS, send and the response's status line and headers."""
         timestamp = int(time.time())
         headers = {
+            **terms.headers,
             "webhook-id": msg_id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(key, msg_id, timestamp, body),
@@ -160,7 +174,13 @@ class Sender:
         )
         try:
             async with self._session.post(
-                url, data=body, headers=headers, allow_redirects=False, timeout=timeout
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=timeout,
+                ssl=True if terms.ssl_context is None else terms.ssl_context,
+                server_hostname=terms.server_name,
             ) as response:
                 status, retry_after = response.status, response.headers.get("Retry-After")
                 # The body is never read: closing drops the connection unless
