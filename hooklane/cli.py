@@ -33,7 +33,7 @@ from hooklane.errors import (
 )
 from hooklane.files import decode_utf8, read_bounded
 from hooklane.guard import literal_never_allowed
-from hooklane.health import EndpointHealth
+from hooklane.health import EndpointHealth, concurrency_text
 from hooklane.publish import MAX_DATA_BYTES, publish
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
@@ -312,7 +312,7 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
                     h.name,
                     h.tenant,
                     h.url,
-                    h.max_concurrency,
+                    concurrency_text(h),
                     h.standing,
                     h.consecutive_failures,
                     rfc3339_seconds(h.paused_until) or "-",
@@ -449,7 +449,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
                 h.in_flight,
                 h.dead,
                 ",".join(h.sending_on or ["-"]),
-                h.max_concurrency,
+                concurrency_text(h),
                 _age(h.oldest_pending_age),
                 h.consecutive_failures,
                 rfc3339_seconds(h.paused_until) or "-",

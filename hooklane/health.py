@@ -160,6 +160,14 @@ def tenant_totals(healths: Iterable[EndpointHealth]) -> dict[str, TenantTotals]:
     return found
 
 
+def concurrency_text(h: EndpointHealth) -> str:
+    """The concurrency limit as the CLI and the dashboard show it: the one
+    in force, and what an adaptive endpoint's may rise to ("2/8")."""
+    if h.adaptive_concurrency and h.effective_concurrency < h.max_concurrency:
+        return f"{h.effective_concurrency}/{h.max_concurrency}"
+    return str(h.max_concurrency)
+
+
 def as_json(h: EndpointHealth) -> dict[str, Any]:
     """The admin API's (and the dashboard's) form of a record."""
     return {

@@ -19,8 +19,9 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import hooklane
 from hooklane import metrics, store
+from hooklane.delivery import RequestTerms
 from hooklane.errors import InvalidInput
-from hooklane.secrets import Keyring, seal, unseal
+from hooklane.secrets import Keyring, seal, terms_owner, unseal
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from tests.conftest import LOOPBACK, wait_for
@@ -345,3 +346,25 @@ def test_migrate_and_apply_seal_once_a_key_is_set(dsn, db_sync, tmp_path):
     )
     secret, previous = db_sync("SELECT secret, previous_secret FROM endpoints")[0]
     assert (unseal(RING1, secret, "shop/orders"), unseal(RING1, previous, "shop/orders")) == (NEW, OLD)
+
+
+async def test_request_terms_are_sealed_apart_and_resealed_with_the_active_key(db):
+    """An endpoint's headers and TLS material are sealed like its signing
+    secret, bound to another purpose (neither opens in the other's place),
+    and `hooklane migrate`'s reseal moves them to the active key with it."""
+    terms = RequestTerms(headers=(("X-Api-Key", "sk_live_terms"),))
+    spec = EndpointSpec(namespace="default", name="t", url="http://127.0.0.1:1/t", tenant="acme")
+    await store.upsert_endpoint(db, spec, OLD, terms=terms, keyring=RING1)
+    stored = await db.fetchrow("SELECT secret, request_terms FROM endpoints WHERE name = 't'")
+    assert "sk_live_terms" not in stored["request_terms"]
+    assert RequestTerms.from_json(unseal(RING1, stored["request_terms"], terms_owner("default", "t"))) == terms
+    with pytest.raises(InvalidInput):
+        unseal(RING1, stored["request_terms"], "default/t")
+    held = await store.stored_endpoints(db, RING1)
+    assert held[("default", "t")] == store.stored_form(spec, OLD, terms)
+    assert held[("default", "t")] != store.stored_form(spec, OLD, None)
+
+    assert await store.reseal_secrets(db, RING21) == 1
+    resealed = await db.fetchval("SELECT request_terms FROM endpoints WHERE name = 't'")
+    assert RequestTerms.from_json(unseal(RING2, resealed, terms_owner("default", "t"))) == terms
+    assert await store.reseal_secrets(db, RING21) == 0

@@ -217,9 +217,10 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
         if not rows:
             break
         after = rows[-1]["id"]
-        batch: list[tuple[int, str | None, str | None, str | None, str | None]] = []
+        batch: list[tuple[int, str | None, str | None, str | None, str | None, str | None, str | None]] = []
         for r in rows:
             bound = owner(r["namespace"], r["name"])
+            terms_bound = terms_owner(r["namespace"], r["name"])
             try:
                 secret = r["secret"] and keyring.seal(unseal(keyring, r["secret"], bound), bound)
                 previous = (
@@ -227,12 +228,19 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
                     if r["previous_valid"]
                     else None
                 )
+                terms = r["request_terms"] and keyring.seal(
+                    unseal(keyring, r["request_terms"], terms_bound), terms_bound
+                )
             except InvalidInput as exc:
                 unreadable = exc
                 continue
-            batch.append((r["id"], r["secret"], secret, r["previous_secret"], previous))
+            batch.append(
+                (r["id"], r["secret"], secret, r["previous_secret"], previous, r["request_terms"], terms)
+            )
         if batch:
-            ids, read_secrets, secrets, read_previous, previous_secrets = map(list, zip(*batch, strict=True))
+            ids, read_secrets, secrets, read_previous, previous_secrets, read_terms, terms_list = map(
+                list, zip(*batch, strict=True)
+            )
             status = await conn.execute(
                 *QUERIES["reseal_secrets"](
                     ids=ids,
@@ -240,6 +248,8 @@ async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:
                     secrets=secrets,
                     read_previous=read_previous,
                     previous_secrets=previous_secrets,
+                    read_terms=read_terms,
+                    terms=terms_list,
                 )
             )
             changed += int(status.split()[-1])

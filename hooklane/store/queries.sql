@@ -145,21 +145,23 @@ SELECT u.id, u.partition, u.created,
 FROM upserted u, woken;
 
 -- name: secrets_to_reseal
--- Endpoints with a secret not sealed with the active key: plaintext from
--- before a key was set, or sealed with a key being retired; and previous
--- secrets past their overlap, which are dropped. A batch after a given id.
+-- Endpoints with a secret or request terms not sealed with the active key:
+-- plaintext from before a key was set, or sealed with a key being retired;
+-- and previous secrets past their overlap, which are dropped. A batch after
+-- a given id.
 -- Parameters: sealed_prefix (the prefix of a value sealed with the active
 -- key, 'enc:v1:<key id>:'), after_id (the last id of the previous batch, 0
 -- first), batch_size.
 -- Index: primary key of endpoints, walked in order (the filter is checked
 -- on every row: a full pass, run by `hooklane migrate` only).
 SELECT id, namespace, name, secret, previous_secret,
-       previous_secret_until > now() AS previous_valid
+       previous_secret_until > now() AS previous_valid, request_terms
 FROM endpoints
 WHERE id > %(after_id)s
   AND (NOT starts_with(secret, %(sealed_prefix)s)
        OR NOT starts_with(previous_secret, %(sealed_prefix)s)
-       OR previous_secret_until <= now())
+       OR previous_secret_until <= now()
+       OR NOT starts_with(request_terms, %(sealed_prefix)s))
 ORDER BY id
 LIMIT %(batch_size)s;
 
@@ -168,18 +170,22 @@ LIMIT %(batch_size)s;
 -- (an upsert meanwhile sealed its own).
 -- Parameters, arrays of equal length: ids, read_secrets (as read),
 -- secrets (re-sealed), read_previous (previous secrets as read),
--- previous_secrets (re-sealed; NULL: dropped).
+-- previous_secrets (re-sealed; NULL: dropped), read_terms (request terms
+-- as read), terms (re-sealed).
 -- Index: primary key of endpoints.
 UPDATE endpoints ep
 SET secret = r.secret,
     previous_secret = r.previous_secret,
-    previous_secret_until = CASE WHEN r.previous_secret IS NOT NULL THEN ep.previous_secret_until END
+    previous_secret_until = CASE WHEN r.previous_secret IS NOT NULL THEN ep.previous_secret_until END,
+    request_terms = r.terms
 FROM unnest(%(ids)s::bigint[], %(read_secrets)s::text[], %(secrets)s::text[],
-            %(read_previous)s::text[], %(previous_secrets)s::text[])
-     AS r(id, read_secret, secret, read_previous, previous_secret)
+            %(read_previous)s::text[], %(previous_secrets)s::text[], %(read_terms)s::text[],
+            %(terms)s::text[])
+     AS r(id, read_secret, secret, read_previous, previous_secret, read_terms, terms)
 WHERE ep.id = r.id
   AND ep.secret IS NOT DISTINCT FROM r.read_secret
-  AND ep.previous_secret IS NOT DISTINCT FROM r.read_previous;
+  AND ep.previous_secret IS NOT DISTINCT FROM r.read_previous
+  AND ep.request_terms IS NOT DISTINCT FROM r.read_terms;
 
 -- name: stored_endpoints
 -- What Postgres holds of every endpoint's spec and secret, for the
