@@ -36,8 +36,9 @@ ALTER TABLE deliveries ADD COLUMN rate_tat timestamptz;
 
 -- reserve: an endpoint's bucket, its latest granted start. Only the
 -- deliveries of rate-limited endpoints have one. Building it reads the
--- table once, under a lock that holds publishes back for as long (about a
--- second per 3 million deliveries on the benchmarks' machine).
+-- table once, under a lock that holds publishes back for as long: this
+-- whole migration took 0.6 s with 3 million deliveries (313 MB, cached)
+-- on the benchmarks' machine.
 CREATE INDEX deliveries_rate ON deliveries (endpoint_id, rate_tat DESC) WHERE rate_tat IS NOT NULL;
 
 -- The concurrency limit in force: the effective one of an adaptive
