@@ -25,6 +25,7 @@ from hooklane.api.app import make_app
 from hooklane.api.auth import SESSION_COOKIE
 from hooklane.api.tokens import TokenSource
 from hooklane.checks import check_url
+from hooklane.delivery import DeliverySpec
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.policies import CircuitPolicy
@@ -382,6 +383,43 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     assert await page.locator("table.endpoints .phase").text_content() == "Paused (circuit)"
     circuit = await page.locator("table.endpoints tbody td:nth-child(7)").text_content()
     assert re.fullmatch(r"\s*2 failures; next probe\s+in (9|10) min( \d+ s)?\s*", circuit or ""), circuit
+
+
+@pytest.mark.browser
+async def test_an_overloaded_adaptive_endpoint_shows_its_limit_and_rate(
+    base: str, page: Page, db: asyncpg.Connection
+) -> None:
+    """The limit in force, what it may rise to, the Retry-After's hold and
+    the rate limit, as the receiver's 503s with Retry-After left them."""
+    delivery = DeliverySpec(rate_per_second=20, burst=5, adaptive=True)
+    upserted = await store.upsert_endpoint(
+        db,
+        EndpointSpec(
+            namespace="default",
+            name="busy",
+            url="http://127.0.0.1:9/busy",
+            tenant="acme",
+            max_concurrency=8,
+            delivery=delivery,
+        ),
+        SECRET,
+    )
+    await publish(db, 1)
+    reserved = await reserve_round(db, 1, partitions=[upserted.partition])
+    overloaded = [
+        Result.retry(r["id"], r["attempts"], retry_in=600, status=503, error="HTTP 503", retry_after=300)
+        for r in reserved
+    ]
+    await store.complete(db, overloaded, CircuitPolicy(), [upserted.partition])
+
+    await log_in(page, base)
+    await page.goto(f"{base}/dashboard/endpoints/default/busy")
+    facts = await page.locator("dl.facts").text_content() or ""
+    assert re.search(r"In flight\s*0 of 5", facts), facts
+    assert re.search(r"adaptive: 5 of at most 8; held by the receiver's Retry-After, in [45] min", facts), (
+        facts
+    )
+    assert re.search(r"Rate limit\s*20 starts/s, bursts of 5", facts), facts
 
 
 async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str, db: asyncpg.Connection) -> None:
