@@ -296,6 +296,8 @@ async def test_a_client_certificate_refused_by_the_receiver_is_a_tls_error(
         await hooklane.publish(db, tenant="acme", type="order.created", data={})
         start_worker()
         assert await first_outcome(db) == outcome
+        # Its thread records a refusal after sending the alert.
+        await wait_for(lambda: len(receiver.refused) == len(refused))
         assert receiver.refused == refused
         assert len(receiver.heads) == (1 if outcome[0] == "delivered" else 0)
 
