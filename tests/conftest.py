@@ -26,6 +26,7 @@ import hooklane
 from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
+from hooklane.delivery import RequestTerms
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.guard import parse_networks
 from hooklane.policies import RetryPolicy
@@ -251,10 +252,12 @@ async def add_endpoint(
     *,
     tenant: str = "acme",
     secret: str | None = SECRET,
+    terms: RequestTerms | None = None,
     **spec: object,
 ) -> int:
+    """``terms``: spec.delivery's headers and TLS, as resolved from Secrets."""
     endpoint = EndpointSpec(namespace="default", name=name, url=url, tenant=tenant, **spec)
-    return (await store.upsert_endpoint(db, endpoint, secret)).id
+    return (await store.upsert_endpoint(db, endpoint, secret, terms=terms)).id
 
 
 async def queue_unannounced(db: asyncpg.Connection) -> None:

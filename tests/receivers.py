@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
+import ssl
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,8 +39,11 @@ Behaviour = Answer | Callable[[int], Answer]
 
 
 class Receiver:
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    """``ssl_context``: listen for HTTPS with it instead of HTTP."""
+
+    def __init__(self, host: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.ssl_context = ssl_context
         self.received: list[Received] = []
         self.behaviours: dict[str, Behaviour] = {}
         self.in_flight: dict[str, int] = defaultdict(int)
@@ -50,7 +57,8 @@ class Receiver:
         self.port = 0
 
     def url(self, path: str) -> str:
-        return f"http://{self.host}:{self.port}/{path.lstrip('/')}"
+        scheme = "http" if self.ssl_context is None else "https"
+        return f"{scheme}://{self.host}:{self.port}/{path.lstrip('/')}"
 
     def on(self, path: str, behaviour: Behaviour) -> str:
         self.behaviours["/" + path.lstrip("/")] = behaviour
@@ -92,10 +100,66 @@ class Receiver:
 
     async def __aenter__(self) -> Receiver:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
+        site = web.TCPSite(self._runner, self.host, 0, ssl_context=self.ssl_context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._runner.cleanup()
+
+
+class OpenSslReceiver:
+    """An HTTPS receiver on blocking sockets, a thread per connection, that
+    answers 204 to each request and records its head. asyncio's SSL
+    transport (so the aiohttp Receiver) closes a failed handshake without
+    sending OpenSSL's fatal alert (CPython gh-98078), and its client sees a
+    bare reset; a blocking socket sends it, as nginx or a load balancer
+    does: how a refused client certificate reaches a sender."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._context = context
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.heads: list[bytes] = []
+        # The handshakes it refused, by OpenSSL's reason.
+        self.refused: list[str] = []
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.port}/{path.lstrip('/')}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        with conn:
+            try:
+                tls = self._context.wrap_socket(conn, server_side=True)
+            except ssl.SSLError as exc:
+                self.refused.append(exc.reason or str(exc))
+                return
+            with tls:
+                data = b""
+                while b"\r\n\r\n" not in data and (chunk := tls.recv(65536)):
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                while length and len(body) < int(length[1]) and (chunk := tls.recv(65536)):
+                    body += chunk
+                self.heads.append(head)
+                tls.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+
+    def __enter__(self) -> OpenSslReceiver:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Wakes the blocked accept (close alone does not, on Linux).
+        self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()

@@ -21,6 +21,7 @@ from hooklane.worker.rules import (
     backoff_seconds,
     classify,
     clean_error,
+    endpoint_policy,
     parse_retry_after,
     result_of,
 )
@@ -111,7 +112,30 @@ def test_gives_up_after_20_attempts():
 
 def test_gives_up_at_72_hours():
     assert isinstance(outcome(500, age=72 * 3600 - 1), Retry)
-    assert isinstance(outcome(500, age=72 * 3600), Dead)
+    assert outcome(500, age=72 * 3600) == Dead("HTTP 500; gave up at age 72 h")
+
+
+@pytest.mark.parametrize(
+    "max_age, age, shown", [(5400.0, 5400.4, "90 min"), (1.0, 1.3, "1 s"), (120.0, 150.0, "2 min")]
+)
+def test_an_endpoints_own_max_age_is_shown_in_its_unit(max_age, age, shown):
+    policy = endpoint_policy(POLICY, None, max_age)
+    assert isinstance(classify(Attempt(500), 1, max_age - 0.1, policy, NOW), Retry)
+    assert classify(Attempt(500), 1, age, policy, NOW) == Dead(f"HTTP 500; gave up at age {shown}")
+
+
+def test_an_endpoints_own_limits_replace_only_what_it_sets():
+    assert endpoint_policy(POLICY, None, None) is POLICY
+    assert endpoint_policy(POLICY, 3, None) == RetryPolicy(max_attempts=3)
+    assert endpoint_policy(POLICY, None, 60.0) == RetryPolicy(max_age_seconds=60.0)
+    assert outcome_with(endpoint_policy(POLICY, 3, None), attempts=3) == Dead(
+        "HTTP 500; gave up after 3 attempts"
+    )
+    assert isinstance(outcome_with(endpoint_policy(POLICY, 3, None), attempts=2), Retry)
+
+
+def outcome_with(policy, attempts):
+    return classify(Attempt(500), attempts, 0.0, policy, NOW)
 
 
 # What a receiver controls, and what aiohttp makes of it: header values are

@@ -99,6 +99,16 @@ def clean_error(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in line)
 
 
+def _age(seconds: float) -> str:
+    """An age in the unit it reads best in: an endpoint's own maxAge may be
+    minutes or seconds, which in hours would read "0 h"."""
+    if seconds >= 7200:
+        return f"{seconds / 3600:.0f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
 def classify(
     attempt: Attempt,
     attempts: int,
@@ -121,7 +131,7 @@ def classify(
     if attempts >= policy.max_attempts:
         return Dead(f"{error}; gave up after {attempts} attempts")
     if age_seconds >= policy.max_age_seconds:
-        return Dead(f"{error}; gave up at age {age_seconds / 3600:.0f} h")
+        return Dead(f"{error}; gave up at age {_age(age_seconds)}")
     delay = backoff_seconds(attempts, policy, rng)
     asked = parse_retry_after(attempt.retry_after, now)
     if asked is None:
