@@ -7,14 +7,26 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 import pytest
+import yaml
 
-from hooklane.dev.controlplane import ControlPlane
+from hooklane.crd import CRD_NAME, openapi
+from hooklane.dev.controlplane import CRD_DIR, ControlPlane
 from hooklane.errors import InvalidInput, StoreError
-from hooklane.spec import API_VERSION, KIND, SPEC, FieldRule, parse_manifest, parse_spec
+from hooklane.spec import (
+    API_VERSION,
+    DELIVERY,
+    KIND,
+    SPEC,
+    FieldRule,
+    _checked,
+    parse_manifest,
+    parse_spec,
+)
 
 SPEC_ = {
     "url": "https://hooks.acme.example/orders",
@@ -26,12 +38,32 @@ LABELS = ".".join(["a" * 63] * 4)[:253]
 Absent = object()
 
 
-def _spec(path: str, value: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(SPEC_)
+def _from_secret(name: str, key: str) -> dict[str, Any]:
+    return {"name": "Authorization", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
+
+
+STATIC = {"name": "X-Api-Key", "value": "k-123"}
+FROM_SECRET = _from_secret("acme-api-key", "token")
+# The names spec.delivery.headers refuses, in the cases people write them.
+REFUSED = (
+    "Host",
+    "content-length",
+    "Transfer-Encoding",
+    "Connection",
+    "Upgrade",
+    "webhook-id",
+    "Webhook-Signature",
+)
+
+
+def _spec(path: str, value: Any, base: dict[str, Any] = SPEC_) -> dict[str, Any]:
+    """``base`` with the field at the dotted ``path`` set to ``value``; the
+    objects on the way (delivery.retry, ...) are created where missing."""
+    spec = copy.deepcopy(base)
     *parents, last = path.split(".")
     target = spec
     for part in parents:
-        target = target[part]
+        target = target.setdefault(part, {})
     if value is Absent:
         del target[last]
     else:
@@ -122,6 +154,170 @@ ROWS: list[tuple[str, Any, bool]] = [
     ("eventTypes", "order.*", False),
     ("eventTypes", [7], False),
     ("colour", "blue", False),
+    # spec.delivery
+    ("delivery", {}, True),
+    ("delivery", None, True),
+    ("delivery", "fast", False),
+    ("delivery.colour", "blue", False),
+    ("delivery.rateLimit.perSecond", 1, True),
+    ("delivery.rateLimit.perSecond", 0, False),
+    ("delivery.rateLimit.perSecond", 10_000, True),
+    ("delivery.rateLimit.perSecond", 10_001, False),
+    ("delivery.rateLimit.perSecond", "10", False),
+    ("delivery.rateLimit.perSecond", 1.5, False),
+    ("delivery.rateLimit", {"burst": 5}, False),
+    ("delivery.rateLimit", {}, False),
+    ("delivery.rateLimit", None, True),
+    ("delivery.rateLimit", {"perSecond": 10}, True),
+    ("delivery.rateLimit", {"perSecond": 10, "burst": 1}, True),
+    ("delivery.rateLimit", {"perSecond": 10, "burst": 0}, False),
+    ("delivery.rateLimit", {"perSecond": 10, "burst": 10_000}, True),
+    ("delivery.rateLimit", {"perSecond": 10, "burst": 10_001}, False),
+    ("delivery.rateLimit", {"perSecond": 10, "burst": None}, True),
+    ("delivery.rateLimit", {"perSecond": 10, "burst": True}, False),
+    ("delivery.rateLimit", {"perSecond": 10, "perMinute": 60}, False),
+    ("delivery.adaptiveConcurrency", True, True),
+    ("delivery.adaptiveConcurrency", False, True),
+    ("delivery.adaptiveConcurrency", "yes", False),
+    ("delivery.adaptiveConcurrency", 1, False),
+    ("delivery.headers", [], True),
+    ("delivery.headers", [STATIC], True),
+    ("delivery.headers", [FROM_SECRET], True),
+    ("delivery.headers", [STATIC, FROM_SECRET], True),
+    *(("delivery.headers", [{"name": name, "value": "x"}], False) for name in REFUSED),
+    # Only the names themselves, and webhook-* as a prefix, are Hooklane's.
+    ("delivery.headers", [{"name": "X-Webhook-Id", "value": "x"}], True),
+    ("delivery.headers", [{"name": "Webhook", "value": "x"}], True),
+    ("delivery.headers", [{"name": "Hostname", "value": "x"}], True),
+    ("delivery.headers", [{"name": "X Api Key", "value": "x"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key:", "value": "x"}], False),
+    ("delivery.headers", [{"name": "X-Äpi", "value": "x"}], False),
+    ("delivery.headers", [{"name": "", "value": "x"}], False),
+    ("delivery.headers", [{"name": "!#$%&'*+.^_`|~-09AZaz", "value": "x"}], True),
+    ("delivery.headers", [{"name": "X" * 256, "value": "x"}], True),
+    ("delivery.headers", [{"name": "X" * 257, "value": "x"}], False),
+    ("delivery.headers", [{"name": 7, "value": "x"}], False),
+    ("delivery.headers", [{"value": "x"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "a\nb"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "key\n"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "key\r"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": " key"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "key "}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "\tkey"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "Bearer a\tb c"}], True),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "clé"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "\x7f"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": ""}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "k" * 4096}], True),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": "k" * 4097}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": 7}], False),
+    ("delivery.headers", [{**STATIC, "valueFrom": FROM_SECRET["valueFrom"]}], False),
+    ("delivery.headers", [{"name": "X-Api-Key"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "value": None}], False),
+    ("delivery.headers", [{**STATIC, "secret": "acme-api-key"}], False),
+    ("delivery.headers", [{"name": "X-Api-Key", "valueFrom": {}}], False),
+    (
+        "delivery.headers",
+        [{"name": "X-Api-Key", "valueFrom": {"secretKeyRef": {"name": "acme-api-key"}}}],
+        False,
+    ),
+    ("delivery.headers", [{"name": "X-Api-Key", "valueFrom": {"secretKeyRef": {"key": "token"}}}], False),
+    ("delivery.headers", [_from_secret("Acme_Key", "token")], False),
+    ("delivery.headers", [_from_secret("acme-api-key", "a/b")], False),
+    ("delivery.headers", [_from_secret("acme-api-key", "-._Key9")], True),
+    (
+        "delivery.headers",
+        [
+            {
+                **FROM_SECRET,
+                "valueFrom": {"secretKeyRef": {**FROM_SECRET["valueFrom"]["secretKeyRef"], "optional": True}},
+            }
+        ],
+        False,
+    ),
+    ("delivery.headers", [STATIC, {"name": "x-api-key", "value": "other"}], False),
+    ("delivery.headers", [STATIC, {**FROM_SECRET, "name": "X-API-KEY"}], False),
+    ("delivery.headers", [STATIC, STATIC], False),
+    ("delivery.headers", [{"name": f"X-Extra-{i}", "value": "x"} for i in range(32)], True),
+    ("delivery.headers", [{"name": f"X-Extra-{i}", "value": "x"} for i in range(33)], False),
+    ("delivery.headers", STATIC, False),
+    ("delivery.headers", ["X-Api-Key: k-123"], False),
+    ("delivery.tls", {}, True),
+    ("delivery.tls", None, True),
+    ("delivery.tls.caSecretRef", {"name": "acme-ca", "key": "bundle.pem"}, True),
+    ("delivery.tls.caSecretRef", {"name": "acme-ca"}, True),
+    ("delivery.tls.caSecretRef", {"key": "ca.crt"}, False),
+    ("delivery.tls.caSecretRef", {"name": "acme-ca", "key": ""}, False),
+    ("delivery.tls.caSecretRef", {"name": "acme-ca", "key": "ca crt"}, False),
+    ("delivery.tls.caSecretRef", {"name": "Acme_CA"}, False),
+    ("delivery.tls.caSecretRef", "acme-ca", False),
+    ("delivery.tls.clientCertificateSecretRef", {"name": "acme-client"}, True),
+    ("delivery.tls.clientCertificateSecretRef", {}, False),
+    ("delivery.tls.clientCertificateSecretRef", {"key": "tls.crt"}, False),
+    ("delivery.tls.clientCertificateSecretRef", {"name": "acme-client", "key": "tls.crt"}, False),
+    ("delivery.tls.serverName", "hooks.internal.example", True),
+    ("delivery.tls.serverName", "Hooks.Internal.Example", True),
+    ("delivery.tls.serverName", "localhost", True),
+    ("delivery.tls.serverName", "a" * 253, True),
+    ("delivery.tls.serverName", "a" * 254, False),
+    ("delivery.tls.serverName", "bad_name.example", False),
+    ("delivery.tls.serverName", "-hooks.example", False),
+    ("delivery.tls.serverName", "hooks-.example", False),
+    ("delivery.tls.serverName", "hooks.example.", False),
+    ("delivery.tls.serverName", "hooks..example", False),
+    ("delivery.tls.serverName", "*.hooks.example", False),
+    ("delivery.tls.serverName", "hooks.example:443", False),
+    ("delivery.tls.serverName", "hooks example", False),
+    ("delivery.tls.serverName", "hooks.example\n", False),
+    ("delivery.tls.serverName", "", False),
+    ("delivery.tls.serverName", 7, False),
+    ("delivery.tls.insecureSkipVerify", True, False),
+    ("delivery.retry", {}, True),
+    ("delivery.retry", None, True),
+    ("delivery.retry.maxAttempts", 1, True),
+    ("delivery.retry.maxAttempts", 20, True),
+    ("delivery.retry.maxAttempts", 0, False),
+    ("delivery.retry.maxAttempts", 21, False),
+    ("delivery.retry.maxAttempts", "5", False),
+    ("delivery.retry.maxAttempts", 5.5, False),
+    ("delivery.retry.maxAge", "1s", True),
+    ("delivery.retry.maxAge", "72h", True),
+    ("delivery.retry.maxAge", "90m", True),
+    ("delivery.retry.maxAge", "1h30m", True),
+    ("delivery.retry.maxAge", "1.5h", True),
+    ("delivery.retry.maxAge", "4320m", True),
+    ("delivery.retry.maxAge", "71h60m", True),
+    ("delivery.retry.maxAge", "259200s", True),
+    ("delivery.retry.maxAge", "73h", False),
+    ("delivery.retry.maxAge", "72h1s", False),
+    ("delivery.retry.maxAge", "259201s", False),
+    ("delivery.retry.maxAge", "0s", False),
+    ("delivery.retry.maxAge", "0.5s", False),
+    ("delivery.retry.maxAge", "10d", False),
+    ("delivery.retry.maxAge", "abc", False),
+    ("delivery.retry.maxAge", "1ms", False),
+    ("delivery.retry.maxAge", "-1h", False),
+    ("delivery.retry.maxAge", "1h ", False),
+    ("delivery.retry.maxAge", "h", False),
+    ("delivery.retry.maxAge", "", False),
+    ("delivery.retry.maxAge", "36", False),
+    ("delivery.retry.maxAge", 3600, False),
+    # Past what a Go duration holds: the CEL rule fails to evaluate.
+    ("delivery.retry.maxAge", "999999h999999h999999h", False),
+    ("delivery.retry.maxRetries", 3, False),
+]
+
+# Rows of more than one field: (the fields set, by dotted path; accepted).
+# delivery.tls needs an https:// url, checked by a CEL rule on the whole
+# spec and by a Python check.
+CROSS_FIELD: list[tuple[dict[str, Any], bool]] = [
+    ({"url": "http://hooks.acme.example/orders", "delivery.tls": {}}, False),
+    ({"url": "http://hooks.acme.example/orders", "delivery.tls.serverName": "hooks.example"}, False),
+    ({"url": "http://hooks.acme.example/orders", "delivery.tls.caSecretRef": {"name": "acme-ca"}}, False),
+    ({"url": "http://hooks.acme.example/orders", "delivery.tls": None}, True),
+    ({"url": "http://hooks.acme.example/orders", "delivery.headers": [STATIC]}, True),
+    ({"url": "HTTPS://hooks.acme.example/orders", "delivery.tls.serverName": "hooks.example"}, True),
+    ({"url": "HTTP://hooks.acme.example/orders", "delivery.tls.serverName": "hooks.example"}, False),
 ]
 
 
@@ -167,12 +363,31 @@ def namespace(control_plane: ControlPlane) -> str:
     return name
 
 
+def _spec_of(fields: dict[str, Any]) -> dict[str, Any]:
+    spec = SPEC_
+    for path, value in fields.items():
+        spec = _spec(path, value, spec)
+    return spec
+
+
+def _without_nulls(value: Any) -> Any:
+    """What the API server keeps of a value: nulls are pruned."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 @pytest.mark.kube
 def test_the_api_server_and_the_parser_agree_on_every_row(control_plane, namespace):
-    docs = [_manifest(namespace, _spec(path, value)) for path, value, _ in ROWS]
+    specs = [_spec(path, value) for path, value, _ in ROWS] + [_spec_of(f) for f, _ in CROSS_FIELD]
+    docs = [_manifest(namespace, spec) for spec in specs]
     # Manifests beside the spec: none, an unknown top-level field.
     docs += [_manifest(namespace, Absent), {**_manifest(namespace, SPEC_), "sepc": {}}]
-    expected = [accepted for _, _, accepted in ROWS] + [False, False]
+    expected = (
+        [accepted for *_, accepted in ROWS] + [accepted for _, accepted in CROSS_FIELD] + [False, False]
+    )
     disagreements = []
     for doc, accepted in zip(docs, expected, strict=True):
         server, server_said = _server_create(control_plane, doc)
@@ -182,15 +397,40 @@ def test_the_api_server_and_the_parser_agree_on_every_row(control_plane, namespa
                 f"{json.dumps(doc.get('spec'))[:160]}: server {server_said}, parser {parsed}"
             )
         elif accepted:
-            # The server's defaults are the parser's.
+            # The server's defaults are the parser's, at every depth
+            # (delivery.rateLimit.burst, tls.caSecretRef.key, ...).
             stored = server_said["spec"]
             assert parse_spec(namespace, doc["metadata"]["name"], stored) == parsed
-            assert {k: stored[k] for k in ("maxConcurrency", "timeoutSeconds", "paused")} == {
-                "maxConcurrency": parsed.max_concurrency,
-                "timeoutSeconds": parsed.timeout_seconds,
-                "paused": parsed.paused,
-            }
+            assert stored == _without_nulls(_checked(SPEC, doc["spec"], "spec"))
     assert not disagreements, "\n".join(disagreements)
+
+
+def _described(schema: dict[str, Any], path: str) -> Iterator[tuple[str, bool]]:
+    """Every field under ``schema`` (its properties and its items'), and
+    whether it has a description."""
+    for key, child in schema.get("properties", {}).items():
+        yield f"{path}.{key}", bool(child.get("description", "").strip())
+        yield from _described(child, f"{path}.{key}")
+    if "items" in schema:
+        yield from _described(schema["items"], f"{path}[]")
+
+
+@pytest.mark.unit
+def test_every_delivery_field_is_described_for_kubectl_explain():
+    """`kubectl explain webhookendpoints.spec.delivery --recursive` shows the
+    descriptions the API server publishes from the CRD's schema."""
+    found = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd or crd["metadata"]["name"] != CRD_NAME:
+                continue
+            for version in crd["spec"]["versions"]:
+                spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                found += list(
+                    _described({"properties": {"delivery": spec["properties"]["delivery"]}}, "spec")
+                )
+    assert len(found) >= len(list(_described({"properties": {"delivery": openapi(DELIVERY)}}, "spec"))) > 20
+    assert [field for field, described in found if not described] == []
 
 
 def _backed_rules() -> list[tuple[str, FieldRule]]:

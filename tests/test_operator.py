@@ -9,6 +9,7 @@ import json
 import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,21 @@ import aiohttp
 import asyncpg
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from standardwebhooks.webhooks import Webhook
 
 import hooklane
+from hooklane.delivery import RequestTerms
 from hooklane.dev.controlplane import ControlPlane
 from hooklane.policies import CircuitPolicy, RetryPolicy
+from hooklane.secrets import terms_owner, unseal
 from tests import timings
 from tests.conftest import SECRET, add_endpoint, wait_for
 from tests.kube_fixtures import Operator
-from tests.receivers import Answer
+from tests.receivers import Answer, Received
 from tests.test_chart import CHART, tools  # noqa: F401 (tools: the fixture that builds helm)
 
 pytestmark = pytest.mark.kube
@@ -329,6 +336,153 @@ async def test_a_missing_or_malformed_secret_holds_deliveries(
     assert {"SecretMissing", "SecretInvalid", "SecretResolved"} <= set(
         await wait_for(lambda: _events_include(kube, "SecretResolved"))
     )
+
+
+def api_key(value: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "acme-api-key"},
+        "type": "Opaque",
+        "stringData": {"token": value},
+    }
+
+
+def _header(got: Received, name: str) -> str | None:
+    return next((v for k, v in got.headers.items() if k.lower() == name.lower()), None)
+
+
+async def _terms(db: asyncpg.Connection, namespace: str) -> RequestTerms | None:
+    """The request terms the operator stored (sealed only with a key, which
+    these operators have none of)."""
+    sealed = (await row(db))["request_terms"]
+    if sealed is None:
+        return None
+    return RequestTerms.from_json(unseal(None, sealed, terms_owner(namespace, "orders-acme")))
+
+
+async def test_a_header_from_a_secret_follows_the_secret(kube, db, receiver, start_operator, start_worker):
+    """spec.delivery.headers[].valueFrom.secretKeyRef: the Secret's value is
+    sent, a patch of it is sent from the next delivery on with nothing
+    restarted, and while the Secret is gone nothing is sent at all."""
+    start_operator()
+    start_worker()
+    await kube.apply(secret(SECRET))
+    await kube.apply(api_key("sk-first"))
+    header = {"name": "X-Api-Key", "valueFrom": {"secretKeyRef": {"name": "acme-api-key", "key": "token"}}}
+    await kube.apply(
+        endpoint(receiver.on("hooks", Answer(204)), maxConcurrency=3, delivery={"headers": [header]})
+    )
+    # Signed, in Postgres only: its deliveries show the worker's rounds.
+    await add_endpoint(db, "canary", receiver.on("canary", Answer(204)), tenant="canary")
+    await wait_for(lambda: _condition_reason(kube, "Ready", "Synced"))
+
+    await publish(db, order=1)
+    first = (await wait_for(lambda: receiver.at("hooks")))[0]
+    assert _header(first, "X-Api-Key") == "sk-first"
+    Webhook(SECRET).verify(first.body, first.headers)
+    # Not adaptive: the limit in force is maxConcurrency, and follows it.
+    assert (await wait_for(lambda: _with_status(kube, "effectiveConcurrency")))["status"][
+        "effectiveConcurrency"
+    ] == 3
+    await kube.apply(endpoint(receiver.url("hooks"), maxConcurrency=5, delivery={"headers": [header]}))
+    await wait_for(lambda: _with_status(kube, "effectiveConcurrency", 5))
+
+    await kube.run("patch", "secret", "acme-api-key", "--type=merge", "-p", json.dumps(api_key("sk-second")))
+
+    async def rotated() -> bool:
+        terms = await _terms(db, kube.namespace)
+        return terms is not None and terms.headers == (("X-Api-Key", "sk-second"),)
+
+    await wait_for(rotated)
+    await publish(db, order=2)
+    second = (await wait_for(lambda: receiver.at("hooks")[1:]))[0]
+    assert _header(second, "X-Api-Key") == "sk-second"
+    assert Webhook(SECRET).verify(second.body, second.headers)["data"] == {"order": 2}
+
+    await kube.run("delete", "secret", "acme-api-key")
+    ready = await wait_for(lambda: _condition_reason(kube, "Ready", "SecretMissing"))
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("spec.delivery.headers[0].valueFrom.secretKeyRef: ")
+    assert f"Secret {kube.namespace}/acme-api-key not found" in ready["message"]
+    # Unsigned: never reserved, so nothing goes out without the header.
+    assert (await row(db))["secret"] is None
+    await publish(db, order=3)
+    # A round after the event ran (another endpoint's later event was
+    # delivered), and left it alone.
+    sent = len(receiver.at("canary"))
+    await hooklane.publish(db, tenant="canary", type="order.created", data={})
+    await wait_for(lambda: len(receiver.at("canary")) > sent)
+    assert len(receiver.at("hooks")) == 2
+    delivering = await kube.condition("Delivering")
+    assert delivering is not None and delivering["reason"] == "NoSigningSecret"
+
+    await kube.apply(api_key("sk-third"))
+    third = (await wait_for(lambda: receiver.at("hooks")[2:]))[0]
+    assert _header(third, "X-Api-Key") == "sk-third"
+    assert Webhook(SECRET).verify(third.body, third.headers)["data"] == {"order": 3}
+    await wait_for(lambda: _condition_reason(kube, "Ready", "Synced"))
+    assert len(receiver.at("hooks")) == 3
+
+
+def _certificate(name: str) -> tuple[str, str]:
+    """A self-signed certificate and its key, PEM."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode()
+
+
+async def test_tls_material_from_secrets_is_stored_for_the_workers(kube, db, start_operator):
+    """A CA bundle as distributions and certifi write them (a comment before
+    each certificate) and a kubernetes.io/tls Secret become the endpoint's
+    request terms, as `hooklane endpoint apply --secrets-file` takes them."""
+    start_operator()
+    ca, _ = _certificate("Hooklane test CA")
+    bundle = f"# Issuer: CN=Hooklane test CA\n# Label: test\n{ca}\n# Issuer: CN=another\n{_certificate('other')[0]}"
+    cert, key = _certificate("hooklane client")
+    await kube.apply(secret(SECRET))
+    await kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "acme-ca"},
+            "stringData": {"ca.crt": bundle},
+        }
+    )
+    await kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "acme-client"},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": cert, "tls.key": key},
+        }
+    )
+    tls = {
+        "caSecretRef": {"name": "acme-ca"},
+        "clientCertificateSecretRef": {"name": "acme-client"},
+        "serverName": "hooks.internal.example",
+    }
+    await kube.apply(endpoint("https://127.0.0.1:9/hooks", delivery={"tls": tls}))
+
+    ready = await wait_for(lambda: _ready_synced(kube, "orders-acme"), timeout=20)
+    assert ready["status"] == "True"
+    terms = await _terms(db, kube.namespace)
+    assert terms == RequestTerms((), bundle.strip(), cert.strip(), key.strip(), "hooks.internal.example")
 
 
 async def test_deletion_runs_the_finalizer(kube, db, start_operator):

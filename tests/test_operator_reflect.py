@@ -71,6 +71,8 @@ def test_secret_values_keep_only_signing_secrets_pem_and_header_values():
             "secret": b64(SECRET + "\n"),
             "token": b64("eyJhbGciOi"),
             "ca.crt": b64(pem + "\n"),
+            # certifi's cacert.pem, and `openssl x509 -text`, write text first
+            "bundle": b64(f"# Issuer: CN=Test CA\n{pem}\n"),
             "binary": base64.b64encode(b"\xff\xfe").decode(),
             "huge": b64("whsec_" + "A" * 1000),
             "lines": b64("two\nlines"),
@@ -81,6 +83,7 @@ def test_secret_values_keep_only_signing_secrets_pem_and_header_values():
         "secret": SECRET,
         "token": "eyJhbGciOi",
         "ca.crt": pem,
+        "bundle": f"# Issuer: CN=Test CA\n{pem}",
         "binary": None,
         "huge": None,
         "lines": None,

@@ -192,7 +192,9 @@ def secret_values(data: Mapping[str, str] | None) -> dict[str, str | None]:
 def _kept(value: str) -> bool:
     if value.startswith(SECRET_PREFIX):
         return len(value) <= _MAX_SECRET_CHARS
-    if value.startswith(_PEM_START):
+    # Bundles often say before each certificate which one it is (certifi's,
+    # `openssl x509 -text`): the PEM parser skips such text.
+    if _PEM_START in value:
         return len(value) <= MAX_PEM_CHARS
     return len(value) <= MAX_HEADER_VALUE and _HEADER_VALUE.fullmatch(value) is not None
 
