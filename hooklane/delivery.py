@@ -54,7 +54,7 @@ REFUSED_HEADER_PREFIX = "webhook-"
 
 # A duration as Kubernetes writes one (metav1.Duration: "72h", "1h30m",
 # "90s"), in hours, minutes and seconds only.
-DURATION_PATTERN = r"([0-9]{1,6}(\.[0-9]{1,6})?(h|m|s))+"
+DURATION_PATTERN = r"([0-9]{1,6}([.][0-9]{1,6})?(h|m|s))+"
 _DURATION_PART = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,6})?)(h|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
 MAX_AGE_SECONDS = 72 * 3600.0
@@ -222,7 +222,7 @@ def resolve(delivery: DeliverySpec, namespace: str, lookup: SecretLookup) -> Req
         value = header.value
         if header.secret is not None:
             field = f"spec.delivery.headers[{i}].valueFrom.secretKeyRef"
-            value = _value(lookup, namespace, header.secret, field)
+            value = _value(lookup, namespace, header.secret, field, _HEADER_TEXT)
             if len(value) > MAX_HEADER_VALUE or not _HEADER_VALUE.fullmatch(value):
                 raise SecretProblem(
                     f"{field}: key {header.secret.key!r} of Secret {namespace}/{header.secret.name} is not a"
@@ -235,17 +235,23 @@ def resolve(delivery: DeliverySpec, namespace: str, lookup: SecretLookup) -> Req
     ca = cert = key = None
     if tls.ca is not None:
         field = "spec.delivery.tls.caSecretRef"
-        ca = _value(lookup, namespace, tls.ca, field)
+        ca = _value(lookup, namespace, tls.ca, field, _PEM_TEXT)
         _certificates(ca, f"{field}: key {tls.ca.key!r} of Secret {namespace}/{tls.ca.name}")
     if tls.client_certificate is not None:
         field = "spec.delivery.tls.clientCertificateSecretRef"
-        cert = _value(lookup, namespace, SecretKeyRef(tls.client_certificate, TLS_CERT_KEY), field)
-        key = _value(lookup, namespace, SecretKeyRef(tls.client_certificate, TLS_KEY_KEY), field)
+        cert = _value(lookup, namespace, SecretKeyRef(tls.client_certificate, TLS_CERT_KEY), field, _PEM_TEXT)
+        key = _value(lookup, namespace, SecretKeyRef(tls.client_certificate, TLS_KEY_KEY), field, _PEM_TEXT)
         _key_pair(cert, key, f"{field}: Secret {namespace}/{tls.client_certificate}")
     return RequestTerms(tuple(headers), ca, cert, key, tls.server_name)
 
 
-def _value(lookup: SecretLookup, namespace: str, ref: SecretKeyRef, field: str) -> str:
+_HEADER_TEXT = f"a header value (visible ASCII on one line, at most {MAX_HEADER_VALUE} characters)"
+_PEM_TEXT = f"PEM text (at most {MAX_PEM_CHARS // 1024} KiB)"
+
+
+def _value(lookup: SecretLookup, namespace: str, ref: SecretKeyRef, field: str, wanted: str) -> str:
+    """The text of ``ref``; ``wanted`` says what it should be, for the
+    error when it is there but not text Hooklane keeps."""
     where = f"Secret {namespace}/{ref.name}"
     values = lookup(ref.name)
     if values is None:
@@ -256,9 +262,7 @@ def _value(lookup: SecretLookup, namespace: str, ref: SecretKeyRef, field: str) 
         )
     value = values[ref.key]
     if value is None:
-        raise SecretProblem(
-            f"{field}: key {ref.key!r} of {where} is not UTF-8 text of a usable size", missing=False
-        )
+        raise SecretProblem(f"{field}: key {ref.key!r} of {where} is not {wanted}", missing=False)
     return value
 
 

@@ -284,7 +284,10 @@ DELIVERY = FieldRule(
                     pattern_message='must be a duration such as "90s", "30m" or "36h"',
                     cel=(
                         (
-                            "duration(self) >= duration('1s') && duration(self) <= duration('72h')",
+                            # Guarded by the pattern, so that a value it refuses gets
+                            # its message rather than a CEL conversion error too.
+                            f"!self.matches('^(?:{DURATION_PATTERN})$')"
+                            " || (duration(self) >= duration('1s') && duration(self) <= duration('72h'))",
                             "must be between 1s and 72h",
                         ),
                     ),
@@ -480,7 +483,9 @@ def _check_array(rule: FieldRule, value: Any, path: str) -> list[Any]:
         try:
             checked.append(_checked(rule.items, item, path))
         except InvalidInput as exc:
-            raise InvalidInput(path, f"item {i}: {exc.message}") from None
+            # An item's own field is named after the item's number.
+            inner = exc.field[len(path) + 1 :] + " " if exc.field.startswith(path + ".") else ""
+            raise InvalidInput(path, f"item {i}: {inner}{exc.message}") from None
     return checked
 
 

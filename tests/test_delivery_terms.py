@@ -184,7 +184,7 @@ async def test_apply_refuses_a_header_hooklane_owns_and_stores_nothing(dsn, db, 
     (files / "one.yaml").write_text(secrets_yaml("one"))
     result = await apply(dsn, files, "one.yaml")
     assert result.returncode == 2
-    assert f"hooklane: spec.delivery.headers: item 1: {name!r} may not be set" in result.stderr
+    assert f"hooklane: spec.delivery.headers: item 1: name {name!r} may not be set" in result.stderr
     assert "Traceback" not in result.stderr
     assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
 
