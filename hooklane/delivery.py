@@ -49,8 +49,17 @@ REFUSED_HEADERS = (
     "content-type",
     "content-length",
     "content-encoding",
+    # The trace context is Hooklane's to write (hooklane/tracing.py), and so
+    # is the User-Agent, which names no version (docs/security.md).
+    "traceparent",
+    "tracestate",
+    "user-agent",
 )
 REFUSED_HEADER_PREFIX = "webhook-"
+REFUSED_HEADERS_TEXT = (
+    "hop-by-hop headers, Host, Content-Type, Content-Length, Content-Encoding, User-Agent, the trace"
+    " context (traceparent, tracestate) and the webhook-* signature headers are Hooklane's"
+)
 
 # A duration as Kubernetes writes one (metav1.Duration: "72h", "1h30m",
 # "90s"), in hours, minutes and seconds only.
@@ -165,8 +174,7 @@ def check_header_name(name: str) -> str:
     if lowered in REFUSED_HEADERS or lowered.startswith(REFUSED_HEADER_PREFIX):
         raise InvalidInput(
             "",
-            f"{shown(name)} may not be set: hop-by-hop headers, Host, Content-Type, Content-Length,"
-            f" Content-Encoding and the webhook-* signature headers are Hooklane's",
+            f"{shown(name)} may not be set: {REFUSED_HEADERS_TEXT}",
         )
     return name
 

@@ -40,6 +40,7 @@ from hooklane.delivery import (
     MAX_HEADERS,
     REFUSED_HEADER_PREFIX,
     REFUSED_HEADERS,
+    REFUSED_HEADERS_TEXT,
     DeliverySpec,
     HeaderSpec,
     SecretKeyRef,
@@ -187,8 +188,7 @@ DELIVERY = FieldRule(
                 properties={
                     "name": FieldRule(
                         "string",
-                        "The header's name. Hop-by-hop headers, Host, Content-Type, Content-Length,"
-                        " Content-Encoding and webhook-* are refused.",
+                        f"The header's name. Refused: {REFUSED_HEADERS_TEXT}.",
                         min_length=1,
                         max_length=256,
                         pattern=HEADER_NAME_PATTERN,
@@ -197,8 +197,7 @@ DELIVERY = FieldRule(
                             (
                                 f"!(self.lowerAscii() in [{_REFUSED_CEL}])"
                                 f" && !self.lowerAscii().startsWith('{REFUSED_HEADER_PREFIX}')",
-                                "may not be set: hop-by-hop headers, Host, Content-Type, Content-Length,"
-                                " Content-Encoding and the webhook-* signature headers are Hooklane's",
+                                f"may not be set: {REFUSED_HEADERS_TEXT}",
                             ),
                         ),
                         check=check_header_name,

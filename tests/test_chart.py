@@ -615,8 +615,9 @@ def test_helm_installs_the_chart_with_its_crds(tools, bare_control_plane):
         "deployment.apps/hooklane-operator",
         "deployment.apps/hooklane-worker",
     ]
-    # The example endpoint passes the installed CRD's validation.
-    cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(ROOT / "examples" / "endpoint.yaml"))
+    # The example endpoints pass the installed CRD's validation.
+    for example in ("endpoint.yaml", "endpoint-delivery.yaml"):
+        cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(ROOT / "examples" / example))
     hooks = tools.helm(
         "template",
         "hooklane",

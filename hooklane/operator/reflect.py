@@ -178,7 +178,10 @@ def secret_values(data: Mapping[str, str] | None) -> dict[str, str | None]:
     with its decoded text when it looks like a signing secret, a PEM block
     (a CA or a client certificate and key) or a header value (an API key),
     None otherwise. Every Secret of the watched namespaces passes through
-    here, so nothing else (tokens, Helm releases) is kept in memory."""
+    here: binary values, long ones (Helm releases) and multi-line text
+    that is no PEM are not kept. Short one-line values (passwords, tokens)
+    are: any of them may be a header's, and the index cannot know which
+    until an endpoint refers to it."""
     values: dict[str, str | None] = {}
     for key, encoded in (data or {}).items():
         try:

@@ -1091,7 +1091,7 @@ BEGIN
     -- maxConcurrency. A Retry-After on a 429 or 503 holds the endpoint.
     adapted AS (
         SELECT b.id,
-               b.adaptive_concurrency AND pe.overloaded
+               b.adaptive_concurrency AND pe.overloaded AND b.concurrency > 1
                  AND coalesce(b.concurrency_lowered_at <= now() - make_interval(secs => adapt_step), true)
                  AS lower,
                b.adaptive_concurrency AND NOT pe.overloaded AND pe.succeeded

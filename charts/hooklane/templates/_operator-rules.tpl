@@ -18,9 +18,10 @@ exactly these rules against a real API server.
 - apiGroups: [hooklane.io]
   resources: [webhookendpoints/status]
   verbs: [patch]
-# Signing secrets, read from a watch so that a rotation reaches the workers
-# at once. Read-only; only values that look like whsec_ secrets are kept in
-# memory.
+# Signing secrets and spec.delivery's headers and TLS material, read from a
+# watch so that a rotation reaches the workers at once. Read-only; only
+# values shaped like a whsec_ secret, a PEM block or a header value are kept
+# in memory.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [list, watch]
