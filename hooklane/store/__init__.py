@@ -29,6 +29,7 @@ from hooklane.store.connection import (
 )
 from hooklane.store.cursor import attempt_position, delivery_position, endpoint_position
 from hooklane.store.deliveries import (
+    ADAPT_STEP_SECONDS,
     DELIVERED_STEP_SECONDS,
     FAILURES,
     MAX_DELIVERY_ID,
@@ -104,6 +105,7 @@ from hooklane.store.queries import parse as parse_queries
 from hooklane.store.reflection import Changed, endpoint_health_changed
 
 __all__ = [
+    "ADAPT_STEP_SECONDS",
     "API_SESSION",
     "CONNECTION_LOST",
     "DELIVERED_STEP_SECONDS",

@@ -470,7 +470,7 @@ async def record(
     ready: ReadyList,
     owned: list[int],
     worker_id: str,
-    adapt_step_seconds: float,
+    adapt_step_seconds: float = store.ADAPT_STEP_SECONDS,
 ) -> None:
     """Write a batch of results and their attempts (made by ``worker_id``),
     retrying while Postgres is unreachable or aborts the statement: a
