@@ -925,8 +925,10 @@ BEGIN
     -- The verdicts, in a statement of their own: its snapshot sees this
     -- round's reservations, so a head is read past what was just reserved,
     -- and only from the floor on. Its paused_until is when the endpoint
-    -- may be granted a start again: the end of its circuit's pause, of the
-    -- hold a Retry-After asked for, or of the bucket's lookahead.
+    -- is worth a round again: the end of its circuit's pause, of the hold
+    -- a Retry-After asked for, or, rate-limited, when half the lookahead's
+    -- starts are granted anew (at the lookahead's end each round would
+    -- grant a single start: a round per start).
     -- Index: primary key of endpoints; deliveries_queue from each floor;
     -- deliveries_leased for the live leases; deliveries_rate.
     RETURN QUERY
@@ -935,7 +937,7 @@ BEGIN
            NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text,
            hooklane_concurrency(ep), k.ok,
            greatest(ep.paused_until, ep.throttled_until,
-                    b.tat - make_interval(secs => lookahead
+                    b.tat - make_interval(secs => lookahead / 2
                                           + (ep.rate_burst - 1)::float8 / ep.rate_per_second)),
            h.head, coalesce(l.n >= hooklane_concurrency(ep), false), l.ends, NULL::text, NULL::text,
            NULL::float8, NULL::text, NULL::integer, NULL::float8
