@@ -121,9 +121,10 @@ class Settings:
     # A lease outlives the endpoint's whole-call deadline by this much before
     # rescue may hand the delivery to another worker.
     lease_grace_seconds: Seconds = 10.0
-    # The least time between two changes of an adaptive endpoint's
-    # concurrency limit (spec.delivery.adaptiveConcurrency): one overload
-    # lowers it once, and it rises by one per step while the receiver keeps up.
+    # The pace of an adaptive endpoint's concurrency limit
+    # (spec.delivery.adaptiveConcurrency): it rises by one a step after its
+    # last change while the receiver keeps up, and at a limit of 1 an
+    # overload without a Retry-After holds the endpoint for a step.
     adaptive_step_seconds: Seconds = 5.0
     # Polling interval when no notification arrives: due retries, unpaused
     # endpoints and ownership changes are noticed this often.

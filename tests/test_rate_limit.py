@@ -17,6 +17,7 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.delivery import DeliverySpec
+from hooklane.policies import CircuitPolicy
 from tests.conftest import add_endpoint, wait_for, worker_process
 from tests.receivers import Answer, Receiver
 
@@ -413,6 +414,40 @@ async def test_adaptive_concurrency_finds_the_receivers_capacity_and_recovers(db
     print(f"back to 8 in {time.time() - recovering:.1f} s")
     [health] = await store.endpoint_health(db, endpoint=("default", "adaptive"))
     assert health.max_concurrency == 8 and health.adaptive_concurrency
+
+
+@pytest.mark.db
+async def test_a_receiver_refusing_everything_gets_one_call_a_step(db, receiver, start_worker):
+    """Every call refused at once, without a Retry-After: the limit falls
+    a generation of calls at a time, not a step at a time, and at 1 each
+    refusal holds the endpoint for a step, so the refusals come a step
+    apart instead of one per answer. (The circuit, which such a receiver
+    opens after 20 refusals, is kept out of the way.)"""
+    step = 1.0
+    await add_endpoint(
+        db,
+        "refusing",
+        receiver.on("refusing", Answer(429)),
+        max_concurrency=10,
+        delivery=DeliverySpec(adaptive=True),
+    )
+    await _backlog(db, "acme", 500)
+    started = time.time()
+    start_worker(adaptive_step_seconds=step, circuit=CircuitPolicy(threshold=10_000))
+    await wait_for(_reaches(db, "refusing", 1), timeout=30, interval=0.02)
+    fell_in, floor_reached = time.time() - started, len(receiver.at("refusing"))
+    await wait_for(lambda: time.time() - started >= fell_in + 4 * step, timeout=30)
+    after = receiver.at("refusing")[floor_reached:]
+    print(
+        f"down to 1 in {fell_in:.2f} s after {floor_reached} refusals; {len(after)} in the next {4 * step:g} s"
+    )
+    # 10, 7, 4, 2, 1: four generations of calls, each a round trip.
+    assert fell_in < step
+    # A call a step at 1, the one in flight at the fall, and a hold that
+    # may end as the window does.
+    assert len(after) <= 4 + 2
+    [health] = await store.endpoint_health(db, endpoint=("default", "refusing"))
+    assert health.effective_concurrency == 1 and health.throttled_until is not None
 
 
 @pytest.mark.db

@@ -27,7 +27,8 @@ _STATUS = re.compile(r"([1-5])(xx|[0-9]{2})")
 # records bring some sooner: about 10 a second at 100/s). A worker that
 # dies holds that much of the rate unused until its leases are rescued.
 RATE_LOOKAHEAD_SECONDS = 1.0
-# The least time between two changes of an adaptive endpoint's limit.
+# Between two raises of an adaptive endpoint's limit, and its hold when an
+# overload comes back at a limit of 1 (HOOKLANE_ADAPTIVE_STEP_SECONDS).
 ADAPT_STEP_SECONDS = 5.0
 
 

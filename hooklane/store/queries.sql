@@ -499,7 +499,8 @@ SELECT * FROM hooklane_reserve_v5(%(partitions)s::int[], %(candidates)s::bigint[
 -- trace_ids, arrays of equal length; worker_id (the recording worker);
 -- threshold (failures that open the circuit), step_seconds and cap_seconds
 -- (of the pause); partitions (owned); delivered_step_seconds;
--- adapt_step_seconds (between two changes of an adaptive endpoint's limit).
+-- adapt_step_seconds (between two raises of an adaptive endpoint's limit, and
+-- its hold when overloaded at a limit of 1).
 -- Also returns, per endpoint, throttled_until (a Retry-After's hold),
 -- effective_concurrency (the limit in force) and lowered (this call lowered
 -- it).

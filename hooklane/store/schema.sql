@@ -975,7 +975,8 @@ BEGIN
 END;
 $$;
 
--- Record a batch of results (version 10): `complete` in queries.sql. As
+-- Record a batch of results (version 10; adaptive concurrency from
+-- version 11): `complete` in queries.sql. As
 -- hooklane_complete_v2, less the ready list: the worker owning each
 -- endpoint decides when it is ready from what this returns. An endpoint's
 -- row is written only when something of it changes (its failures, circuit,
@@ -985,7 +986,9 @@ $$;
 -- the recording worker does not own (`owned`: it lost it while the call was
 -- out) is notified to its owner. Each result that passes the fence leaves
 -- its attempt in delivery_attempts in the same statement; a late result
--- of a worker that lost the delivery leaves none.
+-- of a worker that lost the delivery leaves none. An adaptive endpoint's
+-- limit and hold follow the receiver's overload signals (adapt_step: the
+-- seconds between two raises, and the hold at a limit of 1).
 CREATE FUNCTION hooklane_complete_v5(ids bigint[], fences integer[], outcomes text[],
                                      retry_ins double precision[], statuses integer[], errors text[],
                                      failures text[], started_ats timestamptz[],
@@ -1040,7 +1043,7 @@ BEGIN
           AND ep.id = d.endpoint_id
         RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, d.attempts, d.event_tenant, d.event_id,
                   d.last_error, r.outcome, r.status, r.error, r.failure, r.started_at, r.duration,
-                  r.retry_after, r.trace_id
+                  r.retry_after, r.trace_id, d.reserved_at
     ),
     -- Runs whether or not it is read, as every data-modifying WITH does.
     logged AS (
@@ -1064,9 +1067,13 @@ BEGIN
                min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head,
                -- The receiver's overload signals, for adaptive concurrency:
                -- false, not NULL, for a batch without one (a success has
-               -- no failure class, and NOT NULL would never raise).
+               -- no failure class, and NOT NULL would never raise); the
+               -- latest reservation among the calls that gave one; the
+               -- longest Retry-After they asked for.
                coalesce(bool_or(rec.status IN (429, 503) OR rec.failure = 'timeout'), false)
                  AS overloaded,
+               max(rec.reserved_at) FILTER (WHERE rec.status IN (429, 503) OR rec.failure = 'timeout')
+                 AS overload_reserved_at,
                max(rec.retry_after) FILTER (WHERE rec.status IN (429, 503)) AS hold
         FROM recorded rec
         GROUP BY rec.endpoint_id
@@ -1087,15 +1094,21 @@ BEGIN
         FOR NO KEY UPDATE OF ep
     ),
     -- Adaptive concurrency: an overload signal lowers the limit to 0.7 of
-    -- itself (at least 1), once per adapt_step, as the calls in flight when
-    -- it came back are of the same overload; a batch with a success and no
-    -- signal raises it by one, adapt_step after any change, up to
-    -- maxConcurrency. A Retry-After on a 429 or 503 holds the endpoint.
+    -- itself (at least 1), once per generation of calls: only a call
+    -- reserved after the last lowering lowers it again, as those in flight
+    -- before answer for the limit that was. At 1, an overload signal
+    -- without a Retry-After holds the endpoint for adapt_step, so that a
+    -- receiver refusing everything gets a call a step, not one per answer.
+    -- A batch with a success and no signal raises the limit by one,
+    -- adapt_step after any change, up to maxConcurrency. A Retry-After on
+    -- a 429 or 503 holds the endpoint as long as it asks.
     adapted AS (
         SELECT b.id,
                b.adaptive_concurrency AND pe.overloaded AND b.concurrency > 1
-                 AND coalesce(b.concurrency_lowered_at <= now() - make_interval(secs => adapt_step), true)
+                 AND pe.overload_reserved_at > coalesce(b.concurrency_lowered_at, '-infinity')
                  AS lower,
+               b.adaptive_concurrency AND pe.overloaded AND b.concurrency = 1
+                 AND coalesce(pe.hold, 0) = 0 AS floored,
                b.adaptive_concurrency AND NOT pe.overloaded AND pe.succeeded
                  AND b.concurrency < b.max_concurrency
                  AND coalesce(greatest(b.concurrency_raised_at, b.concurrency_lowered_at)
@@ -1112,6 +1125,8 @@ BEGIN
                CASE WHEN a.lower THEN now() ELSE b.concurrency_lowered_at END AS new_lowered_at,
                CASE WHEN b.adaptive_concurrency AND pe.hold > 0
                     THEN greatest(b.throttled_until, now() + make_interval(secs => pe.hold))
+                    WHEN a.floored
+                    THEN greatest(b.throttled_until, now() + make_interval(secs => adapt_step))
                     ELSE b.throttled_until END AS new_throttled_until,
                CASE WHEN pe.succeeded THEN 0 ELSE (b.consecutive_failures + pe.failures)::integer END
                  AS new_failures,
