@@ -79,6 +79,9 @@ MAX_PEM_CHARS = 256 * 1024
 
 @dataclass(frozen=True)
 class SecretKeyRef:
+    """A key of a Secret in the endpoint's namespace: its signing secret's
+    (spec.secretRef), a header's, a CA's."""
+
     name: str
     key: str
 

@@ -85,12 +85,6 @@ _METADATA = frozenset(
 
 
 @dataclass(frozen=True)
-class SecretRef:
-    name: str
-    key: str
-
-
-@dataclass(frozen=True)
 class FieldRule:
     """One field of the spec: what ``parse_spec`` checks and what the CRD's
     schema says, in the terms of an OpenAPI schema."""
@@ -400,7 +394,7 @@ class EndpointSpec:
     name: str
     url: str
     tenant: str
-    secret_ref: SecretRef | None = None
+    secret_ref: SecretKeyRef | None = None
     max_concurrency: int = _FIELDS["maxConcurrency"].default
     event_types: tuple[str, ...] = field(default_factory=tuple)
     timeout_seconds: int = _FIELDS["timeoutSeconds"].default
@@ -526,7 +520,7 @@ def parse_spec(namespace: str, name: str, spec: Any) -> EndpointSpec:
         name=name,
         url=checked["url"],
         tenant=checked["tenant"],
-        secret_ref=SecretRef(ref["name"], ref["key"]),
+        secret_ref=SecretKeyRef(ref["name"], ref["key"]),
         max_concurrency=checked["maxConcurrency"],
         event_types=tuple(checked["eventTypes"] or ()),
         timeout_seconds=checked["timeoutSeconds"],

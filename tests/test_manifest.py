@@ -12,8 +12,9 @@ import pytest
 from hooklane.bounded_yaml import MAX_MANIFEST_BYTES
 from hooklane.checks import check_url
 from hooklane.crd import CRD_PATH, crd_yaml
+from hooklane.delivery import SecretKeyRef
 from hooklane.errors import InvalidInput
-from hooklane.spec import SecretRef, load_manifest, parse_manifest
+from hooklane.spec import load_manifest, parse_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +36,7 @@ GOOD = {
 def test_good_manifest():
     spec = parse_manifest(GOOD)
     assert (spec.namespace, spec.name, spec.tenant) == ("shop", "orders-acme", "acme")
-    assert spec.secret_ref == SecretRef("acme-webhook-secret", "secret")
+    assert spec.secret_ref == SecretKeyRef("acme-webhook-secret", "secret")
     assert spec.max_concurrency == 8 and spec.timeout_seconds == 10 and not spec.paused
     assert spec.event_types == ("order.*", "invoice.paid")
 

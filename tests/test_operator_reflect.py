@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
+from hooklane.delivery import SecretKeyRef
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing
 from hooklane.operator import reflect
 from hooklane.operator.reflect import Queue, Synced
-from hooklane.spec import SecretRef
 from tests.conftest import SECRET
 
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = "2026-03-01T11:00:00Z"
-REF = SecretRef("acme-webhook-secret", "secret")
+REF = SecretKeyRef("acme-webhook-secret", "secret")
 SYNCED = Synced(generation=3, paused=False, reason=reflect.Reason.SYNCED, message="stored")
 ACTIVE = Standing(EndpointState.ACTIVE)
 PAUSED_BY_CIRCUIT = Standing(EndpointState.PAUSED, PauseReason.CIRCUIT)

@@ -24,6 +24,7 @@ from hooklane.delivery import (
     MAX_PEM_CHARS,
     DeliverySpec,
     RequestTerms,
+    SecretKeyRef,
     SecretLookup,
     SecretProblem,
     resolve,
@@ -33,7 +34,6 @@ from hooklane.errors import InvalidInput
 from hooklane.guard import is_refusal
 from hooklane.health import EndpointHealth
 from hooklane.signing import SECRET_PREFIX, parse_secret
-from hooklane.spec import SecretRef
 from hooklane.times import rfc3339_seconds
 
 # Condition types. Ready: the spec is stored in Postgres with a usable
@@ -203,7 +203,7 @@ def _kept(value: str) -> bool:
 
 
 def check_secret(
-    namespace: str, ref: SecretRef | None, values: Mapping[str, str | None] | None
+    namespace: str, ref: SecretKeyRef | None, values: Mapping[str, str | None] | None
 ) -> SecretCheck:
     """Resolve a secretRef against the Secret's :func:`secret_values`
     (None when the Secret does not exist)."""
