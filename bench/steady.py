@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -182,9 +183,11 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return total
 
 
-def snapshot(groups: dict[str, list[psutil.Process]], metrics_port: int) -> dict:
+def snapshot(groups: dict[str, list[psutil.Process]], *metrics_ports: int) -> dict:
+    """CPU seconds so far of each group of processes, and the reservation
+    rounds so far of the workers serving metrics on ``metrics_ports``."""
     cpu = {name: sum(cpu_seconds(p) for p in procs) for name, procs in groups.items()}
-    rounds = sum(v for k, v in scrape(metrics_port).items() if k.startswith(ROUNDS))
+    rounds = sum(v for port in metrics_ports for k, v in scrape(port).items() if k.startswith(ROUNDS))
     return {"at": time.time(), "cpu": cpu, "rounds": rounds}
 
 
@@ -278,9 +281,12 @@ async def run_once(
     tree: Path | None,
     durable: bool,
     env: dict[str, str] | None = None,
+    prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
 ) -> dict:
     """One measured run of ``tree``'s worker, with ``env`` added to its
-    environment."""
+    environment; ``prepare``, given a connection once the endpoints and the
+    history are written, changes what it wants before the worker starts
+    (the endpoints' spec.delivery, say)."""
     async with fresh_database(server_dsn, "steady", durable=durable, tree=tree) as dsn:
         with tempfile.TemporaryDirectory(prefix="hooklane-steady-") as tmp:
             out = Path(tmp) / "events.json"
@@ -307,6 +313,8 @@ async def run_once(
                 conn = await asyncpg.connect(dsn)
                 try:
                     await write_history(conn, cfg)
+                    if prepare is not None:
+                        await prepare(conn)
                 finally:
                     await conn.close()
                 worker = start_worker(
