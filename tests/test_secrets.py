@@ -357,7 +357,9 @@ async def test_request_terms_are_sealed_apart_and_resealed_with_the_active_key(d
     await store.upsert_endpoint(db, spec, OLD, terms=terms, keyring=RING1)
     stored = await db.fetchrow("SELECT secret, request_terms FROM endpoints WHERE name = 't'")
     assert "sk_live_terms" not in stored["request_terms"]
-    assert RequestTerms.from_json(unseal(RING1, stored["request_terms"], terms_owner("default", "t"))) == terms
+    assert (
+        RequestTerms.from_json(unseal(RING1, stored["request_terms"], terms_owner("default", "t"))) == terms
+    )
     with pytest.raises(InvalidInput):
         unseal(RING1, stored["request_terms"], "default/t")
     held = await store.stored_endpoints(db, RING1)
