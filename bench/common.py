@@ -308,6 +308,17 @@ def machine() -> dict[str, str]:
     }
 
 
+def bench_parser(description: str, presets: Mapping[str, object]) -> argparse.ArgumentParser:
+    """The command line every benchmark starts from: ``--preset`` (quick by
+    default) and ``--dsn``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--preset", choices=sorted(presets), default="quick")
+    parser.add_argument(
+        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
+    )
+    return parser
+
+
 def run_and_report(
     main_async: Callable[[argparse.Namespace], Awaitable[dict]],
     args: argparse.Namespace,

@@ -49,6 +49,7 @@ from bench import baseline
 from bench.common import (
     DOCS,
     SECRET,
+    bench_parser,
     create_endpoints,
     free_ports,
     fresh_database,
@@ -452,14 +453,29 @@ def analyse_busy(
 # Report
 
 
-def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
+def three_panels():
+    """A figure of three panels, one above the other, sharing their x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+
+
+def save(fig, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
     colours = {"hooklane": "tab:blue", "baseline": "tab:red"}
-    fig, (lag_ax, slow_ax, rate_ax) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    fig, (lag_ax, slow_ax, rate_ax) = three_panels()
     for r in results:
         s, c = r["series"], colours[r["system"]]
         lag_ax.plot(s["second"], s["healthy_p99"], color=c, label=f"{r['system']} p99")
@@ -477,14 +493,12 @@ def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
     rate_ax.set_ylabel("deliveries/s (all)")
     rate_ax.set_xlabel("seconds since publishing started")
     rate_ax.legend(fontsize=8)
-    fig.suptitle(
+    save(
+        fig,
         f"{cfg.endpoints} endpoints, {cfg.rate:g} events/s, {cfg.slow_rate:g}/s to one answering in "
-        f"{cfg.slow_delay:g} s; {slots} slots"
+        f"{cfg.slow_delay:g} s; {slots} slots",
+        path,
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def verdict(results: list[dict], cfg: Config) -> dict:
@@ -507,12 +521,7 @@ def verdict(results: list[dict], cfg: Config) -> dict:
 def plot_busy(results: list[dict], cfg: Config, path: Path) -> None:
     """The busy endpoint of each --adaptive run: its limit in force, its
     429s per 10 s, and the healthy endpoints' p99 lag per second."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (limit_ax, refused_ax, lag_ax) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    fig, (limit_ax, refused_ax, lag_ax) = three_panels()
     for r in results:
         b, label = r["busy"], busy_label(r["config"])
         limit_ax.step(b["series"]["t"], b["series"]["concurrency"], where="post", label=label)
@@ -528,14 +537,12 @@ def plot_busy(results: list[dict], cfg: Config, path: Path) -> None:
     lag_ax.set_yscale("log")
     lag_ax.set_ylabel("healthy p99 lag (s)")
     lag_ax.set_xlabel("seconds since publishing started")
-    fig.suptitle(
+    save(
+        fig,
         f"{cfg.endpoints} endpoints, {cfg.rate:g} events/s; {cfg.busy_rate:g}/s to one taking"
-        f" {cfg.busy_open} calls of {cfg.busy_delay:g} s at once, 429 beyond"
+        f" {cfg.busy_open} calls of {cfg.busy_delay:g} s at once, 429 beyond",
+        path,
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def busy_label(cfg: dict) -> str:
@@ -645,11 +652,7 @@ async def wait_http(urls: list[str], timeout: float = 20.0) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="seed 000's incident: Hooklane vs the naive FIFO")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument(
-        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
-    )
+    parser = bench_parser("seed 000's incident: Hooklane vs the naive FIFO", PRESETS)
     parser.add_argument("--slots", type=int, action="append", help="in-flight slots (repeatable)")
     parser.add_argument("--duration", type=float, help="seconds of publishing, overriding the preset")
     parser.add_argument(

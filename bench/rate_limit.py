@@ -44,6 +44,7 @@ import psutil
 
 from bench import steady
 from bench.common import (
+    bench_parser,
     create_endpoints,
     free_ports,
     fresh_database,
@@ -216,21 +217,20 @@ async def drain_at_limits(
     base: str,
     receiver_pids: list[int],
     cases: tuple[Case, ...],
+    cfg: Config,
     *,
     workers: int,
     warmup: float,
     window: float,
-    history: int,
-    margin: float,
 ) -> dict:
     """One run: the cases' endpoints, each with its backlog, drained by
     ``workers`` workers; what the window cost, and each case's figures."""
-    backlog = [int(margin * (c.per_second * (warmup + window + 5) + c.burst)) for c in cases]
+    backlog = [int(cfg.backlog_margin * (c.per_second * (warmup + window + 5) + c.burst)) for c in cases]
     async with fresh_database(server, "rate_limit") as dsn:
         conn = await asyncpg.connect(dsn)
         procs: list = []
         try:
-            await load(conn, base, cases, backlog, history)
+            await load(conn, base, cases, backlog, cfg.history)
             master = psutil.Process(postgres_pids(int(await conn.fetchval("SHOW port")))[0])
             async with aiohttp.ClientSession() as http:
                 await http.post(f"{base}/_reset")
@@ -292,11 +292,10 @@ async def cost_run(server: str, base: str, receiver_pids: list[int], cfg: Config
             base,
             receiver_pids,
             (Case(rate),),
+            cfg,
             workers=1,
             warmup=cfg.cost_warmup,
             window=cfg.cost_window,
-            history=cfg.history,
-            margin=cfg.backlog_margin,
         )
         made = run["deliveries_in_window"]
         # Nothing published: latency has no start, and the backlog is left over by design.
@@ -333,11 +332,10 @@ async def main_async(args: argparse.Namespace) -> dict:
                 base,
                 receiver_pids,
                 cfg.cases,
+                cfg,
                 workers=cfg.workers,
                 warmup=cfg.warmup,
                 window=cfg.window,
-                history=cfg.history,
-                margin=cfg.backlog_margin,
             )
             for f in limits["cases"]:
                 print(
@@ -369,11 +367,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="rate limits: starts against the limit, and their cost")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument(
-        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
-    )
+    parser = bench_parser("rate limits: starts against the limit, and their cost", PRESETS)
     parser.add_argument("--part", choices=("all", "limits", "cost"), default="all")
     parser.add_argument(
         "--window", type=float, help="seconds measured of the limits run, overriding the preset"
