@@ -181,6 +181,11 @@ def case_figures(case: Case, calls: list[float], starts: list[float], opened: fl
         "gap_p50_over_spacing": percentile(gaps, 50) / spacing if gaps else None,
         "gap_min_ms": 1000 * min(gaps) if gaps else None,
         "spacing_ms": 1000 * spacing,
+        # Calls in each whole second from the first one.
+        "per_second": [
+            bisect.bisect_left(calls, calls[0] + k + 1) - bisect.bisect_left(calls, calls[0] + k)
+            for k in range(int(calls[-1] - calls[0]) + 1 if calls else 0)
+        ],
     }
 
 
