@@ -1060,8 +1060,10 @@ BEGIN
                (array_agg(rec.error ORDER BY rec.id DESC)
                   FILTER (WHERE rec.outcome <> 'delivered'))[1] AS error,
                min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head,
-               -- The receiver's overload signals, for adaptive concurrency.
-               bool_or(rec.status IN (429, 503) OR rec.failure = 'timeout') AS overloaded,
+               -- The receiver's overload signals, for adaptive concurrency: false, not
+               -- NULL, for a batch without one (a success has no failure class).
+               coalesce(bool_or(rec.status IN (429, 503) OR rec.failure = 'timeout'), false)
+                 AS overloaded,
                max(rec.retry_after) FILTER (WHERE rec.status IN (429, 503)) AS hold
         FROM recorded rec
         GROUP BY rec.endpoint_id
