@@ -163,10 +163,17 @@ def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 @pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
-    result = run_bench("reservation", tmp_path, "--dsn", server_dsn, "--finished", "20000")
+    result = run_bench(
+        "reservation", tmp_path, "--dsn", server_dsn, "--finished", "20000", "--rate-limited", "100"
+    )
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
-    assert all(s["reserved"] > 0 for s in result["sizes"] + result["with_finished"])
-    assert len(result["finished_over_none"]) == len(result["sizes"])
+    timed = result["sizes"] + result["with_finished"] + result["rate_limited"]
+    assert all(s["reserved"] > 0 for s in timed)
+    assert (
+        len(result["finished_over_none"])
+        == len(result["rate_limited_over_unlimited"])
+        == len(result["sizes"])
+    )
 
 
 @pytest.mark.processes
