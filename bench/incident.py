@@ -534,6 +534,7 @@ def plot_busy(results: list[dict], cfg: Config, path: Path) -> None:
     limit_ax.legend(fontsize=8)
     refused_ax.set_ylabel("busy endpoint: 429s per 10 s")
     refused_ax.set_yscale("symlog")
+    refused_ax.set_ylim(bottom=0)
     lag_ax.set_yscale("log")
     lag_ax.set_ylabel("healthy p99 lag (s)")
     lag_ax.set_xlabel("seconds since publishing started")
