@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from hooklane import store
+from hooklane.delivery import DeliverySpec
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.spec import EndpointSpec
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
@@ -127,12 +128,15 @@ async def create_endpoints(
     max_concurrency: int = 4,
     timeout_seconds: int = 5,
     slow: dict[int, tuple[int, int]] | None = None,
+    delivery: dict[int, DeliverySpec] | None = None,
 ) -> list[int]:
     """One endpoint per URL, endpoint i in tenant ``t<i>``, created through
     store.upsert_endpoint (the same path as the operator). ``slow`` maps an
-    index to (max_concurrency, timeout_seconds) overrides."""
+    index to (max_concurrency, timeout_seconds) overrides, ``delivery`` to
+    its spec.delivery (a rate limit, adaptive concurrency)."""
     ids = []
     slow = slow or {}
+    delivery = delivery or {}
     async with conn.transaction():
         for i, url in enumerate(urls):
             mc, to = slow.get(i, (max_concurrency, timeout_seconds))
@@ -143,6 +147,7 @@ async def create_endpoints(
                 tenant=f"t{i}",
                 max_concurrency=mc,
                 timeout_seconds=to,
+                delivery=delivery.get(i, DeliverySpec()),
             )
             ids.append((await store.upsert_endpoint(conn, spec, SECRET)).id)
     return ids
@@ -301,6 +306,17 @@ def machine() -> dict[str, str]:
         "postgres": run(str(find_bindir() / "postgres"), "--version"),
         "kernel": platform.release(),
     }
+
+
+def bench_parser(description: str, presets: Mapping[str, object]) -> argparse.ArgumentParser:
+    """The command line every benchmark starts from: ``--preset`` (quick by
+    default) and ``--dsn``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--preset", choices=sorted(presets), default="quick")
+    parser.add_argument(
+        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
+    )
+    return parser
 
 
 def run_and_report(

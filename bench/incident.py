@@ -13,7 +13,19 @@ calls in flight, deliveries per second. Healthy events still undelivered
 when a run ends are counted from the database, since a lag that never ended
 cannot be seen at a receiver.
 
-Run: ``python -m bench.incident --preset quick`` (full | quick | smoke)
+``--adaptive`` runs Hooklane only, with one more endpoint among the healthy
+(issue 23): it gets ``busy_rate`` of the events and a receiver that takes
+``busy_open`` calls at once, each answered in ``busy_delay`` seconds, and
+answers 429 at once to any call beyond them (more than it can take: its
+queue grows in every run). Four runs: that endpoint with
+adaptiveConcurrency and without (today: each 429 is a failed attempt,
+retried after its backoff), each with the 429s carrying no Retry-After and
+one of ``busy_retry_after`` seconds. Reported for that endpoint: its
+concurrency limit in force over time (read from the database), its calls
+in flight, its 429s per minute and its delivered rate; for the others,
+their lag as above.
+
+Run: ``python -m bench.incident --preset quick [--adaptive]`` (full | quick | smoke)
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import time
 import uuid
@@ -36,10 +49,12 @@ from bench import baseline
 from bench.common import (
     DOCS,
     SECRET,
+    bench_parser,
     create_endpoints,
     free_ports,
     fresh_database,
     machine,
+    percentile,
     postgres_server,
     run_and_report,
     start_module,
@@ -48,9 +63,12 @@ from bench.common import (
     summary,
     wait_workers_ready,
 )
+from bench.receiver import KIND_BUSY, KIND_HEALTHY, KIND_SLOW
+from hooklane.delivery import DeliverySpec
 from hooklane.settings import Settings
 
 SLOW = 0  # the index of the slow endpoint; every other one is healthy
+BUSY = 1  # with --adaptive, the index of the endpoint answering 429 beyond its open calls
 EVENT_TYPE = "order.updated"
 
 
@@ -70,6 +88,20 @@ class Config:
     # the hardest case for isolation (a 5 s deadline would free slots sooner).
     slow_timeout: int = 60
     publishers: int = 4  # concurrent publishing connections
+    # --adaptive: the endpoint BUSY gets busy_rate of the events; its
+    # receiver takes busy_open calls at once, each for busy_delay seconds
+    # (busy_open / busy_delay calls a second at most), and answers 429 to
+    # every call beyond them, with a Retry-After of busy_retry_after
+    # seconds unless 0. Its maxConcurrency is busy_max_concurrency (more
+    # than the receiver takes), adaptive or not.
+    busy: bool = False
+    busy_rate: float = 12
+    busy_open: int = 4
+    busy_delay: float = 0.5
+    busy_max_concurrency: int = 16
+    busy_adaptive: bool = False
+    busy_retry_after: int = 0
+    adapt_step: float = Settings().adaptive_step_seconds  # HOOKLANE_ADAPTIVE_STEP_SECONDS
 
 
 # The seed's 16 slots, then a worker's default.
@@ -97,9 +129,24 @@ PRESETS = {
         receivers=1,
     ),
     "smoke": Config(
-        endpoints=20, rate=30, slow_rate=6, slow_delay=1, duration=3, grace=1, slots=(16,), receivers=1
+        endpoints=20,
+        rate=30,
+        slow_rate=6,
+        slow_delay=1,
+        duration=3,
+        grace=1,
+        slots=(16,),
+        receivers=1,
+        busy_rate=6,
+        busy_open=2,
+        adapt_step=0.5,
     ),
 }
+# --adaptive: (adaptive?, Retry-After seconds) of each run; the smoke preset
+# runs today's and the adaptive one with Retry-After only.
+RETRY_AFTER = 1
+ADAPTIVE_RUNS = ((False, 0), (True, 0), (False, RETRY_AFTER), (True, RETRY_AFTER))
+SMOKE_ADAPTIVE_RUNS = ((False, 0), (True, RETRY_AFTER))
 
 
 # --------------------------------------------------------------------------
@@ -108,11 +155,13 @@ PRESETS = {
 
 def schedule(cfg: Config) -> list[tuple[float, int]]:
     """(offset in seconds, endpoint index) of every event, evenly paced: the
-    slow endpoint at ``slow_rate``, the rest round-robin over the healthy."""
-    events = [(n / cfg.slow_rate, SLOW) for n in range(int(cfg.duration * cfg.slow_rate))]
-    healthy_rate = cfg.rate - cfg.slow_rate
+    slow endpoint at ``slow_rate`` (and the busy one at ``busy_rate``), the
+    rest round-robin over the healthy."""
+    paced = {SLOW: cfg.slow_rate, **({BUSY: cfg.busy_rate} if cfg.busy else {})}
+    events = [(n / rate, i) for i, rate in paced.items() for n in range(int(cfg.duration * rate))]
+    healthy_rate = cfg.rate - sum(paced.values())
     for n in range(int(cfg.duration * healthy_rate)):
-        events.append((n / healthy_rate, 1 + n % (cfg.endpoints - 1)))
+        events.append((n / healthy_rate, len(paced) + n % (cfg.endpoints - len(paced))))
     return sorted(events)
 
 
@@ -158,13 +207,27 @@ async def publish_load(dsn: str, system: str, cfg: Config, events: list[tuple[fl
 # One run
 
 
+def endpoint_path(i: int, cfg: Config) -> str:
+    if i == SLOW:
+        return f"slow/{i}"
+    if cfg.busy and i == BUSY:
+        retry_after = f"&retry_after={cfg.busy_retry_after}" if cfg.busy_retry_after else ""
+        return f"busy/{i}?open={cfg.busy_open}&delay={cfg.busy_delay}{retry_after}"
+    return f"h/{i}"
+
+
 async def setup_hooklane(dsn: str, urls: list[str], cfg: Config, slots: int):
+    limits = {SLOW: (cfg.max_concurrency, cfg.slow_timeout)}
+    terms = {}
+    if cfg.busy:
+        limits[BUSY] = (cfg.busy_max_concurrency, 5)
+        terms[BUSY] = DeliverySpec(adaptive=cfg.busy_adaptive)
     conn = await asyncpg.connect(dsn)
     try:
-        await create_endpoints(conn, urls, slow={SLOW: (cfg.max_concurrency, cfg.slow_timeout)})
+        await create_endpoints(conn, urls, slow=limits, delivery=terms)
     finally:
         await conn.close()
-    worker = start_worker(dsn, worker_concurrency=str(slots))
+    worker = start_worker(dsn, worker_concurrency=str(slots), adaptive_step_seconds=str(cfg.adapt_step))
     await wait_workers_ready(dsn, 1)
     return worker
 
@@ -192,25 +255,41 @@ SLOW_SENDING = {
 }
 
 
-async def sample_db_in_flight(dsn: str, system: str, stop: asyncio.Event) -> int:
-    """Peak of SLOW_SENDING, sampled every 0.2 s until ``stop``."""
+# The busy endpoint as the database sees it: the concurrency limit in force
+# (its effective concurrency within maxConcurrency), its calls reserved, and
+# whether a Retry-After holds it or its circuit pauses it.
+BUSY_STATE = """
+SELECT hooklane_concurrency(ep) AS concurrency, ep.effective_concurrency,
+       coalesce(ep.throttled_until > now(), false) AS held,
+       coalesce(ep.paused_until > now(), false) AS paused, ep.consecutive_failures,
+       (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = ep.id AND d.state = 'sending') AS sending
+FROM endpoints ep WHERE ep.name = 'ep-1'"""
+
+
+async def sample_db(dsn: str, system: str, cfg: Config, stop: asyncio.Event) -> tuple[int, list[dict]]:
+    """Every 0.2 s until ``stop``: the peak of SLOW_SENDING, and with
+    ``cfg.busy`` each BUSY_STATE, timed."""
     conn = await asyncpg.connect(dsn)
-    peak = 0
+    peak, busy = 0, []
     try:
         while not stop.is_set():
             peak = max(peak, await conn.fetchval(SLOW_SENDING[system]))
+            if cfg.busy:
+                busy.append({"t": time.time(), **dict(await conn.fetchrow(BUSY_STATE))})
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
     finally:
         await conn.close()
-    return peak
+    return peak, busy
 
 
 BACKLOG = {
+    # $1: the busy endpoint's name, or '' without one.
     "hooklane": """
         SELECT count(*) FILTER (WHERE ep.name = 'ep-0') AS slow_pending,
-               count(*) FILTER (WHERE ep.name <> 'ep-0') AS healthy_pending,
-               extract(epoch FROM now() - min(d.created_at) FILTER (WHERE ep.name <> 'ep-0'))
+               count(*) FILTER (WHERE ep.name NOT IN ('ep-0', $1)) AS healthy_pending,
+               count(*) FILTER (WHERE ep.name = $1) AS busy_pending,
+               extract(epoch FROM now() - min(d.created_at) FILTER (WHERE ep.name NOT IN ('ep-0', $1)))
                  AS healthy_oldest_age
         FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
         WHERE d.state IN ('pending', 'sending')""",
@@ -221,12 +300,17 @@ BACKLOG = {
                  AS healthy_oldest_age
         FROM baseline_deliveries WHERE status IN ('pending', 'sending')""",
 }
+# The busy endpoint's deliveries by state, and its attempts by outcome.
+BUSY_END = """
+SELECT (SELECT jsonb_object_agg(state, n) FROM (SELECT d.state, count(*) AS n FROM deliveries d
+        WHERE d.endpoint_id = ep.id GROUP BY d.state) s) AS deliveries,
+       (SELECT jsonb_object_agg(outcome, n) FROM (SELECT a.outcome, count(*) AS n FROM delivery_attempts a
+        WHERE a.endpoint_id = ep.id GROUP BY a.outcome) o) AS attempts
+FROM endpoints ep WHERE ep.name = 'ep-1'"""
 
 
 async def run_once(server_dsn: str, system: str, slots: int, cfg: Config, receivers: list[str]) -> dict:
-    urls = [
-        f"{receivers[i % len(receivers)]}/{'slow' if i == SLOW else 'h'}/{i}" for i in range(cfg.endpoints)
-    ]
+    urls = [f"{receivers[i % len(receivers)]}/{endpoint_path(i, cfg)}" for i in range(cfg.endpoints)]
     async with fresh_database(server_dsn, f"incident_{system}") as dsn:
         setup = setup_hooklane if system == "hooklane" else setup_baseline
         worker = await setup(dsn, urls, cfg, slots)
@@ -236,24 +320,33 @@ async def run_once(server_dsn: str, system: str, slots: int, cfg: Config, receiv
                     await http.post(f"{r}/_reset")
                 started = time.time()
                 stop = asyncio.Event()
-                sampler = asyncio.create_task(sample_db_in_flight(dsn, system, stop))
+                sampler = asyncio.create_task(sample_db(dsn, system, cfg, stop))
                 behind = await publish_load(dsn, system, cfg, schedule(cfg))
                 await asyncio.sleep(cfg.grace)
                 stop.set()
-                db_peak = await sampler
+                db_peak, busy_states = await sampler
                 ended = time.time()
                 stats = [await (await http.get(f"{r}/_stats")).json() for r in receivers]
             conn = await asyncpg.connect(dsn)
             try:
-                backlog = dict(await conn.fetchrow(BACKLOG[system]))
+                args = ("ep-1" if cfg.busy else "",) if system == "hooklane" else ()
+                backlog = dict(await conn.fetchrow(BACKLOG[system], *args))
+                busy_end = (
+                    {k: json.loads(v or "{}") for k, v in (await conn.fetchrow(BUSY_END)).items()}
+                    if cfg.busy
+                    else {}
+                )
             finally:
                 await conn.close()
         finally:
             stop_process(worker, grace=1.0)
-    return {
+    result = {
         **analyse(system, slots, cfg, started, ended, behind, stats, backlog),
         "slow_peak_sending_in_db": db_peak,
     }
+    if cfg.busy:
+        result["busy"] = analyse_busy(cfg, started, ended, stats, busy_states, busy_end)
+    return result
 
 
 def analyse(
@@ -266,11 +359,16 @@ def analyse(
     stats: list[dict],
     backlog: dict,
 ) -> dict:
-    arrivals = sorted(a for s in stats for a in s["arrivals"])
-    healthy = [(t - started, lag) for t, lag, slow in arrivals if not slow and not math.isnan(lag)]
+    # Calls answered 2xx (a /busy/ path's 429s are no delivery).
+    arrivals = sorted(
+        a for s in stats for a, status in zip(s["arrivals"], s["statuses"], strict=True) if status < 300
+    )
+    healthy = [
+        (t - started, lag) for t, lag, kind in arrivals if kind == KIND_HEALTHY and not math.isnan(lag)
+    ]
     per_second: dict[int, list[float]] = defaultdict(list)
     delivered_per_second: dict[int, int] = defaultdict(int)
-    for t, _lag, _slow in arrivals:
+    for t, _lag, _kind in arrivals:
         delivered_per_second[int(t - started)] += 1
     for t, lag in healthy:
         per_second[int(t)].append(lag)
@@ -292,7 +390,7 @@ def analyse(
         "healthy_lag": summary([lag for _, lag in healthy]),
         "healthy_worst_second_p99": max(p99s) if p99s else float("nan"),
         "healthy_delivered": len(healthy),
-        "slow_delivered": sum(1 for a in arrivals if a[2]),
+        "slow_delivered": sum(1 for a in arrivals if a[2] == KIND_SLOW),
         "slow_peak_in_flight": stats[0]["slow_peak"],
         "deliveries_per_s": len(arrivals) / (ended - started),
         "backlog_at_end": backlog,
@@ -301,18 +399,83 @@ def analyse(
     }
 
 
+def analyse_busy(
+    cfg: Config, started: float, ended: float, stats: list[dict], states: list[dict], end: dict
+) -> dict:
+    """The busy endpoint's run: its calls at the receiver (answered, and
+    429s) per minute, its delivered rate, and from the database the limit
+    in force, its calls reserved and its holds over time."""
+    calls = sorted(
+        (t - started, status, lag)
+        for s in stats
+        for (t, lag, kind), status in zip(s["arrivals"], s["statuses"], strict=True)
+        if kind == KIND_BUSY
+    )
+    seconds = ended - started
+    refused = [t for t, status, _lag in calls if status == 429]
+    delivered = [(t, lag) for t, status, lag in calls if status < 300]
+    minutes = range(max(1, int(seconds // 60)))
+    series = {
+        "t": [round(x["t"] - started, 2) for x in states],
+        **{k: [x[k] for x in states] for k in ("concurrency", "sending", "held", "paused")},
+    }
+    limits = series["concurrency"]
+    return {
+        "capacity_per_s": cfg.busy_open / cfg.busy_delay,
+        "offered_per_s": cfg.busy_rate,
+        "calls": len(calls),
+        "refused_429": len(refused),
+        "refused_429_per_minute": len(refused) * 60 / seconds,
+        "refused_429_by_minute": [sum(1 for t in refused if int(t // 60) == m) for m in minutes],
+        "refused_429_by_10s": [
+            sum(1 for t in refused if int(t // 10) == i) for i in range(math.ceil(seconds / 10))
+        ],
+        "delivered": len(delivered),
+        "delivered_per_s": len(delivered) / seconds,
+        "delivered_by_minute": [sum(1 for t, _ in delivered if int(t // 60) == m) for m in minutes],
+        "lag": summary([lag for _t, lag in delivered if not math.isnan(lag)]),
+        "limit": {
+            "mean": sum(limits) / len(limits) if limits else float("nan"),
+            "p50": percentile(limits, 50),
+            "min": min(limits, default=None),
+            "max": max(limits, default=None),
+        },
+        "sending_mean": sum(series["sending"]) / len(limits) if limits else float("nan"),
+        "held_share": sum(series["held"]) / len(limits) if limits else float("nan"),
+        "paused_share": sum(series["paused"]) / len(limits) if limits else float("nan"),
+        "receiver_peak_open": max(s["busy_peak"] for s in stats),
+        "at_end": end,
+        "series": series,
+    }
+
+
 # --------------------------------------------------------------------------
 # Report
 
 
-def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
+def three_panels():
+    """A figure of three panels, one above the other, sharing their x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+
+
+def save(fig, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
     colours = {"hooklane": "tab:blue", "baseline": "tab:red"}
-    fig, (lag_ax, slow_ax, rate_ax) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    fig, (lag_ax, slow_ax, rate_ax) = three_panels()
     for r in results:
         s, c = r["series"], colours[r["system"]]
         lag_ax.plot(s["second"], s["healthy_p99"], color=c, label=f"{r['system']} p99")
@@ -330,14 +493,12 @@ def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
     rate_ax.set_ylabel("deliveries/s (all)")
     rate_ax.set_xlabel("seconds since publishing started")
     rate_ax.legend(fontsize=8)
-    fig.suptitle(
+    save(
+        fig,
         f"{cfg.endpoints} endpoints, {cfg.rate:g} events/s, {cfg.slow_rate:g}/s to one answering in "
-        f"{cfg.slow_delay:g} s; {slots} slots"
+        f"{cfg.slow_delay:g} s; {slots} slots",
+        path,
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def verdict(results: list[dict], cfg: Config) -> dict:
@@ -357,6 +518,71 @@ def verdict(results: list[dict], cfg: Config) -> dict:
     return out
 
 
+def plot_busy(results: list[dict], cfg: Config, path: Path) -> None:
+    """The busy endpoint of each --adaptive run: its limit in force, its
+    429s per 10 s, and the healthy endpoints' p99 lag per second."""
+    fig, (limit_ax, refused_ax, lag_ax) = three_panels()
+    for r in results:
+        b, label = r["busy"], busy_label(r["config"])
+        limit_ax.step(b["series"]["t"], b["series"]["concurrency"], where="post", label=label)
+        refused_ax.plot(
+            [10 * i for i in range(len(b["refused_429_by_10s"]))], b["refused_429_by_10s"], label=label
+        )
+        lag_ax.plot(r["series"]["second"], r["series"]["healthy_p99"], label=label)
+    limit_ax.axhline(cfg.busy_open, color="grey", linestyle="--", linewidth=0.8, label="calls it takes")
+    limit_ax.set_ylabel("busy endpoint: limit in force")
+    limit_ax.legend(fontsize=8)
+    refused_ax.set_ylabel("busy endpoint: 429s per 10 s")
+    refused_ax.set_yscale("symlog")
+    refused_ax.set_ylim(bottom=0)
+    lag_ax.set_yscale("log")
+    lag_ax.set_ylabel("healthy p99 lag (s)")
+    lag_ax.set_xlabel("seconds since publishing started")
+    save(
+        fig,
+        f"{cfg.endpoints} endpoints, {cfg.rate:g} events/s; {cfg.busy_rate:g}/s to one taking"
+        f" {cfg.busy_open} calls of {cfg.busy_delay:g} s at once, 429 beyond",
+        path,
+    )
+
+
+def busy_label(cfg: dict) -> str:
+    retry_after = f"Retry-After {cfg['busy_retry_after']} s" if cfg["busy_retry_after"] else "no Retry-After"
+    return f"{'adaptive' if cfg['busy_adaptive'] else 'not adaptive'}, {retry_after}"
+
+
+def adaptive_verdict(results: list[dict]) -> list[dict]:
+    """One row per --adaptive run: the healthy lag beside the busy endpoint's figures."""
+    return [
+        {
+            "busy": busy_label(r["config"]),
+            "healthy_p50": r["healthy_lag"]["p50"],
+            "healthy_p99": r["healthy_lag"]["p99"],
+            "healthy_worst_second_p99": r["healthy_worst_second_p99"],
+            "healthy_pending_at_end": r["backlog_at_end"]["healthy_pending"],
+            "busy_429_per_minute": r["busy"]["refused_429_per_minute"],
+            "busy_delivered_per_s": r["busy"]["delivered_per_s"],
+            "busy_capacity_per_s": r["busy"]["capacity_per_s"],
+            "busy_limit_mean": r["busy"]["limit"]["mean"],
+            "busy_paused_share": r["busy"]["paused_share"],
+            "busy_held_share": r["busy"]["held_share"],
+        }
+        for r in results
+    ]
+
+
+def planned(cfg: Config, args: argparse.Namespace) -> list[tuple[Config, str, int]]:
+    """(configuration, system, slots) of each run, in running order."""
+    if not args.adaptive:
+        return [(cfg, system, slots) for slots in cfg.slots for system in ("hooklane", "baseline")]
+    slots = args.slots[0] if args.slots else DEFAULT_SLOTS
+    runs = SMOKE_ADAPTIVE_RUNS if args.preset == "smoke" else ADAPTIVE_RUNS
+    return [
+        (replace(cfg, busy=True, busy_adaptive=adaptive, busy_retry_after=retry_after), "hooklane", slots)
+        for adaptive, retry_after in runs
+    ]
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     cfg = PRESETS[args.preset]
     cfg = replace(
@@ -373,31 +599,41 @@ async def main_async(args: argparse.Namespace) -> dict:
     try:
         await wait_http(receivers)
         with postgres_server(args.dsn) as server:
-            for slots in cfg.slots:
-                for system in ("hooklane", "baseline"):
-                    r = await run_once(server, system, slots, cfg, receivers)
-                    print(
-                        f"{system:9s} slots={slots:3d} healthy p50={r['healthy_lag']['p50']:.3f}s "
-                        f"p99={r['healthy_lag']['p99']:.3f}s max={r['healthy_lag']['max']:.3f}s "
-                        f"slow peak={r['slow_peak_in_flight']} (db {r['slow_peak_sending_in_db']}) backlog={r['backlog_at_end']}",
-                        flush=True,
-                    )
-                    results.append(r)
-                if args.plot_dir:
-                    plot(
-                        [r for r in results if r["slots"] == slots],
-                        cfg,
-                        slots,
-                        Path(args.plot_dir) / f"incident-{args.preset}-{slots}.png",
-                    )
+            for run_cfg, system, slots in planned(cfg, args):
+                r = {**await run_once(server, system, slots, run_cfg, receivers), "config": asdict(run_cfg)}
+                busy = r.get("busy")
+                print(
+                    f"{system:9s} slots={slots:3d} healthy p50={r['healthy_lag']['p50']:.3f}s "
+                    f"p99={r['healthy_lag']['p99']:.3f}s max={r['healthy_lag']['max']:.3f}s "
+                    f"slow peak={r['slow_peak_in_flight']} (db {r['slow_peak_sending_in_db']}) backlog={r['backlog_at_end']}"
+                    + (
+                        f" busy ({busy_label(r['config'])}): {busy['delivered_per_s']:.2f} del/s, "
+                        f"{busy['refused_429_per_minute']:.0f} 429s/min, limit mean {busy['limit']['mean']:.2f}"
+                        if busy
+                        else ""
+                    ),
+                    flush=True,
+                )
+                results.append(r)
     finally:
         for p in procs:
             stop_process(p)
+    if args.plot_dir:
+        plots = Path(args.plot_dir)
+        if args.adaptive:
+            plot_busy(results, cfg, plots / f"incident-adaptive-{args.preset}.png")
+        for slots in () if args.adaptive else cfg.slots:
+            plot(
+                [r for r in results if r["slots"] == slots],
+                cfg,
+                slots,
+                plots / f"incident-{args.preset}-{slots}.png",
+            )
     return {
         "preset": args.preset,
         "config": asdict(cfg),
         "machine": machine(),
-        "verdict": verdict(results, cfg),
+        "verdict": adaptive_verdict(results) if args.adaptive else verdict(results, cfg),
         "runs": results,
     }
 
@@ -417,15 +653,16 @@ async def wait_http(urls: list[str], timeout: float = 20.0) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="seed 000's incident: Hooklane vs the naive FIFO")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument(
-        "--dsn", help="a server to create the benchmark databases on (default: LocalPostgres)"
-    )
+    parser = bench_parser("seed 000's incident: Hooklane vs the naive FIFO", PRESETS)
     parser.add_argument("--slots", type=int, action="append", help="in-flight slots (repeatable)")
     parser.add_argument("--duration", type=float, help="seconds of publishing, overriding the preset")
     parser.add_argument(
         "--slow-delay", type=float, help="the slow endpoint's answer time, overriding the preset"
+    )
+    parser.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="Hooklane only, with an endpoint answering 429 beyond its open calls, adaptive and not",
     )
     parser.add_argument("--plot-dir", default=str(DOCS / "img"), help="'' for no plot")
     parser.add_argument("--json", help="write the full results here")
@@ -435,7 +672,13 @@ def main() -> None:
 
 def _brief(result: dict) -> dict:
     """The result without the per-second series."""
-    runs = [{k: v for k, v in r.items() if k not in ("series", "slow_in_flight")} for r in result["runs"]]
+    runs = [
+        {
+            **{k: v for k, v in r.items() if k not in ("series", "slow_in_flight", "config")},
+            **({"busy": {k: v for k, v in r["busy"].items() if k != "series"}} if "busy" in r else {}),
+        }
+        for r in result["runs"]
+    ]
     return {**{k: v for k, v in result.items() if k != "runs"}, "runs": runs}
 
 

@@ -1,8 +1,13 @@
 """A receiver process serving any number of endpoint paths.
 
 Paths under ``/slow/`` answer after ``--slow-delay`` seconds, every other path
-at once (204). Each POST is measured on arrival: the delivery lag is arrival
-time minus the publish time the benchmark put in the event's ``data.t``.
+at once (204). Paths under ``/busy/`` are a receiver that takes calls up to
+a limit: with ``?open=N&delay=S`` a call answers 204 after S seconds while
+no more than N calls of that path are open, and 429 at once beyond them
+(with ``&retry_after=V``, a ``Retry-After: V`` header on the 429). Each POST
+is measured on arrival: the delivery lag is arrival time minus the publish
+time the benchmark put in the event's ``data.t``; its path and the status
+it was answered with are kept beside it.
 
 Control API (for the benchmark driver, same port):
 - ``GET /_stats``: arrivals and slow in-flight samples of the current epoch.
@@ -24,6 +29,10 @@ from collections import defaultdict
 
 from aiohttp import web
 
+# The kind of path each arrival came to (the third field of an arrival).
+KIND_HEALTHY, KIND_SLOW, KIND_BUSY = 0, 1, 2
+KINDS = {"slow": KIND_SLOW, "busy": KIND_BUSY}
+
 
 class Recorder:
     def __init__(self, slow_delay: float, sample_seconds: float) -> None:
@@ -31,30 +40,40 @@ class Recorder:
         self.sample_seconds = sample_seconds
         self.epoch = 0
         self.in_flight: dict[int, int] = defaultdict(int)
+        # Open calls of each /busy/ path, per epoch as in_flight.
+        self.busy_open: dict[tuple[int, str], int] = defaultdict(int)
         self._reset()
 
     def _reset(self) -> None:
         self.started = time.time()
-        # [arrival, lag, slow?]: kept raw, the driver computes percentiles.
+        # [arrival, lag, kind]: kept raw, the driver computes percentiles.
         self.arrivals: list[tuple[float, float, int]] = []
+        # The path and the status answered beside each arrival.
+        self.paths: list[str] = []
+        self.statuses: list[int] = []
         # The event's data.n beside each arrival (None without one): lets a
         # driver time from its own clock reading, such as the commit.
         self.numbers: list[int | None] = []
         self.samples: list[tuple[float, int]] = []
         self.peak = 0
+        self.busy_peak = 0
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         now = time.time()
-        slow = request.path.startswith("/slow/")
+        kind = KINDS.get(request.path.split("/", 2)[1], KIND_HEALTHY)
         try:
             data = json.loads(body)["data"]
             lag = now - data["t"]
         except (ValueError, KeyError, TypeError):
             data, lag = {}, float("nan")
-        self.arrivals.append((now, lag, int(slow)))
+        self.arrivals.append((now, lag, kind))
         self.numbers.append(data.get("n"))
-        if not slow:
+        self.paths.append(request.path)
+        if kind == KIND_BUSY:
+            return await self.busy(request)
+        self.statuses.append(204)
+        if kind == KIND_HEALTHY:
             return web.Response(status=204)
         epoch = self.epoch
         self.in_flight[epoch] += 1
@@ -66,14 +85,34 @@ class Recorder:
             self.in_flight[epoch] -= 1
         return web.Response(status=204)
 
+    async def busy(self, request: web.Request) -> web.Response:
+        """A /busy/ call: taken while its path has room, 429 beyond."""
+        query = request.query
+        key = (self.epoch, request.path)
+        if self.busy_open[key] >= int(query.get("open", "1")):
+            self.statuses.append(429)
+            retry_after = query.get("retry_after")
+            return web.Response(status=429, headers={"Retry-After": retry_after} if retry_after else None)
+        self.statuses.append(204)
+        self.busy_open[key] += 1
+        self.busy_peak = max(self.busy_peak, self.busy_open[key])
+        try:
+            await asyncio.sleep(float(query.get("delay", "0")))
+        finally:
+            self.busy_open[key] -= 1
+        return web.Response(status=204)
+
     async def stats(self, _request: web.Request) -> web.Response:
         return web.json_response(
             {
                 "started": self.started,
                 "arrivals": self.arrivals,
                 "numbers": self.numbers,
+                "paths": self.paths,
+                "statuses": self.statuses,
                 "slow_in_flight": self.samples,
                 "slow_peak": self.peak,
+                "busy_peak": self.busy_peak,
             }
         )
 

@@ -15,6 +15,12 @@ the history a platform keeps for its retention, and each size is then
 timed without and with them side by side: what reservation pays for the
 finished rows beside the queue.
 
+``--rate-limited R`` times each size once more with every endpoint
+rate-limited at R starts a second (spec.delivery.rateLimit, issue 23),
+its in-flight and finished deliveries holding its bucket (``rate_tat``, in
+the ``deliveries_rate`` index): what a round pays for the bucket of each
+rate-limited candidate, beside the same queue unlimited.
+
 Then ``reserve`` is timed as one worker owning every partition runs it, for
 as many slots as a worker with the default concurrency has (64), inside a
 transaction that is rolled back so every repetition sees the same state.
@@ -58,6 +64,7 @@ class Config:
     repeat: int  # timed runs per size
     due_per_endpoint: int = 20
     finished: int = 0  # delivered deliveries beside the queue
+    rate_limited: int = 0  # every endpoint's rateLimit.perSecond (0: none)
     limit: int = 64  # slots asked for: a default worker's concurrency
     lease_grace: float = 10.0
 
@@ -137,6 +144,15 @@ FROM generate_series(0, $1 - 1) g, n, roles r,
 WHERE r.k = g % n.c
 """
 
+# Every endpoint rate-limited, its bucket in the deliveries it was granted:
+# the finished ones at their start, those in flight just ahead of now.
+RATE_LIMITED = """
+WITH limited AS (UPDATE endpoints SET rate_per_second = $1)
+UPDATE deliveries SET rate_tat = CASE WHEN state = 'sending' THEN now() + interval '30 milliseconds'
+                                      ELSE delivered_at - interval '40 milliseconds' END
+WHERE state IN ('sending', 'delivered')
+"""
+
 
 async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     started = time.perf_counter()
@@ -149,6 +165,8 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
     await conn.execute(REST, cfg.pending - due)
     if cfg.finished:
         await conn.execute(FINISHED, cfg.finished)
+    if cfg.rate_limited:
+        await conn.execute(RATE_LIMITED, cfg.rate_limited)
     await conn.execute("VACUUM ANALYZE")
     counts = await conn.fetchrow(
         """SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
@@ -254,6 +272,7 @@ async def one_size(server: str, endpoints: int, cfg: Config, plan_dir: str | Non
             timing = await time_reserve(conn, cfg)
             if plan_dir:
                 suffix = f"-finished-{cfg.finished}" if cfg.finished else ""
+                suffix += f"-rate-limited-{cfg.rate_limited}" if cfg.rate_limited else ""
                 path = Path(plan_dir) / f"reserve-plan-{endpoints}{suffix}.txt"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(await explain(conn, cfg) + "\n")
@@ -268,17 +287,29 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, sizes=tuple(args.sizes))
     if args.pending:
         cfg = replace(cfg, pending=args.pending)
-    results, with_finished = [], []
+    # Each size as it is, with the finished rows, and rate-limited (beside them).
+    variants = {
+        "sizes": cfg,
+        **({"with_finished": replace(cfg, finished=args.finished)} if args.finished else {}),
+        **(
+            {"rate_limited": replace(cfg, finished=args.finished or 0, rate_limited=args.rate_limited)}
+            if args.rate_limited
+            else {}
+        ),
+    }
+    timed: dict[str, list[dict]] = {k: [] for k in ("sizes", "with_finished", "rate_limited")}
     with postgres_server(args.dsn) as server:
         for n in cfg.sizes:
-            for finished in (0, args.finished) if args.finished else (0,):
-                r = await one_size(server, n, replace(cfg, finished=finished), args.plan_dir)
+            for kind, variant in variants.items():
+                r = await one_size(server, n, variant, args.plan_dir)
                 print(
-                    f"{n:7d} endpoints, {finished:9d} finished: reserve median {r['median_ms']:.2f} ms "
+                    f"{n:7d} endpoints, {variant.finished:9d} finished, rate limit {variant.rate_limited}/s: "
+                    f"reserve median {r['median_ms']:.2f} ms "
                     f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}",
                     flush=True,
                 )
-                (with_finished if finished else results).append(r)
+                timed[kind].append(r)
+    results, with_finished = timed["sizes"], timed["with_finished"]
     small, large = results[0], results[-1]
     ratio = large["median_ms"] / small["median_ms"]
     return {
@@ -293,6 +324,12 @@ async def main_async(args: argparse.Namespace) -> dict:
         "finished_over_none": [
             f["median_ms"] / r["median_ms"] for r, f in zip(results, with_finished, strict=False)
         ],
+        # empty without --rate-limited; beside the same rows unlimited
+        "rate_limited": timed["rate_limited"],
+        "rate_limited_over_unlimited": [
+            limited["median_ms"] / r["median_ms"]
+            for r, limited in zip(with_finished or results, timed["rate_limited"], strict=False)
+        ],
     }
 
 
@@ -306,6 +343,11 @@ def main() -> None:
     parser.add_argument("--pending", type=int, help="pending deliveries in all, overriding the preset")
     parser.add_argument(
         "--finished", type=int, help="also time each size with this many delivered deliveries present"
+    )
+    parser.add_argument(
+        "--rate-limited",
+        type=int,
+        help="also time each size with every endpoint rate-limited at this many starts a second",
     )
     parser.add_argument("--plan-dir", help="write EXPLAIN ANALYZE of reserve per size here")
     parser.add_argument("--json", help="write the results here")

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -182,9 +183,11 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return total
 
 
-def snapshot(groups: dict[str, list[psutil.Process]], metrics_port: int) -> dict:
+def snapshot(groups: dict[str, list[psutil.Process]], *metrics_ports: int) -> dict:
+    """CPU seconds so far of each group of processes, and the reservation
+    rounds so far of the workers serving metrics on ``metrics_ports``."""
     cpu = {name: sum(cpu_seconds(p) for p in procs) for name, procs in groups.items()}
-    rounds = sum(v for k, v in scrape(metrics_port).items() if k.startswith(ROUNDS))
+    rounds = sum(v for port in metrics_ports for k, v in scrape(port).items() if k.startswith(ROUNDS))
     return {"at": time.time(), "cpu": cpu, "rounds": rounds}
 
 
@@ -208,11 +211,7 @@ def analyse(rate: float, before: dict, after: dict, events: list[list[float]], s
     wall = closed - opened
     arrived = first_arrivals(stats)
     in_window = sum(1 for at, _lag, _slow in stats["arrivals"] if opened <= at < closed)
-    cpu = {k: after["cpu"][k] - before["cpu"][k] for k in after["cpu"]}
-    measured = {"worker": cpu["worker"], "postgres": cpu["postgres"]}
-    measured["total"] = measured["worker"] + measured["postgres"]
     committed = [(int(n), c) for n, _due, _s, c in events if opened <= c < closed]
-    rounds = after["rounds"] - before["rounds"]
     return {
         "rate": rate,
         # Open loop only while the publisher keeps its schedule: a machine
@@ -220,17 +219,33 @@ def analyse(rate: float, before: dict, after: dict, events: list[list[float]], s
         "steady": in_window >= STEADY_SHARE * rate * wall,
         "published": len(events),
         "delivered": sum(1 for n, *_ in events if int(n) in arrived),
-        "window_seconds": round(wall, 3),
-        "deliveries_in_window": in_window,
-        "deliveries_per_s": in_window / wall,
-        "cpu_seconds": {k: round(v, 3) for k, v in cpu.items()},
-        "cpu_ms_per_delivery": {k: 1000 * v / in_window if in_window else None for k, v in measured.items()},
-        "cores": {k: v / wall for k, v in measured.items()},
-        "reservation_rounds_per_s": rounds / wall,
-        "reservation_rounds_per_delivery": rounds / in_window if in_window else None,
+        **window_cost(before, after, in_window),
         "latency_ms": _ms(summary([arrived[n] - c for n, c in committed if n in arrived])),
         "publish_transaction_ms": _ms(summary([c - s for _n, _due, s, c in events])),
         "publisher_late_ms": _ms(summary([max(0.0, s - due) for _n, due, s, _c in events])),
+    }
+
+
+def window_cost(before: dict, after: dict, deliveries: int) -> dict:
+    """What a window between two snapshots cost, for ``deliveries`` made in
+    it: CPU seconds of each group, per delivery and as cores (the worker and
+    PostgreSQL, and their total), and the reservation rounds."""
+    wall = after["at"] - before["at"]
+    cpu = {k: after["cpu"][k] - before["cpu"][k] for k in after["cpu"]}
+    measured = {"worker": cpu["worker"], "postgres": cpu["postgres"]}
+    measured["total"] = measured["worker"] + measured["postgres"]
+    rounds = after["rounds"] - before["rounds"]
+    return {
+        "window_seconds": round(wall, 3),
+        "deliveries_in_window": deliveries,
+        "deliveries_per_s": deliveries / wall,
+        "cpu_seconds": {k: round(v, 3) for k, v in cpu.items()},
+        "cpu_ms_per_delivery": {
+            k: 1000 * v / deliveries if deliveries else None for k, v in measured.items()
+        },
+        "cores": {k: v / wall for k, v in measured.items()},
+        "reservation_rounds_per_s": rounds / wall,
+        "reservation_rounds_per_delivery": rounds / deliveries if deliveries else None,
     }
 
 
@@ -256,7 +271,7 @@ WHERE e.id LIKE 'history-%'
 """
 
 
-async def write_history(conn: asyncpg.Connection, cfg: Config) -> None:
+async def write_history(conn: asyncpg.Connection, events: int, endpoints: int) -> None:
     """Delivered events from before the run, then ANALYZE, as in a
     deployment that has been running for a while. The worker keeps one plan
     per session for its kept-plan functions (migration 0004); made on the
@@ -264,7 +279,7 @@ async def write_history(conn: asyncpg.Connection, cfg: Config) -> None:
     analyses them, those plans scan whole tables, and the run measured a new
     database's first minute rather than a steady rate: per-delivery CPU of
     the same tree then varied by half between runs."""
-    await conn.execute(HISTORY_EVENTS, cfg.history, cfg.endpoints, EVENT_TYPE)
+    await conn.execute(HISTORY_EVENTS, events, endpoints, EVENT_TYPE)
     await conn.execute(HISTORY_DELIVERIES)
     await conn.execute("VACUUM ANALYZE")
 
@@ -278,9 +293,12 @@ async def run_once(
     tree: Path | None,
     durable: bool,
     env: dict[str, str] | None = None,
+    prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
 ) -> dict:
     """One measured run of ``tree``'s worker, with ``env`` added to its
-    environment."""
+    environment; ``prepare``, given a connection once the endpoints and the
+    history are written, changes what it wants before the worker starts
+    (the endpoints' spec.delivery, say)."""
     async with fresh_database(server_dsn, "steady", durable=durable, tree=tree) as dsn:
         with tempfile.TemporaryDirectory(prefix="hooklane-steady-") as tmp:
             out = Path(tmp) / "events.json"
@@ -306,7 +324,9 @@ async def run_once(
                 ready = json.loads(await asyncio.to_thread(publisher.stdout.readline))
                 conn = await asyncpg.connect(dsn)
                 try:
-                    await write_history(conn, cfg)
+                    await write_history(conn, cfg.history, cfg.endpoints)
+                    if prepare is not None:
+                        await prepare(conn)
                 finally:
                     await conn.close()
                 worker = start_worker(

@@ -49,6 +49,56 @@ def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+def test_incident_adaptive_smoke(server_dsn: str, tmp_path: Path) -> None:
+    plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
+    result = run_bench(
+        "incident", tmp_path, "--dsn", server_dsn, "--adaptive", "--duration", "2", "--plot-dir", plots
+    )
+    today, adaptive = result["runs"]
+    assert [r["config"]["busy_adaptive"] for r in result["runs"]] == [False, True]
+    assert adaptive["config"]["busy_retry_after"] > 0
+    for run in result["runs"]:
+        assert run["system"] == "hooklane" and run["healthy_delivered"] > 0
+        busy = run["busy"]
+        # More than it takes is sent to it, so some calls are refused, and
+        # never more than it takes are open at once.
+        assert busy["refused_429"] > 0 and busy["delivered"] > 0
+        assert busy["receiver_peak_open"] <= result["config"]["busy_open"]
+        assert busy["at_end"]["attempts"]["retry"] > 0
+    # Today's limit stays maxConcurrency; the adaptive one came down, and a
+    # Retry-After held it.
+    assert today["busy"]["limit"]["min"] == result["config"]["busy_max_concurrency"]
+    assert adaptive["busy"]["limit"]["min"] < result["config"]["busy_max_concurrency"]
+    assert adaptive["busy"]["held_share"] > 0 == today["busy"]["held_share"]
+    assert [v["busy"] for v in result["verdict"]] == [
+        "not adaptive, no Retry-After",
+        "adaptive, Retry-After 1 s",
+    ]
+    if plots:
+        assert (tmp_path / "incident-adaptive-smoke.png").stat().st_size > 0
+
+
+@pytest.mark.processes
+def test_rate_limit_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("rate_limit", tmp_path, "--dsn", server_dsn, timeout=120)
+    for case in result["limits"]["cases"]:
+        assert case["calls_in_window"] > 0
+        # A second of a few calls, more or less one call's jitter: not a
+        # measurement, only that the limit is what holds the calls back.
+        assert 0.5 < case["achieved_over_limit"] < 1.3, case
+        assert case["most_in_1s_run"] <= 2 * case["bound_in_1s"], case
+    assert result["limits"]["bucket_index"]["entries"] > 0
+    ways = [row["tree"] for row in result["cost"]["summary"] if "median" in row]
+    assert ways == ["(i) no limit, published", "(ii) rateLimit, backlog", "(iii) rateLimit, published"]
+    for run in result["cost"]["runs"]:
+        assert run["deliveries_in_window"] > 0
+        assert run["cpu_ms_per_delivery"]["postgres"] > 0
+        assert run["delivered"] == run["published"]
+    ratios = [row for row in result["cost"]["summary"] if "ratio" in row]
+    assert len(ratios) == 2 and all(r["ratio"]["total ms/del"] > 0 for r in ratios)
+
+
+@pytest.mark.processes
 def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("throughput", tmp_path, "--dsn", server_dsn)
     assert result["drains"][0]["delivered"] == result["config"]["backlog"]
@@ -113,10 +163,17 @@ def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 @pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
-    result = run_bench("reservation", tmp_path, "--dsn", server_dsn, "--finished", "20000")
+    result = run_bench(
+        "reservation", tmp_path, "--dsn", server_dsn, "--finished", "20000", "--rate-limited", "100"
+    )
     assert [s["endpoints"] for s in result["sizes"]] == list(result["config"]["sizes"])
-    assert all(s["reserved"] > 0 for s in result["sizes"] + result["with_finished"])
-    assert len(result["finished_over_none"]) == len(result["sizes"])
+    timed = result["sizes"] + result["with_finished"] + result["rate_limited"]
+    assert all(s["reserved"] > 0 for s in timed)
+    assert (
+        len(result["finished_over_none"])
+        == len(result["rate_limited_over_unlimited"])
+        == len(result["sizes"])
+    )
 
 
 @pytest.mark.processes

@@ -10,6 +10,7 @@ import asyncpg
 
 import hooklane
 from hooklane import store
+from hooklane.delivery import DeliverySpec
 from hooklane.policies import CircuitPolicy
 from hooklane.store.queries import QUERIES
 from hooklane.worker.ready import Wakeup
@@ -679,3 +680,21 @@ async def test_rescue_and_sweep_read_no_dead_entries_from_before_since(dsn, db):
         assert walked == 3000
     finally:
         await report.close()
+
+
+async def test_adaptive_concurrency_rises_again_after_clean_batches(db):
+    # A batch of successes carries no overload signal (their failure class
+    # is NULL): the limit an overload lowered comes back up, a step a batch.
+    endpoint = await add_endpoint(
+        db, "adaptive", "http://127.0.0.1:1/a", max_concurrency=8, delivery=DeliverySpec(adaptive=True)
+    )
+    await _publish(db, 3)
+    first, second, third = await _reserve(db)
+    refused = store.Result.retry(first["id"], first["attempts"], retry_in=60, status=429, error="HTTP 429")
+    [row] = await store.complete(db, [refused], CircuitPolicy(), ALL, adapt_step_seconds=0)
+    assert (row["effective_concurrency"], row["lowered"]) == (5, True)
+    for ok in (second, third):
+        success = store.Result.delivered(ok["id"], ok["attempts"], status=204)
+        await store.complete(db, [success], CircuitPolicy(), ALL, adapt_step_seconds=0)
+    limit = await db.fetchval("SELECT effective_concurrency FROM endpoints WHERE id = $1", endpoint)
+    assert limit == 7
