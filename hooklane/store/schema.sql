@@ -172,7 +172,9 @@ CREATE TABLE deliveries (
     last_error      text,
     -- The endpoint's rate-limit bucket after this delivery's start, set by
     -- the reservation that granted it (migration 0011; NULL: not rate
-    -- limited): the endpoint's bucket is its latest delivery's.
+    -- limited, or no longer telling): the endpoint's bucket is its latest
+    -- delivery's. complete clears it once a later start or the clock has
+    -- passed it.
     rate_tat        timestamptz,
     CONSTRAINT deliveries_event_fkey FOREIGN KEY (event_tenant, event_id)
         REFERENCES events (tenant, id) ON DELETE CASCADE
@@ -831,7 +833,9 @@ BEGIN
         SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low
         FROM unnest(candidates, floors) AS c(endpoint_id, low)
     ),
-    slots AS (
+    -- MATERIALIZED: read once per candidate; inlined into the queue's
+    -- LIMIT and the waits, the bucket was read again for each row.
+    slots AS MATERIALIZED (
         SELECT ep.id, c.low, ep.rate_per_second::float8 AS rate,
                (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
                hooklane_concurrency(ep) - (SELECT count(*) FROM deliveries f
@@ -1029,6 +1033,15 @@ BEGIN
                                    ELSE d.next_attempt_at END,
             delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
             lease_expires_at = NULL,
+            -- A bucket that later starts moved on, or that is full again
+            -- (its time has passed), says nothing more: it leaves
+            -- deliveries_rate, which then holds about the starts in flight
+            -- and each endpoint's latest, not one entry per start ever made.
+            rate_tat = CASE WHEN d.rate_tat IS NULL OR d.rate_tat <= now() THEN NULL
+                            WHEN EXISTS (SELECT 1 FROM deliveries t
+                                         WHERE t.endpoint_id = d.endpoint_id
+                                           AND t.rate_tat > d.rate_tat) THEN NULL
+                            ELSE d.rate_tat END,
             last_status = r.status,
             last_failure = r.failure,
             last_error = CASE WHEN r.outcome <> 'delivered'

@@ -31,7 +31,8 @@ ALTER TABLE endpoints
 
 -- The rate-limit bucket of the delivery's endpoint after this delivery's
 -- start (GCRA's theoretical arrival time), written by the reservation that
--- granted it: the endpoint's bucket is its latest delivery's.
+-- granted it: the endpoint's bucket is its latest delivery's. complete
+-- clears it once a later start or the clock has passed it.
 ALTER TABLE deliveries ADD COLUMN rate_tat timestamptz;
 
 -- reserve: an endpoint's bucket, its latest granted start. Only the
@@ -94,7 +95,9 @@ BEGIN
         SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low
         FROM unnest(candidates, floors) AS c(endpoint_id, low)
     ),
-    slots AS (
+    -- MATERIALIZED: read once per candidate; inlined into the queue's
+    -- LIMIT and the waits, the bucket was read again for each row.
+    slots AS MATERIALIZED (
         SELECT ep.id, c.low, ep.rate_per_second::float8 AS rate,
                (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
                hooklane_concurrency(ep) - (SELECT count(*) FROM deliveries f
@@ -287,6 +290,15 @@ BEGIN
                                    ELSE d.next_attempt_at END,
             delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
             lease_expires_at = NULL,
+            -- A bucket that later starts moved on, or that is full again
+            -- (its time has passed), says nothing more: it leaves
+            -- deliveries_rate, which then holds about the starts in flight
+            -- and each endpoint's latest, not one entry per start ever made.
+            rate_tat = CASE WHEN d.rate_tat IS NULL OR d.rate_tat <= now() THEN NULL
+                            WHEN EXISTS (SELECT 1 FROM deliveries t
+                                         WHERE t.endpoint_id = d.endpoint_id
+                                           AND t.rate_tat > d.rate_tat) THEN NULL
+                            ELSE d.rate_tat END,
             last_status = r.status,
             last_failure = r.failure,
             last_error = CASE WHEN r.outcome <> 'delivered'
