@@ -49,10 +49,12 @@ def _second_bound(per_second: int) -> int:
     # and a start held back by a stall lands in the next second with that
     # second's own. On two shared cores stalls of 50-100 ms come now and
     # then (a 100/s endpoint's busiest second was 103 to 106 over runs
-    # here, and 114 while the reservation burnt a core): 10% is 100 ms at
-    # any rate, and a real fault (a second bucket, a burst at a takeover)
-    # is a whole second's starts. At 10/s a start is already 100 ms apart.
-    return per_second + max(2, round(per_second * 0.10))
+    # here, 111 and 114 while a benchmark or the whole suite shared the
+    # cores, and bench/rate_limit.py saw 1.25x at 500/s after a stall):
+    # 30% is 300 ms of a worker's lateness at any rate, while a real fault
+    # (a second bucket, a burst at a takeover) is a whole second's starts
+    # more, which this still catches. At 10/s a start is 100 ms apart.
+    return per_second + max(2, round(per_second * 0.30))
 
 
 async def _same_partition_name(db, prefix: str, endpoint_id: int) -> str:
