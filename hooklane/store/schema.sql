@@ -1037,10 +1037,13 @@ BEGIN
             -- (its time has passed), says nothing more: it leaves
             -- deliveries_rate, which then holds about the starts in flight
             -- and each endpoint's latest, not one entry per start ever made.
+            -- The probe is the reservation's, newest first from
+            -- deliveries_rate (a bare EXISTS of a later one was planned as
+            -- a scan of the endpoint's every delivery).
             rate_tat = CASE WHEN d.rate_tat IS NULL OR d.rate_tat <= now() THEN NULL
-                            WHEN EXISTS (SELECT 1 FROM deliveries t
-                                         WHERE t.endpoint_id = d.endpoint_id
-                                           AND t.rate_tat > d.rate_tat) THEN NULL
+                            WHEN (SELECT t.rate_tat FROM deliveries t
+                                  WHERE t.endpoint_id = d.endpoint_id AND t.rate_tat IS NOT NULL
+                                  ORDER BY t.rate_tat DESC LIMIT 1) > d.rate_tat THEN NULL
                             ELSE d.rate_tat END,
             last_status = r.status,
             last_failure = r.failure,
