@@ -83,7 +83,7 @@ PRESETS = {
 ENDPOINTS = """
 INSERT INTO endpoints (namespace, name, tenant, url, secret, partition, paused, paused_until,
                        consecutive_failures)
-SELECT 'bench', 'ep-' || i, 't' || i, 'http://127.0.0.1:9/h/' || i, $2,
+SELECT 'bench', 'ep-' || i, 't0', 'http://127.0.0.1:9/h/' || i, $2,
        -- the same stable hash as upsert_endpoint
        (hashtext('bench/ep-' || i)::bigint & 2147483647) % (SELECT partition_count FROM hooklane_config),
        i % 100 BETWEEN 1 AND 10,
