@@ -143,21 +143,42 @@ def _lags(receiver: Receiver, paths: list[str], published: dict[str, float], sin
     return sorted(lags)
 
 
+async def _log_grants(db) -> None:
+    """Note every start a bucket grants as it is granted: complete clears
+    a finished delivery's ``rate_tat`` once it has passed, and a rescued
+    delivery is granted again, so the deliveries alone keep only some."""
+    await db.execute(
+        """CREATE TABLE test_grants (delivery_id bigint, endpoint_id bigint,
+                                     rate_tat timestamptz, reserved_at timestamptz);
+           CREATE FUNCTION test_log_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+               INSERT INTO test_grants VALUES (NEW.id, NEW.endpoint_id, NEW.rate_tat, NEW.reserved_at);
+               RETURN NULL;
+           END $$;
+           CREATE TRIGGER test_log_grant AFTER UPDATE OF rate_tat ON deliveries FOR EACH ROW
+               WHEN (NEW.rate_tat IS NOT NULL AND NEW.rate_tat IS DISTINCT FROM OLD.rate_tat)
+               EXECUTE FUNCTION test_log_grant()"""
+    )
+
+
 async def _grants(db, endpoint_id: int, since: float, until: float) -> list:
     """The starts an endpoint's bucket granted from ``since`` to ``until``
     (epoch seconds), in order: when each was scheduled (its bucket after
     it, less the start: burst 1), the round that granted it, and when its
-    delivered attempt started (None if it has not been delivered)."""
+    delivered attempt started, for the delivery's last grant (None if it
+    has not been delivered, or was granted again later)."""
     return await db.fetch(
-        """SELECT g.scheduled, extract(epoch FROM d.reserved_at)::float8 AS reserved,
+        """SELECT g.scheduled, extract(epoch FROM l.reserved_at)::float8 AS reserved,
                   (SELECT extract(epoch FROM a.started_at)::float8 FROM delivery_attempts a
-                   WHERE a.delivery_id = d.id AND a.outcome = 'delivered') AS started
-           FROM deliveries d
-           JOIN endpoints e ON e.id = d.endpoint_id
-           CROSS JOIN LATERAL (SELECT extract(epoch FROM d.rate_tat)::float8
+                   WHERE a.delivery_id = l.delivery_id AND a.outcome = 'delivered'
+                     AND NOT EXISTS (SELECT 1 FROM test_grants n
+                                     WHERE n.delivery_id = l.delivery_id AND n.rate_tat > l.rate_tat))
+                  AS started
+           FROM test_grants l
+           JOIN endpoints e ON e.id = l.endpoint_id
+           CROSS JOIN LATERAL (SELECT extract(epoch FROM l.rate_tat)::float8
                                       - 1.0 / e.rate_per_second AS scheduled) g
-           WHERE d.endpoint_id = $1 AND d.rate_tat IS NOT NULL
-             AND g.scheduled >= $2 AND g.scheduled < $3
+           WHERE l.endpoint_id = $1 AND g.scheduled >= $2 AND g.scheduled < $3
            ORDER BY g.scheduled""",
         endpoint_id,
         since,
@@ -200,6 +221,7 @@ async def test_rate_limits_hold_across_workers_one_killed_and_spare_the_others(d
         delivery=DeliverySpec(rate_per_second=10),
     )
     assert await db.fetchval("SELECT count(DISTINCT partition) FROM endpoints") == 1
+    await _log_grants(db)
     healthy = [f"healthy{i}" for i in range(4)]
     for name in healthy:
         await add_endpoint(db, name, receiver.on(name, Answer(204)))
