@@ -153,11 +153,12 @@ DELIVERY = FieldRule(
             required=("perSecond",),
             properties={
                 "perSecond": FieldRule(
-                    "integer", "Delivery starts per second, at most.", minimum=1, maximum=10_000
+                    "integer", "Delivery starts per second, at most. 1 to 10000.", minimum=1, maximum=10_000
                 ),
                 "burst": FieldRule(
                     "integer",
-                    "Starts allowed at once after an idle spell (1: evenly spaced starts).",
+                    "Starts allowed at once after an idle spell (1: evenly spaced starts). Default 1; 1 to"
+                    " 10000.",
                     default=1,
                     minimum=1,
                     maximum=10_000,
@@ -167,14 +168,17 @@ DELIVERY = FieldRule(
         "adaptiveConcurrency": FieldRule(
             "boolean",
             "Move the concurrency limit between 1 and maxConcurrency: down on the receiver's overload"
-            " signals (429, 503, timeouts), up while it keeps up. Retry-After on a 429 or 503 holds the"
-            " whole endpoint. The limit in force is status.effectiveConcurrency.",
+            " signals (429, 503, timeouts), once per generation of calls (only a call reserved after the"
+            " last lowering lowers it again), and up while it keeps up. At a limit of 1 an overload"
+            " signal without a Retry-After holds the whole endpoint for HOOKLANE_ADAPTIVE_STEP_SECONDS;"
+            " a Retry-After on a 429 or 503 holds it as long as it asks. The limit in force is"
+            " status.effectiveConcurrency. Default false.",
             default=False,
         ),
         "headers": FieldRule(
             "array",
             "Extra request headers, each with a value or one read from a Secret key (an API key). Never"
-            " shown in status, logs or the dashboard.",
+            " shown in status, logs or the dashboard. At most 32; no name twice (in any case).",
             max_items=MAX_HEADERS,
             items=FieldRule(
                 "object",
@@ -182,7 +186,8 @@ DELIVERY = FieldRule(
                 properties={
                     "name": FieldRule(
                         "string",
-                        f"The header's name. Refused: {REFUSED_HEADERS_TEXT}.",
+                        "The header's name: 1 to 256 characters of an HTTP token (letters, digits and"
+                        f" !#$%&'*+.^_`|~-). Refused: {REFUSED_HEADERS_TEXT}.",
                         min_length=1,
                         max_length=256,
                         pattern=HEADER_NAME_PATTERN,
@@ -198,7 +203,8 @@ DELIVERY = FieldRule(
                     ),
                     "value": FieldRule(
                         "string",
-                        "The header's value.",
+                        f"The header's value: 1 to {MAX_HEADER_VALUE} characters of visible ASCII, with"
+                        " spaces and tabs only inside, no line breaks.",
                         min_length=1,
                         max_length=MAX_HEADER_VALUE,
                         pattern=HEADER_VALUE_PATTERN,
@@ -240,7 +246,10 @@ DELIVERY = FieldRule(
                     "object",
                     "A Secret key holding the PEM certificates to trust instead of the system's.",
                     required=("name",),
-                    properties={"name": _SECRET_NAME, "key": _secret_key("The key.", CA_KEY)},
+                    properties={
+                        "name": _SECRET_NAME,
+                        "key": _secret_key(f"The key. Default {CA_KEY}.", CA_KEY),
+                    },
                 ),
                 "clientCertificateSecretRef": FieldRule(
                     "object",
@@ -266,11 +275,16 @@ DELIVERY = FieldRule(
             "This endpoint's retry limits, within the contract's (20 attempts, 72h).",
             properties={
                 "maxAttempts": FieldRule(
-                    "integer", "Attempts before a delivery is dead.", minimum=1, maximum=MAX_ATTEMPTS
+                    "integer",
+                    f"Attempts before a delivery is dead. 1 to {MAX_ATTEMPTS}; unset:"
+                    " HOOKLANE_RETRY_MAX_ATTEMPTS (default 20).",
+                    minimum=1,
+                    maximum=MAX_ATTEMPTS,
                 ),
                 "maxAge": FieldRule(
                     "string",
-                    'Age at which a delivery is dead, a duration ("1h", "90m", "36h"), at most 72h.',
+                    'Age at which a delivery is dead, a duration ("1h", "90m", "36h"). 1s to 72h; unset:'
+                    " HOOKLANE_RETRY_MAX_AGE_SECONDS (default 72h).",
                     min_length=2,
                     max_length=32,
                     pattern=DURATION_PATTERN,

@@ -416,9 +416,11 @@ async def test_an_overloaded_adaptive_endpoint_shows_its_limit_and_rate(
     await page.goto(f"{base}/dashboard/endpoints/default/busy")
     facts = await page.locator("dl.facts").text_content() or ""
     assert re.search(r"In flight\s*0 of 5", facts), facts
-    assert re.search(r"adaptive: 5 of at most 8; held by the receiver's Retry-After, in [45] min", facts), (
-        facts
-    )
+    assert re.search(
+        r"adaptive: 5 of at most 8; held by the receiver's Retry-After or an overload at a limit of 1,"
+        r" in [45] min",
+        facts,
+    ), facts
     assert re.search(r"Rate limit\s*20 starts/s, bursts of 5", facts), facts
 
 
