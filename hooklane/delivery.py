@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from hooklane.errors import InvalidInput, shown
+from hooklane.tls import TlsMaterialError, client_context
 
 # RFC 9110's token, the only characters a field name may hold.
 HEADER_NAME_PATTERN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
@@ -49,6 +52,9 @@ REFUSED_HEADERS = (
     "content-type",
     "content-length",
     "content-encoding",
+    # 100-continue would hold the body until the receiver answers a
+    # first response that most never send: a timeout on every delivery.
+    "expect",
     # The trace context is Hooklane's to write (hooklane/tracing.py), and so
     # is the User-Agent, which names no version (docs/security.md).
     "traceparent",
@@ -57,7 +63,7 @@ REFUSED_HEADERS = (
 )
 REFUSED_HEADER_PREFIX = "webhook-"
 REFUSED_HEADERS_TEXT = (
-    "hop-by-hop headers, Host, Content-Type, Content-Length, Content-Encoding, User-Agent, the trace"
+    "hop-by-hop headers, Host, Content-Type, Content-Length, Content-Encoding, Expect, User-Agent, the trace"
     " context (traceparent, tracestate) and the webhook-* signature headers are Hooklane's"
 )
 
@@ -136,6 +142,14 @@ class RequestTerms:
     cert_pem: str | None = None
     key_pem: str | None = None
     server_name: str | None = None
+
+    def __repr__(self) -> str:
+        # Header values and keys are credentials: a traceback's locals or a
+        # debug line must not print them.
+        return (
+            f"RequestTerms(headers={[name for name, _ in self.headers]}, ca={self.ca_pem is not None},"
+            f" client_certificate={self.cert_pem is not None}, server_name={self.server_name!r})"
+        )
 
     def to_json(self) -> str:
         return json.dumps(
@@ -244,15 +258,21 @@ def resolve(delivery: DeliverySpec, namespace: str, lookup: SecretLookup) -> Req
         headers.append((header.name, value))
     tls = delivery.tls or TlsSpec()
     ca = cert = key = None
+    # Where each part of the material comes from, for OpenSSL's refusal.
+    where: dict[str, str] = {}
     if tls.ca is not None:
         field = "spec.delivery.tls.caSecretRef"
+        where["ca"] = f"{field}: key {tls.ca.key!r} of Secret {namespace}/{tls.ca.name}"
         ca = _value(lookup, namespace, tls.ca, field, _PEM_TEXT)
-        _certificates(ca, f"{field}: key {tls.ca.key!r} of Secret {namespace}/{tls.ca.name}")
+        _certificates(ca, where["ca"])
     if tls.client_certificate is not None:
         field = "spec.delivery.tls.clientCertificateSecretRef"
+        where["client_certificate"] = f"{field}: Secret {namespace}/{tls.client_certificate}"
         cert = _value(lookup, namespace, SecretKeyRef(tls.client_certificate, TLS_CERT_KEY), field, _PEM_TEXT)
         key = _value(lookup, namespace, SecretKeyRef(tls.client_certificate, TLS_KEY_KEY), field, _PEM_TEXT)
-        _key_pair(cert, key, f"{field}: Secret {namespace}/{tls.client_certificate}")
+        _key_pair(cert, key, where["client_certificate"])
+    if refused := _openssl_refusal(ca, cert, key):
+        raise SecretProblem(f"{where[refused.part]} is refused by OpenSSL: {refused.reason}", missing=False)
     return RequestTerms(tuple(headers), ca, cert, key, tls.server_name)
 
 
@@ -277,13 +297,42 @@ def _value(lookup: SecretLookup, namespace: str, ref: SecretKeyRef, field: str, 
     return value
 
 
+@functools.lru_cache(maxsize=256)
+def _openssl_refusal(ca: str | None, cert: str | None, key: str | None) -> TlsMaterialError | None:
+    """Whether OpenSSL takes the material, as the worker will build it.
+    Kept by value: endpoints often share one Secret, and an operator's start
+    resolves every endpoint (a context with a client certificate is some
+    2 ms to build)."""
+    try:
+        client_context(ca, cert, key)
+    except TlsMaterialError as exc:
+        return exc
+    return None
+
+
+# What cryptography raises for material it cannot read: a malformed
+# encoding, a key of an algorithm it does not know (SM2), a certificate
+# whose public key is not a valid point.
+_UNREADABLE = (ValueError, TypeError, UnsupportedAlgorithm)
+
+
 def _certificates(pem: str, where: str) -> list[x509.Certificate]:
     try:
         found = x509.load_pem_x509_certificates(pem.encode())
-    except ValueError:
+    except _UNREADABLE:
         found = []
     if not found:
         raise SecretProblem(f"{where} holds no PEM certificate", missing=False)
+    # cryptography passes over a block it cannot read (a bundle cut off in
+    # its last certificate): trusting the rest would fail later, and
+    # quietly, for whichever receiver that one was for.
+    begun = pem.count("-----BEGIN CERTIFICATE-----")
+    if begun != len(found):
+        raise SecretProblem(
+            f"{where} holds {begun} PEM certificates, of which {begun - len(found)} cannot be read"
+            " (cut off or corrupt)",
+            missing=False,
+        )
     return found
 
 
@@ -291,14 +340,21 @@ def _key_pair(cert_pem: str, key_pem: str, where: str) -> None:
     leaf = _certificates(cert_pem, f"{where}, key {TLS_CERT_KEY!r},")[0]
     try:
         key = serialization.load_pem_private_key(key_pem.encode(), password=None)
-    except (ValueError, TypeError):
+    except _UNREADABLE:
         raise SecretProblem(
             f"{where}, key {TLS_KEY_KEY!r}, holds no unencrypted PEM private key", missing=False
         ) from None
     spki = serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(serialization.Encoding.DER, spki) != leaf.public_key().public_bytes(
-        serialization.Encoding.DER, spki
-    ):
+    try:
+        matches = key.public_key().public_bytes(
+            serialization.Encoding.DER, spki
+        ) == leaf.public_key().public_bytes(serialization.Encoding.DER, spki)
+    except _UNREADABLE:
+        raise SecretProblem(
+            f"{where}, key {TLS_CERT_KEY!r}, holds a certificate whose public key cannot be read",
+            missing=False,
+        ) from None
+    if not matches:
         raise SecretProblem(
             f"{where}: {TLS_KEY_KEY!r} is not the key of the certificate in {TLS_CERT_KEY!r}", missing=False
         )

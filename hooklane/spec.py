@@ -111,6 +111,9 @@ class FieldRule:
     cel: tuple[tuple[str, str], ...] = ()
     # For Python only: what a schema cannot say (a URL's host and port).
     check: Callable[[Any], Any] | None = None
+    # For Python only: a value that may be a credential (a header's), never
+    # repeated in an error, which reaches status, Events and the CLI.
+    confidential: bool = False
     # The endpoints column whose CHECK constraint and default repeat this
     # rule's bounds and default, the database's backstop (tested to agree).
     column: str | None = None
@@ -209,6 +212,7 @@ DELIVERY = FieldRule(
                         max_length=MAX_HEADER_VALUE,
                         pattern=HEADER_VALUE_PATTERN,
                         pattern_message="must be visible ASCII, spaces and tabs only inside, no line breaks",
+                        confidential=True,
                     ),
                     "valueFrom": FieldRule(
                         "object",
@@ -459,13 +463,14 @@ def _checked(rule: FieldRule, value: Any, path: str) -> Any:
 
 def _check_string(rule: FieldRule, value: Any, path: str) -> None:
     low, high = rule.min_length or 0, rule.max_length
+    given = "" if rule.confidential and isinstance(value, str) else f", not {shown(value)}"
     if not isinstance(value, str) or len(value) < low or (high is not None and len(value) > high):
         size = f"{low} to {high}" if high is not None else f"at least {low}"
-        raise InvalidInput(path, f"must be a string of {size} characters, not {shown(value)}")
+        raise InvalidInput(path, f"must be a string of {size} characters{given}")
     if problem := unstorable(value):
         raise InvalidInput(path, problem)
     if rule.pattern is not None and not re.fullmatch(rule.pattern, value):
-        raise InvalidInput(path, f"{rule.pattern_message}: {shown(value)}")
+        raise InvalidInput(path, rule.pattern_message + ("" if rule.confidential else f": {shown(value)}"))
 
 
 def _check_integer(rule: FieldRule, value: Any, path: str) -> None:

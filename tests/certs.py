@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
@@ -19,7 +19,10 @@ class Pem:
     key: str
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+def _key_pem(key: PrivateKey) -> str:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
@@ -53,10 +56,17 @@ class Authority:
         self.pem = self._cert.public_bytes(serialization.Encoding.PEM).decode()
 
     def issue(
-        self, name: str, *, dns: tuple[str, ...] = (), ips: tuple[str, ...] = (), client: bool = False
+        self,
+        name: str,
+        *,
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        client: bool = False,
+        key: PrivateKey | None = None,
     ) -> Pem:
-        """A leaf for ``dns`` names and ``ips`` (a server's), or a client's."""
-        key = ec.generate_private_key(ec.SECP256R1())
+        """A leaf for ``dns`` names and ``ips`` (a server's), or a client's,
+        for ``key`` (a new P-256 key by default)."""
+        key = key or ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
         builder = (

@@ -7,6 +7,9 @@ import base64
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from hooklane.delivery import (
     DeliverySpec,
@@ -20,6 +23,7 @@ from hooklane.delivery import (
 )
 from hooklane.errors import InvalidInput
 from hooklane.spec import parse_spec
+from hooklane.tls import client_context
 from tests import certs
 
 pytestmark = pytest.mark.unit
@@ -69,7 +73,16 @@ def test_the_full_delivery_block_is_read():
 
 
 @pytest.mark.parametrize(
-    "name", ["Host", "Content-Type", "Content-Length", "Transfer-Encoding", "Connection", "webhook-signature"]
+    "name",
+    [
+        "Host",
+        "Content-Type",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Connection",
+        "Expect",
+        "webhook-signature",
+    ],
 )
 @pytest.mark.parametrize("case", [str.lower, str.upper, lambda s: s])
 def test_headers_hooklane_owns_are_refused_in_any_case(name, case):
@@ -93,6 +106,9 @@ def test_bad_headers_are_refused(header, message):
     refused = refusal({"headers": [header]})
     assert refused.field == "spec.delivery.headers"
     assert refused.message.startswith(message), refused.message
+    # A value may be the very credential, mistyped: never repeated.
+    if header.get("value", "x") != "x":
+        assert header["value"] not in str(refused)
 
 
 def test_a_header_set_twice_in_different_case_is_refused():
@@ -265,6 +281,91 @@ def test_a_secret_holding_the_wrong_thing_is_not_a_missing_problem(secret, value
     for value in values.values():
         if value is not None and value not in (CLIENT.cert, CA.pem):
             assert value not in problem.value.message
+
+
+# A key of an algorithm cryptography does not read (SM2, made by `openssl
+# genpkey -algorithm SM2`): it raises UnsupportedAlgorithm, not ValueError.
+SM2_KEY = """\
+-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqBHM9VAYItBG0wawIBAQQgmod7rDGLCbj4E9uL
+H0QkBuckoCDqcyIbOsHaxpupl9ihRANCAATxa6OXDbxjwOg+EW9ti71StF/wf3cK
+Ereiuv/UKV1XVxGMbl+rcdum0lCXMuYr2huSJ5aiWtgAb9/kPLQLSgfH
+-----END PRIVATE KEY-----
+"""
+WEAK_CLIENT = CA.issue("weak", client=True, key=rsa.generate_private_key(65537, 1024))
+
+
+def with_bad_point(pem: certs.Pem) -> str:
+    """``pem``'s certificate with its public key moved off the curve: it
+    parses, and reading its key raises ValueError."""
+    cert = x509.load_pem_x509_certificate(pem.cert.encode())
+    point = cert.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    der = cert.public_bytes(serialization.Encoding.DER)
+    bad = der.replace(point, point[:-1] + bytes([point[-1] ^ 1]))
+    assert bad != der
+    return "-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(bad).decode() + "-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(
+    "secret, values, message",
+    [
+        (
+            "client",
+            {"tls.crt": CLIENT.cert, "tls.key": SM2_KEY},
+            "spec.delivery.tls.clientCertificateSecretRef: Secret shop/client, key 'tls.key', holds no"
+            " unencrypted PEM private key",
+        ),
+        (
+            "client",
+            {"tls.crt": with_bad_point(CLIENT), "tls.key": CLIENT.key},
+            "Secret shop/client, key 'tls.crt', holds a certificate whose public key cannot be read",
+        ),
+        # Read by cryptography, refused by OpenSSL at its security level.
+        (
+            "client",
+            {"tls.crt": WEAK_CLIENT.cert, "tls.key": WEAK_CLIENT.key},
+            "spec.delivery.tls.clientCertificateSecretRef: Secret shop/client is refused by OpenSSL:"
+            " EE_KEY_TOO_SMALL",
+        ),
+        # A bundle cut off in its last certificate: cryptography reads the
+        # first and passes over the rest.
+        (
+            "ca",
+            {"ca.crt": CA.pem + certs.Authority().pem[:300]},
+            "spec.delivery.tls.caSecretRef: key 'ca.crt' of Secret shop/ca holds 2 PEM certificates, of which 1"
+            " cannot be read",
+        ),
+    ],
+)
+def test_tls_material_neither_library_takes_is_refused_naming_the_field(secret, values, message):
+    secrets = {**good_secrets(), secret: values}
+    with pytest.raises(SecretProblem) as problem:
+        resolve(FULL, "shop", secrets.get)
+    assert not problem.value.missing
+    assert message in problem.value.message
+    assert SM2_KEY not in problem.value.message and CLIENT.key not in problem.value.message
+
+
+def test_a_bundle_with_comments_in_any_language_is_trusted():
+    # As distributions ship theirs: each certificate's name in its own words.
+    bundle = f"# Főtanúsítvány\n# Hooklane test CA\n{CA.pem}\n# 根证书\n{certs.Authority().pem}"
+    terms = resolve(
+        DeliverySpec(tls=TlsSpec(SecretKeyRef("ca", "ca.crt"))), "shop", {"ca": {"ca.crt": bundle}}.get
+    )
+    assert terms is not None and terms.ca_pem == bundle
+    context = client_context(terms.ca_pem, None, None)
+    assert context is not None and context.cert_store_stats()["x509_ca"] == 2
+
+
+def test_request_terms_never_print_their_credentials():
+    terms = resolve(FULL, "shop", good_secrets().get)
+    assert terms is not None
+    shown = repr(terms) + str(terms)
+    assert "X-Api-Key" in shown
+    for credential in ("s3cr3t-token", "payments", CLIENT.key, CLIENT.cert, CA.pem):
+        assert credential not in shown
 
 
 # secrets_of(): the Secrets of a --secrets-file.

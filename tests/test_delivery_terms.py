@@ -12,21 +12,26 @@ import logging
 import os
 import re
 import ssl
+import subprocess
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from hooklane import store
+from hooklane import tls as tls_contexts
 from hooklane.delivery import DeliverySpec, HeaderSpec, RequestTerms, SecretKeyRef, TlsSpec, resolve
+from hooklane.errors import InvalidInput
 from hooklane.health import as_json
 from hooklane.policies import RetryPolicy
-from hooklane.secrets import Keyring
+from hooklane.secrets import Keyring, seal, terms_owner
 from hooklane.spec import EndpointSpec
 from hooklane.views import detail_json
+from hooklane.worker.terms import TermsCache
 from tests import certs
 from tests.conftest import SECRET, add_endpoint, wait_for
 from tests.receivers import Answer, OpenSslReceiver, Receiver
@@ -270,6 +275,89 @@ async def test_mutual_tls_with_a_private_ca(db, start_worker, tmp_path, tls, out
         start_worker()
         assert await first_outcome(db) == outcome
         assert len(receiver.at("mtls")) == (1 if outcome[0] == "delivered" else 0)
+
+
+@pytest.fixture
+def hashed_trust(tmp_path, monkeypatch) -> Iterator[Path]:
+    """The system's trust store, as OpenSSL finds it (SSL_CERT_DIR): a
+    hashed directory holding only the test CA, named as c_rehash names it."""
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    subject_hash = subprocess.run(
+        ["openssl", "x509", "-noout", "-subject_hash"],
+        input=CA.pem,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (trust / f"{subject_hash}.0").write_text(CA.pem)
+    monkeypatch.setenv("SSL_CERT_DIR", str(trust))
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    tls_contexts.hashed_directory.cache_clear()
+    yield trust
+    tls_contexts.hashed_directory.cache_clear()
+
+
+async def test_a_client_certificate_trusts_the_system_store_looked_up_not_loaded(
+    db, start_worker, tmp_path, hashed_trust
+):
+    # Each endpoint with a client certificate has a context of its own: one
+    # that held the whole system bundle would cost every such endpoint
+    # hundreds of KiB. Nothing is loaded until a handshake looks its CA up.
+    context = tls_contexts.client_context(None, CLIENT.cert, CLIENT.key)
+    assert context is not None and context.cert_store_stats()["x509_ca"] == 0
+    # A bundle named by SSL_CERT_FILE is what the operator chose to trust:
+    # only the file says what, so it is loaded.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SSL_CERT_FILE", str(next(hashed_trust.iterdir())))
+        tls_contexts.hashed_directory.cache_clear()
+        context = tls_contexts.client_context(None, CLIENT.cert, CLIENT.key)
+        assert context is not None and context.cert_store_stats()["x509_ca"] == 1
+    tls_contexts.hashed_directory.cache_clear()
+    server = server_context(tmp_path, certs.server(CA), clients_of=CA)
+    async with Receiver(ssl_context=server) as receiver:
+        delivery = DeliverySpec(tls=TlsSpec(None, "client"))
+        url = receiver.on("mtls", Answer(204))
+        await add_endpoint(db, "mtls", url, delivery=delivery, terms=terms(delivery, SECRETS))
+        await hooklane.publish(db, tenant="acme", type="order.created", data={})
+        start_worker()
+        assert await first_outcome(db) == ("delivered", None, None)
+
+
+@pytest.mark.unit
+def test_a_worker_keeps_one_opened_terms_an_endpoint_and_opens_each_new_value():
+    cache = TermsCache(KEYRING)
+    owner = terms_owner("default", "mtls")
+    resolved = terms(DeliverySpec(tls=TlsSpec(SecretKeyRef("ca", "ca.crt"), "client")), SECRETS)
+    assert resolved is not None
+    first = cache.get(seal(KEYRING, resolved.to_json(), owner), owner)
+    assert first.ssl_context is not None
+    sealed = seal(KEYRING, resolved.to_json(), owner)
+    # The same terms sealed again by the next upsert: opened again, and
+    # kept in place of the first, not beside it.
+    again = cache.get(sealed, owner)
+    assert again is not first and cache.get(sealed, owner) is again
+    assert len(cache) == 1
+    # A server name alone needs no context of its own: the client's shared
+    # one verifies the name given.
+    named = terms(DeliverySpec(tls=TlsSpec(None, None, "receiver.test")), SECRETS)
+    assert named is not None
+    opened = cache.get(
+        seal(KEYRING, named.to_json(), terms_owner("default", "named")), terms_owner("default", "named")
+    )
+    assert opened.ssl_context is None and opened.server_name == "receiver.test"
+
+
+@pytest.mark.unit
+def test_terms_a_row_holds_that_openssl_refuses_fail_the_attempt_as_an_invalid_endpoint():
+    weak = CA.issue("weak", client=True, key=rsa.generate_private_key(65537, 1024))
+    owner = terms_owner("default", "weak")
+    stored = RequestTerms(cert_pem=weak.cert, key_pem=weak.key).to_json()
+    with pytest.raises(InvalidInput) as refused:
+        TermsCache(KEYRING).get(seal(KEYRING, stored, owner), owner)
+    assert str(refused.value) == (
+        "spec.delivery.tls (client_certificate): refused by OpenSSL: EE_KEY_TOO_SMALL"
+    )
 
 
 @pytest.mark.parametrize(
