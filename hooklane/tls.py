@@ -49,7 +49,7 @@ def client_context(ca_pem: str | None, cert_pem: str | None, key_pem: str | None
         _system_trust(context)
     if cert_pem and key_pem:
         try:
-            with _in_memory(cert_pem) as cert, _in_memory(key_pem) as key:
+            with in_memory(cert_pem) as cert, in_memory(key_pem) as key:
                 context.load_cert_chain(cert, key)
         except (ssl.SSLError, ValueError, OSError) as exc:
             raise TlsMaterialError("client_certificate", _reason(exc)) from None
@@ -90,7 +90,7 @@ def hashed_directory() -> str | None:
 
 
 @contextlib.contextmanager
-def _in_memory(text: str) -> Iterator[str]:
+def in_memory(text: str) -> Iterator[str]:
     """A path to ``text`` that is never on a disk: ``load_cert_chain`` reads
     files only, and a client's private key has no business in /tmp."""
     fd = os.memfd_create("hooklane-tls", os.MFD_CLOEXEC)

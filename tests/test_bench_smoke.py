@@ -99,6 +99,20 @@ def test_rate_limit_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+def test_tls_contexts_smoke(tmp_path: Path) -> None:
+    result = run_bench("tls_contexts", tmp_path)
+    assert [run["way"] for run in result["runs"]] == ["loaded", "looked up"]
+    for run in result["runs"]:
+        assert run["contexts"] == 20 and run["ms_per_context"] > 0
+    # Only the measure: the bundle's hundred-odd CAs in each context loaded,
+    # none in each looked up (where the machine has a hashed directory).
+    loaded, looked_up = result["runs"]
+    assert loaded["cas_loaded_per_context"] > 0
+    if looked_up["hashed_directory"] is not None:
+        assert looked_up["cas_loaded_per_context"] == 0
+
+
+@pytest.mark.processes
 def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("throughput", tmp_path, "--dsn", server_dsn)
     assert result["drains"][0]["delivered"] == result["config"]["backlog"]
