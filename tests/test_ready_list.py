@@ -536,6 +536,27 @@ def test_nothing_pending_takes_the_endpoint_off_until_a_wake():
     assert len(ready) == 1
 
 
+def test_an_endpoint_settled_while_a_sweep_read_is_not_lost():
+    """The sweep lists pending endpoints from a snapshot while rounds go on:
+    one whose last delivery a round reserved meanwhile is unscheduled, and
+    rightly so."""
+    ready = ReadyList()
+    ready.wake(1, 0, t(0), NOW)  # a publish: pending from t(0)
+    ready.wake(2, 0, t(0), NOW)
+    ready.take(NOW, 10)
+    ready.settle([verdict(2, head=None)], [(200, 2)], NOW)  # 2 settled before the read
+    mark = ready.mark()
+    ready.settle([verdict(1, head=None)], [(100, 1)], t(0.1))  # 1 during it
+    assert not ready.scheduled(1) and not ready.scheduled(2)
+    assert not ready.lost(1, mark)
+    # What nothing handled since before the read, and what the list never
+    # knew, the listing's snapshot finds lost.
+    assert ready.lost(2, mark)
+    assert ready.lost(3, mark)
+    ready.wake(2, 0, t(1), t(1))
+    assert not ready.lost(2, mark)
+
+
 def test_a_deleted_endpoint_is_forgotten():
     ready = ReadyList()
     ready.wake(1, 0, None, NOW)

@@ -281,6 +281,7 @@ async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, own
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
         assert await sweep.run_once() == 1  # not the paused one
     assert _said(caplog) == [("1 endpoints had pending deliveries but were not ready; made ready", "sweep")]
+    assert [r.endpoints for r in caplog.records] == [[endpoint]]
     assert await trigger.wait(0) is Wake.FIRED
     assert [c.endpoint_id for c in ready.take(datetime.now(UTC), 10)] == [endpoint]
     # read from its head, which the sweep found from the start

@@ -51,6 +51,8 @@ _SWEEP_OVERLAP = timedelta(seconds=60)
 # time is found by then. Read from the start, a queue walks every dead entry
 # a held horizon keeps; the sweep pays a tenth of that per run, not all of it.
 SWEEP_WHOLE_EVERY = 10
+# The endpoints a sweep's warning names, at most: enough to look one up.
+_LOST_NAMED = 20
 
 
 class Job(Protocol):
@@ -285,24 +287,28 @@ class ReadySweep:
         # On the pool, not the lock connection, where the reservation would
         # wait for it. It only reads; what it lists of a partition lost
         # meanwhile is left out.
+        mark = self._ready.mark()
         async with store.acquire(self._pool) as conn:
             listing = await store.pending_endpoints(conn, owned, self._since, whole)
         self._swept_in, self._since = set(owned), listing.checked_at - _SWEEP_OVERLAP
         pending = [p for p in listing.endpoints if p[1] in self._owner.owned]
-        found = sum(not self._ready.scheduled(endpoint_id) for endpoint_id, _, _ in pending)
+        # Rounds go on while the listing is read: an endpoint whose last
+        # delivery one reserved meanwhile is rightly unscheduled, and counts
+        # as lost only if nothing has handled it since before the read.
+        lost = [endpoint_id for endpoint_id, _, _ in pending if self._ready.lost(endpoint_id, mark)]
         now = datetime.now(UTC)
         for endpoint_id, partition in absorbed:
             self._ready.wake(endpoint_id, partition, None, now, rescan=True)
         for endpoint_id, partition, head in pending:
             self._ready.listed(endpoint_id, partition, head, now, from_start=partition in whole)
-        if found:
+        if lost:
             logger.warning(
                 "%d endpoints had pending deliveries but were not ready; made ready",
-                found,
-                extra={"action": "sweep"},
+                len(lost),
+                extra={"action": "sweep", "endpoints": sorted(lost)[:_LOST_NAMED]},
             )
             self._trigger.work_found()
-        return found
+        return len(lost)
 
 
 @dataclass(frozen=True)

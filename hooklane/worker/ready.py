@@ -105,8 +105,8 @@ class Verdict:
     endpoint_id: int
     exists: bool
     deliverable: bool
-    # When a start may be granted again: its circuit's pause, a Retry-After's
-    # hold, its rate limit's next start.
+    # When a start may be granted again: its circuit's pause, its hold (a
+    # Retry-After, or a step at a limit of 1), its rate limit's next starts.
     paused_until: datetime | None
     head: datetime | None  # earliest pending from its floor on, after the round
     at_limit: bool  # every slot held by a live lease
@@ -132,13 +132,13 @@ class Recorded:
     endpoint_id: int
     partition: int
     deliverable: bool
-    paused_until: datetime | None  # its circuit's pause, or a Retry-After's hold
+    paused_until: datetime | None  # its circuit's pause, or its hold (throttled_until)
     retried_head: datetime | None  # earliest retry the batch queued
 
     @classmethod
     def of(cls, row: Row) -> Recorded:
-        # An adaptive endpoint's Retry-After hold keeps it waiting as a
-        # pause does.
+        # An adaptive endpoint's hold (a Retry-After, or a step at a limit
+        # of 1) keeps it waiting as a pause does.
         held = [t for t in (row["paused_until"], row["throttled_until"]) if t is not None]
         return cls(
             row["id"],
@@ -199,6 +199,18 @@ class ReadyList:
         """Each known floor (not UNKNOWN), by endpoint: where the health
         query may start counting an endpoint's pending deliveries."""
         return {k: e.floor for k, e in self._entries.items() if e.floor is not None}
+
+    def mark(self) -> int:
+        """Where the list's changes stand, for ``lost``."""
+        return self._stamps
+
+    def lost(self, endpoint_id: int, mark: int) -> bool:
+        """Not scheduled, and not handled since ``mark``: what a listing read
+        after ``mark`` may call lost. One settled meanwhile (its delivery
+        reserved, nothing left: no due) was handled after the listing's
+        snapshot, which still showed it pending."""
+        entry = self._entries.get(endpoint_id)
+        return entry is None or (entry.stamp <= mark and not self.scheduled(endpoint_id))
 
     def scheduled(self, endpoint_id: int) -> bool:
         """Whether a round is to visit the endpoint: at a time, in one now,
