@@ -463,14 +463,19 @@ def _checked(rule: FieldRule, value: Any, path: str) -> Any:
 
 def _check_string(rule: FieldRule, value: Any, path: str) -> None:
     low, high = rule.min_length or 0, rule.max_length
-    given = "" if rule.confidential and isinstance(value, str) else f", not {shown(value)}"
     if not isinstance(value, str) or len(value) < low or (high is not None and len(value) > high):
         size = f"{low} to {high}" if high is not None else f"at least {low}"
-        raise InvalidInput(path, f"must be a string of {size} characters{given}")
+        raise InvalidInput(path, f"must be a string of {size} characters{_quoted(rule, value, ', not ')}")
     if problem := unstorable(value):
         raise InvalidInput(path, problem)
     if rule.pattern is not None and not re.fullmatch(rule.pattern, value):
-        raise InvalidInput(path, rule.pattern_message + ("" if rule.confidential else f": {shown(value)}"))
+        raise InvalidInput(path, f"{rule.pattern_message}{_quoted(rule, value, ': ')}")
+
+
+def _quoted(rule: FieldRule, value: Any, lead: str) -> str:
+    """``value`` as an error quotes it after ``lead``; nothing for a
+    confidential string (anything else is no credential)."""
+    return "" if rule.confidential and isinstance(value, str) else f"{lead}{shown(value)}"
 
 
 def _check_integer(rule: FieldRule, value: Any, path: str) -> None:
