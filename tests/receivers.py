@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import ssl
@@ -109,6 +110,18 @@ class Receiver:
         await self._runner.cleanup()
 
 
+def _linger(conn: socket.socket) -> None:
+    """Reads what the client still sends before closing, as nginx's lingering
+    close does: with TLS 1.3 a refused client has finished its handshake and
+    is sending its request, and closing on that unread data answers it with a
+    reset that can overtake the alert already sent."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(2)
+        while conn.recv(65536):
+            pass
+
+
 class OpenSslReceiver:
     """An HTTPS receiver on blocking sockets, a thread per connection, that
     answers 204 to each request and records its head. asyncio's SSL
@@ -138,22 +151,25 @@ class OpenSslReceiver:
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(10)
-        with conn:
+        # The handshake is ours to call: wrap_socket closes the socket when
+        # its own handshake fails, before a lingering close could run.
+        with self._context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False) as tls:
             try:
-                tls = self._context.wrap_socket(conn, server_side=True)
+                tls.do_handshake()
             except ssl.SSLError as exc:
                 self.refused.append(exc.reason or str(exc))
+                with socket.socket(fileno=tls.detach()) as raw:
+                    _linger(raw)
                 return
-            with tls:
-                data = b""
-                while b"\r\n\r\n" not in data and (chunk := tls.recv(65536)):
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                while length and len(body) < int(length[1]) and (chunk := tls.recv(65536)):
-                    body += chunk
-                self.heads.append(head)
-                tls.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := tls.recv(65536)):
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            while length and len(body) < int(length[1]) and (chunk := tls.recv(65536)):
+                body += chunk
+            self.heads.append(head)
+            tls.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
 
     def __enter__(self) -> OpenSslReceiver:
         threading.Thread(target=self._accept, daemon=True).start()
