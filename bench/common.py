@@ -268,6 +268,35 @@ async def wait_workers_ready(dsn: str, workers: int, timeout: float = 30.0) -> f
 # Statistics
 
 
+# Every statement's plan, those inside functions too, sent to the client as
+# JSON notices (auto_explain) for the rest of the transaction.
+_EXPLAIN_NESTED = (
+    "LOAD 'auto_explain'; SET LOCAL auto_explain.log_min_duration = 0;"
+    " SET LOCAL auto_explain.log_nested_statements = on; SET LOCAL auto_explain.log_analyze = on;"
+    " SET LOCAL auto_explain.log_timing = off; SET LOCAL auto_explain.log_format = json;"
+    " SET LOCAL auto_explain.log_level = notice; SET LOCAL client_min_messages = notice"
+)
+
+
+async def nested_plans(conn: asyncpg.Connection, run: Callable[[], Awaitable[object]]) -> list[dict]:
+    """The EXPLAIN ANALYZE plans (JSON, the "Plan" of each) of every statement
+    ``run`` makes on ``conn``, those inside functions included, where EXPLAIN
+    of a function call shows one node. ``run`` is committed."""
+    plans: list[dict] = []
+
+    def heard(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        plans.append(json.loads(message.message.partition("\n")[2])["Plan"])
+
+    conn.add_log_listener(heard)
+    try:
+        async with conn.transaction():
+            await conn.execute(_EXPLAIN_NESTED)
+            await run()
+    finally:
+        conn.remove_log_listener(heard)
+    return plans
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile; NaN for no values."""
     if not values:

@@ -216,7 +216,10 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"hooklane: cannot reach the database: {exc}", file=sys.stderr)
         return 1
     except SchemaMissing:
-        print("hooklane: the database has no Hooklane schema: run `hooklane migrate` first", file=sys.stderr)
+        print(
+            "hooklane: the database has no Hooklane schema, or an older one: run `hooklane migrate` first",
+            file=sys.stderr,
+        )
         return 1
     except DataRefused as exc:
         # A value of the command's (a time, a text) that Postgres refused:

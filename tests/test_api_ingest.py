@@ -524,8 +524,8 @@ async def test_a_conflicting_batch_in_a_group_leaves_the_others_committed(
 
 async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Connection) -> None:
     async with db.transaction():
-        assert await store.insert_events(db, [("a", "acme", "a.b", '{"n": 1}', None, None)]) == []
-        conflicts = await store.insert_events(
+        assert await store.insert_events(db, [("a", "acme", "a.b", '{"n": 1}', None, None)]) == {}
+        refused = await store.insert_events(
             db,
             [
                 ("a", "acme", "a.b", '{"n": 1}', None, None),  # the same again: stored once
@@ -533,9 +533,14 @@ async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Con
                 ("a", "globex", "a.b", '{"n": 2}', None, None),  # another tenant's id: another event
                 ("b", "acme", "a.b", "{}", "k", None),
                 ("b", "acme", "a.b", "{}", None, None),  # another coalesce key, same call
+                ("c", "acme", "a b", "{}", None, None),  # refused by the function's own check
             ],
         )
-    assert conflicts == [1, 4]
+    assert {i: (type(e).__name__, e.field) for i, e in refused.items()} == {
+        1: ("EventConflict", "id"),
+        4: ("EventConflict", "id"),
+        5: ("InvalidInput", "type"),
+    }
     assert [(r["id"], r["tenant"], json.loads(r["data"])) for r in await stored(db)] == [
         ("a", "acme", {"n": 1}),
         ("a", "globex", {"n": 2}),

@@ -226,6 +226,31 @@ def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+def test_publish_function_smoke(server_dsn: str, tmp_path: Path) -> None:
+    # Today's path is the statements and the API of an earlier commit.
+    before = "39e890d"
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{before}^{{commit}}"]).returncode:
+        pytest.skip(f"{before} is not in this checkout's history")
+    result = run_bench("publish_function", tmp_path, "--dsn", server_dsn, "--before", before, timeout=120)
+    direct = result["direct"]
+    workloads = {run["workload"] for run in direct["runs"]}
+    assert len(workloads) == 2 * len(result["config"]["sizes"])
+    for run in direct["runs"]:
+        # Every event committed was stored (the bench counts them).
+        assert run["events_in_window"] > 0 and run["stored"] >= run["events_in_window"]
+        assert run["postgres_ms_per_event"] > 0
+    ratios = [row for row in direct["summary"] if "ratio" in row]
+    assert len(ratios) == len(workloads) and all(r["ratio"]["events_per_s"] > 0 for r in ratios)
+    for size in result["checks"]:
+        assert size["data_text_bytes"] >= size["json_bytes"] > 0
+        assert set(size["us_per_event"]) >= {"hooklane_publish_refusal_v1, all"}
+    runs = result["ingest"]["runs"]
+    assert {run["path"] for run in runs} == {"today", "function"}
+    assert all(run["events_per_s"] > 0 and run["postgres_ms_per_event"] > 0 for run in runs)
+    assert {v["part"] for v in result["verdict"]} == {"direct", "ingest"}
+
+
+@pytest.mark.processes
 def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("listings", tmp_path, "--dsn", server_dsn, timeout=120)
     timed = {r["what"]: r for r in result["runs"]["this tree"]}

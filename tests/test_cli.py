@@ -462,7 +462,8 @@ def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
         result = hooklane(empty, *args)
         assert result.returncode == 1, result.stderr
         assert (
-            result.stderr == "hooklane: the database has no Hooklane schema: run `hooklane migrate` first\n"
+            result.stderr
+            == "hooklane: the database has no Hooklane schema, or an older one: run `hooklane migrate` first\n"
         )
 
 

@@ -311,7 +311,9 @@ def test_every_statement_the_state_machines_name_exists():
 def test_every_transition_statement_is_in_the_state_machines():
     linked = _linked_statements(_read(DOCS / "state-machine.md"))
     transitions = {name for name, sql in _statements().items() if _TRANSITION.search(sql)}
-    assert {"publish", "reserve", "complete", "rescue_expired", "resend_dead"} <= transitions
+    # publish's transitions are hooklane_try_publish_v1's, which
+    # test_every_sql_function_the_state_machines_name_exists finds named.
+    assert {"reserve", "complete", "rescue_expired", "resend_dead"} <= transitions
     assert not transitions - linked, (
         f"statements that change a state or the ready list, missing from docs/state-machine.md: "
         f"{sorted(transitions - linked)}"
@@ -331,6 +333,18 @@ def test_every_sql_function_the_state_machines_name_exists():
     assert not used - called, (
         f"functions queries.sql calls, missing from docs/state-machine.md: {used - called}"
     )
+
+
+@pytest.mark.unit
+def test_publishing_shows_each_example_as_it_is_run():
+    """docs/publishing.md shows the example programs the tests run
+    (tests/test_publishing_examples.py), each whole and unchanged."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```", _read(DOCS / "publishing.md"), flags=re.MULTILINE | re.DOTALL)
+    examples = [
+        ROOT / "examples/publishing" / name for name in ("go/main.go", "node/publish.js", "psql/publish.sql")
+    ]
+    missing = [str(path.relative_to(ROOT)) for path in examples if _read(path) not in blocks]
+    assert not missing, f"not shown whole in docs/publishing.md: {missing}"
 
 
 # --- links ------------------------------------------------------------------

@@ -43,6 +43,8 @@ FIXTURES = {
     # a PostgreSQL of the module's own, which its tests restart
     "chaos_pg": "processes",
     "api_schema": "processes",
+    # hack/examples/build: the publishing examples' Go binary and node_modules
+    "publishing_examples": "processes",
     "browser": "browser",
     "page": "browser",
     "image": "image",
@@ -56,8 +58,10 @@ FIXTURES = {
 
 # The Go binaries hack/test builds, by the tiers whose tests use them:
 # the kube tests install the chart too (tests/test_chart.py, the
-# operator's RBAC), and the cluster's build starts with envtest's.
+# operator's RBAC), and the cluster's build starts with envtest's. The
+# publishing examples (a Go binary and node_modules) are run as processes.
 BUILDS = {
+    "examples": ("processes",),
     "tools": ("tools", "kube", "cluster"),
     "envtest": ("kube", "cluster"),
     "cluster": ("cluster",),

@@ -51,7 +51,7 @@ import asyncpg
 from hooklane import metrics, store
 from hooklane.errors import (
     DatabaseUnreachable,
-    EventConflict,
+    InvalidInput,
     OutcomeUnknown,
     StoreError,
     TransientStoreError,
@@ -91,13 +91,14 @@ class Event:
 
 
 class Conflict(Exception):
-    """Event ``index`` of a unit reuses an id for different content; nothing
-    of the unit was stored."""
+    """The publish function refused event ``index`` of a unit (an
+    ``EventConflict``: it reuses an id for different content); nothing of
+    the unit was stored."""
 
-    def __init__(self, index: int, conflict: EventConflict) -> None:
-        super().__init__(conflict.message)
+    def __init__(self, index: int, refusal: InvalidInput) -> None:
+        super().__init__(refusal.message)
         self.index = index
-        self.conflict = conflict
+        self.refusal = refusal
 
 
 @dataclass(eq=False)
@@ -341,11 +342,11 @@ def _fail(units: list[_Unit], reason: str, error: type[StoreError]) -> None:
 
 
 async def _insert_singles(conn: asyncpg.Connection, units: list[_Unit]) -> dict[_Unit, Conflict | None]:
-    # All in one round trip: a conflict stores nothing of its event and
+    # All in one round trip: a refusal stores nothing of its event and
     # leaves the transaction usable, so no savepoint is needed.
     ordered = sorted(units, key=lambda unit: _key(unit.events[0]))
-    conflicting = set(await store.insert_events(conn, [_row(unit.events[0]) for unit in ordered]))
-    return {unit: _conflict(unit, 0) if i in conflicting else None for i, unit in enumerate(ordered)}
+    refused = await store.insert_events(conn, [_row(unit.events[0]) for unit in ordered])
+    return {unit: Conflict(0, refused[i]) if i in refused else None for i, unit in enumerate(ordered)}
 
 
 async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | None:
@@ -355,12 +356,13 @@ async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | Non
     # Rolling back to the savepoint undoes the batch's other events.
     savepoint = conn.transaction()
     await savepoint.start()
-    conflicting = await store.insert_events(conn, [_row(unit.events[i]) for i in order])
-    if not conflicting:
+    refused = await store.insert_events(conn, [_row(unit.events[i]) for i in order])
+    if not refused:
         await savepoint.commit()
         return None
     await savepoint.rollback()
-    return _conflict(unit, min(order[position] for position in conflicting))
+    first = min(refused, key=lambda position: order[position])
+    return Conflict(order[first], refused[first])
 
 
 def _key(event: Event) -> tuple[str, str]:
@@ -370,11 +372,6 @@ def _key(event: Event) -> tuple[str, str]:
 
 def _row(event: Event) -> store.EventRow:
     return (event.id, event.tenant, event.type, event.data_json, event.coalesce_key, event.traceparent)
-
-
-def _conflict(unit: _Unit, index: int) -> Conflict:
-    event = unit.events[index]
-    return Conflict(index, EventConflict(event.id, event.tenant))
 
 
 def _settle(unit: _Unit, outcome: Exception | None) -> None:

@@ -35,7 +35,7 @@ from hooklane.api.context import POOL, SETTINGS, deadline, grant, started
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, problem
 from hooklane.api.group_commit import Conflict, Event, GroupCommitter
 from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
-from hooklane.errors import InvalidInput, OutcomeUnknown, StoreError
+from hooklane.errors import EventConflict, InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
 from hooklane.traceparent import parse_traceparent
 
@@ -225,9 +225,16 @@ async def _ingest(request: web.Request, batch: bool, traceparent: str | None) ->
         # checking took part of it already.
         await request.config_dict[COMMITTER].commit(received.events, deadline(request))
     except Conflict as exc:
-        metrics.API_EVENTS_REFUSED.labels("conflict").inc()
-        field = f"events[{exc.index}].id" if batch else "id"
-        return problem(409, "conflict", exc.conflict.message, field=field)
+        field = f"events[{exc.index}].{exc.refusal.field}" if batch else exc.refusal.field
+        if isinstance(exc.refusal, EventConflict):
+            metrics.API_EVENTS_REFUSED.labels("conflict").inc()
+            return problem(409, "conflict", exc.refusal.message, field=field)
+        # The publish function refused what check_event passed: its rules
+        # are the same (tests/test_publish_function.py), so this is a bug,
+        # and still the input's refusal, nothing stored.
+        logger.error("the publish function refused an event check_event passed: %s: %s", field, exc.refusal)
+        metrics.API_EVENTS_REFUSED.labels("invalid").inc()
+        return problem(422, "invalid", exc.refusal.message, field=field)
     except OutcomeUnknown as exc:
         metrics.API_EVENTS_REFUSED.labels("outcome_unknown").inc()
         logger.warning(

@@ -82,8 +82,10 @@ TRANSIENT = (
     asyncpg.exceptions.TransactionRollbackError,
     asyncpg.exceptions.LockNotAvailableError,
 )
-# No Hooklane schema: `hooklane migrate` has not run (yet).
-SCHEMA_MISSING = (asyncpg.exceptions.UndefinedTableError,)
+# No Hooklane schema, or one older than this release's statements (a table
+# or a function of a later migration missing): `hooklane migrate` has not
+# run (yet).
+SCHEMA_MISSING = (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.UndefinedFunctionError)
 # asyncpg refusing a query argument before sending anything (an
 # InterfaceError, but the call is wrong, not the connection), and Postgres'
 # data exceptions (SQLSTATE class 22: a value out of range, a NUL in a

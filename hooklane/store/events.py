@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -16,34 +17,70 @@ from hooklane.store.queries import QUERIES
 MAX_PAGE = 1000
 
 
+# The SQLSTATE of a publish refused for an id the tenant already published
+# with other content (migration 0012; docs/publishing.md); any other
+# refusal (WH422) names the argument at fault.
+REFUSED_CONFLICT = "WH409"
+
+
+@dataclass(frozen=True)
+class Published:
+    """A publish the function took: the event's id, and its fan-out (0: no
+    endpoint matched, kept and counted), None when the tenant had already
+    stored this very event under this id and nothing more was stored."""
+
+    event_id: str
+    fanout: int | None
+
+
+class PublishRow(Protocol):
+    """A row of the publish function, as any driver returns it by name."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def published(row: PublishRow, *, tenant: str, id: str | None) -> Published:
+    """``hooklane_try_publish_v1``'s answer, or its refusal raised: the
+    conflict as ``EventConflict``, any other as ``InvalidInput`` naming the
+    argument. Every Python caller reads the answer here, whatever its
+    driver."""
+    code = row["error_code"]
+    if code is None:
+        return Published(row["event_id"], row["fanout"])
+    if code == REFUSED_CONFLICT and id is not None:
+        raise EventConflict(id, tenant)
+    raise InvalidInput(row["error_field"], row["error_message"])
+
+
 async def insert_event(
     conn: asyncpg.Connection,
     *,
-    id: str,
+    id: str | None,
     tenant: str,
     type: str,
     data_json: str,
     coalesce_key: str | None,
     traceparent: str | None = None,
-) -> int | None:
+) -> Published:
     """Store the event and its deliveries on ``conn``, in whatever
-    transaction it is in. Returns the fan-out (0: no endpoint matched), or
-    None when the tenant already stored this very event under this id.
-    ``EventConflict`` when the tenant stored a different one under it:
-    nothing is stored, and the transaction is still usable. The caller's
-    ``conn`` raises its own errors (see :func:`hooklane.publish`).
-    ``traceparent``: the W3C trace context it was published in, checked."""
-    event = {"id": id, "tenant": tenant, "type": type, "data": data_json, "coalesce_key": coalesce_key}
-    row = await conn.fetchrow(*QUERIES["publish"](**event, traceparent=traceparent))
+    transaction it is in, through the publish function. ``id`` None: one is
+    made. ``EventConflict`` when the tenant stored a different event under
+    the id, ``InvalidInput`` when the function refuses an argument: nothing
+    is stored, and the transaction is still usable. The caller's ``conn``
+    raises its own errors (see :func:`hooklane.publish`). ``traceparent``:
+    the W3C trace context it was published in."""
+    row = await conn.fetchrow(
+        *QUERIES["publish"](
+            id=id,
+            tenant=tenant,
+            type=type,
+            data=data_json,
+            coalesce_key=coalesce_key,
+            traceparent=traceparent,
+        )
+    )
     assert row is not None, "publish returns one row, always"
-    if row["fanout"] is not None:
-        return row["fanout"]
-    conflict = row["conflict"]
-    if conflict is None:
-        conflict = await conn.fetchval(*QUERIES["event_conflict"](**event))
-    if conflict:
-        raise EventConflict(id, tenant)
-    return None
+    return published(row, tenant=tenant, id=id)
 
 
 # An event as insert_events takes it: id, tenant, type, data (JSON text),
@@ -51,36 +88,29 @@ async def insert_event(
 EventRow = tuple[str, str, str, str, str | None, str | None]
 
 
-async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) -> list[int]:
-    """Store many events as :func:`insert_event` stores one, on ``conn`` in
-    whatever transaction it is in, in two round trips whatever their number.
-    Returns the positions (0-based) of the events the tenant had stored
-    under their ids with different content: nothing of those is stored,
-    the others are (or were already, identical), and the transaction is
-    still usable."""
+async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) -> dict[int, InvalidInput]:
+    """Store many events as :func:`insert_event` stores one, in their order,
+    on ``conn`` in whatever transaction it is in, in one round trip whatever
+    their number. Returns the refused events by position (0-based), each
+    with its refusal (``EventConflict`` for an id the tenant had stored
+    with different content): nothing of those is stored, the others are
+    (or were already, identical), and the transaction is still usable."""
     if not events:
-        return []
-    publish = QUERIES["publish"]
-    # Pipelined: one round trip for every execution.
-    await conn.executemany(
-        publish.sql,
-        [
-            publish.args(
-                id=event_id,
-                tenant=tenant,
-                type=event_type,
-                data=data_json,
-                coalesce_key=key,
-                traceparent=parent,
-            )
-            for event_id, tenant, event_type, data_json, key, parent in events
-        ],
-    )
-    ids, tenants, types, data, keys, _ = (list(column) for column in zip(*events, strict=True))
+        return {}
+    ids, tenants, types, data, keys, parents = (list(column) for column in zip(*events, strict=True))
     rows = await conn.fetch(
-        *QUERIES["events_conflicting"](ids=ids, tenants=tenants, types=types, data=data, coalesce_keys=keys)
+        *QUERIES["publish_many"](
+            ids=ids, tenants=tenants, types=types, data=data, coalesce_keys=keys, traceparents=parents
+        )
     )
-    return [row["position"] - 1 for row in rows]
+    refused: dict[int, InvalidInput] = {}
+    for row in rows:
+        position = row["position"] - 1
+        try:
+            published(row, tenant=tenants[position], id=ids[position])
+        except InvalidInput as exc:
+            refused[position] = exc
+    return refused
 
 
 @dataclass(frozen=True)

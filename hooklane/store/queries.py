@@ -62,15 +62,22 @@ def to_positional(sql: str) -> tuple[str, tuple[str, ...]]:
 
 class Query:
     """One statement: ``sql`` in asyncpg's form, and ``params``, the names
-    its ``$1..$n`` stand for."""
+    its ``$1..$n`` stand for; ``written``, as queries.sql has it (psycopg's
+    form), for the publishing callers of other drivers."""
 
-    __slots__ = ("_names", "name", "params", "sql")
+    __slots__ = ("_names", "name", "params", "sql", "written")
 
-    def __init__(self, name: str, sql: str, params: tuple[str, ...]) -> None:
+    def __init__(self, name: str, sql: str, params: tuple[str, ...], written: str = "") -> None:
         self.name = name
         self.sql = sql
         self.params = params
+        self.written = written
         self._names = frozenset(params)
+
+    def colon_named(self) -> str:
+        """The statement with ``:name`` parameters, as SQLAlchemy's
+        ``text()`` takes them."""
+        return _PERCENT.sub(lambda m: f":{m['name']}" if m["name"] else "%", self.written)
 
     def __repr__(self) -> str:
         return f"Query({self.name!r}, params={self.params!r})"
@@ -98,7 +105,7 @@ def load(text: str) -> dict[str, Query]:
     queries = {}
     for name, sql in parse(text).items():
         try:
-            queries[name] = Query(name, *to_positional(sql))
+            queries[name] = Query(name, *to_positional(sql), written=sql)
         except ValueError as exc:
             raise ValueError(f"queries.sql, statement {name}: {exc}") from None
     return queries

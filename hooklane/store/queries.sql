@@ -233,101 +233,38 @@ WHERE namespace = %(namespace)s AND name = %(name)s
 RETURNING id;
 
 -- name: publish
--- The outbox write: the event and one delivery per active endpoint of the
--- tenant whose event types match (hooklane_type_matches), in the caller's
--- transaction. An event is (tenant, id): another tenant's id is another
--- event. An id the tenant already stored is not stored again and fans out
--- to nothing; `conflict` says whether the stored one differs (type, data as
--- jsonb, coalesce key), so that a different event under a reused id is
--- refused rather than silently dropped, without an SQL error that would
--- abort the caller's transaction. `conflict` is NULL when nothing was
--- stored and the stored event is not in this statement's snapshot (another
--- transaction committed it while this one waited on it): event_conflict
--- then tells. A coalesce key replaces the still-pending delivery of the
--- same key to the same endpoint. The owner of each endpoint that got work is
--- notified with the time its delivery is due from, this transaction's now()
--- (hooklane_wake_v2; Postgres delivers NOTIFY at commit, and folds
--- duplicates within a transaction); no row is written for it. Nothing
--- here updates a row that exists already but a coalesced pending delivery,
--- which reservation skips while it is locked: a long application
--- transaction never holds a lock a worker waits on.
--- The endpoints that got work are `matched` itself whenever `event` stored
--- the event: `queued` turns every matched endpoint into one delivery row,
--- inserted or (a pending one of the same key) updated, as ON CONFLICT DO
--- UPDATE without a WHERE never skips a row, and anything else it could do
--- is an error that aborts the whole statement. So nothing joins `matched`
--- to another CTE: a CTE's row estimate comes from the statistics of
--- `endpoints`, which may say 1 row for a tenant of 10,000 until the table
--- is analysed, and a nested loop over two CTE scans of 10,000 rows each
--- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once, not
--- joined.
--- The trace context is the event's own, stored and not compared: the same
--- event published again from another trace is the same event.
--- Parameters: id, tenant, type, data (jsonb text), coalesce_key,
--- traceparent (W3C, checked by the caller; NULL: none).
--- Index: endpoints_tenant; primary key of events; deliveries_coalesce for the
--- ON CONFLICT.
-WITH existing AS (
-    SELECT type, data, coalesce_key FROM events WHERE tenant = %(tenant)s AND id = %(id)s
-),
-matched AS (
-    SELECT ep.id, ep.partition
-    FROM endpoints ep
-    WHERE ep.tenant = %(tenant)s
-      AND ep.state = 'active'
-      AND hooklane_type_matches(ep.event_types, %(type)s)
-),
-event AS (
-    INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent)
-    SELECT %(id)s, %(tenant)s, %(type)s, %(data)s::jsonb, %(coalesce_key)s, count(*), %(traceparent)s
-    FROM matched
-    ON CONFLICT (tenant, id) DO NOTHING
-    RETURNING fanout
-),
-queued AS (
-    INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
-    SELECT m.id, %(tenant)s, %(id)s, %(coalesce_key)s FROM matched m
-    WHERE EXISTS (SELECT FROM event)
-    ON CONFLICT (endpoint_id, coalesce_key)
-        WHERE state = 'pending' AND coalesce_key IS NOT NULL
-    DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
-),
-woken AS (
-    SELECT hooklane_wake_v2(array_agg(m.id), array_agg(m.partition), array_agg(now()))
-    FROM matched m
-    WHERE EXISTS (SELECT FROM event)
-)
-SELECT (SELECT fanout FROM event) AS fanout,
-       (SELECT NOT (x.type = %(type)s AND x.data = %(data)s::jsonb
-                    AND x.coalesce_key IS NOT DISTINCT FROM %(coalesce_key)s)
-        FROM existing x) AS conflict
-FROM woken;
+-- The outbox write: hooklane_try_publish_v1 (migration 0012), which every
+-- caller in every language calls, holds its rules and its statement. It
+-- refuses in its result rather than raising, so a refusal leaves the
+-- caller's transaction usable.
+-- Parameters: id (NULL: one is made), tenant, type, data (jsonb text),
+-- coalesce_key, traceparent (W3C; NULL: none). Every Python caller runs
+-- it (hooklane/publish/): CAST rather than ::, which SQLAlchemy's text()
+-- would read as part of a parameter's name.
+-- Index: the function's (endpoints_tenant; primary key of events;
+-- deliveries_coalesce).
+SELECT event_id, stored, fanout, error_code, error_field, error_message
+FROM hooklane_try_publish_v1(%(tenant)s, %(type)s, CAST(%(data)s AS jsonb), %(id)s, %(coalesce_key)s,
+                             %(traceparent)s);
 
--- name: event_conflict
--- Whether the event a tenant stored under an id differs from this one;
--- publish's answer when the stored event committed while publish waited.
--- Parameters: id, tenant, type, data (jsonb text), coalesce_key, as
--- publish's. Index: primary key of events.
-SELECT NOT (type = %(type)s AND data = %(data)s::jsonb AND coalesce_key IS NOT DISTINCT FROM %(coalesce_key)s)
-FROM events
-WHERE tenant = %(tenant)s AND id = %(id)s;
-
--- name: events_conflicting
--- Which of many events just published (`publish` run once per event, in
--- this transaction) the tenant had stored under their ids with different
--- content: the positions (1-based) of those, which publish stored nothing
--- for. The events this transaction stored compare equal to themselves.
--- The ingest API's group commit: one round trip for a whole group.
+-- name: publish_many
+-- Many events published in one statement, as publish publishes one, in
+-- the arrays' order: the function runs once per row of the outer unnest (a
+-- nested loop over a function scan), and each call sees what the earlier
+-- ones stored, so that of two events under one id the first is stored and
+-- the second compared with it. Returns the refused events only, by their
+-- position (1-based). The ingest API's group commit: one round trip for a
+-- whole group.
 -- Parameters: ids, tenants, types, data (jsonb text), coalesce_keys,
--- arrays of equal length.
--- Index: primary key of events, one probe per event.
-SELECT x.position
+-- traceparents, arrays of equal length.
+-- Index: the function's, per event.
+SELECT x.position, p.error_code, p.error_field, p.error_message
 FROM unnest(%(ids)s::text[], %(tenants)s::text[], %(types)s::text[], %(data)s::text[],
-            %(coalesce_keys)s::text[])
-       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, position)
-JOIN events e ON e.tenant = x.tenant AND e.id = x.id
-WHERE NOT (e.type = x.type AND e.data = x.data::jsonb
-           AND e.coalesce_key IS NOT DISTINCT FROM x.coalesce_key)
+            %(coalesce_keys)s::text[], %(traceparents)s::text[])
+       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, traceparent, position)
+CROSS JOIN LATERAL hooklane_try_publish_v1(x.tenant, x.type, x.data::jsonb, x.id, x.coalesce_key,
+                                           x.traceparent) AS p
+WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
 
 -- name: pending_endpoints

@@ -1,4 +1,11 @@
-"""Publishing events: the transactional outbox call."""
+"""Publishing events: the transactional outbox call.
+
+The rules and the write are the database's (``hooklane_try_publish_v1``,
+docs/publishing.md); each Python caller checks the arguments first, for
+messages that quote the value and name the path in the data, and reads the
+function's answer the same way. :func:`publish` here is asyncpg's;
+:mod:`hooklane.publish.psycopg` and :mod:`hooklane.publish.sqlalchemy` have
+the same for psycopg 3 and SQLAlchemy, sync and async."""
 
 from __future__ import annotations
 
@@ -90,6 +97,33 @@ def _check_data(data: dict[str, Any]) -> None:
             raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
 
 
+def arguments(
+    *,
+    tenant: Any,
+    type: Any,
+    data: Any,
+    id: Any = None,
+    coalesce_key: Any = None,
+    traceparent: Any = None,
+) -> dict[str, Any]:
+    """The publish function's arguments by name, checked (``InvalidInput``),
+    ``data`` as its JSON text. The trace left out is the caller's current
+    OpenTelemetry span's, of the application's own tracer provider."""
+    data_json = check_event(tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key)
+    if traceparent is None:
+        traceparent = current_traceparent()
+    else:
+        parse_traceparent(traceparent, "traceparent")
+    return {
+        "tenant": tenant,
+        "type": type,
+        "data": data_json,
+        "id": id,
+        "coalesce_key": coalesce_key,
+        "traceparent": traceparent,
+    }
+
+
 async def publish(
     conn: asyncpg.Connection,
     *,
@@ -103,37 +137,36 @@ async def publish(
     """Publish an event inside the caller's transaction on ``conn``.
 
     The event and one delivery per matching endpoint commit or roll back with
-    the caller's own writes. Returns the event id. An event is identified by
-    (tenant, id): publishing the same event again (same id, type, data and
-    coalesce_key) stores nothing more and returns the id again; the same id
-    with other content raises ``EventConflict`` (an ``InvalidInput`` for
-    ``id``), storing nothing and leaving the transaction usable. An event that
-    matches no endpoint is kept and counted, never dropped. ``coalesce_key``
-    replaces a still-pending delivery of the same key to the same endpoint.
+    the caller's own writes. Returns the event id (made when ``id`` is
+    None). An event is identified by (tenant, id): publishing the same event
+    again (same id, type, data and coalesce_key) stores nothing more and
+    returns the id again; the same id with other content raises
+    ``EventConflict`` (an ``InvalidInput`` for ``id``), storing nothing and
+    leaving the transaction usable. An event that matches no endpoint is
+    kept and counted, never dropped. ``coalesce_key`` replaces a
+    still-pending delivery of the same key to the same endpoint.
     ``traceparent`` (W3C) is the trace the event joins: each attempt's span
     is its child and the receiver gets it; left out, the caller's current
     OpenTelemetry span (of the application's own tracer provider) is.
 
     Raises ``InvalidInput`` (bad arguments, before any SQL) and
-    ``EventConflict``. Errors of the connection itself are left as ``conn``
-    raises them, as for the caller's own statements in the same transaction:
-    asyncpg's on an application's connection (``CONNECTION_LOST`` in
-    :mod:`hooklane.store.connection` lists those of a lost one), and
-    ``hooklane.errors.StoreError`` on one from ``hooklane.store.connect``.
+    ``EventConflict``; neither costs the transaction. Errors of the
+    connection itself are left as ``conn`` raises them, as for the caller's
+    own statements in the same transaction: asyncpg's on an application's
+    connection (``CONNECTION_LOST`` in :mod:`hooklane.store.connection`
+    lists those of a lost one), and ``hooklane.errors.StoreError`` on one
+    from ``hooklane.store.connect``.
     """
-    data_json = check_event(tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key)
-    if traceparent is None:
-        traceparent = current_traceparent()
-    else:
-        parse_traceparent(traceparent, "traceparent")
-    event_id = id or new_event_id()
-    await store.insert_event(
+    args = arguments(
+        tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key, traceparent=traceparent
+    )
+    stored = await store.insert_event(
         conn,
-        id=event_id,
+        id=id,
         tenant=tenant,
         type=type,
-        data_json=data_json,
+        data_json=args["data"],
         coalesce_key=coalesce_key,
-        traceparent=traceparent,
+        traceparent=args["traceparent"],
     )
-    return event_id
+    return stored.event_id
