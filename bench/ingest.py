@@ -24,11 +24,11 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -41,6 +41,7 @@ from bench.common import (
     fresh_database,
     machine,
     postgres_server,
+    python_module,
     run_and_report,
     start_module,
     stop_process,
@@ -153,9 +154,10 @@ def running(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
         stop_process(proc, grace=10)
 
 
-def start_api(env: dict[str, str]) -> subprocess.Popen:
+def start_api(env: dict[str, str], tree: Path | None = None) -> subprocess.Popen:
+    """``hooklane api``, of ``tree`` (another commit's hooklane/) if given."""
     return subprocess.Popen(
-        [sys.executable, "-m", "hooklane.cli", "--log-level", "WARNING", "api"], env=env, cwd=REPO
+        python_module("hooklane.cli", "--log-level", "WARNING", "api", tree=tree), env=env, cwd=REPO
     )
 
 

@@ -81,7 +81,6 @@ from bench.common import (
     fresh_database,
     machine,
     postgres_server,
-    python_module,
     run_and_report,
     worker_env,
 )
@@ -676,9 +675,7 @@ def start_api(dsn: str, tree: Path | None, token: str, port: int, metrics_port: 
         api_drain_seconds="0",
         metrics_port=str(metrics_port),
     )
-    return subprocess.Popen(
-        python_module("hooklane.cli", "--log-level", "WARNING", "api", tree=tree), env=env, cwd=REPO
-    )
+    return ingest.start_api(env, tree)
 
 
 def commit_sizes(metrics_port: int) -> dict[str, float]:

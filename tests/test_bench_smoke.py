@@ -230,7 +230,7 @@ def test_publish_function_smoke(server_dsn: str, tmp_path: Path) -> None:
     # Today's path is the statements and the API of an earlier commit.
     before = "39e890d"
     if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{before}^{{commit}}"]).returncode:
-        pytest.skip(f"{before} is not in this checkout's history")
+        pytest.fail(f"{before} is not in this checkout's history (a shallow clone?): `git fetch --unshallow`")
     result = run_bench("publish_function", tmp_path, "--dsn", server_dsn, "--before", before, timeout=120)
     direct = result["direct"]
     workloads = {run["workload"] for run in direct["runs"]}
