@@ -19,6 +19,7 @@ from hooklane.errors import InvalidInput
 from hooklane.guard import parse_networks
 from hooklane.policies import CircuitPolicy, Count, RetryPolicy, Seconds
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring
+from hooklane.spec import check_tenant
 from hooklane.tokens import Tokens
 
 # How far back a setting may reach: ten years. Postgres computes
@@ -92,7 +93,56 @@ ApiTokens = Annotated[Tokens, _tokens("HOOKLANE_API_TOKENS", tenants_allowed=Tru
 # Admin tokens act for every tenant; a file read for them (TokenSource)
 # takes its rule from the Tokens given here, hence the default's.
 AdminTokens = Annotated[Tokens, _tokens("HOOKLANE_ADMIN_TOKENS", tenants_allowed=False)]
+
+
+def _tenant(value: Any) -> Any:
+    # spec.tenant's rule (hooklane.spec.check_tenant), in its words.
+    if value is None:
+        return value
+    try:
+        return check_tenant(value, "tenant")
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
+Tenant = Annotated[str | None, BeforeValidator(_tenant)]
 TokenFile = Annotated[str | None, Field(min_length=1)]
+
+
+def _words(value: Any) -> Any:
+    # From the environment: comma-separated, spaces around each ignored.
+    if not isinstance(value, str):
+        return value
+    return tuple(word.strip() for word in value.split(",") if word.strip())
+
+
+# A CSP source a page may be framed by: a scheme and host, a wildcard for
+# its subdomains, a port. Nothing that could end the directive (`;`, `,`,
+# spaces) or name a scheme of its own (data:, javascript:).
+_FRAME_SOURCE = r"^https?://(\*\.)?[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?(:([0-9]{1,5}|\*))?$"
+FrameAncestors = Annotated[
+    tuple[Annotated[str, Field(pattern=_FRAME_SOURCE)], ...], BeforeValidator(_words), Field(max_length=32)
+]
+# A host a self-service endpoint's URL may name: exactly, or any subdomain
+# of one with `*.`. Lowercase DNS labels, as a URL's host is compared
+# lowercased: a rule no host could match (an empty label, a trailing dot)
+# is refused rather than silently allowing nothing.
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_RULE = rf"^(\*\.)?{_LABEL}(\.{_LABEL})*$"
+HostRules = Annotated[
+    tuple[Annotated[str, Field(pattern=_HOST_RULE, max_length=253)], ...],
+    BeforeValidator(_words),
+    Field(max_length=256),
+]
+# An event type a self-service endpoint may subscribe to: a type, or a
+# prefix ending in `.*` (spec.eventTypes' own syntax).
+_TYPE_RULE = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?$"
+TypeRules = Annotated[
+    tuple[Annotated[str, Field(pattern=_TYPE_RULE, max_length=255)], ...],
+    BeforeValidator(_words),
+    Field(max_length=256),
+]
+_DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 # Printable and short enough for a pod name, which is what it usually is.
 WorkerId = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[!-~]+$")]
@@ -215,6 +265,35 @@ class Settings:
     # answered 503 and closed. It must fit, with the pool, in the open files
     # limit (hooklane/api/server.py checks at start).
     api_max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # The tenant portal and tenant API (docs/portal.md). A signed link is
+    # good for one use within this long; the session it opens, or a
+    # tenant token, for portal_session_seconds.
+    portal_link_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 300.0
+    portal_session_seconds: Annotated[float, Field(gt=0, le=7 * 24 * 3600, allow_inf_nan=False)] = 3600.0
+    # The platform's name and colour, on every portal page.
+    portal_name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[ -~]+$")] = "Webhooks"
+    portal_colour: Annotated[str, Field(pattern=r"^#[0-9a-fA-F]{6}$")] = "#2457a6"
+    # Pages that may show the portal in a frame (CSP frame-ancestors);
+    # empty, none may.
+    portal_frame_ancestors: FrameAncestors = ()
+    # Where tenants' own endpoints are written: "off" (no tenant may manage
+    # endpoints), "local" (Postgres, as `hooklane endpoint apply` does) or
+    # "kubernetes" (WebhookEndpoint resources and Secrets in
+    # portal_namespace, which the operator turns into rows).
+    portal_endpoints: Literal["off", "local", "kubernetes"] = "off"
+    portal_namespace: Annotated[str, Field(pattern=_DNS_LABEL)] = "default"
+    # The bounds of self-service: endpoints per tenant, the event types
+    # they may subscribe to (empty: any), the hosts their URLs may name
+    # (empty: any the destination guard allows), https only.
+    portal_max_endpoints: Annotated[int, Field(ge=0, le=10_000)] = 10
+    portal_event_types: TypeRules = ()
+    portal_url_hosts: HostRules = ()
+    portal_https_only: bool = True
+    # Operational events (hooklane.endpoint.*) are published for this
+    # tenant; unset, none are. At most one of each kind per endpoint per
+    # notification_interval_seconds.
+    notifications_tenant: Tenant = None
+    notification_interval_seconds: Seconds = 3600.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
 
@@ -251,17 +330,20 @@ class Settings:
 
 
 def _invalid(error: Any) -> InvalidInput:
-    path = [str(part) for part in error["loc"]]
+    # An item of a list setting (portal_url_hosts) is named in the message:
+    # its index is no part of the variable's name.
+    path = [part for part in error["loc"] if isinstance(part, str)]
+    item = "".join(f"item {part}: " for part in error["loc"] if isinstance(part, int))
     if path and path[-1] in _NESTED:
         # a rule between two fields of a policy
         return InvalidInput(_variable(*path) + "_*", error["msg"].removeprefix("Value error, "))
     if error["type"] == "value_error":
         # our own validator's words, which quote the value already
-        return InvalidInput(_variable(*path), error["msg"].removeprefix("Value error, "))
+        return InvalidInput(_variable(*path), item + error["msg"].removeprefix("Value error, "))
     shown = repr(error["input"])
     if len(shown) > 40:
         shown = shown[:37] + "..."
-    return InvalidInput(_variable(*path), f"{error['msg'].lower()}, not {shown}")
+    return InvalidInput(_variable(*path), f"{item}{error['msg'].lower()}, not {shown}")
 
 
 def _variable(*path: str) -> str:

@@ -13,8 +13,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from importlib import resources
+from typing import Any
 from urllib.error import URLError
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import asyncpg
 import pytest
@@ -72,6 +73,7 @@ def api_schema(dsn: str) -> Iterator[schemathesis.BaseSchema]:
             stderr=log,
             HOOKLANE_API_TOKENS=TOKEN,
             HOOKLANE_ADMIN_TOKENS=TOKEN,
+            HOOKLANE_PORTAL_ENDPOINTS="local",
             # Small, so that generated bodies reach the limit too.
             HOOKLANE_API_MAX_BODY_BYTES="65536",
         )
@@ -105,7 +107,8 @@ def _schema(api: subprocess.Popen[bytes], base: str) -> schemathesis.BaseSchema:
 
 
 def _served() -> set[tuple[str, str]]:
-    """The app's routes but the dashboard's pages, which are HTML for people."""
+    """The app's routes but the dashboard's and the portal's pages, which
+    are HTML for people."""
     tokens = TokenSource(Tokens.parse(TOKEN, "test"), None, "test")
     app = make_app(Settings(), None, tokens, tokens)  # type: ignore[arg-type]
     return {
@@ -113,9 +116,21 @@ def _served() -> set[tuple[str, str]]:
         for route in app.router.routes()
         if route.method != "HEAD"
         and route.resource is not None
-        and getattr(route.handler, "audience", None) is not Audience.DASHBOARD
-        and not route.resource.canonical.startswith("/dashboard")
+        and getattr(route.handler, "audience", None) not in (Audience.DASHBOARD, Audience.PORTAL)
+        and not route.resource.canonical.startswith(("/dashboard", "/portal"))
     }
+
+
+def _tenant_token(schema: schemathesis.BaseSchema) -> str:
+    """A tenant token of acme with every right, from the admin API."""
+    request = Request(
+        schema.get_base_url().rstrip("/") + "/v1/admin/portal-sessions",
+        data=json.dumps({"tenant": "acme", "access": "manage", "kind": "token"}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    with urlopen(request, timeout=5) as response:
+        token: str = json.load(response)["token"]
+    return token
 
 
 def test_every_answer_is_in_the_document(api_schema: schemathesis.BaseSchema) -> None:
@@ -126,17 +141,22 @@ def test_every_answer_is_in_the_document(api_schema: schemathesis.BaseSchema) ->
     # schemathesis leaves out the document's own path, which it read above.
     assert documented | {("GET", "/openapi.json")} == _served(), "the document and the app's routes differ"
     for operation in operations:
+        # A tenant route's own token, fresh for each: one of them ends it.
+        token = _tenant_token(api_schema) if operation.path.startswith("/v1/tenant") else TOKEN
+        _check_answers(operation, {"Authorization": f"Bearer {token}"})
 
-        @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        def answer_is_described(case: schemathesis.Case) -> None:
-            case.call_and_validate(
-                headers={"Authorization": f"Bearer {TOKEN}"},
-                # Data the document allows may still be refused with a 422
-                # the document describes: no NUL in a text or key (Postgres'
-                # jsonb), integers within 64 bits, the size once encoded.
-                # JSON Schema cannot say those rules.
-                excluded_checks=[schemathesis.checks.positive_data_acceptance],
-            )
 
-        answer_is_described()
+def _check_answers(operation: Any, headers: dict[str, str]) -> None:
+    @given(case=operation.as_strategy())
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def answer_is_described(case: schemathesis.Case) -> None:
+        case.call_and_validate(
+            headers=headers,
+            # Data the document allows may still be refused with a 422
+            # the document describes: no NUL in a text or key (Postgres'
+            # jsonb), integers within 64 bits, the size once encoded.
+            # JSON Schema cannot say those rules.
+            excluded_checks=[schemathesis.checks.positive_data_acceptance],
+        )
+
+    answer_is_described()

@@ -29,6 +29,7 @@ import yaml
 
 from hooklane.dev.controlplane import ControlPlane
 from hooklane.errors import InvalidInput
+from hooklane.settings import Settings
 from hooklane.tokens import Grant, Tokens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,9 +221,11 @@ def test_every_pod_is_locked_down_and_reads_its_settings_once(tools, values):
         env = [e["name"] for e in container["env"]]
         assert len(env) == len(set(env)), (name, env)
         assert env[0] == "HOOKLANE_DATABASE_URL", name
-    # Only the operator talks to the Kubernetes API.
+    # Only the operator talks to the Kubernetes API, and the API when it
+    # writes tenants' endpoints there (everything.yaml: portal.endpoints).
+    talking = ("-operator", "-api") if values != REQUIRED else ("-operator",)
     assert [n for n, s in specs.items() if s.get("automountServiceAccountToken") is not False] == [
-        n for n in specs if n.endswith("-operator")
+        n for n in specs if n.endswith(talking)
     ]
 
 
@@ -233,8 +236,8 @@ def test_every_option_renders(tools):
         "ServiceAccount": 4,
         "ClusterRole": 1,
         "ClusterRoleBinding": 1,
-        "Role": 2,
-        "RoleBinding": 2,
+        "Role": 3,  # the operator's in shop and billing, the API's in billing (portal)
+        "RoleBinding": 3,
         "KopfPeering": 2,
         "Deployment": 3,
         "Service": 3,
@@ -278,6 +281,19 @@ def test_every_option_renders(tools):
     assert spec["containers"][0]["image"] == "registry.example.com/hooklane:0.2.0-rc.1"
     operator_args = one(docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert operator_args[1:3] == ["--namespace=shop", "--namespace=billing"]
+    api_env = {
+        e["name"]: e.get("value")
+        for e in one(docs, "Deployment", "-api")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    portal = Settings.from_env({k: v for k, v in api_env.items() if k.startswith("HOOKLANE_PORTAL_")})
+    assert (portal.portal_endpoints, portal.portal_namespace, portal.portal_max_endpoints) == (
+        "kubernetes",
+        "billing",
+        25,
+    )
+    assert portal.portal_event_types == ("order.*", "invoice.paid")
+    assert portal.portal_url_hosts == ("hooks.example.com", "*.receivers.example.net")
+    assert portal.portal_https_only is False
 
 
 def _refused(tools, *options: str) -> str:
@@ -407,6 +423,13 @@ def test_the_schema_takes_the_token_entries_the_api_takes(entry):
         ("metrics.prometheusRule.horizonAgeSeconds=0", "at '/metrics/prometheusRule/horizonAgeSeconds'"),
         ("metrics.prometheusRule.deadRowsMin=-1", "at '/metrics/prometheusRule/deadRowsMin': minimum"),
         ("networkPolicy.apiFrom=anyone", "at '/networkPolicy/apiFrom': got string, want array"),
+        ("portal.endpoints=on", "at '/portal/endpoints': value must be one of"),
+        ("portal.namespace=Tenants", "at '/portal/namespace'"),
+        ("portal.maxEndpoints=-1", "at '/portal/maxEndpoints': minimum"),
+        ("portal.eventTypes[0]=order.*.x", "at '/portal/eventTypes/0'"),
+        ("portal.urlHosts[0]=Hooks.Example.com", "at '/portal/urlHosts/0'"),
+        ("portal.urlHosts[0]=hooks..example.com", "at '/portal/urlHosts/0'"),
+        ("portal.httpsOnly=no", "at '/portal/httpsOnly': got string, want boolean"),
     ],
 )
 def test_the_schema_refuses_wrong_types_and_unknown_keys(tools, setting, error):
@@ -427,6 +450,8 @@ def test_the_schema_refuses_wrong_types_and_unknown_keys(tools, setting, error):
         ("config.HOOKLANE_API_HEADER_TIMEOUT_SECONDS=1", "api.headerTimeoutSeconds"),
         ("api.config.HOOKLANE_API_TOKENS_FILE=/t", "api.tokens.ingest"),
         ("extraEnv[0].name=HOOKLANE_ADMIN_TOKENS", "api.tokens.admin"),
+        ("api.config.HOOKLANE_PORTAL_ENDPOINTS=local", "portal.endpoints"),
+        ("config.HOOKLANE_PORTAL_URL_HOSTS=example.com", "portal.urlHosts"),
     ],
 )
 def test_settings_the_chart_owns_are_refused_elsewhere(tools, setting, value):

@@ -20,7 +20,7 @@ from playwright.async_api import Browser, Page, async_playwright
 
 import hooklane
 from hooklane import store
-from hooklane.api import dashboard, inputs
+from hooklane.api import dashboard, inputs, pages
 from hooklane.api.app import make_app
 from hooklane.api.auth import SESSION_COOKIE
 from hooklane.api.tokens import TokenSource
@@ -462,7 +462,7 @@ async def test_a_database_out_of_reach_is_a_page_that_retries(start_dashboard: S
     async with aiohttp.ClientSession(headers=auth) as http, http.get(f"{base}/dashboard") as answer:
         body = await answer.text()
     assert answer.status == 503
-    assert answer.headers["Retry-After"] == str(dashboard.REFRESH_SECONDS)
+    assert answer.headers["Retry-After"] == str(pages.REFRESH_SECONDS)
     assert "Database unavailable" in body and 'http-equiv="refresh"' in body
     assert "Traceback" not in body
 
@@ -500,7 +500,7 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
     )
 
     await log_in(page, base)
-    assert await page.locator("table.endpoints .error").text_content() == dashboard.short_text(hostile)
+    assert await page.locator("table.endpoints .error").text_content() == pages.short_text(hostile)
     assert await page.locator("table.endpoints .error").get_attribute("title") == hostile
     await page.click("a[href='/dashboard/endpoints/default/hostile']")
     await page.wait_for_selector("table.deliveries")
@@ -800,31 +800,31 @@ async def _count(values: Awaitable[list[int]], n: int) -> bool:
     ],
 )
 def test_age_text(seconds: float | None, shown: str) -> None:
-    assert dashboard.age_text(seconds) == shown
+    assert pages.age_text(seconds) == shown
 
 
 @pytest.mark.unit
 def test_relative_text() -> None:
     now = datetime(2026, 3, 1, 12, tzinfo=UTC)
-    assert dashboard.relative_text(None, now) == "-"
-    assert dashboard.relative_text(now + timedelta(seconds=12), now) == "in 12 s"
-    assert dashboard.relative_text(now - timedelta(minutes=3), now) == "3 min ago"
-    assert dashboard.relative_text(now + timedelta(milliseconds=300), now) == "now"
+    assert pages.relative_text(None, now) == "-"
+    assert pages.relative_text(now + timedelta(seconds=12), now) == "in 12 s"
+    assert pages.relative_text(now - timedelta(minutes=3), now) == "3 min ago"
+    assert pages.relative_text(now + timedelta(milliseconds=300), now) == "now"
 
 
 @pytest.mark.unit
 def test_short_text_cuts_with_an_ellipsis() -> None:
-    assert dashboard.short_text(None) == ""
-    assert dashboard.short_text("x" * 80) == "x" * 80
-    assert dashboard.short_text("x" * 81) == "x" * 79 + "\u2026"
+    assert pages.short_text(None) == ""
+    assert pages.short_text("x" * 80) == "x" * 80
+    assert pages.short_text("x" * 81) == "x" * 79 + "\u2026"
 
 
 @pytest.mark.unit
 def test_flash_messages_come_only_from_known_values() -> None:
-    assert dashboard.flash_message(dashboard.flash_value("resent", 3)) == "3 dead deliveries queued again."
-    assert dashboard.flash_message(dashboard.flash_value("resent", 1)) == "1 dead delivery queued again."
-    assert dashboard.flash_message(dashboard.flash_value("resent", 0)) == "No dead deliveries to resend."
-    assert dashboard.flash_message(dashboard.flash_value("resent-one", 7)) == "Delivery 7 queued again."
+    assert dashboard.flash_message(pages.flash_value("resent", 3)) == "3 dead deliveries queued again."
+    assert dashboard.flash_message(pages.flash_value("resent", 1)) == "1 dead delivery queued again."
+    assert dashboard.flash_message(pages.flash_value("resent", 0)) == "No dead deliveries to resend."
+    assert dashboard.flash_message(pages.flash_value("resent-one", 7)) == "Delivery 7 queued again."
     assert dashboard.flash_message("not-dead.7").startswith("Delivery 7 is not dead any more")
     for forged in (None, "", "you have been hacked", "resent.1 <b>", "resent." + "9" * 40):
         assert dashboard.flash_message(forged) is None
@@ -843,7 +843,7 @@ def test_flash_messages_come_only_from_known_values() -> None:
     ],
 )
 def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
-    assert dashboard.is_https(scheme, forwarded) is secure
+    assert pages.is_https(scheme, forwarded) is secure
 
 
 @pytest.mark.unit
@@ -883,7 +883,7 @@ def test_form_and_query_inputs_are_checked() -> None:
     for bad in ("", "-1", "4.2", "1" * 20, "9223372036854775808", "٣"):
         with pytest.raises(InvalidInput, match="delivery id"):
             inputs.delivery_id(bad)
-    assert dashboard.state_filter(None) is None
-    assert dashboard.state_filter("dead") == "dead"
+    assert pages.state_filter(None) is None
+    assert pages.state_filter("dead") == "dead"
     with pytest.raises(InvalidInput, match=re.escape("must be among")):
-        dashboard.state_filter("lost")
+        pages.state_filter("lost")

@@ -335,16 +335,23 @@ def test_every_sql_function_the_state_machines_name_exists():
     )
 
 
+# The example programs the tests run, by the page that shows them:
+# tests/test_publishing_examples.py, tests/test_receiver_catch_up.py.
+_SHOWN_EXAMPLES = {
+    "publishing.md": ("publishing/go/main.go", "publishing/node/publish.js", "publishing/psql/publish.sql"),
+    "receivers.md": ("receivers/catch_up.py",),
+}
+
+
 @pytest.mark.unit
-def test_publishing_shows_each_example_as_it_is_run():
-    """docs/publishing.md shows the example programs the tests run
-    (tests/test_publishing_examples.py), each whole and unchanged."""
-    blocks = re.findall(r"^```\w*\n(.*?)^```", _read(DOCS / "publishing.md"), flags=re.MULTILINE | re.DOTALL)
-    examples = [
-        ROOT / "examples/publishing" / name for name in ("go/main.go", "node/publish.js", "psql/publish.sql")
-    ]
+@pytest.mark.parametrize("doc", sorted(_SHOWN_EXAMPLES))
+def test_the_docs_show_each_example_as_it_is_run(doc):
+    """Each page shows the example programs the tests run, each whole and
+    unchanged."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```", _read(DOCS / doc), flags=re.MULTILINE | re.DOTALL)
+    examples = [ROOT / "examples" / name for name in _SHOWN_EXAMPLES[doc]]
     missing = [str(path.relative_to(ROOT)) for path in examples if _read(path) not in blocks]
-    assert not missing, f"not shown whole in docs/publishing.md: {missing}"
+    assert not missing, f"not shown whole in docs/{doc}: {missing}"
 
 
 # --- links ------------------------------------------------------------------

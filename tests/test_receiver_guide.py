@@ -20,10 +20,12 @@ from tests.receivers import Answer
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "receivers.md"
 
 
-def _block(language: str) -> str:
+def _block(language: str, holding: str) -> str:
+    """The one ``language`` block of the guide that holds ``holding``."""
     blocks = re.findall(rf"^```{language}\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
-    assert len(blocks) == 1, f"expected one {language} block in {GUIDE.name}"
-    return blocks[0]
+    found = [b for b in blocks if holding in b]
+    assert len(found) == 1, f"expected one {language} block with {holding!r} in {GUIDE.name}"
+    return found[0]
 
 
 async def _delivery(db, start_worker, receiver):
@@ -37,7 +39,7 @@ async def _delivery(db, start_worker, receiver):
 async def test_the_python_example_verifies_a_real_delivery(db, start_worker, receiver):
     got = await _delivery(db, start_worker, receiver)
     example: dict = {}
-    exec(compile(_block("python"), str(GUIDE), "exec"), example)
+    exec(compile(_block("python", "def verify("), str(GUIDE), "exec"), example)
     verify = example["verify"]
     headers = {k.lower(): v for k, v in got.headers.items()}
     assert verify(got.body, headers, SECRET)["data"] == {"id": 7, "note": "é ✓"}
@@ -53,7 +55,7 @@ async def test_the_shell_example_verifies_a_real_delivery(db, start_worker, rece
     assert shutil.which("openssl"), "openssl is not installed: run hack/setup"
     got = await _delivery(db, start_worker, receiver)
     script = tmp_path / "verify.sh"
-    script.write_text(_block("sh"))
+    script.write_text(_block("sh", "openssl dgst"))
 
     def run(body: bytes, secret: str = SECRET, timestamp: str | None = None) -> subprocess.CompletedProcess:
         (tmp_path / "body.json").write_bytes(body)

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from hooklane import store
 from hooklane.api import inputs
 from hooklane.api.auth import Audience, audience, expect_continue
-from hooklane.api.context import POOL
+from hooklane.api.context import POOL, SETTINGS
 from hooklane.api.errors import problem
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import as_json
 from hooklane.spec import check_tenant
+from hooklane.store import portal
+from hooklane.store.portal import Access, check_access
 from hooklane.times import parse_time, rfc3339
 from hooklane.views import delivery_json, detail_json, listed_attempt_json
 
@@ -38,8 +43,13 @@ _ENDPOINT = PREFIX + "/endpoints/{namespace}/{name}"
 # Who discarded, as a discarded delivery's last_error records it.
 _ACTOR = "the admin API"
 _DEFAULT_DELIVERIES = 100
-_DEFAULT_ENDPOINTS = 100
+DEFAULT_ENDPOINTS = 100
 _DEFAULT_ATTEMPTS = 100
+
+# A listing's read, its query checked: it answers on the connection given.
+Read = Callable[[asyncpg.Connection], Awaitable[web.Response]]
+# A listing of one endpoint's records by the request's query.
+Listing = Callable[[web.Request, str, str], Read]
 
 
 def add_routes(app: web.Application) -> None:
@@ -60,13 +70,14 @@ def add_routes(app: web.Application) -> None:
         router.add_post(_ENDPOINT + path, handler, expect_handler=expect_continue)
     router.add_get(PREFIX + "/events", list_events)
     router.add_get(PREFIX + "/unrouted", unrouted)
+    router.add_post(PREFIX + "/portal-sessions", portal_session, expect_handler=expect_continue)
 
 
 @audience(Audience.ADMIN)
 async def list_endpoints(request: web.Request) -> web.Response:
     query = request.query
     chosen = inputs.endpoint_filter(query)
-    limit = inputs.limit(query, _DEFAULT_ENDPOINTS)
+    limit = inputs.limit(query, DEFAULT_ENDPOINTS)
     cursor = inputs.endpoint_cursor(query)
     async with store.acquire(request.app[POOL]) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=cursor, limit=limit)
@@ -79,20 +90,30 @@ async def get_endpoint(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         found = await store.endpoint_health(conn, endpoint=(namespace, name))
     if not found:
-        return _no_endpoint(namespace, name)
+        return no_endpoint(namespace, name)
     return web.json_response(as_json(found[0]))
 
 
 @audience(Audience.ADMIN)
 async def list_deliveries(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
+    read = deliveries_of(request, namespace, name)
+    async with store.acquire(request.app[POOL]) as conn:
+        return await read(conn)
+
+
+def deliveries_of(request: web.Request, namespace: str, name: str) -> Read:
+    """The answer of a listing of the endpoint's deliveries, by the
+    request's query (checked before any database is reached): the admin
+    API's and a tenant's."""
     query = request.query
     states = store.check_states(inputs.values(query, "state"))
     since, until = inputs.time(query, "since"), inputs.time(query, "until")
     status, failure = inputs.answer_filter(query)
     limit = inputs.limit(query, _DEFAULT_DELIVERIES)
     cursor = inputs.delivery_cursor(query)
-    async with store.acquire(request.app[POOL]) as conn:
+
+    async def read(conn: asyncpg.Connection) -> web.Response:
         page = await store.endpoint_deliveries(
             conn,
             namespace,
@@ -105,11 +126,13 @@ async def list_deliveries(request: web.Request) -> web.Response:
             cursor=cursor,
             limit=limit,
         )
-    if page is None:
-        return _no_endpoint(namespace, name)
-    return web.json_response(
-        {"deliveries": [delivery_json(d) for d in page.deliveries], "next_cursor": page.cursor}
-    )
+        if page is None:
+            return no_endpoint(namespace, name)
+        return web.json_response(
+            {"deliveries": [delivery_json(d) for d in page.deliveries], "next_cursor": page.cursor}
+        )
+
+    return read
 
 
 @audience(Audience.ADMIN)
@@ -119,22 +142,30 @@ async def get_delivery(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         detail = await store.delivery_detail(conn, delivery, (namespace, name))
     if detail is None:
-        return problem(
-            404, "not_found", f"endpoint {namespace}/{name} has no delivery {delivery}", field="id"
-        )
+        return no_delivery(namespace, name, delivery)
     return web.json_response(detail_json(detail))
 
 
 @audience(Audience.ADMIN)
 async def list_attempts(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
+    read = attempts_of(request, namespace, name)
+    async with store.acquire(request.app[POOL]) as conn:
+        return await read(conn)
+
+
+def attempts_of(request: web.Request, namespace: str, name: str) -> Read:
+    """The answer of a listing of the endpoint's attempts, by the
+    request's query (checked before any database is reached): the admin
+    API's and a tenant's."""
     query = request.query
     since, until = inputs.time_range(query)
     outcomes = store.check_outcomes(inputs.values(query, "outcome"))
     status, failure = inputs.answer_filter(query)
     limit = inputs.limit(query, _DEFAULT_ATTEMPTS)
     cursor = inputs.attempt_cursor(query)
-    async with store.acquire(request.app[POOL]) as conn:
+
+    async def read(conn: asyncpg.Connection) -> web.Response:
         page = await store.endpoint_attempts(
             conn,
             namespace,
@@ -147,11 +178,13 @@ async def list_attempts(request: web.Request) -> web.Response:
             cursor=cursor,
             limit=limit,
         )
-    if page is None:
-        return _no_endpoint(namespace, name)
-    return web.json_response(
-        {"attempts": [listed_attempt_json(a) for a in page.attempts], "next_cursor": page.cursor}
-    )
+        if page is None:
+            return no_endpoint(namespace, name)
+        return web.json_response(
+            {"attempts": [listed_attempt_json(a) for a in page.attempts], "next_cursor": page.cursor}
+        )
+
+    return read
 
 
 @audience(Audience.ADMIN)
@@ -161,11 +194,9 @@ async def resend_delivery(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         count = await store.resend_dead(conn, namespace, name, [delivery])
     if count is None:
-        return _no_endpoint(namespace, name)
+        return no_endpoint(namespace, name)
     if count == 0:
-        return problem(
-            404, "not_found", f"endpoint {namespace}/{name} has no dead delivery {delivery}", field="id"
-        )
+        return no_dead_delivery(namespace, name, delivery)
     _log("resend", namespace, name, count)
     return web.json_response({"resent": count})
 
@@ -176,7 +207,7 @@ async def resend_dead(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         count = await store.resend_dead(conn, namespace, name)
     if count is None:
-        return _no_endpoint(namespace, name)
+        return no_endpoint(namespace, name)
     _log("resend", namespace, name, count)
     return web.json_response({"resent": count})
 
@@ -189,7 +220,7 @@ async def discard_dead(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         count = await store.discard_dead(conn, namespace, name, ids, _ACTOR)
     if count is None:
-        return _no_endpoint(namespace, name)
+        return no_endpoint(namespace, name)
     _log("discard", namespace, name, count)
     return web.json_response({"discarded": count})
 
@@ -197,17 +228,22 @@ async def discard_dead(request: web.Request) -> web.Response:
 @audience(Audience.ADMIN)
 async def replay(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
+    since = await replay_since(request)
+    async with store.acquire(request.app[POOL]) as conn:
+        count = await store.replay_since(conn, namespace, name, since)
+    if count is None:
+        return no_endpoint(namespace, name)
+    _log("replay", namespace, name, count)
+    return web.json_response({"replayed": count})
+
+
+async def replay_since(request: web.Request) -> datetime:
+    """The ``since`` of a replay's body."""
     body = await _body(request, required=True)
     text = body.get("since")
     if not isinstance(text, str):
         raise InvalidInput("since", f"must be an RFC 3339 time like 2026-03-01T12:00:00Z, not {shown(text)}")
-    since = parse_time(text, "since")
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await store.replay_since(conn, namespace, name, since)
-    if count is None:
-        return _no_endpoint(namespace, name)
-    _log("replay", namespace, name, count)
-    return web.json_response({"replayed": count})
+    return parse_time(text, "since")
 
 
 @audience(Audience.ADMIN)
@@ -216,7 +252,7 @@ async def reactivate(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         done = await store.reactivate_endpoint(conn, namespace, name)
     if done is store.Reactivation.NO_ENDPOINT:
-        return _no_endpoint(namespace, name)
+        return no_endpoint(namespace, name)
     if done is store.Reactivation.NOT_DEACTIVATED:
         return problem(
             409,
@@ -229,8 +265,13 @@ async def reactivate(request: web.Request) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def list_events(request: web.Request) -> web.Response:
+    return await events_of(request, check_tenant(inputs.required(request.query, "tenant"), "tenant"))
+
+
+async def events_of(request: web.Request, tenant: str) -> web.Response:
+    """The tenant's events by time, by the request's query: receivers'
+    reconciliation, for the admin API and a tenant's own token."""
     query = request.query
-    tenant = check_tenant(inputs.required(query, "tenant"), "tenant")
     since, until = parse_time(inputs.required(query, "since"), "since"), inputs.time(query, "until")
     limit = inputs.limit(query, store.MAX_PAGE)
     cursor = inputs.event_cursor(query)
@@ -270,8 +311,76 @@ async def unrouted(request: web.Request) -> web.Response:
     )
 
 
-def _no_endpoint(namespace: str, name: str) -> web.Response:
+# Where a portal link is redeemed; the link's token follows.
+PORTAL_ENTRY = "/portal/enter/"
+
+
+@audience(Audience.ADMIN)
+async def portal_session(request: web.Request) -> web.Response:
+    """A single-use link into one tenant's portal (``"kind": "link"``, the
+    default), or a tenant token for the tenant API (``"kind": "token"``),
+    with the rights of ``access`` (read, resend or manage; read when left
+    out). Shown once: only its digest is kept."""
+    body = await _body(request, required=True)
+    unknown = sorted(set(body) - {"tenant", "access", "kind"})
+    if unknown:
+        raise InvalidInput(unknown[0], "is not a field of a portal session (tenant, access, kind)")
+    tenant = check_tenant(body.get("tenant"), "tenant")
+    access = check_access(body.get("access"))
+    kind = body.get("kind", "link")
+    if kind not in ("link", "token"):
+        raise InvalidInput("kind", f"must be link or token, not {shown(kind)}")
+    settings = request.app[SETTINGS]
+    if access is Access.MANAGE and settings.portal_endpoints == "off":
+        raise InvalidInput(
+            "access",
+            "manage needs self-service endpoints: set HOOKLANE_PORTAL_ENDPOINTS to local or kubernetes",
+        )
+    link = kind == "link"
+    seconds = settings.portal_link_seconds if link else settings.portal_session_seconds
+    async with store.acquire(request.app[POOL]) as conn:
+        issued = await portal.issue(conn, tenant, access, seconds, link=link)
+    answer: dict[str, Any] = {
+        "tenant": tenant,
+        "access": str(access),
+        "kind": kind,
+        "expires_at": rfc3339(issued.expires_at),
+    }
+    if link:
+        path = PORTAL_ENTRY + issued.token
+        answer |= {"url": f"{public_origin(request)}{path}", "path": path}
+    else:
+        answer["token"] = issued.token
+    logger.info(
+        "admin API: portal %s for tenant %s (%s)",
+        kind,
+        tenant,
+        access,
+        extra={"action": "portal_session", "tenant": tenant, "access": str(access), "kind": kind},
+    )
+    return web.json_response(answer, status=201, headers={"Cache-Control": "no-store"})
+
+
+def public_origin(request: web.Request) -> str:
+    """The scheme and host the caller reached the API by: behind an ingress
+    that terminated TLS, https (``X-Forwarded-Proto``)."""
+    forwarded = (request.headers.get("X-Forwarded-Proto") or "").split(",")[0].strip().lower()
+    scheme = "https" if forwarded == "https" else request.scheme
+    return f"{scheme}://{request.host}"
+
+
+def no_endpoint(namespace: str, name: str) -> web.Response:
     return problem(404, "not_found", f"no endpoint {namespace}/{name}")
+
+
+def no_delivery(namespace: str, name: str, delivery: int) -> web.Response:
+    return problem(404, "not_found", f"endpoint {namespace}/{name} has no delivery {delivery}", field="id")
+
+
+def no_dead_delivery(namespace: str, name: str, delivery: int) -> web.Response:
+    return problem(
+        404, "not_found", f"endpoint {namespace}/{name} has no dead delivery {delivery}", field="id"
+    )
 
 
 def _ids(value: Any) -> list[int] | None:

@@ -17,9 +17,19 @@ import asyncpg
 from aiohttp import web
 
 from hooklane import metrics, store
-from hooklane.api import admin, dashboard, ingest, server
+from hooklane.api import admin, dashboard, ingest, portal, server, tenant
 from hooklane.api.auth import Audience, Handler, audience, audience_of, authenticate, count, token_sources
-from hooklane.api.context import ADMIN_TOKENS, DRAINING, INGEST_TOKENS, POOL, SETTINGS, deadline, set_started
+from hooklane.api.context import (
+    ADMIN_TOKENS,
+    DRAINING,
+    INGEST_TOKENS,
+    POOL,
+    SETTINGS,
+    WRITER,
+    deadline,
+    set_started,
+)
+from hooklane.api.endpoint_writers import make_writer
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, classify, problem, renderer
 from hooklane.api.tokens import TokenSource
 from hooklane.errors import InvalidInput
@@ -44,12 +54,15 @@ def make_app(
     app[INGEST_TOKENS] = ingest_tokens
     app[ADMIN_TOKENS] = admin_tokens
     app[DRAINING] = asyncio.Event()
+    app[WRITER] = make_writer(settings, pool)
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     ingest.add_routes(app)
     admin.add_routes(app)
     dashboard.add_routes(app)
+    tenant.add_routes(app)
+    portal.add_routes(app)
     return app
 
 

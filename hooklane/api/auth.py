@@ -11,13 +11,15 @@ from typing import TypeVar
 
 from aiohttp import HttpVersion11, web
 
-from hooklane import metrics
-from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, set_grant
-from hooklane.api.errors import Refused, problem
+from hooklane import metrics, store
+from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, POOL, SETTINGS, set_grant, set_tenant_grant
+from hooklane.api.errors import Problem, Refused, problem, renderer
 from hooklane.api.inputs import ADMIN_MAX_BODY_BYTES, check_length
 from hooklane.api.tokens import TokenSource, bearer
 from hooklane.errors import InvalidInput, printable
 from hooklane.settings import Settings
+from hooklane.store import portal
+from hooklane.store.portal import Access
 from hooklane.tokens import Grant
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -26,6 +28,8 @@ H = TypeVar("H", bound=Handler)
 # The dashboard keeps the admin token in this cookie (HttpOnly, SameSite=Strict).
 SESSION_COOKIE = "hooklane_admin"
 LOGIN_PATH = "/dashboard/login"
+# The portal keeps its session token in this cookie (HttpOnly).
+PORTAL_COOKIE = "hooklane_portal"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -38,14 +42,23 @@ class Audience(Enum):
     ADMIN = "admin"
     # People, in a browser: the admin token from the login cookie.
     DASHBOARD = "dashboard"
+    # Programs acting for one tenant, with a tenant token (hooklane/store/portal.py).
+    TENANT = "tenant"
+    # One tenant's people, in a browser: a session from a signed link.
+    PORTAL = "portal"
 
 
-def audience(who: Audience) -> Callable[[H], H]:
-    """Mark a handler as serving ``who``. A route whose handler has no mark
-    is refused, so that a forgotten mark cannot open a route."""
+_TENANT_AUDIENCES = (Audience.TENANT, Audience.PORTAL)
+
+
+def audience(who: Audience, access: Access = Access.READ) -> Callable[[H], H]:
+    """Mark a handler as serving ``who``; a tenant's route also says what
+    its grant must allow. A route whose handler has no mark is refused, so
+    that a forgotten mark cannot open a route."""
 
     def mark(handler: H) -> H:
         handler.audience = who  # type: ignore[attr-defined]
+        handler.access = access  # type: ignore[attr-defined]
         return handler
 
     return mark
@@ -60,14 +73,25 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     found = credentials(request)
     if isinstance(found, web.StreamResponse):
         return found
-    if found is not None:
+    if found is TENANT_SESSION:
+        refused = await _tenant_session(request)
+        if refused is not None:
+            return refused
+    elif found is not None:
         set_grant(request, found)
     return await handler(request)
 
 
+# What credentials() answers for a tenant's route whose credentials look
+# right: the session behind them is looked up in Postgres by the middleware.
+TENANT_SESSION = Grant(frozenset())
+
+
 def credentials(request: web.Request) -> Grant | web.Response | None:
     """The grant of the request's credentials, the refusal of its route's
-    audience, or None for a route that needs none."""
+    audience, or None for a route that needs none. A tenant's route is
+    only checked for the shape of its credentials here (no database):
+    :data:`TENANT_SESSION`."""
     who = audience_of(request)
     if who is Audience.OPEN or request.match_info.http_exception is not None:
         # Unmatched routes fall through to aiohttp's 404 or 405.
@@ -76,6 +100,8 @@ def credentials(request: web.Request) -> Grant | web.Response | None:
         raise web.HTTPNotFound()
     if who is Audience.INGEST:
         return _token(request, request.app[INGEST_TOKENS], "an ingest token")
+    if who in _TENANT_AUDIENCES:
+        return _tenant_credentials(request, who)
     tokens = request.app[ADMIN_TOKENS]
     if not tokens.configured:
         # Without an admin token the admin routes and the dashboard are off.
@@ -87,11 +113,66 @@ def credentials(request: web.Request) -> Grant | web.Response | None:
         if request.method in _SAFE_METHODS:
             raise web.HTTPSeeOther(LOGIN_PATH)
         return _unauthorized(request, "an admin token")
+    return _same_origin_change(request) or found
+
+
+def _same_origin_change(request: web.Request) -> web.Response | None:
     if request.method not in _SAFE_METHODS and not same_origin(request):
         # A cookie rides along with any site's form post; the browser's own
-        # headers tell whether one of the dashboard's pages sent this one.
-        return problem(403, "cross_origin", "a change must come from the dashboard's own pages")
-    return found
+        # headers tell whether one of our own pages sent this one.
+        return _refusal(request, 403, "cross_origin", "a change must come from the page's own forms")
+    return None
+
+
+def _refusal(request: web.Request, status: int, code: str, detail: str) -> web.Response:
+    """A refusal before the handler runs: the portal's pages answer it in
+    HTML, as they answer their own problems (their renderer); everything
+    else in JSON."""
+    if audience_of(request) is Audience.PORTAL:
+        return renderer(request)(request, Problem(status, code, detail))
+    return problem(status, code, detail)
+
+
+def tenant_token(request: web.Request) -> str | None:
+    """The session token of a tenant's request: its bearer token on the
+    tenant API, its cookie in the portal."""
+    if audience_of(request) is Audience.TENANT:
+        return bearer(request.headers.get("Authorization"))
+    return request.cookies.get(PORTAL_COOKIE) or None
+
+
+def _tenant_credentials(request: web.Request, who: Audience) -> Grant | web.Response:
+    if tenant_token(request) is None:
+        if who is Audience.PORTAL:
+            return _refusal(
+                request, 401, "no_session", "open the portal through the link your platform gives you"
+            )
+        return _unauthorized(request, "a tenant token")
+    if who is Audience.PORTAL:
+        return _same_origin_change(request) or TENANT_SESSION
+    return TENANT_SESSION
+
+
+async def _tenant_session(request: web.Request) -> web.Response | None:
+    """Look the tenant's session up and keep it on the request; the
+    refusal when it is unknown or expired, or allows less than the route."""
+    token = tenant_token(request)
+    assert token is not None, "credentials() checked it is there"
+    async with store.acquire(request.app[POOL]) as conn:
+        found = await portal.session_grant(conn, token)
+    if found is None:
+        if audience_of(request) is Audience.PORTAL:
+            return _refusal(
+                request, 401, "no_session", "this session has ended: open the portal from your platform again"
+            )
+        return _unauthorized(request, "a live tenant token")
+    wanted: Access = getattr(request.match_info.handler, "access", Access.READ)
+    if not found.allows(wanted):
+        return _refusal(
+            request, 403, "forbidden", f"this session may {found.access} only; this needs {wanted}"
+        )
+    set_tenant_grant(request, found)
+    return None
 
 
 def _token(request: web.Request, tokens: TokenSource, wanted: str) -> Grant | web.Response:

@@ -7,19 +7,24 @@ import asyncio
 import asyncpg
 from aiohttp import web
 
+from hooklane.api.endpoint_writers import EndpointWriter
 from hooklane.api.tokens import TokenSource
 from hooklane.settings import Settings
+from hooklane.store.portal import TenantGrant
 from hooklane.tokens import Grant
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 INGEST_TOKENS = web.AppKey("ingest_tokens", TokenSource)
 ADMIN_TOKENS = web.AppKey("admin_tokens", TokenSource)
+# Where tenants' own endpoints are written; None while self-service is off.
+WRITER: web.AppKey[EndpointWriter | None] = web.AppKey("writer")
 # Set on SIGTERM: /readyz fails, so that the Service stops sending here.
 DRAINING = web.AppKey("draining", asyncio.Event)
 
 _GRANT = web.RequestKey("grant", Grant)
 _STARTED = web.RequestKey("started", float)
+_TENANT_GRANT = web.RequestKey("tenant_grant", TenantGrant)
 
 
 def grant(request: web.Request) -> Grant:
@@ -29,6 +34,15 @@ def grant(request: web.Request) -> Grant:
 
 def set_grant(request: web.Request, value: Grant) -> None:
     request[_GRANT] = value
+
+
+def tenant_grant(request: web.Request) -> TenantGrant:
+    """The tenant session the request was authenticated with."""
+    return request[_TENANT_GRANT]
+
+
+def set_tenant_grant(request: web.Request, value: TenantGrant) -> None:
+    request[_TENANT_GRANT] = value
 
 
 def started(request: web.Request) -> float:

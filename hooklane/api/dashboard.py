@@ -14,25 +14,21 @@ reloading the page never repeats it.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
 import asyncpg
-import jinja2
 from aiohttp import web
 
 from hooklane import store
-from hooklane.api import inputs
+from hooklane.api import inputs, pages
 from hooklane.api.auth import LOGIN_PATH, SESSION_COOKIE, Audience, audience, expect_continue, same_origin
 from hooklane.api.context import ADMIN_TOKENS, POOL
 from hooklane.api.errors import Problem, answers_in
-from hooklane.endpoint_state import EndpointState
-from hooklane.errors import InvalidInput, shown
+from hooklane.errors import InvalidInput
 from hooklane.health import EndpointHealth
 from hooklane.times import rfc3339
 
@@ -41,37 +37,15 @@ logger = logging.getLogger(__name__)
 HOME = "/dashboard"
 # What happened, for the page the POST redirects to; read once, then dropped.
 FLASH_COOKIE = "hooklane_flash"
-REFRESH_SECONDS = 5
 # Enough for the recent past at a glance; older ones are a click ("older") away.
 DELIVERIES_PER_PAGE = 50
 # The most delayed endpoints are what a glance needs; the rest are a click
 # ("next") or a search away. 50 rows keep the page a few tens of kB however
 # many endpoints there are.
 ENDPOINTS_PER_PAGE = 50
-LAST_ERROR_CHARS = 80
 ATTEMPTS_PER_PAGE = 50
 
-# Scripts and styles from this server only, never inline: should a value
-# ever slip through unescaped, the browser still refuses to run it. No
-# framing, so that no other site can lay the buttons under its own.
-_SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    # The pages show deliveries and errors: no shared cache keeps them.
-    "Cache-Control": "no-store",
-}
-
-_STATIC_TYPES = {".css": "text/css", ".js": "text/javascript"}
-_STATIC = {
-    item.name: (item.read_bytes(), _STATIC_TYPES[suffix])
-    for item in resources.files("hooklane.api").joinpath("static").iterdir()
-    if (suffix := "." + item.name.rpartition(".")[2]) in _STATIC_TYPES
-}
+_SECURITY_HEADERS = pages.security_headers()
 
 
 def add_routes(app: web.Application) -> None:
@@ -82,7 +56,7 @@ def add_routes(app: web.Application) -> None:
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/deliveries/{{id}}", delivery_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/attempts", attempts_page)
-    router.add_get(f"{HOME}/static/{{file}}", static)
+    router.add_get(f"{HOME}/static/{{file}}", pages.static)
     for path, handler in (
         (LOGIN_PATH, log_in),
         (f"{HOME}/logout", log_out),
@@ -92,88 +66,18 @@ def add_routes(app: web.Application) -> None:
         router.add_post(path, handler, expect_handler=expect_continue)
 
 
-# Pure helpers: how values are shown.
+# Pure helpers.
 
 
-def age_text(seconds: float | None) -> str:
-    """A duration as a person reads it at a glance: ``850 ms``, ``42 s``,
-    ``4 min 3 s``, ``2 h 5 min``, ``3 d 4 h``; ``-`` for none."""
-    if seconds is None:
-        return "-"
-    seconds = max(seconds, 0.0)
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    whole = int(seconds)
-    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
-        if whole >= size:
-            rest = (whole % size) // sub_size
-            return f"{whole // size} {unit}" + (f" {rest} {sub}" if rest else "")
-    return f"{whole} s"
-
-
-def relative_text(when: datetime | None, now: datetime) -> str:
-    """``when`` seen from ``now``: ``in 12 s``, ``3 min ago``, ``now``."""
-    if when is None:
-        return "-"
-    delta = (when - now).total_seconds()
-    if abs(delta) < 1:
-        return "now"
-    return f"in {age_text(delta)}" if delta > 0 else f"{age_text(-delta)} ago"
-
-
-def short_text(text: str | None, limit: int = LAST_ERROR_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, with an ellipsis when cut."""
-    if text is None:
-        return ""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-_FLASH = re.compile(r"(resent|resent-one|not-dead|reactivated|not-deactivated|logged-out)(?:\.(\d{1,19}))?")
-
-
-def flash_value(what: str, number: int | None = None) -> str:
-    """The cookie value that tells the next page what happened."""
-    return what if number is None else f"{what}.{number}"
-
-
-def flash_message(value: str | None) -> str | None:
-    """The sentence for a :func:`flash_value`; None for anything else, so
-    that a cookie set elsewhere can only ever show one of these."""
-    found = _FLASH.fullmatch(value or "")
-    if found is None:
-        return None
-    what, number = found[1], int(found[2] or 0)
-    if what == "resent":
-        if number == 0:
-            return "No dead deliveries to resend."
-        return f"{number} dead {'delivery' if number == 1 else 'deliveries'} queued again."
-    if what == "resent-one":
-        return f"Delivery {number} queued again."
-    if what == "not-dead":
-        return f"Delivery {number} is not dead any more (resent or discarded already): nothing to resend."
-    if what == "reactivated":
-        return "Endpoint reactivated: its pending deliveries go out again."
-    if what == "not-deactivated":
-        return "The endpoint is not deactivated: nothing to reactivate, its circuit is left as it is."
-    return "Logged out."
-
-
-def is_https(scheme: str, forwarded_proto: str | None) -> bool:
-    """Whether the browser reached us over https: directly, or through an
-    ingress that terminated TLS and says so in ``X-Forwarded-Proto``.
-    Trusting that header can only make the cookie stricter (Secure), never
-    looser, so a client that forges it harms only its own login."""
-    if scheme == "https":
-        return True
-    return (forwarded_proto or "").split(",")[0].strip().lower() == "https"
-
-
-def state_filter(text: str | None) -> str | None:
-    """The deliveries page's ``state`` filter: one of the states, or all."""
-    if not text:
-        return None
-    store.check_states([text])
-    return text
+# The sentence for what the dashboard's buttons did (:func:`.pages.flash_value`);
+# None for any other cookie value, so that one set elsewhere shows nothing.
+flash_message = pages.Flashes(
+    {
+        "reactivated": "Endpoint reactivated: its pending deliveries go out again.",
+        "not-deactivated": "The endpoint is not deactivated: nothing to reactivate, its circuit is left as it is.",
+        "logged-out": "Logged out.",
+    }
+).message
 
 
 def _chosen(query: Mapping[str, str], key: str) -> str | None:
@@ -205,7 +109,7 @@ def delivery_filter(query: Mapping[str, str]) -> DeliveryFilter:
     status = _chosen(query, "status")
     store.check_status_filter(status)
     return DeliveryFilter(
-        state_filter(query.get("state")), status, store.check_failure(_chosen(query, "failure"))
+        pages.state_filter(query.get("state")), status, store.check_failure(_chosen(query, "failure"))
     )
 
 
@@ -244,19 +148,9 @@ def attempt_filter(query: Mapping[str, str], now: datetime) -> AttemptFilter:
 
 # Rendering.
 
-_TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("hooklane.api", "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-_TEMPLATES.filters.update(age=age_text, short=short_text, rfc3339=rfc3339)
-_TEMPLATES.globals.update(
-    relative=relative_text,
-    home=HOME,
-    refresh_seconds=REFRESH_SECONDS,
-    states=store.STATES,
+_TEMPLATES = pages.environment(
+    HOME,
+    refresh_seconds=pages.REFRESH_SECONDS,
     failures=store.FAILURES,
     outcomes=store.OUTCOMES,
 )
@@ -265,10 +159,7 @@ _TEMPLATES.globals.update(
 def render(
     template: str, status: int = 200, headers: dict[str, str] | None = None, **values: Any
 ) -> web.Response:
-    body = _TEMPLATES.get_template(template).render(**values)
-    return web.Response(
-        text=body, status=status, content_type="text/html", headers={**_SECURITY_HEADERS, **(headers or {})}
-    )
+    return pages.render(_TEMPLATES, template, status, {**_SECURITY_HEADERS, **(headers or {})}, **values)
 
 
 def _redirect(location: str, flash: str | None = None) -> web.Response:
@@ -287,11 +178,6 @@ def _shown_once(request: web.Request, template: str, **values: Any) -> web.Respo
     return response
 
 
-def refusal_text(field: str | None, detail: str) -> str:
-    """A refusal as a sentence: the input at fault first when there is one."""
-    return detail[:1].upper() + detail[1:] if field is None else f"{field} {detail}"
-
-
 _TITLES = {408: "Too slow", 422: "Not understood", 503: "Database unavailable"}
 
 
@@ -299,14 +185,14 @@ def problem_page(request: web.Request, found: Problem) -> web.Response:
     """A problem (:mod:`.errors`) as a page: the database away is a page
     that retries by itself (a page that was read; a form post is not
     repeated behind the person's back), a bad input a page saying so."""
-    detail = refusal_text(found.field, found.detail)
+    detail = pages.refusal_text(found.field, found.detail)
     if found.retry_after is None:
         return render("problem.html", found.status, title=_TITLES.get(found.status, "Refused"), detail=detail)
-    retry = {"retry_seconds": REFRESH_SECONDS} if request.method in ("GET", "HEAD") else {}
+    retry = {"retry_seconds": pages.REFRESH_SECONDS} if request.method in ("GET", "HEAD") else {}
     return render(
         "problem.html",
         found.status,
-        headers={"Retry-After": str(REFRESH_SECONDS)},
+        headers={"Retry-After": str(pages.REFRESH_SECONDS)},
         title=_TITLES.get(found.status, "Unavailable"),
         detail=detail + (". Retrying by itself." if retry else "."),
         **retry,
@@ -321,7 +207,7 @@ browser_page = answers_in(problem_page)
 
 def _not_found(namespace: str, name: str) -> web.Response:
     return render(
-        "problem.html", 404, title="No such endpoint", detail=f"There is no endpoint {namespace}/{name}."
+        "problem.html", 404, title="No such endpoint", detail=pages.no_endpoint_text(namespace, name)
     )
 
 
@@ -360,14 +246,14 @@ async def log_in(request: web.Request) -> web.Response:
         path=HOME,
         httponly=True,
         samesite="Strict",
-        secure=is_https(request.scheme, request.headers.get("X-Forwarded-Proto")),
+        secure=pages.is_https(request.scheme, request.headers.get("X-Forwarded-Proto")),
     )
     return response
 
 
 @audience(Audience.DASHBOARD)
 async def log_out(_request: web.Request) -> web.Response:
-    response = _redirect(LOGIN_PATH, flash_value("logged-out"))
+    response = _redirect(LOGIN_PATH, pages.flash_value("logged-out"))
     response.del_cookie(SESSION_COOKIE, path=HOME)
     return response
 
@@ -380,31 +266,12 @@ async def endpoints_page(request: web.Request) -> web.Response:
     async with store.acquire(request.app[POOL]) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
         totals = await store.endpoint_totals(conn, chosen)
-    search = search_query(chosen)
+    search = pages.search_query(chosen)
     return _shown_once(
         request,
         "endpoints.html",
-        endpoints=page.endpoints,
-        totals=totals,
-        chosen=chosen,
-        phases=list(EndpointState),
-        searched=bool(search),
-        later=after is not None,
-        first_url=f"{HOME}?{urlencode(search)}" if search else HOME,
-        next_url=None if page.cursor is None else f"{HOME}?{urlencode([*search, ('after', page.cursor)])}",
+        **pages.endpoint_list(HOME, chosen, search, page, totals, later=after is not None),
     )
-
-
-def search_query(chosen: store.EndpointFilter) -> list[tuple[str, str]]:
-    """The query string of a search, as the search form sends it (without
-    what is left empty), for the links that page through its results."""
-    values = [
-        ("tenant", chosen.tenant),
-        ("name_prefix", chosen.name_prefix),
-        ("phase", None if chosen.phase is None else str(chosen.phase)),
-        ("not_delivering", "true" if chosen.not_delivering else None),
-    ]
-    return [(key, value) for key, value in values if value]
 
 
 @audience(Audience.DASHBOARD)
@@ -522,7 +389,7 @@ def _refused(
     return render(
         template,
         422,
-        refused=refusal_text(refused.field, refused.message),
+        refused=pages.refusal_text(refused.field, refused.message),
         query=request.query,
         flash=None,
         chosen=None,
@@ -557,11 +424,7 @@ async def resend(request: web.Request) -> web.Response:
         name,
         extra={"action": "resend", "endpoint": f"{namespace}/{name}", "deliveries": ids},
     )
-    if ids is None:
-        flash = flash_value("resent", resent)
-    else:
-        flash = flash_value("resent-one" if resent else "not-dead", ids[0])
-    return _redirect(_back(request, namespace, name), flash)
+    return _redirect(_back(request, namespace, name), pages.resend_flash(ids, resent))
 
 
 @audience(Audience.DASHBOARD)
@@ -573,14 +436,14 @@ async def reactivate(request: web.Request) -> web.Response:
     if done is store.Reactivation.NO_ENDPOINT:
         return _not_found(namespace, name)
     if done is store.Reactivation.NOT_DEACTIVATED:
-        return _redirect(_back(request, namespace, name), flash_value("not-deactivated"))
+        return _redirect(_back(request, namespace, name), pages.flash_value("not-deactivated"))
     logger.info(
         "dashboard: endpoint %s/%s reactivated",
         namespace,
         name,
         extra={"action": "reactivate", "endpoint": f"{namespace}/{name}"},
     )
-    return _redirect(_back(request, namespace, name), flash_value("reactivated"))
+    return _redirect(_back(request, namespace, name), pages.flash_value("reactivated"))
 
 
 def _back(request: web.Request, namespace: str, name: str) -> str:
@@ -601,18 +464,5 @@ def _no_delivery(namespace: str, name: str, delivery: str) -> web.Response:
         "problem.html",
         404,
         title="No such delivery",
-        detail=f"Endpoint {namespace}/{name} has no delivery {shown(delivery)}.",
-    )
-
-
-@audience(Audience.OPEN)
-async def static(request: web.Request) -> web.Response:
-    found = _STATIC.get(request.match_info["file"])
-    if found is None:
-        raise web.HTTPNotFound()
-    body, content_type = found
-    return web.Response(
-        body=body,
-        content_type=content_type,
-        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+        detail=pages.no_delivery_text(namespace, name, delivery),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -162,6 +163,12 @@ def endpoint_filter(query: Mapping[str, str]) -> store.EndpointFilter:
         phase=store.check_phase(query.get("phase") or None, "phase"),
         not_delivering=flag(query, "not_delivering"),
     )
+
+
+def tenant_filter(query: Mapping[str, str], tenant: str) -> store.EndpointFilter:
+    """:func:`endpoint_filter` within one tenant's endpoints, whatever the
+    query says: a tenant's listing."""
+    return replace(endpoint_filter({k: v for k, v in query.items() if k != "tenant"}), tenant=tenant)
 
 
 # --------------------------------------------------------------------------

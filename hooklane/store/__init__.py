@@ -72,11 +72,14 @@ from hooklane.store.endpoints import (
     endpoint_health,
     endpoint_page,
     endpoint_totals,
+    lock_tenant_creates,
+    locked_endpoint,
     reactivate_endpoint,
     refresh_endpoint_statistics,
     reseal_secrets,
     stored_endpoints,
     stored_form,
+    tenant_endpoint_count,
     upsert_endpoint,
 )
 from hooklane.store.events import (
@@ -101,6 +104,16 @@ from hooklane.store.horizon import (
 from hooklane.store.locks import live_workers, try_lock, unlock
 from hooklane.store.migrations import available as available_migrations
 from hooklane.store.migrations import migrate
+from hooklane.store.notifications import (
+    NOTICE_DEACTIVATED,
+    NOTICE_DELIVERIES_DEAD,
+    NOTICE_KINDS,
+    NOTICE_PAUSED,
+    Noted,
+    Notice,
+    note_notices,
+    take_notices,
+)
 from hooklane.store.queries import parse as parse_queries
 from hooklane.store.reflection import Changed, endpoint_health_changed
 
@@ -113,6 +126,10 @@ __all__ = [
     "MAX_ATTEMPTS_SHOWN",
     "MAX_DELIVERY_ID",
     "MAX_PAGE",
+    "NOTICE_DEACTIVATED",
+    "NOTICE_DELIVERIES_DEAD",
+    "NOTICE_KINDS",
+    "NOTICE_PAUSED",
     "OUTCOMES",
     "PARTITIONS_AHEAD",
     "STATES",
@@ -133,6 +150,8 @@ __all__ = [
     "Horizon",
     "HorizonHolder",
     "Listed",
+    "Noted",
+    "Notice",
     "PartitionsKept",
     "Reactivation",
     "Rescued",
@@ -177,7 +196,10 @@ __all__ = [
     "keep_attempt_partitions",
     "list_events",
     "live_workers",
+    "lock_tenant_creates",
+    "locked_endpoint",
     "migrate",
+    "note_notices",
     "parse_queries",
     "partition_count",
     "pending_endpoints",
@@ -192,6 +214,8 @@ __all__ = [
     "stored_endpoints",
     "stored_form",
     "table_statistics",
+    "take_notices",
+    "tenant_endpoint_count",
     "try_lock",
     "unlock",
     "unrouted_counts",

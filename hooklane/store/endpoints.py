@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from hooklane.delivery import RequestTerms
+from hooklane.delivery import DeliverySpec, RequestTerms
 from hooklane.endpoint_state import EndpointState
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
@@ -28,6 +28,9 @@ _RESEAL_BATCH = 500
 # anywhere (a prefix may end in one).
 _NAME_PREFIX = re.compile(r"[a-z0-9.-]{1,253}")
 _PHASES = {str(p).lower(): p for p in EndpointState}
+# The advisory lock class of a tenant's endpoint creates ("hle"); the
+# worker's partition and member classes are "hlp" and "hlm".
+TENANT_CREATES_CLASS = 0x686C65
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,32 @@ class Stored(NamedTuple):
     delivery: tuple[int | None, int, bool, int | None, float | None]
     terms: str | None
 
+    def spec(self, namespace: str, name: str) -> EndpointSpec:
+        """The spec an upsert would store this from (without its
+        secretRef and spec.delivery's Secrets, which the store never
+        reads: its secret and terms are these)."""
+        rate, burst, adaptive, max_attempts, max_age = self.delivery
+        return EndpointSpec(
+            namespace=namespace,
+            name=name,
+            url=self.url,
+            tenant=self.tenant,
+            max_concurrency=self.max_concurrency,
+            event_types=self.event_types,
+            timeout_seconds=self.timeout_seconds,
+            paused=self.paused,
+            delivery=DeliverySpec(
+                rate_per_second=rate,
+                burst=burst,
+                adaptive=adaptive,
+                max_attempts=max_attempts,
+                max_age_seconds=max_age,
+            ),
+        )
+
+    def request_terms(self) -> RequestTerms | None:
+        return None if self.terms is None else RequestTerms.from_json(self.terms)
+
 
 def stored_form(spec: EndpointSpec, secret: str | None, terms: RequestTerms | None = None) -> Stored:
     d = spec.delivery
@@ -170,33 +199,63 @@ async def stored_endpoints(
     upsert replaces it."""
     found: dict[tuple[str, str], Stored] = {}
     for row in await conn.fetch(*QUERIES["stored_endpoints"]()):
-        secret, terms = row["secret"], row["request_terms"]
-        bound = owner(row["namespace"], row["name"])
         try:
-            if secret is not None:
-                secret = unseal(keyring, secret, bound)
-            if terms is not None:
-                terms = unseal(keyring, terms, terms_owner(row["namespace"], row["name"]))
+            found[(row["namespace"], row["name"])] = _stored(row, keyring)
         except InvalidInput:
             continue
-        found[(row["namespace"], row["name"])] = Stored(
-            row["tenant"],
-            row["url"],
-            row["max_concurrency"],
-            tuple(row["event_types"]),
-            row["timeout_seconds"],
-            row["paused"],
-            secret,
-            (
-                row["rate_per_second"],
-                row["rate_burst"],
-                row["adaptive_concurrency"],
-                row["max_attempts"],
-                row["max_age_seconds"],
-            ),
-            terms,
-        )
     return found
+
+
+def _stored(row: asyncpg.Record, keyring: Keyring | None) -> Stored:
+    """A row of stored_endpoints' columns, its secret and terms unsealed;
+    ``InvalidInput`` when the keys at hand cannot open one of them."""
+    secret, terms = row["secret"], row["request_terms"]
+    if secret is not None:
+        secret = unseal(keyring, secret, owner(row["namespace"], row["name"]))
+    if terms is not None:
+        terms = unseal(keyring, terms, terms_owner(row["namespace"], row["name"]))
+    return Stored(
+        row["tenant"],
+        row["url"],
+        row["max_concurrency"],
+        tuple(row["event_types"]),
+        row["timeout_seconds"],
+        row["paused"],
+        secret,
+        (
+            row["rate_per_second"],
+            row["rate_burst"],
+            row["adaptive_concurrency"],
+            row["max_attempts"],
+            row["max_age_seconds"],
+        ),
+        terms,
+    )
+
+
+async def locked_endpoint(
+    conn: asyncpg.Connection, namespace: str, name: str, keyring: Keyring | None
+) -> Stored | None:
+    """What Postgres holds of one endpoint, its row locked until the
+    transaction ends (call inside one), for an upsert that changes part of
+    it: ``Stored.spec`` and ``Stored.request_terms`` give the rest back.
+    None when there is none; ``InvalidInput`` when the keys at hand cannot
+    open its secret or terms."""
+    row = await conn.fetchrow(*QUERIES["lock_stored_endpoint"](namespace=namespace, name=name))
+    return None if row is None else _stored(row, keyring)
+
+
+async def lock_tenant_creates(conn: asyncpg.Connection, tenant: str) -> None:
+    """Wait until no other transaction creates endpoints of ``tenant``, and
+    keep them waiting until this one ends (call inside one): a bound on a
+    tenant's endpoints counted after it holds against concurrent creates."""
+    await conn.execute(*QUERIES["lock_tenant_creates"](lock_class=TENANT_CREATES_CLASS, tenant=tenant))
+
+
+async def tenant_endpoint_count(conn: asyncpg.Connection, namespace: str, tenant: str) -> int:
+    """How many endpoints ``tenant`` has in ``namespace``."""
+    count: int = await conn.fetchval(*QUERIES["tenant_endpoint_count"](namespace=namespace, tenant=tenant))
+    return count
 
 
 async def reseal_secrets(conn: asyncpg.Connection, keyring: Keyring) -> int:

@@ -1133,3 +1133,307 @@ SELECT d.*, known.id AS known_id
 FROM digested d
 FULL JOIN unnest(%(ids)s::bigint[], %(digests)s::text[]) AS known(id, digest) ON known.id = d.id
 WHERE d.id IS NULL OR known.digest IS DISTINCT FROM d.digest;
+
+-- Tenant portal (hooklane/store/portal.py; migration 0013).
+
+-- name: create_portal_grant
+-- Keep a new link or session by its token's digest, and purge up to a
+-- hundred expired grants on the way, so that the table holds about the
+-- live ones without a job of its own.
+-- Parameters: digest, kind, tenant, access, seconds. Index: the primary
+-- key for the insert; portal_grants_expiry for the purge.
+WITH purged AS (
+    DELETE FROM portal_grants
+    WHERE digest IN (SELECT digest FROM portal_grants
+                     WHERE expires_at < now() ORDER BY expires_at LIMIT 100)
+)
+INSERT INTO portal_grants (digest, kind, tenant, access, expires_at)
+VALUES (%(digest)s, %(kind)s, %(tenant)s, %(access)s,
+        now() + make_interval(secs => %(seconds)s::float8))
+RETURNING expires_at;
+
+-- name: redeem_portal_link
+-- A link, once: deleted as the session it opens is kept. Of two
+-- redemptions at once the second waits on the row and then finds it gone.
+-- Parameters: link, session, seconds. Index: the primary key.
+WITH used AS (
+    DELETE FROM portal_grants
+    WHERE digest = %(link)s AND kind = 'link' AND expires_at > now()
+    RETURNING tenant, access
+)
+INSERT INTO portal_grants (digest, kind, tenant, access, expires_at)
+SELECT %(session)s, 'session', tenant, access, now() + make_interval(secs => %(seconds)s::float8)
+FROM used
+RETURNING tenant, access, expires_at;
+
+-- name: portal_session
+-- The grant of a live session or tenant token.
+-- Parameters: digest. Index: the primary key.
+SELECT tenant, access, expires_at FROM portal_grants
+WHERE digest = %(digest)s AND kind = 'session' AND expires_at > now();
+
+-- name: end_portal_session
+-- Parameters: digest. Index: the primary key.
+DELETE FROM portal_grants WHERE digest = %(digest)s AND kind = 'session';
+
+-- name: tenant_endpoint
+-- The endpoint if it is the tenant's, else nothing: every tenant route
+-- starts here, so that another tenant's endpoint reads as none at all.
+-- Parameters: namespace, name, tenant. Index: the unique (namespace, name)
+-- constraint.
+SELECT id FROM endpoints
+WHERE namespace = %(namespace)s AND name = %(name)s AND tenant = %(tenant)s;
+
+-- name: lock_tenant_endpoint
+-- tenant_endpoint for a change: the share lock holds the endpoint with this
+-- tenant until the change commits (moving it to another tenant, an update,
+-- waits), so that a repair never reaches the next owner's deliveries.
+-- Parameters: namespace, name, tenant. Index: the unique (namespace, name)
+-- constraint.
+SELECT id FROM endpoints
+WHERE namespace = %(namespace)s AND name = %(name)s AND tenant = %(tenant)s
+FOR SHARE;
+
+-- name: send_test_event
+-- A test event for one endpoint only (type hooklane.test, the endpoint's
+-- tenant), delivered like any other, whatever event types the endpoint
+-- receives; it is listed for reconciliation like any other event too.
+-- Parameters: endpoint_id, id, data. Index: endpoints' primary key; the
+-- events' primary key for the insert.
+WITH ep AS (
+    SELECT id, partition, tenant FROM endpoints WHERE id = %(endpoint_id)s
+), event AS (
+    INSERT INTO events (id, tenant, type, data, fanout)
+    SELECT %(id)s, ep.tenant, 'hooklane.test', %(data)s::jsonb, 1 FROM ep
+    RETURNING id
+), queued AS (
+    INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
+    SELECT ep.id, ep.tenant, event.id FROM ep, event
+    RETURNING id
+), woken AS (
+    SELECT hooklane_wake_v2(array_agg(ep.id), array_agg(ep.partition), array_agg(now())) FROM ep
+)
+SELECT (SELECT id FROM queued) AS delivery_id FROM woken;
+
+-- Self-service endpoints in local mode (hooklane/api/endpoint_writers.py).
+
+-- name: lock_tenant_creates
+-- Wait until no other transaction creates an endpoint of this tenant, and
+-- hold that until this one ends: two creates at once cannot both count
+-- below the bound and both insert. A statement of its own: a statement's
+-- snapshot is taken before it waits, so the count must be the next one.
+-- Parameters: lock_class, tenant. Index: none (advisory).
+SELECT pg_advisory_xact_lock(%(lock_class)s::int, hashtext(%(tenant)s));
+
+-- name: tenant_endpoint_count
+-- How many endpoints a tenant has in one namespace, deactivated ones too.
+-- Parameters: namespace, tenant. Index: the unique (namespace, name)
+-- constraint, the namespace's entries read in full (endpoints_tenant
+-- leaves out the deactivated ones): one read per create, tens of
+-- thousands of entries at most.
+SELECT count(*) FROM endpoints WHERE namespace = %(namespace)s AND tenant = %(tenant)s;
+
+-- name: lock_stored_endpoint
+-- One endpoint as stored_endpoints reads them, its row locked as
+-- lock_endpoint_secret locks it, for the upsert that follows in the same
+-- transaction: an edit, a pause or a rotation keeps what it does not
+-- change, and a concurrent one waits.
+-- Parameters: namespace, name. Index: the unique (namespace, name)
+-- constraint.
+SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
+       timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
+       max_age_seconds, request_terms
+FROM endpoints
+WHERE namespace = %(namespace)s AND name = %(name)s
+FOR NO KEY UPDATE;
+
+-- Operational notifications (hooklane/store/notifications.py; migration 0014).
+
+-- name: note_notices
+-- What the notifications pass noticed since its last run, kept in
+-- endpoint_notices and made due (now, or once the interval since the
+-- kind's last notice has passed): circuits that opened (a failing episode,
+-- by its failing_since, not noticed yet), deactivations (by their
+-- deactivated_at) and endpoints with dead attempts recorded in the window.
+-- Reads only what changed: the circuits whose pause ends after `since`
+-- (each opening sets it ahead of its own time, so every circuit opened
+-- since is there, with those still paused), the deactivations after it,
+-- and the dead attempts between it and the cut. The window starts at
+-- `since` (the last run's cut), never more than `lookback_seconds` back,
+-- and ends at the cut, `settle_seconds` before now: an attempt recorded
+-- by a transaction that commits late is still counted (take_notices
+-- counts up to the same cut). The notifications tenant's own endpoints are
+-- never noticed: their failures do not notify through themselves. A
+-- transition noticed already is not noted again, so that a second run
+-- over the same window (another worker, or an overlap) changes nothing;
+-- the upsert takes its row locks in key order. One row: the cut, the next
+-- run's `since`, and how many of each kind were noted.
+-- Parameters: tenant (the notifications tenant), since (NULL: none),
+-- lookback_seconds, settle_seconds, interval_seconds.
+-- Index: endpoints_paused_until, endpoints_deactivated_at, and
+-- delivery_attempts_dead (index only, the partitions of the window only),
+-- each from `since`; primary key of endpoints (the tenant of an endpoint
+-- with dead attempts, and each new one's, held); primary key of
+-- endpoint_notices.
+WITH bounds AS MATERIALIZED (
+    SELECT greatest(coalesce(%(since)s::timestamptz, '-infinity'),
+                    now() - make_interval(secs => %(lookback_seconds)s::float8)) AS since,
+           now() - make_interval(secs => %(settle_seconds)s::float8) AS cut
+),
+changed AS (
+    SELECT ep.id AS endpoint_id, 'paused' AS kind, ep.failing_since AS seen, ep.tenant
+    FROM endpoints ep
+    WHERE ep.paused_until > (SELECT since FROM bounds)
+      AND ep.failing_since IS NOT NULL
+    UNION ALL
+    SELECT ep.id, 'deactivated', ep.deactivated_at, ep.tenant
+    FROM endpoints ep
+    WHERE ep.state = 'deactivated'
+      AND ep.deactivated_at > (SELECT since FROM bounds)
+    UNION ALL
+    -- The tenant by primary key, per endpoint: a join would be planned
+    -- from the range's estimate, a third of every dead attempt, and read
+    -- every endpoint.
+    SELECT dead.endpoint_id, 'deliveries_dead', NULL,
+           (SELECT ep.tenant FROM endpoints ep WHERE ep.id = dead.endpoint_id)
+    FROM (SELECT DISTINCT a.endpoint_id
+          FROM delivery_attempts a
+          WHERE a.outcome = 'dead'
+            AND a.recorded_at > (SELECT since FROM bounds)
+            AND a.recorded_at <= (SELECT cut FROM bounds)) dead
+),
+news AS MATERIALIZED (
+    SELECT c.endpoint_id, c.kind, c.seen
+    FROM changed c
+    -- Probed by primary key per endpoint (OFFSET 0 keeps it a nested
+    -- loop), not hashed from a read of every notice.
+    LEFT JOIN LATERAL (
+        SELECT n.seen, n.due_at
+        FROM endpoint_notices n
+        WHERE n.endpoint_id = c.endpoint_id AND n.kind = c.kind
+        OFFSET 0
+    ) n ON true
+    WHERE c.tenant <> %(tenant)s
+      AND CASE WHEN c.kind = 'deliveries_dead' THEN n.due_at IS NULL
+               ELSE n.seen IS DISTINCT FROM c.seen END
+),
+-- The endpoint of each, held (a key share, as the foreign key's check
+-- takes) before the insert: one deleted meanwhile is left out, where the
+-- check would fail the whole statement.
+held AS (
+    SELECT x.endpoint_id, x.kind, x.seen
+    FROM news x
+    CROSS JOIN LATERAL (
+        SELECT FROM endpoints ep WHERE ep.id = x.endpoint_id FOR KEY SHARE
+    ) ep
+),
+noted AS (
+    INSERT INTO endpoint_notices AS n (endpoint_id, kind, seen, transitions, counted_until, due_at)
+    SELECT x.endpoint_id, x.kind, x.seen,
+           CASE WHEN x.kind = 'deliveries_dead' THEN 0 ELSE 1 END,
+           CASE WHEN x.kind = 'deliveries_dead' THEN b.since END,
+           now()
+    FROM held x, bounds b
+    ORDER BY x.endpoint_id, x.kind
+    ON CONFLICT (endpoint_id, kind) DO UPDATE
+    SET seen = EXCLUDED.seen,
+        transitions = n.transitions + EXCLUDED.transitions,
+        due_at = coalesce(n.due_at,
+                          greatest(now(), n.notified_at + make_interval(secs => %(interval_seconds)s::float8)))
+    -- Read again after waiting for a concurrent run's row: what it noted
+    -- is not noted twice.
+    WHERE CASE WHEN n.kind = 'deliveries_dead' THEN n.due_at IS NULL
+               ELSE n.seen IS DISTINCT FROM EXCLUDED.seen END
+    RETURNING n.kind
+)
+SELECT (SELECT cut FROM bounds) AS cut,
+       count(*) FILTER (WHERE kind = 'paused') AS paused,
+       count(*) FILTER (WHERE kind = 'deactivated') AS deactivated,
+       count(*) FILTER (WHERE kind = 'deliveries_dead') AS deliveries_dead
+FROM noted;
+
+-- name: take_notices
+-- The notices due, at most `limit`, soonest first, each with what it
+-- tells: the endpoint as it is now, the transitions noticed since the
+-- kind's last notice, and for dead deliveries how many dead attempts were
+-- recorded since the last one counted up to the cut (`settle_seconds`
+-- before now, as note_notices) and the latest one's error. A notice is
+-- told only while still true (the circuit of the episode noticed still
+-- open, the deactivation noticed still in force, a dead delivery counted)
+-- and while the endpoint is not the notifications tenant's: one that no
+-- longer is is cleared, its transitions kept for the next. Each row taken
+-- is locked and cleared (no longer due; told now, its counts restarted),
+-- and rows another run holds are skipped: of runs at once, each notice
+-- goes to one. The caller publishes what this returns in the same
+-- transaction, so that a notice is cleared if and only if it is published.
+-- Parameters: tenant (the notifications tenant), settle_seconds, limit.
+-- Index: endpoint_notices_due; primary key of endpoints;
+-- delivery_attempts_endpoint_dead, one endpoint's from its last count (the
+-- partitions of that range only).
+WITH due AS MATERIALIZED (
+    SELECT n.endpoint_id, n.kind, n.seen, n.transitions, n.counted_until, n.notified_at
+    FROM endpoint_notices n
+    WHERE n.due_at <= now()
+    ORDER BY n.due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+facts AS MATERIALIZED (
+    SELECT d.endpoint_id, d.kind, d.seen, d.transitions, d.counted_until, d.notified_at,
+           ep.namespace, ep.name, ep.tenant, ep.consecutive_failures, ep.failing_since,
+           ep.paused_until, ep.last_error, ep.deactivated_at, ep.deactivated_reason,
+           coalesce(dead.count, 0) AS dead, last.error AS dead_error, last.status AS dead_status,
+           last.failure AS dead_failure, last.recorded_at AS last_dead_at, w.cut,
+           ep.tenant <> %(tenant)s
+             AND CASE d.kind
+                   WHEN 'paused' THEN ep.paused_until IS NOT NULL AND ep.failing_since = d.seen
+                   WHEN 'deactivated' THEN ep.state = 'deactivated' AND ep.deactivated_at = d.seen
+                   ELSE dead.count > 0 END AS told
+    FROM due d
+    CROSS JOIN (SELECT now() - make_interval(secs => %(settle_seconds)s::float8) AS cut) w
+    -- By primary key per notice (OFFSET 0 keeps it a nested loop), not a
+    -- hash of every endpoint.
+    CROSS JOIN LATERAL (
+        SELECT ep.namespace, ep.name, ep.tenant, ep.state, ep.consecutive_failures, ep.failing_since,
+               ep.paused_until, ep.last_error, ep.deactivated_at, ep.deactivated_reason
+        FROM endpoints ep
+        WHERE ep.id = d.endpoint_id
+        OFFSET 0
+    ) ep
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS count
+        FROM delivery_attempts a
+        WHERE d.kind = 'deliveries_dead'
+          AND a.endpoint_id = d.endpoint_id AND a.outcome = 'dead'
+          AND a.recorded_at > d.counted_until AND a.recorded_at <= w.cut
+    ) dead ON true
+    LEFT JOIN LATERAL (
+        SELECT a.error, a.status, a.failure, a.recorded_at
+        FROM delivery_attempts a
+        WHERE d.kind = 'deliveries_dead'
+          AND a.endpoint_id = d.endpoint_id AND a.outcome = 'dead'
+          AND a.recorded_at > d.counted_until AND a.recorded_at <= w.cut
+        ORDER BY a.recorded_at DESC
+        LIMIT 1
+    ) last ON true
+),
+-- Runs whether or not it is read, as every data-modifying WITH does.
+-- By key, not by the ctid `due` locked: a row a concurrent note_notices
+-- changed after this statement's snapshot is locked at a version the
+-- snapshot does not see, which the key join reaches and a ctid does not.
+taken AS (
+    UPDATE endpoint_notices n
+    SET due_at = NULL,
+        notified_at = CASE WHEN f.told THEN now() ELSE n.notified_at END,
+        transitions = CASE WHEN f.told THEN 0 ELSE n.transitions END,
+        counted_until = CASE WHEN n.kind = 'deliveries_dead' THEN f.cut ELSE n.counted_until END
+    FROM facts f
+    WHERE n.endpoint_id = f.endpoint_id AND n.kind = f.kind
+)
+SELECT f.endpoint_id, f.kind, f.namespace, f.name, f.tenant, f.seen, f.transitions, f.counted_until,
+       f.notified_at, f.consecutive_failures, f.failing_since, f.paused_until, f.last_error,
+       f.deactivated_at, f.deactivated_reason, f.dead, f.dead_error, f.dead_status, f.dead_failure,
+       f.last_dead_at, f.cut, now() AS noticed_at
+FROM facts f
+WHERE f.told
+ORDER BY f.endpoint_id, f.kind;

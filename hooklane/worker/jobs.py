@@ -24,6 +24,7 @@ from hooklane import metrics, store
 from hooklane.errors import StoreError, TransientStoreError
 from hooklane.health import exported_endpoints, standing_counts, tenant_totals
 from hooklane.settings import Settings
+from hooklane.worker.notifications import Notifications, Notified
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList
 from hooklane.worker.trigger import Trigger
@@ -126,12 +127,15 @@ class Maintained:
     analysed: bool = False
     # None when the attempt partitions were not due for a pass.
     partitions: store.PartitionsKept | None = None
+    # None when no notifications tenant is set.
+    notified: Notified | None = None
 
 
 class Maintenance:
     """Rescues expired leases in the partitions this worker owns; on the
     owner of partition 0, also deactivates endpoints failing for too long,
-    purges events past retention and refreshes the endpoints' statistics."""
+    purges events past retention, refreshes the endpoints' statistics and
+    publishes the operational notifications (worker/notifications.py)."""
 
     name = "maintenance"
 
@@ -154,6 +158,7 @@ class Maintenance:
         self._since: datetime | None = None
         # When the attempt partitions were last kept (monotonic; None: never).
         self._kept_at: float | None = None
+        self._notifications = Notifications(settings)
 
     async def _rescue(self) -> int:
         owned = set(self._owner.owned)
@@ -202,6 +207,9 @@ class Maintenance:
             analysed = await store.refresh_endpoint_statistics(conn)
             if analysed:
                 logger.info("endpoints analysed after many changed", extra={"action": "analyze"})
+            # Last: the deactivations above are told in this pass, and a
+            # failure here leaves the rest done.
+            notified = await self._notifications.run_once(conn)
         return Maintained(
             rescued,
             housekeeper=True,
@@ -209,6 +217,7 @@ class Maintenance:
             purged=purged,
             analysed=analysed,
             partitions=partitions,
+            notified=notified,
         )
 
     async def _keep_partitions(self, conn: asyncpg.Connection) -> store.PartitionsKept | None:

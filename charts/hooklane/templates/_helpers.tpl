@@ -59,6 +59,11 @@ never share one.
 {{- include "hooklane.fullname" . }}
 {{- end }}
 
+{{/* Where tenants' self-service endpoints go: portal.namespace, else the release's. */}}
+{{- define "hooklane.portalNamespace" -}}
+{{- .Values.portal.namespace | default .Release.Namespace }}
+{{- end }}
+
 {{- define "hooklane.imageTag" -}}
 {{- .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
@@ -156,7 +161,13 @@ encryption key.
   "HOOKLANE_API_TOKENS" "api.tokens.ingest"
   "HOOKLANE_API_TOKENS_FILE" "api.tokens.ingest"
   "HOOKLANE_ADMIN_TOKENS" "api.tokens.admin"
-  "HOOKLANE_ADMIN_TOKENS_FILE" "api.tokens.admin" }}
+  "HOOKLANE_ADMIN_TOKENS_FILE" "api.tokens.admin"
+  "HOOKLANE_PORTAL_ENDPOINTS" "portal.endpoints"
+  "HOOKLANE_PORTAL_NAMESPACE" "portal.namespace"
+  "HOOKLANE_PORTAL_MAX_ENDPOINTS" "portal.maxEndpoints"
+  "HOOKLANE_PORTAL_EVENT_TYPES" "portal.eventTypes"
+  "HOOKLANE_PORTAL_URL_HOSTS" "portal.urlHosts"
+  "HOOKLANE_PORTAL_HTTPS_ONLY" "portal.httpsOnly" }}
 {{- $extraNames := list }}
 {{- range $values.extraEnv }}
 {{- $extraNames = append $extraNames .name }}

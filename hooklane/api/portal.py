@@ -1,0 +1,851 @@
+"""The tenant portal (``/portal``): where one tenant's people see their own
+endpoints, deliveries and attempts in a browser, and make the repairs and
+changes their grant allows (docs/portal.md).
+
+A person comes in by a single-use link that the platform's backend got
+from the admin API (``/portal/enter/<token>``). The link's page holds only
+a form that posts the token back: a link prefetcher or a mail scanner that
+fetches the page leaves the link unused, a browser (portal.js, or a click)
+redeems it for a session cookie of the tenant and its rights.
+
+The pages are built as the dashboard's are, of the same pieces
+(:mod:`.pages`, templates/macros.html): rendered on the server with every
+value escaped, its strict CSP, each change a form POST answered by a
+redirect (303) and a one-shot message. Two things differ: the platform
+may frame them (``portal_frame_ancestors``) and brand them
+(``portal_name``, ``portal_colour``). Every read and change is scoped to
+the session's tenant (:mod:`.tenant_actions`,
+:func:`hooklane.store.portal.tenant_endpoint`), so that another tenant's
+endpoint or delivery renders exactly as one that does not exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import asyncpg
+from aiohttp import web
+
+from hooklane import store
+from hooklane.api import inputs, pages, tenant, tenant_actions
+from hooklane.api.admin import PORTAL_ENTRY
+from hooklane.api.auth import PORTAL_COOKIE, Audience, audience, expect_continue, same_origin, tenant_token
+from hooklane.api.context import POOL, SETTINGS, WRITER, tenant_grant
+from hooklane.api.errors import Problem, Refused, answers_in
+from hooklane.errors import InvalidInput
+from hooklane.health import EndpointHealth
+from hooklane.selfservice import EndpointForm, chosen_name
+from hooklane.settings import Settings
+from hooklane.store import portal
+from hooklane.store.portal import Access, TenantGrant
+from hooklane.times import parse_time, rfc3339_seconds
+
+logger = logging.getLogger(__name__)
+
+HOME = "/portal"
+ENTER = HOME + "/enter"
+ENDPOINT = HOME + "/endpoints/{namespace}/{name}"
+# What happened, for the page the POST redirects to; read once, then dropped.
+FLASH_COOKIE = "hooklane_portal_flash"
+# A page of the most delayed endpoints: a few tens of kB however many
+# endpoints the tenant has; the rest are a click ("next") or a search away.
+ENDPOINTS_PER_PAGE = 50
+DELIVERIES_PER_PAGE = 50
+# Where the replay form starts: a receiver that was down for about an hour.
+REPLAY_BACK = timedelta(hours=1)
+# A link as the admin API makes them (a prefix and 32 random bytes in
+# base64url): anything else is refused on sight, without a database call.
+_LINK = re.compile(re.escape(portal.LINK_PREFIX) + r"[A-Za-z0-9_-]{16,64}")
+_NO_REFERRER = {"Referrer-Policy": "no-referrer"}
+T = TypeVar("T")
+
+
+def add_routes(app: web.Application) -> None:
+    """Add the portal's pages to ``app``."""
+    router = app.router
+    router.add_get(PORTAL_ENTRY + "{token}", entry_page)
+    router.add_get(HOME, endpoints_page)
+    router.add_get(HOME + "/new", new_endpoint_page)
+    router.add_get(ENDPOINT, endpoint_page)
+    router.add_get(ENDPOINT + "/edit", edit_page)
+    router.add_get(ENDPOINT + "/deliveries/{id}", delivery_page)
+    router.add_get(HOME + "/brand.css", brand_stylesheet)
+    router.add_get(HOME + "/static/{file}", pages.static)
+    for path, handler in (
+        (ENTER, enter),
+        (HOME + "/logout", log_out),
+        (ENDPOINT + "/resend", resend),
+        (ENDPOINT + "/replay", replay),
+        (ENDPOINT + "/test-event", test_event),
+        (HOME + "/endpoints", create),
+        (ENDPOINT + "/edit", edit),
+        (ENDPOINT + "/delete", delete),
+        (ENDPOINT + "/pause", pause),
+        (ENDPOINT + "/resume", resume),
+        (ENDPOINT + "/rotate-secret", rotate_secret),
+    ):
+        router.add_post(path, handler, expect_handler=expect_continue)
+
+
+# Pure rules: the cookies, the colours.
+
+
+@dataclass(frozen=True)
+class CookieTerms:
+    secure: bool
+    same_site: str
+    partitioned: bool
+
+
+def cookie_terms(https: bool, framed: bool) -> CookieTerms:
+    """How the portal's cookies are set: SameSite=Strict, unless the
+    platform frames the portal and the browser came over https. A frame in
+    the platform's pages is on another site, where a browser sends only
+    SameSite=None cookies, and those only with Secure; Partitioned (CHIPS)
+    keeps them to the one site that framed the portal when the session
+    began, so that no other site's frame or page carries them."""
+    if https and framed:
+        return CookieTerms(secure=True, same_site="None", partitioned=True)
+    return CookieTerms(secure=https, same_site="Strict", partitioned=False)
+
+
+def cookie_header(name: str, value: str, terms: CookieTerms, max_age: int | None = None) -> str:
+    """A ``Set-Cookie`` value for the portal's path, HttpOnly. Written out
+    here because Python's cookies learnt ``Partitioned`` only in 3.14. The
+    values are the portal's own tokens and flash words: nothing to quote."""
+    parts = [f"{name}={value}", f"Path={HOME}", "HttpOnly", f"SameSite={terms.same_site}"]
+    if max_age is not None:
+        parts.append(f"Max-Age={max_age}")
+    if terms.secure:
+        parts.append("Secure")
+    if terms.partitioned:
+        parts.append("Partitioned")
+    return "; ".join(parts)
+
+
+def ink(colour: str) -> str:
+    """Black or white, whichever reads better on ``colour`` (``#rrggbb``):
+    the higher contrast by WCAG 2's relative luminance."""
+    channels = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return "#ffffff" if 1.05 / (luminance + 0.05) >= (luminance + 0.05) / 0.05 else "#000000"
+
+
+def brand_style(colour: str) -> str:
+    """The stylesheet of the platform's colour (served, since the CSP
+    forbids inline style): the header and the main buttons, their text in
+    black or white, whichever reads better on it."""
+    return f":root {{ --brand: {colour}; --brand-ink: {ink(colour)}; }}\n"
+
+
+def _replayed(number: int) -> str:
+    if number == 0:
+        return "No events to send again since then (or they are pending already)."
+    return f"{number} {'event' if number == 1 else 'events'} queued to be sent again."
+
+
+# The sentence for what the portal's buttons did (:func:`.pages.flash_value`);
+# None for any other cookie value, so that one set elsewhere shows nothing.
+flash_message = pages.Flashes(
+    {
+        "replayed": _replayed,
+        "test-event": "Test event queued: it goes out like any other delivery.",
+        "paused": "Paused: nothing is sent to this endpoint until you resume it.",
+        "resumed": "Resumed: its waiting deliveries go out again.",
+        "saved": "Endpoint saved.",
+        "deleted": "Endpoint deleted.",
+    }
+).message
+
+
+def endpoint_label(tenant: str, name: str) -> str:
+    """An endpoint's name as the tenant knows it: the one it chose for an
+    endpoint made here (its resource adds a key of the tenant), else the
+    resource's."""
+    return chosen_name(tenant, name) or name
+
+
+def self_service_name(settings: Settings, tenant: str, namespace: str, name: str) -> str | None:
+    """The name ``tenant`` chose for an endpoint the portal made for it,
+    which it may change here; None for any other (one the platform set up
+    is the platform's to change)."""
+    return chosen_name(tenant, name) if namespace == settings.portal_namespace else None
+
+
+_TYPES_SEPARATOR = re.compile(r"[\s,]+")
+
+
+def endpoint_form(posted: Mapping[str, str], name: str | None = None) -> EndpointForm:
+    """The endpoint form as the page posts it (``name``: the one it has
+    already, when editing): event types comma-separated, a number left
+    empty taking the spec's default. What is not understood is passed on
+    as it came, for the spec's parser to refuse in its own words."""
+    return EndpointForm.from_json(
+        {
+            "name": name if name is not None else posted.get("name", "").strip(),
+            "url": posted.get("url", "").strip(),
+            "event_types": [t for t in _TYPES_SEPARATOR.split(posted.get("event_types", "")) if t],
+            "max_concurrency": _number(posted.get("max_concurrency", "")),
+            "timeout_seconds": _number(posted.get("timeout_seconds", "")),
+        }
+    )
+
+
+def _number(text: str) -> int | str | None:
+    text = text.strip()
+    if not text:
+        return None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else text
+
+
+def form_values(form: Mapping[str, str] | EndpointForm) -> dict[str, str]:
+    """What the form's inputs show: as posted (to be put right), or an
+    endpoint's."""
+    if isinstance(form, EndpointForm):
+        return {
+            "name": form.name,
+            "url": form.url,
+            "event_types": ", ".join(form.event_types),
+            "max_concurrency": str(form.max_concurrency),
+            "timeout_seconds": str(form.timeout_seconds),
+        }
+    return {key: form.get(key, "") for key in _FORM_INPUTS}
+
+
+_FORM_INPUTS = ("name", "url", "event_types", "max_concurrency", "timeout_seconds")
+
+
+# Rendering.
+
+_TEMPLATES = pages.environment(HOME, Access=Access, label=endpoint_label)
+
+
+def _cookie_terms(request: web.Request) -> CookieTerms:
+    https = pages.is_https(request.scheme, request.headers.get("X-Forwarded-Proto"))
+    return cookie_terms(https, bool(request.app[SETTINGS].portal_frame_ancestors))
+
+
+def _headers(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    # The dashboard's strict headers but for who may frame the pages: no
+    # one unless the platform lists the origins of its own pages.
+    return {**pages.security_headers(settings.portal_frame_ancestors), **(extra or {})}
+
+
+def render(
+    request: web.Request,
+    template: str,
+    *,
+    status: int = 200,
+    grant: TenantGrant | None = None,
+    headers: Mapping[str, str] | None = None,
+    **values: Any,
+) -> web.Response:
+    """A portal page, with the platform's name and, for a session, the
+    tenant and the buttons of its rights."""
+    settings = request.app[SETTINGS]
+    manage = grant is not None and grant.allows(Access.MANAGE) and request.app[WRITER] is not None
+    return pages.render(
+        _TEMPLATES,
+        f"portal/{template}",
+        status,
+        _headers(settings, headers),
+        portal_name=settings.portal_name,
+        grant=grant,
+        manage=manage,
+        **values,
+    )
+
+
+def _set_cookie(request: web.Request, response: web.Response, name: str, value: str, max_age: int) -> None:
+    response.headers.add("Set-Cookie", cookie_header(name, value, _cookie_terms(request), max_age))
+
+
+def _drop_cookie(request: web.Request, response: web.Response, name: str) -> None:
+    # A partitioned cookie is only dropped by a Set-Cookie that says so too.
+    _set_cookie(request, response, name, "", 0)
+
+
+def _redirect(request: web.Request, location: str, flash: str | None = None) -> web.Response:
+    response = web.Response(status=303, headers=_headers(request.app[SETTINGS], {"Location": location}))
+    if flash is not None:
+        # Long enough to reach the next page, however slowly it loads.
+        _set_cookie(request, response, FLASH_COOKIE, flash, 60)
+    return response
+
+
+def _shown_once(request: web.Request, template: str, **values: Any) -> web.Response:
+    """A page with the message the previous POST left, which the browser
+    then drops: a reload does not show it again."""
+    response = render(request, template, flash=flash_message(request.cookies.get(FLASH_COOKIE)), **values)
+    if FLASH_COOKIE in request.cookies:
+        _drop_cookie(request, response, FLASH_COOKIE)
+    return response
+
+
+_TITLES = {
+    401: "Session ended",
+    403: "Not allowed",
+    404: "Not found",
+    408: "Too slow",
+    422: "Not understood",
+    503: "Unavailable",
+}
+
+
+def problem_page(request: web.Request, found: Problem) -> web.Response:
+    """A problem (:mod:`.errors`) as a portal page. No session (401) drops
+    the cookie of the one that ended; the database away is a page that
+    retries by itself (a page that was read: a form post is not repeated
+    behind the person's back)."""
+    detail = pages.refusal_text(found.field, found.detail)
+    retry = found.retry_after is not None and request.method in ("GET", "HEAD")
+    response = _problem(
+        request,
+        found.status,
+        _TITLES.get(found.status, "Refused"),
+        detail + (". Retrying by itself." if retry else ""),
+        back=found.status != 401,
+        retry_seconds=pages.REFRESH_SECONDS if retry else None,
+        headers=None if found.retry_after is None else {"Retry-After": str(pages.REFRESH_SECONDS)},
+    )
+    if found.status == 401 and PORTAL_COOKIE in request.cookies:
+        _drop_cookie(request, response, PORTAL_COOKIE)
+    return response
+
+
+# A page answers its problems in HTML, the middleware's refusals too
+# (:mod:`.auth`), through the API's one mapping of errors.
+portal_page = answers_in(problem_page)
+
+
+def _problem(
+    request: web.Request,
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    back: bool = True,
+    retry_seconds: int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """A page saying what went wrong; ``back``: with a link to the
+    tenant's endpoints (pointless without a session)."""
+    return render(
+        request,
+        "problem.html",
+        status=status,
+        headers=headers,
+        title=title,
+        detail=detail,
+        back=back,
+        retry_seconds=retry_seconds,
+    )
+
+
+def _no_endpoint(request: web.Request, namespace: str, name: str) -> web.Response:
+    return _problem(request, 404, "No such endpoint", pages.no_endpoint_text(namespace, name))
+
+
+def _no_delivery(request: web.Request, namespace: str, name: str, delivery: str) -> web.Response:
+    return _problem(request, 404, "No such delivery", pages.no_delivery_text(namespace, name, delivery))
+
+
+def _link_refused(request: web.Request) -> web.Response:
+    # Unknown, used and expired read the same: nothing tells a guesser
+    # which links exist.
+    return _problem(
+        request,
+        404,
+        "This link cannot be used",
+        "It is unknown, used already or expired: a link opens the portal once, within minutes. "
+        "Open the portal from your platform again.",
+        back=False,
+        headers=_NO_REFERRER,
+    )
+
+
+def endpoint_path(namespace: str, name: str) -> str:
+    # Names are DNS labels and subdomains: nothing in them needs quoting.
+    return f"{HOME}/endpoints/{namespace}/{name}"
+
+
+# Entering and leaving.
+
+
+@audience(Audience.OPEN)
+@portal_page
+async def entry_page(request: web.Request) -> web.Response:
+    """The link's page: a form that redeems it. A GET changes nothing, so
+    that whatever fetches the link before the person does (a prefetcher, a
+    mail scanner, a chat preview) leaves it unused."""
+    token = request.match_info["token"]
+    if _LINK.fullmatch(token) is None:
+        return _link_refused(request)
+    # No referrer: the next requests would carry the link in their Referer.
+    return render(request, "enter.html", headers=_NO_REFERRER, token=token)
+
+
+@audience(Audience.OPEN)
+@portal_page
+async def enter(request: web.Request) -> web.Response:
+    if not same_origin(request):
+        # Another site's form could otherwise sign a browser into a
+        # session of the attacker's choosing.
+        return _problem(
+            request,
+            403,
+            "Refused",
+            "Open the portal through the link your platform gives you.",
+            back=False,
+            headers=_NO_REFERRER,
+        )
+    token = (await request.post()).get("token")
+    if not isinstance(token, str) or _LINK.fullmatch(token) is None:
+        return _link_refused(request)
+    settings = request.app[SETTINGS]
+    async with store.acquire(request.app[POOL]) as conn:
+        found = await portal.redeem(conn, token, settings.portal_session_seconds)
+        previous = request.cookies.get(PORTAL_COOKIE)
+        if found is not None and previous:
+            # One session a browser: the one this cookie replaces ends.
+            await portal.end_session(conn, previous)
+    if found is None:
+        return _link_refused(request)
+    session, grant = found
+    response = _redirect(request, HOME)
+    response.headers.update(_NO_REFERRER)
+    _set_cookie(request, response, PORTAL_COOKIE, session.token, math.ceil(settings.portal_session_seconds))
+    logger.info(
+        "portal: session opened for tenant %s (%s)",
+        grant.tenant,
+        grant.access,
+        extra={"action": "portal_enter", "tenant": grant.tenant, "access": str(grant.access)},
+    )
+    return response
+
+
+@audience(Audience.PORTAL)
+@portal_page
+async def log_out(request: web.Request) -> web.Response:
+    token = tenant_token(request)
+    assert token is not None, "the middleware checked it"
+    async with store.acquire(request.app[POOL]) as conn:
+        await portal.end_session(conn, token)
+    response = render(request, "left.html")
+    _drop_cookie(request, response, PORTAL_COOKIE)
+    return response
+
+
+# Pages.
+
+
+@audience(Audience.PORTAL)
+@portal_page
+async def endpoints_page(request: web.Request) -> web.Response:
+    grant = tenant_grant(request)
+    chosen = inputs.tenant_filter(request.query, grant.tenant)
+    after = inputs.endpoint_cursor(request.query, "after")
+    async with store.acquire(request.app[POOL]) as conn:
+        page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
+        totals = await store.endpoint_totals(conn, chosen)
+    search = [(k, v) for k, v in pages.search_query(chosen) if k != "tenant"]
+    return _shown_once(
+        request,
+        "endpoints.html",
+        grant=grant,
+        **pages.endpoint_list(HOME, chosen, search, page, totals, later=after is not None),
+    )
+
+
+@audience(Audience.PORTAL)
+@portal_page
+async def endpoint_page(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    state = pages.state_filter(request.query.get("state"))
+    before = inputs.delivery_cursor(request.query, "before")
+    grant = tenant_grant(request)
+    found = await _tenant_read(
+        request,
+        namespace,
+        name,
+        lambda conn: store.endpoint_deliveries(
+            conn,
+            namespace,
+            name,
+            states=None if state is None else [state],
+            cursor=before,
+            limit=DELIVERIES_PER_PAGE,
+        ),
+    )
+    if found is None:
+        return _no_endpoint(request, namespace, name)
+    health, page = found
+    path = endpoint_path(namespace, name)
+    kept = [("state", state)] if state else []
+    return _shown_once(
+        request,
+        "endpoint.html",
+        grant=grant,
+        changeable=self_service_name(request.app[SETTINGS], grant.tenant, namespace, name) is not None,
+        health=health,
+        page=page,
+        state=state,
+        path=path,
+        older_url=None
+        if page is None or page.cursor is None
+        else f"{path}?{urlencode([*kept, ('before', page.cursor)])}",
+        replay_from=rfc3339_seconds(health.observed_at - REPLAY_BACK),
+    )
+
+
+@audience(Audience.PORTAL)
+@portal_page
+async def delivery_page(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    try:
+        delivery_id = inputs.delivery_id(request.match_info["id"])
+    except InvalidInput:
+        return _no_delivery(request, namespace, name, request.match_info["id"])
+    found = await _tenant_read(
+        request, namespace, name, lambda conn: store.delivery_detail(conn, delivery_id, (namespace, name))
+    )
+    if found is None:
+        return _no_endpoint(request, namespace, name)
+    health, detail = found
+    if detail is None:
+        return _no_delivery(request, namespace, name, str(delivery_id))
+    return _shown_once(
+        request,
+        "delivery.html",
+        grant=tenant_grant(request),
+        health=health,
+        detail=detail,
+        delivery=detail.delivery,
+        path=endpoint_path(namespace, name),
+        shown_at_most=store.MAX_ATTEMPTS_SHOWN,
+    )
+
+
+async def _tenant_read(
+    request: web.Request, namespace: str, name: str, read: Callable[[asyncpg.Connection], Awaitable[T]]
+) -> tuple[EndpointHealth, T] | None:
+    """The endpoint's health and what ``read`` reads of it, in the one
+    snapshot that found the endpoint the session's tenant's; None when it
+    is not (another tenant's reads as none at all)."""
+    async with (
+        store.acquire(request.app[POOL]) as conn,
+        portal.tenant_endpoint(conn, tenant_grant(request).tenant, namespace, name) as found,
+    ):
+        if found is None:
+            return None
+        health = (await store.endpoint_health(conn, endpoint=(namespace, name)))[0]
+        return health, await read(conn)
+
+
+# Repairs (resend).
+
+
+@audience(Audience.PORTAL, Access.RESEND)
+@portal_page
+async def resend(request: web.Request) -> web.Response:
+    """Resend one dead delivery (``id``) or all of them."""
+    namespace, name = inputs.endpoint_key(request)
+    one = (await request.post()).get("id")
+    ids = None if one is None else [inputs.delivery_id(str(one))]
+    async with store.acquire(request.app[POOL]) as conn:
+        count = await tenant_actions.resend(conn, tenant_grant(request).tenant, namespace, name, ids)
+    if count is None:
+        return _no_endpoint(request, namespace, name)
+    return _redirect(request, _back(request.query, namespace, name), pages.resend_flash(ids, count))
+
+
+@audience(Audience.PORTAL, Access.RESEND)
+@portal_page
+async def replay(request: web.Request) -> web.Response:
+    """Send the tenant's events since a time to the endpoint again."""
+    namespace, name = inputs.endpoint_key(request)
+    since = (await request.post()).get("since")
+    if not isinstance(since, str):
+        raise InvalidInput("since", "is required")
+    when = parse_time(since.strip(), "since")
+    async with store.acquire(request.app[POOL]) as conn:
+        count = await tenant_actions.replay(conn, tenant_grant(request).tenant, namespace, name, when)
+    if count is None:
+        return _no_endpoint(request, namespace, name)
+    return _redirect(request, endpoint_path(namespace, name), pages.flash_value("replayed", count))
+
+
+@audience(Audience.PORTAL, Access.RESEND)
+@portal_page
+async def test_event(request: web.Request) -> web.Response:
+    """Queue a test event to the endpoint alone, and show its delivery."""
+    namespace, name = inputs.endpoint_key(request)
+    async with store.acquire(request.app[POOL]) as conn:
+        delivery = await tenant_actions.test_event(conn, tenant_grant(request).tenant, namespace, name)
+    if delivery is None:
+        return _no_endpoint(request, namespace, name)
+    return _redirect(
+        request,
+        f"{endpoint_path(namespace, name)}/deliveries/{delivery}",
+        pages.flash_value("test-event"),
+    )
+
+
+def _back(query: Mapping[str, str], namespace: str, name: str) -> str:
+    """The page a button was on: a delivery's (``?delivery=``), else the
+    endpoint's."""
+    path = endpoint_path(namespace, name)
+    try:
+        delivery = inputs.delivery_id(query.get("delivery", ""), "delivery")
+    except InvalidInput:
+        return path
+    return f"{path}/deliveries/{delivery}"
+
+
+# Self-service (docs/self-service.md): the mode's one writer, the same spec
+# rules and bounds as the tenant API. Only the endpoints the portal made
+# are changed here; the writer answers any other as none at all.
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def new_endpoint_page(request: web.Request) -> web.Response:
+    # Self-service off: refused (409) here already, as the form's POST would be.
+    tenant.writer(request)
+    return _form_page(request, form_values({}), action=HOME + "/endpoints")
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def create(request: web.Request) -> web.Response:
+    posted = await _posted(request)
+    grant = tenant_grant(request)
+    try:
+        created = await tenant.writer(request).create(grant.tenant, endpoint_form(posted))
+    except (InvalidInput, Refused) as refused:
+        return _form_refused(request, refused, posted, action=HOME + "/endpoints")
+    logger.info(
+        "portal: tenant %s created endpoint %s/%s",
+        grant.tenant,
+        created.namespace,
+        created.name,
+        extra={
+            "action": "portal_create",
+            "tenant": grant.tenant,
+            "endpoint": f"{created.namespace}/{created.name}",
+        },
+    )
+    return _secret_page(request, created.namespace, created.name, created.secret, created=True)
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def edit_page(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    grant = tenant_grant(request)
+    chosen = self_service_name(request.app[SETTINGS], grant.tenant, namespace, name)
+    # Self-service off: refused (409) here already, as the form's POST would be.
+    tenant.writer(request)
+    # The stored spec (the health leaves out the event types and timeout),
+    # read as the writer reads it: in a change's transaction, locked briefly.
+    async with (
+        store.acquire(request.app[POOL]) as conn,
+        portal.tenant_endpoint(conn, grant.tenant, namespace, name, change=True) as found,
+    ):
+        stored = None if found is None else await _stored(request, conn, namespace, name)
+    if stored is None:
+        return _no_endpoint(request, namespace, name)
+    if chosen is None:
+        return _platforms(request, namespace, name)
+    form = EndpointForm(
+        chosen, stored.url, stored.event_types, stored.max_concurrency, stored.timeout_seconds
+    )
+    return _form_page(
+        request,
+        form_values(form),
+        action=f"{endpoint_path(namespace, name)}/edit",
+        path=endpoint_path(namespace, name),
+    )
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def edit(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    posted = await _posted(request)
+    grant = tenant_grant(request)
+    path = endpoint_path(namespace, name)
+    chosen = self_service_name(request.app[SETTINGS], grant.tenant, namespace, name)
+    if chosen is None:
+        return await _unchanged(request, namespace, name)
+    try:
+        # The name is the endpoint's own: whatever the form says, it stays.
+        form = endpoint_form(posted, chosen)
+        saved = await tenant.writer(request).update(grant.tenant, namespace, name, form)
+    except (InvalidInput, Refused) as refused:
+        return _form_refused(request, refused, {**posted, "name": chosen}, action=f"{path}/edit", path=path)
+    if not saved:
+        return await _unchanged(request, namespace, name)
+    return _redirect(request, path, pages.flash_value("saved"))
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def delete(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    if (await _posted(request)).get("confirm") != "yes":
+        raise InvalidInput("confirm", "must be ticked: a deleted endpoint cannot be brought back")
+    if not await tenant.writer(request).delete(tenant_grant(request).tenant, namespace, name):
+        return await _unchanged(request, namespace, name)
+    return _redirect(request, HOME, pages.flash_value("deleted"))
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def pause(request: web.Request) -> web.Response:
+    return await _set_paused(request, True)
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def resume(request: web.Request) -> web.Response:
+    return await _set_paused(request, False)
+
+
+async def _set_paused(request: web.Request, paused: bool) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    if not await tenant.writer(request).set_paused(tenant_grant(request).tenant, namespace, name, paused):
+        return await _unchanged(request, namespace, name)
+    return _redirect(
+        request, endpoint_path(namespace, name), pages.flash_value("paused" if paused else "resumed")
+    )
+
+
+@audience(Audience.PORTAL, Access.MANAGE)
+@portal_page
+async def rotate_secret(request: web.Request) -> web.Response:
+    namespace, name = inputs.endpoint_key(request)
+    secret = await tenant.writer(request).rotate_secret(tenant_grant(request).tenant, namespace, name)
+    if secret is None:
+        return await _unchanged(request, namespace, name)
+    return _secret_page(request, namespace, name, secret, created=False)
+
+
+async def _posted(request: web.Request) -> dict[str, str]:
+    # A form posts text fields only; anything else is left out.
+    return {key: value for key, value in (await request.post()).items() if isinstance(value, str)}
+
+
+async def _stored(
+    request: web.Request, conn: asyncpg.Connection, namespace: str, name: str
+) -> store.Stored | None:
+    """The endpoint's spec as stored, to fill the edit form."""
+    try:
+        return await store.locked_endpoint(conn, namespace, name, request.app[SETTINGS].encryption_key)
+    except InvalidInput:
+        # The platform's keys lack the one its secret was sealed with: the
+        # writer could not save it either.
+        raise Refused(503, "unavailable", "this endpoint cannot be changed right now") from None
+
+
+async def _unchanged(request: web.Request, namespace: str, name: str) -> web.Response:
+    """The answer when the writer changed nothing: one of the tenant's own
+    endpoints that the platform set up is the platform's to change; any
+    other (another tenant's too) is none at all."""
+    async with store.acquire(request.app[POOL]) as conn:
+        found = await tenant_actions.endpoint(conn, tenant_grant(request).tenant, namespace, name)
+    if found is None:
+        return _no_endpoint(request, namespace, name)
+    return _platforms(request, namespace, name)
+
+
+def _platforms(request: web.Request, namespace: str, name: str) -> web.Response:
+    return _problem(
+        request,
+        409,
+        "Set up by the platform",
+        f"{namespace}/{name} was set up by {request.app[SETTINGS].portal_name}, not here: ask them to change it.",
+    )
+
+
+def _form_page(
+    request: web.Request,
+    values: dict[str, str],
+    *,
+    action: str,
+    status: int = 200,
+    refused: str | None = None,
+    path: str | None = None,
+) -> web.Response:
+    settings = request.app[SETTINGS]
+    return render(
+        request,
+        "form.html",
+        status=status,
+        grant=tenant_grant(request),
+        form=values,
+        action=action,
+        path=path,
+        refused=refused,
+        allowed_types=settings.portal_event_types,
+        https_only=settings.portal_https_only,
+    )
+
+
+def _form_refused(
+    request: web.Request,
+    refused: InvalidInput | Refused,
+    posted: Mapping[str, str],
+    *,
+    action: str,
+    path: str | None = None,
+) -> web.Response:
+    """The form again as it was posted, with what is wrong with it: a
+    field the spec or the platform's bounds refuse (422), a name taken or
+    the bound reached (409). The writer's store away is a page of its own."""
+    if isinstance(refused, Refused):
+        if refused.status >= 500:
+            raise refused
+        # A name taken or the bound reached: a sentence of its own.
+        status, text = refused.status, pages.refusal_text(None, refused.detail)
+    else:
+        status, text = 422, pages.refusal_text(refused.field, refused.message)
+    return _form_page(request, form_values(posted), action=action, status=status, refused=text, path=path)
+
+
+def _secret_page(
+    request: web.Request, namespace: str, name: str, secret: str, *, created: bool
+) -> web.Response:
+    """The signing secret, shown this once: no page or route reads it back."""
+    settings = request.app[SETTINGS]
+    return render(
+        request,
+        "secret.html",
+        grant=tenant_grant(request),
+        namespace=namespace,
+        name=name,
+        path=endpoint_path(namespace, name),
+        secret=secret,
+        created=created,
+        grace=pages.age_text(settings.secret_grace_seconds),
+        # The operator makes the row from the resource: the endpoint's page
+        # is there once it has.
+        applied_later=settings.portal_endpoints == "kubernetes",
+    )
+
+
+@audience(Audience.OPEN)
+async def brand_stylesheet(request: web.Request) -> web.Response:
+    return web.Response(
+        text=brand_style(request.app[SETTINGS].portal_colour),
+        content_type="text/css",
+        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+    )
