@@ -260,6 +260,37 @@ def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert any("deliveries_queue" in line for line in result["plan"])
 
 
+@pytest.mark.processes
+def test_tenants_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("tenants", tmp_path, "--dsn", server_dsn, timeout=120)
+    sizes = [f"{n:,}" for n in result["config"]["sizes"]]
+    summary = result["api"]["summary"]
+    assert {(s["size"], s["listing"]) for s in summary} == {
+        (size, listing) for size in sizes for listing in ("deliveries", "endpoints")
+    }
+    for s in summary:
+        # The same listing both ways: the same answer (the endpoints' ages
+        # move between requests), and a cost each.
+        assert abs(s["admin"]["bytes"] - s["tenant"]["bytes"]) <= s["admin"]["bytes"] / 100, s
+        assert s["admin"]["postgres_ms_per_request"] > 0 and s["tenant"]["postgres_ms_per_request"] > 0
+    assert {(p["size"], p["tenant"]) for p in result["portal"]["pages"]} == {
+        (size, tenant) for size in sizes for tenant in ("t1", "big")
+    }
+    # Every pass noted and published what its state made (the bench checks
+    # each), in every state and database.
+    passes = result["notifications"]["summary"]
+    assert {p["state"] for p in passes} == {"steady", "openings", "dead", "all_open"}
+    assert len(passes) == 4 * len(result["databases"])
+    assert all(p["ms"] > 0 for p in passes)
+    openings = [p for p in passes if p["state"] == "openings"]
+    assert all(p["published"] == result["config"]["openings"] for p in openings)
+    for size in sizes:
+        assert (
+            result["notifications"]["all_open_circuits"][size] == result["databases"][size]["endpoints"] - 1
+        )
+        assert result["notifications"]["plans"]["all_open"][size]["note_notices"]["top_scans"]
+
+
 # From docs/benchmarks.md section 8: an idle operator grows by 39 KB per
 # resource at 1,000 and 17 KB at 10,000; the tree before this bound held
 # 115 KB at 1,000, and the one before the status pass 139 KB. The smoke
