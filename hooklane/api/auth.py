@@ -73,25 +73,20 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     found = credentials(request)
     if isinstance(found, web.StreamResponse):
         return found
-    if found is TENANT_SESSION:
+    if found is not None:
+        set_grant(request, found)
+    elif audience_of(request) in _TENANT_AUDIENCES:
         refused = await _tenant_session(request)
         if refused is not None:
             return refused
-    elif found is not None:
-        set_grant(request, found)
     return await handler(request)
-
-
-# What credentials() answers for a tenant's route whose credentials look
-# right: the session behind them is looked up in Postgres by the middleware.
-TENANT_SESSION = Grant(frozenset())
 
 
 def credentials(request: web.Request) -> Grant | web.Response | None:
     """The grant of the request's credentials, the refusal of its route's
-    audience, or None for a route that needs none. A tenant's route is
-    only checked for the shape of its credentials here (no database):
-    :data:`TENANT_SESSION`."""
+    audience, or None for a route that needs none here. A tenant's route
+    is only checked for the shape of its credentials here (no database):
+    None, and the middleware looks its session up."""
     who = audience_of(request)
     if who is Audience.OPEN or request.match_info.http_exception is not None:
         # Unmatched routes fall through to aiohttp's 404 or 405.
@@ -141,7 +136,7 @@ def tenant_token(request: web.Request) -> str | None:
     return request.cookies.get(PORTAL_COOKIE) or None
 
 
-def _tenant_credentials(request: web.Request, who: Audience) -> Grant | web.Response:
+def _tenant_credentials(request: web.Request, who: Audience) -> web.Response | None:
     if tenant_token(request) is None:
         if who is Audience.PORTAL:
             return _refusal(
@@ -149,8 +144,8 @@ def _tenant_credentials(request: web.Request, who: Audience) -> Grant | web.Resp
             )
         return _unauthorized(request, "a tenant token")
     if who is Audience.PORTAL:
-        return _same_origin_change(request) or TENANT_SESSION
-    return TENANT_SESSION
+        return _same_origin_change(request)
+    return None
 
 
 async def _tenant_session(request: web.Request) -> web.Response | None:

@@ -228,7 +228,9 @@ class LocalWriter:
 
     async def _held(self, conn: asyncpg.Connection, namespace: str, name: str) -> _Held | None:
         try:
-            stored = await store.locked_endpoint(conn, namespace, name, self._settings.encryption_key)
+            stored = await store.stored_endpoint(
+                conn, namespace, name, self._settings.encryption_key, lock=True
+            )
             if stored is None:
                 return None
             return _Held(stored.spec(namespace, name), stored.secret, stored.request_terms())

@@ -655,10 +655,10 @@ async def edit_page(request: web.Request) -> web.Response:
     # Self-service off: refused (409) here already, as the form's POST would be.
     tenant.writer(request)
     # The stored spec (the health leaves out the event types and timeout),
-    # read as the writer reads it: in a change's transaction, locked briefly.
+    # in the snapshot that found the endpoint the tenant's.
     async with (
         store.acquire(request.app[POOL]) as conn,
-        portal.tenant_endpoint(conn, grant.tenant, namespace, name, change=True) as found,
+        portal.tenant_endpoint(conn, grant.tenant, namespace, name) as found,
     ):
         stored = None if found is None else await _stored(request, conn, namespace, name)
     if stored is None:
@@ -749,7 +749,7 @@ async def _stored(
 ) -> store.Stored | None:
     """The endpoint's spec as stored, to fill the edit form."""
     try:
-        return await store.locked_endpoint(conn, namespace, name, request.app[SETTINGS].encryption_key)
+        return await store.stored_endpoint(conn, namespace, name, request.app[SETTINGS].encryption_key)
     except InvalidInput:
         # The platform's keys lack the one its secret was sealed with: the
         # writer could not save it either.

@@ -11,6 +11,7 @@ it left.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 import asyncpg
@@ -44,44 +45,49 @@ async def resend(
 ) -> int | None:
     """Queue again the endpoint's dead deliveries (``ids``, or all): how
     many; None when the endpoint is not the tenant's."""
-    async with portal.tenant_endpoint(conn, tenant, namespace, name, change=True) as found:
-        if found is None:
-            return None
-        count = await store.resend_dead(conn, namespace, name, ids)
-    _log(tenant, "resend", namespace, name, count)
-    return count
+    return await _repair(
+        conn, tenant, namespace, name, "resend", lambda _id: store.resend_dead(conn, namespace, name, ids)
+    )
 
 
 async def replay(
     conn: asyncpg.Connection, tenant: str, namespace: str, name: str, since: datetime
 ) -> int | None:
     """Send the tenant's events since ``since`` to the endpoint again."""
-    async with portal.tenant_endpoint(conn, tenant, namespace, name, change=True) as found:
-        if found is None:
-            return None
-        count = await store.replay_since(conn, namespace, name, since)
-    _log(tenant, "replay", namespace, name, count)
-    return count
+    return await _repair(
+        conn, tenant, namespace, name, "replay", lambda _id: store.replay_since(conn, namespace, name, since)
+    )
 
 
 async def test_event(conn: asyncpg.Connection, tenant: str, namespace: str, name: str) -> int | None:
     """Queue a ``hooklane.test`` event to the endpoint alone: the new
     delivery's id."""
+    return await _repair(
+        conn, tenant, namespace, name, "test_event", lambda found: portal.send_test_event(conn, found, tenant)
+    )
+
+
+async def _repair(
+    conn: asyncpg.Connection,
+    tenant: str,
+    namespace: str,
+    name: str,
+    action: str,
+    work: Callable[[int], Awaitable[int | None]],
+) -> int | None:
+    """``work`` on the endpoint's id, in the transaction that holds it the
+    tenant's, logged; None when it is not the tenant's."""
     async with portal.tenant_endpoint(conn, tenant, namespace, name, change=True) as found:
         if found is None:
             return None
-        delivery_id = await portal.send_test_event(conn, found, tenant)
-    _log(tenant, "test_event", namespace, name, 1)
-    return delivery_id
-
-
-def _log(tenant: str, action: str, namespace: str, name: str, count: int | None) -> None:
+        done = await work(found)
     logger.info(
         "tenant %s: %s %s/%s: %s",
         tenant,
         action,
         namespace,
         name,
-        count,
-        extra={"action": action, "tenant": tenant, "endpoint": f"{namespace}/{name}", "count": count},
+        done,
+        extra={"action": action, "tenant": tenant, "endpoint": f"{namespace}/{name}", "result": done},
     )
+    return done

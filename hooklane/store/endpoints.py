@@ -233,15 +233,18 @@ def _stored(row: asyncpg.Record, keyring: Keyring | None) -> Stored:
     )
 
 
-async def locked_endpoint(
-    conn: asyncpg.Connection, namespace: str, name: str, keyring: Keyring | None
+async def stored_endpoint(
+    conn: asyncpg.Connection, namespace: str, name: str, keyring: Keyring | None, *, lock: bool = False
 ) -> Stored | None:
-    """What Postgres holds of one endpoint, its row locked until the
-    transaction ends (call inside one), for an upsert that changes part of
-    it: ``Stored.spec`` and ``Stored.request_terms`` give the rest back.
-    None when there is none; ``InvalidInput`` when the keys at hand cannot
-    open its secret or terms."""
-    row = await conn.fetchrow(*QUERIES["lock_stored_endpoint"](namespace=namespace, name=name))
+    """What Postgres holds of one endpoint: ``Stored.spec`` and
+    ``Stored.request_terms`` give it back as a spec. With ``lock``, its row
+    is locked as upsert_endpoint locks it, until the transaction ends (call
+    inside one), for an upsert that changes part of it: a concurrent change
+    waits. None when there is none; ``InvalidInput`` when the keys at hand
+    cannot open its secret or terms."""
+    if lock:
+        await conn.execute(*QUERIES["lock_endpoint_secret"](namespace=namespace, name=name))
+    row = await conn.fetchrow(*QUERIES["stored_endpoint"](namespace=namespace, name=name))
     return None if row is None else _stored(row, keyring)
 
 

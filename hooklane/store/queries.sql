@@ -1233,19 +1233,17 @@ SELECT pg_advisory_xact_lock(%(lock_class)s::int, hashtext(%(tenant)s));
 -- thousands of entries at most.
 SELECT count(*) FROM endpoints WHERE namespace = %(namespace)s AND tenant = %(tenant)s;
 
--- name: lock_stored_endpoint
--- One endpoint as stored_endpoints reads them, its row locked as
--- lock_endpoint_secret locks it, for the upsert that follows in the same
--- transaction: an edit, a pause or a rotation keeps what it does not
--- change, and a concurrent one waits.
+-- name: stored_endpoint
+-- One endpoint as stored_endpoints reads them: the portal's edit form, and
+-- (after lock_endpoint_secret locked the row) the rest of what an edit, a
+-- pause or a rotation writes back unchanged.
 -- Parameters: namespace, name. Index: the unique (namespace, name)
 -- constraint.
 SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
        timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
        max_age_seconds, request_terms
 FROM endpoints
-WHERE namespace = %(namespace)s AND name = %(name)s
-FOR NO KEY UPDATE;
+WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- Operational notifications (hooklane/store/notifications.py; migration 0014).
 
