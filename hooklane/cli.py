@@ -341,8 +341,8 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
             count = await store.resend_dead(conn, namespace, name, args.delivery)
             done = None if count is None else f"{count} dead deliveries of {endpoint} queued again"
         elif action == "discard":
-            count = await store.discard_dead(conn, namespace, name, args.delivery, _CLI_ACTOR)
-            done = None if count is None else f"{count} dead deliveries of {endpoint} discarded"
+            discarded = await store.discard_dead(conn, namespace, name, args.delivery, _CLI_ACTOR)
+            done = None if discarded is None else f"{discarded.count} dead deliveries of {endpoint} discarded"
         else:
             assert since is not None
             count = await store.replay_since(conn, namespace, name, since)

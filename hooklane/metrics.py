@@ -188,6 +188,17 @@ API_CONNECTIONS_SHED = Counter(
 )
 for _reason in ("limit", "header_timeout", "idle"):
     API_CONNECTIONS_SHED.labels(_reason)
+# By share of the pool (hooklane/api/shares.py): ingest, admin (the admin
+# API and the dashboard), tenant (the tenant API and the portal).
+API_POOL_WAIT = Histogram(
+    "hooklane_api_pool_wait_seconds",
+    "Time an API request waited for a Postgres connection, its share's place (HOOKLANE_API_POOL_TENANT_MAX,"
+    " HOOKLANE_API_POOL_INGEST_RESERVED) and the pool's, by share: ingest, admin, tenant.",
+    ["share"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+for _share in ("ingest", "admin", "tenant"):
+    API_POOL_WAIT.labels(_share)
 
 
 async def exposition(request: web.Request) -> web.Response:

@@ -414,7 +414,9 @@ async def in_process_api(
         admin_tokens=Tokens.parse(admin, "HOOKLANE_ADMIN_TOKENS"),
         **overrides,
     )
-    pool = await store.create_pool(dsn, min_size=0, max_size=4, server_settings=store.API_SESSION)
+    pool = await store.create_pool(
+        dsn, min_size=0, max_size=configured.api_pool_size, server_settings=store.API_SESSION
+    )
     app = make_app(configured, pool, *token_sources(configured))
     try:
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:

@@ -551,12 +551,15 @@ async def test_discard_dead_says_who_and_is_final(api, db):
     await publish(db, 4)
     ids = await delivery_ids(db, "a")
     await kill(db, ids[:3])
-    assert await call(api, "POST", f"{EP}/a/discard-dead", json={"ids": [ids[0]]}) == {"discarded": 1}
-    assert await call(api, "POST", f"{EP}/a/discard-dead") == {"discarded": 2}
+    assert await call(api, "POST", f"{EP}/a/discard-dead", json={"ids": [ids[0]]}) == {
+        "discarded": 1,
+        "complete": True,
+    }
+    assert await call(api, "POST", f"{EP}/a/discard-dead") == {"discarded": 2, "complete": True}
     rows = await db.fetch("SELECT state, last_error FROM deliveries WHERE id = ANY($1::bigint[])", ids[:3])
     assert {r["state"] for r in rows} == {"discarded"}
     assert {r["last_error"] for r in rows} == {"discarded by the admin API (dead of: HTTP 500)"}
-    assert await call(api, "POST", f"{EP}/a/resend-dead") == {"resent": 0}
+    assert await call(api, "POST", f"{EP}/a/resend-dead") == {"resent": 0, "complete": True}
     assert await db.fetchval("SELECT state FROM deliveries WHERE id = $1", ids[3]) == "pending"
 
     for body, field in (({"ids": []}, "ids"), ({"ids": ["1"]}, "ids"), ({"ids": [0]}, "ids"), ([1], "body")):
@@ -586,14 +589,22 @@ async def test_replay_sends_the_same_events_again(api, db, receiver, start_worke
             "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE state = 'pending'"
         )
 
-    assert await call(api, "POST", f"{EP}/a/replay", json={"since": before.isoformat()}) == {"replayed": 3}
+    assert await call(api, "POST", f"{EP}/a/replay", json={"since": before.isoformat()}) == {
+        "replayed": 3,
+        "complete": True,
+        "next_cursor": None,
+    }
     await wait_for(lambda: len(receiver.at("/a")) == 6)
     ids = [r.headers["webhook-id"] for r in receiver.at("/a")]
     assert sorted(ids[3:]) == sorted(ids[:3])  # the same ids: receivers deduplicate
     assert len(receiver.at("/other")) == 3
     # nothing since then
     later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
-    assert await call(api, "POST", f"{EP}/a/replay", json={"since": later}) == {"replayed": 0}
+    assert await call(api, "POST", f"{EP}/a/replay", json={"since": later}) == {
+        "replayed": 0,
+        "complete": True,
+        "next_cursor": None,
+    }
 
     for body, field in (({}, "since"), ({"since": "2026-03-01T12:00:00"}, "since"), ({"since": 5}, "since")):
         assert (await call(api, "POST", f"{EP}/a/replay", 422, json=body))["field"] == field
@@ -748,7 +759,7 @@ async def test_answers_match_the_openapi_document(api, db):
         ("GET", "/v1/admin/unrouted", {}, "AdminUnroutedList"),
         ("POST", f"{EP}/a/deliveries/{ids[0]}/resend", {}, "AdminResent"),
         ("POST", f"{EP}/a/discard-dead", {"json": {"ids": [ids[1]]}}, "AdminDiscarded"),
-        ("POST", f"{EP}/a/resend-dead", {}, "AdminResent"),
+        ("POST", f"{EP}/a/resend-dead", {}, "AdminResentAll"),
         ("POST", f"{EP}/a/replay", {"json": {"since": since}}, "AdminReplayed"),
         ("POST", f"{EP}/a/reactivate", {"expect": 409}, "Error"),
         ("GET", f"{EP}/missing", {"expect": 404}, "Error"),

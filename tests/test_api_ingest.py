@@ -5,6 +5,7 @@ the end-to-end case."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import signal
@@ -608,7 +609,7 @@ async def test_a_slow_database_gets_503_within_the_ack_timeout_and_nothing_store
 
 async def test_stopping_commits_what_is_queued(dsn: str, db: asyncpg.Connection) -> None:
     pool = await store.create_pool(dsn, min_size=0, max_size=2)
-    committer = GroupCommitter(pool, committers=1, max_events=1000)
+    committer = GroupCommitter(functools.partial(store.acquire, pool), committers=1, max_events=1000)
     committer.start()
     try:
         lock, tx = await lock_events(dsn)

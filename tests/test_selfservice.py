@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -321,9 +322,10 @@ def test_within_agrees_with_hooklane_type_matches(db_sync, pattern, rule, sample
 
 
 @pytest.fixture
-async def pool(dsn):
+async def connect(dsn):
+    """Connections of a pool as the API's writers take them."""
     pool = await store.create_pool(dsn, min_size=0, max_size=12, server_settings=store.API_SESSION)
-    yield pool
+    yield functools.partial(store.acquire, pool)
     await pool.close()
 
 
@@ -333,8 +335,8 @@ def portal_settings(settings) -> Settings:
 
 
 @pytest.fixture
-def writer(portal_settings, pool) -> LocalWriter:
-    made = make_writer(portal_settings, pool)
+def writer(portal_settings, connect) -> LocalWriter:
+    made = make_writer(portal_settings, connect)
     assert isinstance(made, LocalWriter)
     return made
 
@@ -343,10 +345,10 @@ async def row(db, name: str, namespace: str = "portal"):
     return await db.fetchrow("SELECT * FROM endpoints WHERE namespace = $1 AND name = $2", namespace, name)
 
 
-async def test_make_writer_follows_the_mode(portal_settings, pool):
-    assert make_writer(dataclasses.replace(portal_settings, portal_endpoints="off"), pool) is None
+async def test_make_writer_follows_the_mode(portal_settings, connect):
+    assert make_writer(dataclasses.replace(portal_settings, portal_endpoints="off"), connect) is None
     assert isinstance(
-        make_writer(dataclasses.replace(portal_settings, portal_endpoints="kubernetes"), pool),
+        make_writer(dataclasses.replace(portal_settings, portal_endpoints="kubernetes"), connect),
         KubernetesWriter,
     )
 
@@ -495,7 +497,7 @@ async def test_an_endpoint_outside_the_portal_namespace_is_not_the_portals(write
     assert (await row(db, spec.name, "shop"))["paused"] is False
 
 
-async def test_a_secret_the_keys_cannot_open_is_a_clear_refusal(writer, db, portal_settings, pool):
+async def test_a_secret_the_keys_cannot_open_is_a_clear_refusal(writer, db, portal_settings, connect):
     from hooklane.secrets import Keyring
 
     created = await writer.create("acme", FORM)
@@ -504,7 +506,7 @@ async def test_a_secret_the_keys_cannot_open_is_a_clear_refusal(writer, db, port
     await store.upsert_endpoint(db, spec_for("acme", FORM, BOUNDS), created.secret, keyring=other_key)
     with pytest.raises(Refused) as caught:
         await LocalWriter(
-            dataclasses.replace(sealed, encryption_key=Keyring.parse("k3:" + "C" * 43 + "=")), pool
+            dataclasses.replace(sealed, encryption_key=Keyring.parse("k3:" + "C" * 43 + "=")), connect
         ).set_paused("acme", "portal", created.name, True)
     assert caught.value.status == 503
-    assert await LocalWriter(sealed, pool).set_paused("acme", "portal", created.name, True)
+    assert await LocalWriter(sealed, connect).set_paused("acme", "portal", created.name, True)

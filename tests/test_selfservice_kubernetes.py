@@ -36,7 +36,7 @@ from tests.conftest import in_process_api, wait_for
 from tests.receivers import Answer
 from tests.test_chart import INGEST_TOKEN, tools  # noqa: F401 (tools: the fixture that builds helm)
 from tests.test_operator import Kube, kube, row, start_operator  # noqa: F401 (fixtures)
-from tests.test_selfservice import pool  # noqa: F401 (the fixture)
+from tests.test_selfservice import connect  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.kube
 
@@ -82,9 +82,9 @@ def portal_settings(settings, namespace: str, **overrides):
 
 
 @pytest.fixture
-def writer(api_kubeconfig, settings, pool, kube, monkeypatch) -> KubernetesWriter:
+def writer(api_kubeconfig, settings, connect, kube, monkeypatch) -> KubernetesWriter:
     monkeypatch.setenv("KUBECONFIG", str(api_kubeconfig))
-    made = make_writer(portal_settings(settings, kube.namespace), pool)
+    made = make_writer(portal_settings(settings, kube.namespace), connect)
     assert isinstance(made, KubernetesWriter)
     return made
 
@@ -312,7 +312,7 @@ async def test_kubernetes_errors_are_clear_refusals(
     kube,
     control_plane,
     settings,
-    pool,
+    connect,
     tmp_path,
     monkeypatch,
     caplog,
@@ -324,7 +324,7 @@ async def test_kubernetes_errors_are_clear_refusals(
     token = (await kube.run("create", "token", "nobody")).strip()
     monkeypatch.setenv("KUBECONFIG", str(as_user(control_plane, tmp_path, "nobody", token)))
     with caplog.at_level(logging.ERROR), pytest.raises(Refused) as caught:
-        await make_writer(portal, pool).create("acme", form)
+        await make_writer(portal, connect).create("acme", form)
     assert (caught.value.status, caught.value.code) == (503, "unavailable")
     assert "403" in caplog.text and "forbidden" in caplog.text.lower()
     # An API server that cannot be reached.
@@ -333,7 +333,7 @@ async def test_kubernetes_errors_are_clear_refusals(
     (tmp_path / "closed.kubeconfig").write_text(json.dumps(config))
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "closed.kubeconfig"))
     with pytest.raises(Refused) as caught:
-        await make_writer(portal, pool).set_paused(
+        await make_writer(portal, connect).set_paused(
             "acme", kube.namespace, resource_name("acme", "orders"), True
         )
     assert (caught.value.status, caught.value.code) == (503, "unavailable")
@@ -342,8 +342,8 @@ async def test_kubernetes_errors_are_clear_refusals(
     for path in ("missing.kubeconfig", "malformed.kubeconfig"):
         monkeypatch.setenv("KUBECONFIG", str(tmp_path / path))
         with pytest.raises(Refused) as caught:
-            await make_writer(portal, pool).create("acme", form)
+            await make_writer(portal, connect).create("acme", form)
         assert caught.value.status == 503
     # Once the credentials are back, so is the writer.
     monkeypatch.setenv("KUBECONFIG", str(api_kubeconfig))
-    assert await make_writer(portal, pool).create("acme", form)
+    assert await make_writer(portal, connect).create("acme", form)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,13 +26,14 @@ from aiohttp import web
 
 from hooklane import store
 from hooklane.api import inputs
-from hooklane.api.auth import Audience, audience, expect_continue
-from hooklane.api.context import POOL, SETTINGS
+from hooklane.api.auth import Audience, audience, connection, expect_continue
+from hooklane.api.context import SETTINGS, repair_stop
 from hooklane.api.errors import problem
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import as_json
 from hooklane.spec import check_tenant
 from hooklane.store import portal
+from hooklane.store.cursor import event_cursor, event_position
 from hooklane.store.portal import Access, check_access
 from hooklane.times import parse_time, rfc3339
 from hooklane.views import delivery_json, detail_json, listed_attempt_json
@@ -79,7 +81,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
     chosen = inputs.endpoint_filter(query)
     limit = inputs.limit(query, DEFAULT_ENDPOINTS)
     cursor = inputs.endpoint_cursor(query)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=cursor, limit=limit)
     return web.json_response({"endpoints": [as_json(h) for h in page.endpoints], "next_cursor": page.cursor})
 
@@ -87,7 +89,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
 @audience(Audience.ADMIN)
 async def get_endpoint(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         found = await store.endpoint_health(conn, endpoint=(namespace, name))
     if not found:
         return no_endpoint(namespace, name)
@@ -98,7 +100,7 @@ async def get_endpoint(request: web.Request) -> web.Response:
 async def list_deliveries(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     read = deliveries_of(request, namespace, name)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         return await read(conn)
 
 
@@ -139,7 +141,7 @@ def deliveries_of(request: web.Request, namespace: str, name: str) -> Read:
 async def get_delivery(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     delivery = inputs.delivery_id(request.match_info["id"])
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         detail = await store.delivery_detail(conn, delivery, (namespace, name))
     if detail is None:
         return no_delivery(namespace, name, delivery)
@@ -150,7 +152,7 @@ async def get_delivery(request: web.Request) -> web.Response:
 async def list_attempts(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     read = attempts_of(request, namespace, name)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         return await read(conn)
 
 
@@ -191,7 +193,7 @@ def attempts_of(request: web.Request, namespace: str, name: str) -> Read:
 async def resend_delivery(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     delivery = inputs.delivery_id(request.match_info["id"])
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         count = await store.resend_dead(conn, namespace, name, [delivery])
     if count is None:
         return no_endpoint(namespace, name)
@@ -204,12 +206,12 @@ async def resend_delivery(request: web.Request) -> web.Response:
 @audience(Audience.ADMIN)
 async def resend_dead(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await store.resend_dead(conn, namespace, name)
-    if count is None:
+    async with connection(request) as conn:
+        done = await store.resend_dead_pages(conn, namespace, name, stop_at=repair_stop(request))
+    if done is None:
         return no_endpoint(namespace, name)
-    _log("resend", namespace, name, count)
-    return web.json_response({"resent": count})
+    _log("resend", namespace, name, done.count)
+    return web.json_response(repaired("resent", done))
 
 
 @audience(Audience.ADMIN)
@@ -217,39 +219,76 @@ async def discard_dead(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     body = await _body(request, required=False)
     ids = _ids(body.get("ids"))
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await store.discard_dead(conn, namespace, name, ids, _ACTOR)
-    if count is None:
+    async with connection(request) as conn:
+        done = await store.discard_dead(conn, namespace, name, ids, _ACTOR, stop_at=repair_stop(request))
+    if done is None:
         return no_endpoint(namespace, name)
-    _log("discard", namespace, name, count)
-    return web.json_response({"discarded": count})
+    _log("discard", namespace, name, done.count)
+    return web.json_response(repaired("discarded", done))
+
+
+def repaired(what: str, done: store.Progress[Any]) -> dict[str, Any]:
+    """The answer of a resend or a discard of every dead delivery: how
+    many, and whether it reached the last (``complete``). One stopped by
+    its deadline is continued by sending it again: what it did is no
+    longer dead."""
+    return {what: done.count, "complete": done.stopped_at is None}
 
 
 @audience(Audience.ADMIN)
 async def replay(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    since = await replay_since(request)
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await store.replay_since(conn, namespace, name, since)
-    if count is None:
+    asked = await replay_asked(request)
+    async with connection(request) as conn:
+        done = await store.replay_pages(
+            conn, namespace, name, asked.since, after=asked.after, stop_at=repair_stop(request)
+        )
+    if done is None:
         return no_endpoint(namespace, name)
-    _log("replay", namespace, name, count)
-    return web.json_response({"replayed": count})
+    _log("replay", namespace, name, done.count)
+    return web.json_response(replayed(done))
 
 
-async def replay_since(request: web.Request) -> datetime:
-    """The ``since`` of a replay's body."""
+@dataclass(frozen=True)
+class ReplayAsked:
+    """A replay's body: the time its events start from, and where in them
+    it continues (a stopped replay's ``next_cursor``)."""
+
+    since: datetime
+    after: tuple[int, str]
+
+
+async def replay_asked(request: web.Request) -> ReplayAsked:
     body = await _body(request, required=True)
-    text = body.get("since")
-    if not isinstance(text, str):
-        raise InvalidInput("since", f"must be an RFC 3339 time like 2026-03-01T12:00:00Z, not {shown(text)}")
-    return parse_time(text, "since")
+    return replay_fields(body.get("since"), body.get("cursor"))
+
+
+def replay_fields(since: object, cursor: object) -> ReplayAsked:
+    """A replay's ``since`` and ``cursor`` (None: from the first event), as
+    a body or a form gave them."""
+    if not isinstance(since, str):
+        raise InvalidInput("since", f"must be an RFC 3339 time like 2026-03-01T12:00:00Z, not {shown(since)}")
+    if cursor is not None and not isinstance(cursor, str):
+        raise InvalidInput("cursor", f"must be the next_cursor of a replay's answer, not {shown(cursor)}")
+    return ReplayAsked(parse_time(since.strip(), "since"), event_position(cursor or None))
+
+
+def replayed(done: store.Progress[tuple[int, str]]) -> dict[str, Any]:
+    """A replay's answer: how many events it queued, and, when its deadline
+    stopped it, where it stopped: sent again with the same ``since`` and
+    this ``cursor``, it continues there and queues each event once."""
+    stopped = done.stopped_at
+    return {
+        "replayed": done.count,
+        "complete": stopped is None,
+        "next_cursor": None if stopped is None else event_cursor(*stopped),
+    }
 
 
 @audience(Audience.ADMIN)
 async def reactivate(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         done = await store.reactivate_endpoint(conn, namespace, name)
     if done is store.Reactivation.NO_ENDPOINT:
         return no_endpoint(namespace, name)
@@ -275,7 +314,7 @@ async def events_of(request: web.Request, tenant: str) -> web.Response:
     since, until = parse_time(inputs.required(query, "since"), "since"), inputs.time(query, "until")
     limit = inputs.limit(query, store.MAX_PAGE)
     cursor = inputs.event_cursor(query)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         page = await store.list_events(conn, tenant, since, until, limit=limit, cursor=cursor)
     events = [
         {
@@ -292,7 +331,7 @@ async def events_of(request: web.Request, tenant: str) -> web.Response:
 
 @audience(Audience.ADMIN)
 async def unrouted(request: web.Request) -> web.Response:
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         counts = await store.unrouted_counts(conn)
     return web.json_response(
         {
@@ -338,7 +377,7 @@ async def portal_session(request: web.Request) -> web.Response:
         )
     link = kind == "link"
     seconds = settings.portal_link_seconds if link else settings.portal_session_seconds
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         issued = await portal.issue(conn, tenant, access, seconds, link=link)
     answer: dict[str, Any] = {
         "tenant": tenant,

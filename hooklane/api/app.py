@@ -23,14 +23,15 @@ from hooklane.api.context import (
     ADMIN_TOKENS,
     DRAINING,
     INGEST_TOKENS,
-    POOL,
     SETTINGS,
+    SHARES,
     WRITER,
     deadline,
     set_started,
 )
 from hooklane.api.endpoint_writers import make_writer
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, classify, problem, renderer
+from hooklane.api.shares import PoolShares, Share, check_shares
 from hooklane.api.tokens import TokenSource
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
@@ -50,11 +51,13 @@ def make_app(
         client_max_size=settings.api_max_body_bytes,
     )
     app[SETTINGS] = settings
-    app[POOL] = pool
+    check_shares(settings)
+    shares = PoolShares(pool, settings)
+    app[SHARES] = shares
     app[INGEST_TOKENS] = ingest_tokens
     app[ADMIN_TOKENS] = admin_tokens
     app[DRAINING] = asyncio.Event()
-    app[WRITER] = make_writer(settings, pool)
+    app[WRITER] = make_writer(settings, shares.connect(Share.TENANT))
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

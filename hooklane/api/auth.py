@@ -6,19 +6,22 @@ the comparison)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from enum import Enum
 from typing import TypeVar
 
 from aiohttp import HttpVersion11, web
 
-from hooklane import metrics, store
-from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, POOL, SETTINGS, set_grant, set_tenant_grant
+from hooklane import metrics
+from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, SHARES, set_grant, set_tenant_grant
 from hooklane.api.errors import Problem, Refused, problem, renderer
 from hooklane.api.inputs import ADMIN_MAX_BODY_BYTES, check_length
+from hooklane.api.shares import Share
 from hooklane.api.tokens import TokenSource, bearer
 from hooklane.errors import InvalidInput, printable
 from hooklane.settings import Settings
 from hooklane.store import portal
+from hooklane.store.connection import StoreConnection
 from hooklane.store.portal import Access
 from hooklane.tokens import Grant
 
@@ -66,6 +69,21 @@ def audience(who: Audience, access: Access = Access.READ) -> Callable[[H], H]:
 
 def audience_of(request: web.Request) -> Audience | None:
     return getattr(request.match_info.handler, "audience", None)
+
+
+# The pool's share each audience takes its connections in; the open
+# routes that reach the database are the portal's link pages: the tenants'.
+_SHARES: dict[Audience | None, Share] = {
+    Audience.INGEST: Share.INGEST,
+    Audience.ADMIN: Share.ADMIN,
+    Audience.DASHBOARD: Share.ADMIN,
+}
+
+
+def connection(request: web.Request) -> AbstractAsyncContextManager[StoreConnection]:
+    """A connection of the API's pool, in the share of the request's
+    audience (:mod:`.shares`)."""
+    return request.app[SHARES].acquire(_SHARES.get(audience_of(request), Share.TENANT))
 
 
 @web.middleware
@@ -153,7 +171,7 @@ async def _tenant_session(request: web.Request) -> web.Response | None:
     refusal when it is unknown or expired, or allows less than the route."""
     token = tenant_token(request)
     assert token is not None, "credentials() checked it is there"
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         found = await portal.session_grant(conn, token)
     if found is None:
         if audience_of(request) is Audience.PORTAL:

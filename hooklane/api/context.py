@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 from aiohttp import web
 
 from hooklane.api.endpoint_writers import EndpointWriter
+from hooklane.api.shares import PoolShares
 from hooklane.api.tokens import TokenSource
 from hooklane.settings import Settings
 from hooklane.store.portal import TenantGrant
 from hooklane.tokens import Grant
 
 SETTINGS = web.AppKey("settings", Settings)
-POOL = web.AppKey("pool", asyncpg.Pool)
+# The API's pool, in shares per audience: handlers take connections
+# through them (hooklane.api.auth.connection).
+SHARES = web.AppKey("shares", PoolShares)
 INGEST_TOKENS = web.AppKey("ingest_tokens", TokenSource)
 ADMIN_TOKENS = web.AppKey("admin_tokens", TokenSource)
 # Where tenants' own endpoints are written; None while self-service is off.
@@ -59,3 +61,14 @@ def deadline(request: web.Request) -> float:
     """When the request must have its answer, on the event loop's clock:
     ``api_ack_timeout_seconds`` after it began."""
     return started(request) + request.config_dict[SETTINGS].api_ack_timeout_seconds
+
+
+# Of a repair's time, what is kept to answer: it stops starting pages
+# before its deadline by this share of the ack timeout (and by twice its
+# slowest page), so that it answers how far it got rather than a 503.
+_ANSWER_SHARE = 0.1
+
+
+def repair_stop(request: web.Request) -> float:
+    """When a paged repair stops starting pages, on the event loop's clock."""
+    return deadline(request) - _ANSWER_SHARE * request.config_dict[SETTINGS].api_ack_timeout_seconds

@@ -25,8 +25,16 @@ from aiohttp import web
 
 from hooklane import store
 from hooklane.api import inputs, pages
-from hooklane.api.auth import LOGIN_PATH, SESSION_COOKIE, Audience, audience, expect_continue, same_origin
-from hooklane.api.context import ADMIN_TOKENS, POOL
+from hooklane.api.auth import (
+    LOGIN_PATH,
+    SESSION_COOKIE,
+    Audience,
+    audience,
+    connection,
+    expect_continue,
+    same_origin,
+)
+from hooklane.api.context import ADMIN_TOKENS, repair_stop
 from hooklane.api.errors import Problem, answers_in
 from hooklane.errors import InvalidInput
 from hooklane.health import EndpointHealth
@@ -263,7 +271,7 @@ async def log_out(_request: web.Request) -> web.Response:
 async def endpoints_page(request: web.Request) -> web.Response:
     chosen = inputs.endpoint_filter(request.query)
     after = inputs.endpoint_cursor(request.query, "after")
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
         totals = await store.endpoint_totals(conn, chosen)
     search = pages.search_query(chosen)
@@ -304,7 +312,7 @@ async def delivery_page(request: web.Request) -> web.Response:
         delivery_id = inputs.delivery_id(request.match_info["id"])
     except InvalidInput:
         return _no_delivery(namespace, name, request.match_info["id"])
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         health = await _health(conn, namespace, name)
         detail = None if health is None else await store.delivery_detail(conn, delivery_id, (namespace, name))
     if health is None:
@@ -362,7 +370,7 @@ async def _filtered(request: web.Request, template: str, read: Read) -> web.Resp
     filter and reads the list, giving the page's values (None: the
     endpoint went meanwhile). A filter refused is said on the page."""
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         health = await _health(conn, namespace, name)
         if health is None:
             return _not_found(namespace, name)
@@ -413,25 +421,25 @@ async def resend(request: web.Request) -> web.Response:
     form = await request.post()
     one = form.get("id")
     ids = None if one is None else [inputs.delivery_id(str(one))]
-    async with store.acquire(request.app[POOL]) as conn:
-        resent = await store.resend_dead(conn, namespace, name, ids)
-    if resent is None:
+    async with connection(request) as conn:
+        done = await store.resend_dead_pages(conn, namespace, name, ids, stop_at=repair_stop(request))
+    if done is None:
         return _not_found(namespace, name)
     logger.info(
         "dashboard: %d dead deliveries of %s/%s queued again",
-        resent,
+        done.count,
         namespace,
         name,
         extra={"action": "resend", "endpoint": f"{namespace}/{name}", "deliveries": ids},
     )
-    return _redirect(_back(request, namespace, name), pages.resend_flash(ids, resent))
+    return _redirect(_back(request, namespace, name), pages.resend_flash(ids, done))
 
 
 @audience(Audience.DASHBOARD)
 @browser_page
 async def reactivate(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         done = await store.reactivate_endpoint(conn, namespace, name)
     if done is store.Reactivation.NO_ENDPOINT:
         return _not_found(namespace, name)

@@ -35,6 +35,7 @@ import kopf
 
 from hooklane import store
 from hooklane.api.errors import Refused
+from hooklane.api.shares import Connect
 from hooklane.checks import check_name
 from hooklane.crd import GROUP, PLURAL, VERSION
 from hooklane.delivery import RequestTerms
@@ -95,14 +96,15 @@ class EndpointWriter(Protocol):
     async def rotate_secret(self, tenant: str, namespace: str, name: str) -> str | None: ...
 
 
-def make_writer(settings: Settings, pool: asyncpg.Pool) -> EndpointWriter | None:
+def make_writer(settings: Settings, connect: Connect) -> EndpointWriter | None:
     """The writer of ``settings.portal_endpoints``; None when tenants may
-    not manage endpoints. ``pool`` is the API's: in both modes it holds
-    the lock that keeps concurrent creates within the bound."""
+    not manage endpoints. ``connect`` gives connections of the API's pool
+    (the tenants' share): in both modes they hold the lock that keeps
+    concurrent creates within the bound."""
     if settings.portal_endpoints == "local":
-        return LocalWriter(settings, pool)
+        return LocalWriter(settings, connect)
     if settings.portal_endpoints == "kubernetes":
-        return KubernetesWriter(settings, pool, KubeApi())
+        return KubernetesWriter(settings, connect, KubeApi())
     return None
 
 
@@ -158,14 +160,14 @@ class LocalWriter:
     whole, so that what the form does not set (paused, spec.delivery set
     by the platform, the secret) stays as it was."""
 
-    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
+    def __init__(self, settings: Settings, connect: Connect) -> None:
         self._settings = settings
-        self._pool = pool
+        self._connect = connect
 
     async def create(self, tenant: str, form: EndpointForm) -> Created:
         spec = spec_for(tenant, form, self._settings)
         secret = new_secret()
-        async with store.acquire(self._pool) as conn, conn.transaction():
+        async with self._connect() as conn, conn.transaction():
             await store.lock_tenant_creates(conn, tenant)
             if await self._held(conn, spec.namespace, spec.name) is not None:
                 raise _exists(form)
@@ -220,7 +222,7 @@ class LocalWriter:
         transaction that holds its row locked; None if it is not."""
         if _portal_name(self._settings, tenant, namespace, name) is None:
             return None
-        async with store.acquire(self._pool) as conn, conn.transaction():
+        async with self._connect() as conn, conn.transaction():
             held = await self._held(conn, namespace, name)
             if held is None or held.spec.tenant != tenant:
                 return None
@@ -372,9 +374,9 @@ class KubernetesWriter:
     the row, as for any resource: a change of spec (paused included) and a
     change of Secret (a rotation) each reach it."""
 
-    def __init__(self, settings: Settings, pool: asyncpg.Pool, kube: KubeApi) -> None:
+    def __init__(self, settings: Settings, connect: Connect, kube: KubeApi) -> None:
         self._settings = settings
-        self._pool = pool
+        self._connect = connect
         self._kube = kube
         self._namespace = settings.portal_namespace
 
@@ -389,7 +391,7 @@ class KubernetesWriter:
         # The API's replicas share Postgres: its lock keeps concurrent creates
         # of one tenant, whichever replica serves them, from both counting
         # below the bound. The list is a consistent read.
-        async with store.acquire(self._pool) as conn, conn.transaction():
+        async with self._connect() as conn, conn.transaction():
             await store.lock_tenant_creates(conn, tenant)
             if await self._count(tenant) >= self._settings.portal_max_endpoints:
                 raise _limit(self._settings)

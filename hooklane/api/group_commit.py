@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from hooklane import metrics, store
+from hooklane.api.shares import Connect
 from hooklane.errors import (
     DatabaseUnreachable,
     InvalidInput,
@@ -137,13 +138,14 @@ def take(queue: deque[_Unit], cap: int, now: float) -> list[_Unit]:
 
 
 class GroupCommitter:
-    """``committers`` tasks storing queued units on ``pool``, each
+    """``committers`` tasks storing queued units on connections of
+    ``connect``, each
     transaction holding at most ``max_events`` events (a unit larger than
     that alone). A transaction is given until the earliest deadline of the
     requests it serves, so that each of them is answered by its own."""
 
-    def __init__(self, pool: asyncpg.Pool, *, committers: int, max_events: int) -> None:
-        self._pool = pool
+    def __init__(self, connect: Connect, *, committers: int, max_events: int) -> None:
+        self._connect = connect
         self._committers = committers
         self._max_events = max_events
         self._queue: deque[_Unit] = deque()
@@ -275,7 +277,7 @@ class GroupCommitter:
             raise TransientStoreError("not committed by the earliest deadline of its requests") from None
 
     async def _attempt(self, units: list[_Unit], attempt: _Attempt) -> list[Conflict | None]:
-        async with store.acquire(self._pool) as conn:
+        async with self._connect() as conn:
             try:
                 return await _transaction(conn, units, attempt)
             except BaseException as exc:

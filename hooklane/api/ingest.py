@@ -31,10 +31,11 @@ from aiohttp import web
 
 from hooklane import metrics, tracing
 from hooklane.api.auth import Audience, audience, expect_continue
-from hooklane.api.context import POOL, SETTINGS, deadline, grant, started
+from hooklane.api.context import SETTINGS, SHARES, deadline, grant, started
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, problem
 from hooklane.api.group_commit import Conflict, Event, GroupCommitter
 from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
+from hooklane.api.shares import Share
 from hooklane.errors import EventConflict, InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
 from hooklane.traceparent import parse_traceparent
@@ -64,7 +65,7 @@ def add_routes(app: web.Application) -> None:
 async def _committer(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     committer = GroupCommitter(
-        app[POOL],
+        app[SHARES].connect(Share.INGEST),
         committers=min(MAX_COMMITTERS, settings.api_pool_size - 1),
         max_events=max(settings.api_batch_max_events, 1000),
     )

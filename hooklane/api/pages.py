@@ -98,6 +98,10 @@ def _resent(number: int) -> str:
 # What the resends that both page sets make say they did.
 _RESENDS: dict[str, str | Callable[[int], str]] = {
     "resent": _resent,
+    "resent-partly": lambda number: (
+        f"{number} dead {'delivery' if number == 1 else 'deliveries'} queued again; time ran out before"
+        " the others: resend again to queue the rest."
+    ),
     "resent-one": lambda number: f"Delivery {number} queued again.",
     "not-dead": lambda number: (
         f"Delivery {number} is not dead any more (resent or discarded already): nothing to resend."
@@ -123,12 +127,12 @@ class Flashes:
         return said if isinstance(said, str) else said(int(found[2] or 0))
 
 
-def resend_flash(ids: list[int] | None, count: int) -> str:
+def resend_flash(ids: list[int] | None, done: store.Progress[int]) -> str:
     """What a resend of all the dead deliveries (``ids`` None) or of one
     says it did."""
     if ids is None:
-        return flash_value("resent", count)
-    return flash_value("resent-one" if count else "not-dead", ids[0])
+        return flash_value("resent" if done.stopped_at is None else "resent-partly", done.count)
+    return flash_value("resent-one" if done.count else "not-dead", ids[0])
 
 
 # Reading the request.

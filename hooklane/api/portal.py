@@ -34,10 +34,18 @@ import asyncpg
 from aiohttp import web
 
 from hooklane import store
-from hooklane.api import inputs, pages, tenant, tenant_actions
+from hooklane.api import admin, inputs, pages, tenant, tenant_actions
 from hooklane.api.admin import PORTAL_ENTRY
-from hooklane.api.auth import PORTAL_COOKIE, Audience, audience, expect_continue, same_origin, tenant_token
-from hooklane.api.context import POOL, SETTINGS, WRITER, tenant_grant
+from hooklane.api.auth import (
+    PORTAL_COOKIE,
+    Audience,
+    audience,
+    connection,
+    expect_continue,
+    same_origin,
+    tenant_token,
+)
+from hooklane.api.context import SETTINGS, WRITER, repair_stop, tenant_grant
 from hooklane.api.errors import Problem, Refused, answers_in
 from hooklane.errors import InvalidInput
 from hooklane.health import EndpointHealth
@@ -45,7 +53,7 @@ from hooklane.selfservice import EndpointForm, chosen_name
 from hooklane.settings import Settings
 from hooklane.store import portal
 from hooklane.store.portal import Access, TenantGrant
-from hooklane.times import parse_time, rfc3339_seconds
+from hooklane.times import rfc3339, rfc3339_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +160,19 @@ def _replayed(number: int) -> str:
     return f"{number} {'event' if number == 1 else 'events'} queued to be sent again."
 
 
+def _replayed_partly(number: int) -> str:
+    return (
+        f"{number} {'event' if number == 1 else 'events'} queued to be sent again; time ran out before"
+        " the others. Continue the replay below to queue the rest: none is queued twice."
+    )
+
+
 # The sentence for what the portal's buttons did (:func:`.pages.flash_value`);
 # None for any other cookie value, so that one set elsewhere shows nothing.
 flash_message = pages.Flashes(
     {
         "replayed": _replayed,
+        "replayed-partly": _replayed_partly,
         "test-event": "Test event queued: it goes out like any other delivery.",
         "paused": "Paused: nothing is sent to this endpoint until you resume it.",
         "resumed": "Resumed: its waiting deliveries go out again.",
@@ -411,7 +427,7 @@ async def enter(request: web.Request) -> web.Response:
     if not isinstance(token, str) or _LINK.fullmatch(token) is None:
         return _link_refused(request)
     settings = request.app[SETTINGS]
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         found = await portal.redeem(conn, token, settings.portal_session_seconds)
         previous = request.cookies.get(PORTAL_COOKIE)
         if found is not None and previous:
@@ -437,7 +453,7 @@ async def enter(request: web.Request) -> web.Response:
 async def log_out(request: web.Request) -> web.Response:
     token = tenant_token(request)
     assert token is not None, "the middleware checked it"
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         await portal.end_session(conn, token)
     response = render(request, "left.html")
     _drop_cookie(request, response, PORTAL_COOKIE)
@@ -453,7 +469,7 @@ async def endpoints_page(request: web.Request) -> web.Response:
     grant = tenant_grant(request)
     chosen = inputs.tenant_filter(request.query, grant.tenant)
     after = inputs.endpoint_cursor(request.query, "after")
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
         totals = await store.endpoint_totals(conn, chosen)
     search = [(k, v) for k, v in pages.search_query(chosen) if k != "tenant"]
@@ -503,7 +519,26 @@ async def endpoint_page(request: web.Request) -> web.Response:
         if page is None or page.cursor is None
         else f"{path}?{urlencode([*kept, ('before', page.cursor)])}",
         replay_from=rfc3339_seconds(health.observed_at - REPLAY_BACK),
+        **_replay_continued(request.query),
     )
+
+
+def _replay_continued(query: Mapping[str, str]) -> dict[str, str | None]:
+    """The form's ``replay_since`` and ``replay_cursor`` to continue a
+    replay that stopped (its redirect set them in the address); None when
+    there is none, or what the address says is not one."""
+    since, cursor = query.get("replay_since"), query.get("replay_cursor")
+    try:
+        admin.replay_fields(since, cursor)
+    except InvalidInput:
+        since = None
+    if since is None or cursor is None:
+        return {"replay_since": None, "replay_cursor": None}
+    return {"replay_since": since, "replay_cursor": cursor}
+    try:
+        return admin.replay_fields(since, cursor)
+    except InvalidInput:
+        return None
 
 
 @audience(Audience.PORTAL)
@@ -541,7 +576,7 @@ async def _tenant_read(
     snapshot that found the endpoint the session's tenant's; None when it
     is not (another tenant's reads as none at all)."""
     async with (
-        store.acquire(request.app[POOL]) as conn,
+        connection(request) as conn,
         portal.tenant_endpoint(conn, tenant_grant(request).tenant, namespace, name) as found,
     ):
         if found is None:
@@ -560,27 +595,44 @@ async def resend(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     one = (await request.post()).get("id")
     ids = None if one is None else [inputs.delivery_id(str(one))]
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await tenant_actions.resend(conn, tenant_grant(request).tenant, namespace, name, ids)
-    if count is None:
+    async with connection(request) as conn:
+        done = await tenant_actions.resend(
+            conn, tenant_grant(request).tenant, namespace, name, ids, repair_stop(request)
+        )
+    if done is None:
         return _no_endpoint(request, namespace, name)
-    return _redirect(request, _back(request.query, namespace, name), pages.resend_flash(ids, count))
+    return _redirect(request, _back(request.query, namespace, name), pages.resend_flash(ids, done))
 
 
 @audience(Audience.PORTAL, Access.RESEND)
 @portal_page
 async def replay(request: web.Request) -> web.Response:
-    """Send the tenant's events since a time to the endpoint again."""
+    """Send the tenant's events since a time to the endpoint again. One
+    that runs out of time comes back to the endpoint's page with its form
+    set to continue where it stopped."""
     namespace, name = inputs.endpoint_key(request)
-    since = (await request.post()).get("since")
-    if not isinstance(since, str):
-        raise InvalidInput("since", "is required")
-    when = parse_time(since.strip(), "since")
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await tenant_actions.replay(conn, tenant_grant(request).tenant, namespace, name, when)
-    if count is None:
+    form = await request.post()
+    asked = admin.replay_fields(form.get("since"), form.get("cursor"))
+    async with connection(request) as conn:
+        done = await tenant_actions.replay(
+            conn,
+            tenant_grant(request).tenant,
+            namespace,
+            name,
+            asked.since,
+            asked.after,
+            repair_stop(request),
+        )
+    if done is None:
         return _no_endpoint(request, namespace, name)
-    return _redirect(request, endpoint_path(namespace, name), pages.flash_value("replayed", count))
+    path = endpoint_path(namespace, name)
+    cursor = admin.replayed(done)["next_cursor"]
+    if cursor is None:
+        return _redirect(request, path, pages.flash_value("replayed", done.count))
+    # The replay's own words for its time, not the form's: what the
+    # continuation sends is what this one read.
+    query = urlencode([("replay_since", rfc3339(asked.since)), ("replay_cursor", cursor)])
+    return _redirect(request, f"{path}?{query}", pages.flash_value("replayed-partly", done.count))
 
 
 @audience(Audience.PORTAL, Access.RESEND)
@@ -588,7 +640,7 @@ async def replay(request: web.Request) -> web.Response:
 async def test_event(request: web.Request) -> web.Response:
     """Queue a test event to the endpoint alone, and show its delivery."""
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         delivery = await tenant_actions.test_event(conn, tenant_grant(request).tenant, namespace, name)
     if delivery is None:
         return _no_endpoint(request, namespace, name)
@@ -657,7 +709,7 @@ async def edit_page(request: web.Request) -> web.Response:
     # The stored spec (the health leaves out the event types and timeout),
     # in the snapshot that found the endpoint the tenant's.
     async with (
-        store.acquire(request.app[POOL]) as conn,
+        connection(request) as conn,
         portal.tenant_endpoint(conn, grant.tenant, namespace, name) as found,
     ):
         stored = None if found is None else await _stored(request, conn, namespace, name)
@@ -760,7 +812,7 @@ async def _unchanged(request: web.Request, namespace: str, name: str) -> web.Res
     """The answer when the writer changed nothing: one of the tenant's own
     endpoints that the platform set up is the platform's to change; any
     other (another tenant's too) is none at all."""
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         found = await tenant_actions.endpoint(conn, tenant_grant(request).tenant, namespace, name)
     if found is None:
         return _no_endpoint(request, namespace, name)

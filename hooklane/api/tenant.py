@@ -18,8 +18,8 @@ from aiohttp import web
 
 from hooklane import store
 from hooklane.api import admin, inputs, tenant_actions
-from hooklane.api.auth import Audience, audience, expect_continue, tenant_token
-from hooklane.api.context import POOL, SETTINGS, WRITER, tenant_grant
+from hooklane.api.auth import Audience, audience, connection, expect_continue, tenant_token
+from hooklane.api.context import SETTINGS, WRITER, repair_stop, tenant_grant
 from hooklane.api.endpoint_writers import EndpointWriter
 from hooklane.api.errors import Refused, problem
 from hooklane.health import as_json
@@ -74,7 +74,7 @@ async def session(request: web.Request) -> web.Response:
 async def end_session(request: web.Request) -> web.Response:
     token = tenant_token(request)
     assert token is not None, "the middleware checked it"
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         await portal.end_session(conn, token)
     return web.Response(status=204)
 
@@ -85,7 +85,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
     chosen = inputs.tenant_filter(query, tenant_grant(request).tenant)
     limit = inputs.limit(query, admin.DEFAULT_ENDPOINTS)
     cursor = inputs.endpoint_cursor(query)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=cursor, limit=limit)
     return web.json_response({"endpoints": [as_json(h) for h in page.endpoints], "next_cursor": page.cursor})
 
@@ -93,7 +93,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
 @audience(Audience.TENANT)
 async def get_endpoint(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         found = await tenant_actions.endpoint(conn, tenant_grant(request).tenant, namespace, name)
     if found is None:
         return admin.no_endpoint(namespace, name)
@@ -109,7 +109,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
 async def get_delivery(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     delivery = inputs.delivery_id(request.match_info["id"])
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         detail = await tenant_actions.delivery(conn, tenant_grant(request).tenant, namespace, name, delivery)
     if detail is None:
         return admin.no_delivery(namespace, name, delivery)
@@ -125,40 +125,50 @@ async def list_attempts(request: web.Request) -> web.Response:
 async def resend_delivery(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     delivery = inputs.delivery_id(request.match_info["id"])
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await tenant_actions.resend(conn, tenant_grant(request).tenant, namespace, name, [delivery])
-    if count is None:
+    async with connection(request) as conn:
+        done = await tenant_actions.resend(conn, tenant_grant(request).tenant, namespace, name, [delivery])
+    if done is None:
         return admin.no_endpoint(namespace, name)
-    if count == 0:
+    if done.count == 0:
         return admin.no_dead_delivery(namespace, name, delivery)
-    return web.json_response({"resent": count})
+    return web.json_response({"resent": done.count})
 
 
 @audience(Audience.TENANT, Access.RESEND)
 async def resend_dead(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await tenant_actions.resend(conn, tenant_grant(request).tenant, namespace, name, None)
-    if count is None:
+    async with connection(request) as conn:
+        done = await tenant_actions.resend(
+            conn, tenant_grant(request).tenant, namespace, name, None, repair_stop(request)
+        )
+    if done is None:
         return admin.no_endpoint(namespace, name)
-    return web.json_response({"resent": count})
+    return web.json_response(admin.repaired("resent", done))
 
 
 @audience(Audience.TENANT, Access.RESEND)
 async def replay(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    since = await admin.replay_since(request)
-    async with store.acquire(request.app[POOL]) as conn:
-        count = await tenant_actions.replay(conn, tenant_grant(request).tenant, namespace, name, since)
-    if count is None:
+    asked = await admin.replay_asked(request)
+    async with connection(request) as conn:
+        done = await tenant_actions.replay(
+            conn,
+            tenant_grant(request).tenant,
+            namespace,
+            name,
+            asked.since,
+            asked.after,
+            repair_stop(request),
+        )
+    if done is None:
         return admin.no_endpoint(namespace, name)
-    return web.json_response({"replayed": count})
+    return web.json_response(admin.replayed(done))
 
 
 @audience(Audience.TENANT, Access.RESEND)
 async def test_event(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    async with store.acquire(request.app[POOL]) as conn:
+    async with connection(request) as conn:
         delivery = await tenant_actions.test_event(conn, tenant_grant(request).tenant, namespace, name)
     if delivery is None:
         return admin.no_endpoint(namespace, name)
@@ -172,7 +182,7 @@ async def _listing(request: web.Request, list_of: admin.Listing) -> web.Response
     read = list_of(request, namespace, name)
     tenant = tenant_grant(request).tenant
     async with (
-        store.acquire(request.app[POOL]) as conn,
+        connection(request) as conn,
         portal.tenant_endpoint(conn, tenant, namespace, name) as found,
     ):
         if found is None:

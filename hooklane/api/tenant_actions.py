@@ -5,14 +5,16 @@ tenant's endpoint is None here exactly as one that does not exist.
 Each call checks the endpoint's tenant in the transaction that does the
 work (:func:`hooklane.store.portal.tenant_endpoint`), so that an endpoint
 moved to another tenant meanwhile is never read or repaired for the one
-it left.
+it left. The repairs that page through many rows (a resend of every dead
+delivery, a replay) commit page by page, and each page's statement checks
+the tenant itself, holding the endpoint for that page.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import TypeVar
 
 import asyncpg
 
@@ -21,6 +23,7 @@ from hooklane.health import EndpointHealth
 from hooklane.store import portal
 
 logger = logging.getLogger(__name__)
+P = TypeVar("P")
 
 
 async def endpoint(conn: asyncpg.Connection, tenant: str, namespace: str, name: str) -> EndpointHealth | None:
@@ -41,46 +44,60 @@ async def delivery(
 
 
 async def resend(
-    conn: asyncpg.Connection, tenant: str, namespace: str, name: str, ids: list[int] | None
-) -> int | None:
-    """Queue again the endpoint's dead deliveries (``ids``, or all): how
-    many; None when the endpoint is not the tenant's."""
-    return await _repair(
-        conn, tenant, namespace, name, "resend", lambda _id: store.resend_dead(conn, namespace, name, ids)
-    )
+    conn: asyncpg.Connection,
+    tenant: str,
+    namespace: str,
+    name: str,
+    ids: list[int] | None,
+    stop_at: float | None = None,
+) -> store.Progress[int] | None:
+    """Queue again the endpoint's dead deliveries (``ids``, or all), page by
+    page until ``stop_at``: how many; None when the endpoint is not the
+    tenant's, or stopped being so on the way."""
+    done = await store.resend_dead_pages(conn, namespace, name, ids, tenant=tenant, stop_at=stop_at)
+    return _logged(tenant, namespace, name, "resend", done)
 
 
 async def replay(
-    conn: asyncpg.Connection, tenant: str, namespace: str, name: str, since: datetime
-) -> int | None:
-    """Send the tenant's events since ``since`` to the endpoint again."""
-    return await _repair(
-        conn, tenant, namespace, name, "replay", lambda _id: store.replay_since(conn, namespace, name, since)
-    )
+    conn: asyncpg.Connection,
+    tenant: str,
+    namespace: str,
+    name: str,
+    since: datetime,
+    after: tuple[int, str],
+    stop_at: float,
+) -> store.Progress[tuple[int, str]] | None:
+    """Send the tenant's events since ``since`` (from the position
+    ``after`` in them) to the endpoint again, page by page until
+    ``stop_at``; None when the endpoint is not the tenant's, or stopped
+    being so on the way."""
+    done = await store.replay_pages(conn, namespace, name, since, tenant=tenant, after=after, stop_at=stop_at)
+    return _logged(tenant, namespace, name, "replay", done)
+
+
+def _logged(
+    tenant: str, namespace: str, name: str, action: str, done: store.Progress[P] | None
+) -> store.Progress[P] | None:
+    """A paged repair's outcome, logged; None when the endpoint is not the
+    tenant's now: what it queued before it moved is discarded by the
+    workers, as any delivery of an endpoint's previous tenant."""
+    if done is not None:
+        _log(tenant, namespace, name, action, done.count)
+    return None if done is None or done.gone else done
 
 
 async def test_event(conn: asyncpg.Connection, tenant: str, namespace: str, name: str) -> int | None:
     """Queue a ``hooklane.test`` event to the endpoint alone: the new
     delivery's id."""
-    return await _repair(
-        conn, tenant, namespace, name, "test_event", lambda found: portal.send_test_event(conn, found, tenant)
-    )
-
-
-async def _repair(
-    conn: asyncpg.Connection,
-    tenant: str,
-    namespace: str,
-    name: str,
-    action: str,
-    work: Callable[[int], Awaitable[int | None]],
-) -> int | None:
-    """``work`` on the endpoint's id, in the transaction that holds it the
-    tenant's, logged; None when it is not the tenant's."""
     async with portal.tenant_endpoint(conn, tenant, namespace, name, change=True) as found:
         if found is None:
             return None
-        done = await work(found)
+        delivery = await portal.send_test_event(conn, found, tenant)
+    _log(tenant, namespace, name, "test_event", delivery)
+    return delivery
+
+
+def _log(tenant: str, namespace: str, name: str, action: str, done: int | None) -> None:
     logger.info(
         "tenant %s: %s %s/%s: %s",
         tenant,
@@ -90,4 +107,3 @@ async def _repair(
         done,
         extra={"action": action, "tenant": tenant, "endpoint": f"{namespace}/{name}", "result": done},
     )
-    return done

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Generic, TypeVar
 
 import asyncpg
 
@@ -183,69 +185,197 @@ async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> 
     return await conn.fetch(*QUERIES["deactivate_failing"](after_seconds=after_seconds))
 
 
-async def resend_dead(
-    conn: asyncpg.Connection, namespace: str, name: str, ids: list[int] | None = None
-) -> int | None:
-    """How many dead deliveries were queued again; None if there is no such endpoint."""
-    return await conn.fetchval(*QUERIES["resend_dead"](namespace=namespace, name=name, ids=ids))
-
-
-async def discard_dead(
-    conn: asyncpg.Connection, namespace: str, name: str, ids: list[int] | None, by: str
-) -> int | None:
-    """Give up for good on dead deliveries of one endpoint (all, or ``ids``),
-    recording ``by`` (who discarded them) in last_error. How many; None if
-    there is no such endpoint."""
-    return await conn.fetchval(*QUERIES["discard_dead"](namespace=namespace, name=name, ids=ids, by=by))
-
-
+# Deliveries one resend_dead or discard_dead statement changes at most:
+# however many an endpoint has dead, no transaction holds more than this.
+REPAIR_PAGE = 1000
 # Events one replay_since statement pages through, and so the most
 # deliveries it inserts: at 10,000 events a day, a replay of a month is 300
 # statements of a few milliseconds each rather than one inserting 300,000
 # rows in a transaction that holds them all until it ends.
 REPLAY_PAGE = 1000
 
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class Progress(Generic[P]):
+    """How far a repair paged through an endpoint's rows got: how many it
+    changed, and the position after its last page when it stopped before
+    the end (None once it reached it). ``gone``: the endpoint went (deleted,
+    or moved to another tenant) after its first page, which stopped it."""
+
+    count: int
+    stopped_at: P | None = None
+    gone: bool = False
+
+
+@dataclass(frozen=True)
+class _Page(Generic[P]):
+    count: int
+    # Where the next page starts; None when this one was the last.
+    after: P | None
+
+
+def another_page_fits(now: float, stop_at: float | None, slowest: float) -> bool:
+    """Whether a page may start at ``now`` and end by ``stop_at`` (None: no
+    bound), judged by the slowest page so far, taken twice: a page's time
+    varies with what it finds, and this one must not outlast the bound."""
+    return stop_at is None or now + 2 * slowest <= stop_at
+
+
+async def _paged(
+    page: Callable[[P], Awaitable[_Page[P] | None]], start: P, stop_at: float | None
+) -> Progress[P] | None:
+    """Run ``page`` from ``start``, each page from where the previous one
+    ended, until one is the last or the next might not end by ``stop_at``
+    (on the event loop's clock; the first page always runs). None when the
+    endpoint is not there for the first page."""
+    clock = asyncio.get_running_loop().time
+    done, at, slowest, first = 0, start, 0.0, True
+    while True:
+        began = clock()
+        found = await page(at)
+        if found is None:
+            return None if first else Progress(done, gone=True)
+        first = False
+        done += found.count
+        if found.after is None:
+            return Progress(done)
+        at = found.after
+        now = clock()
+        slowest = max(slowest, now - began)
+        if not another_page_fits(now, stop_at, slowest):
+            return Progress(done, at)
+
+
+async def resend_dead(
+    conn: asyncpg.Connection, namespace: str, name: str, ids: list[int] | None = None
+) -> int | None:
+    """How many dead deliveries were queued again; None if there is no such endpoint."""
+    done = await resend_dead_pages(conn, namespace, name, ids)
+    return None if done is None else done.count
+
+
+async def resend_dead_pages(
+    conn: asyncpg.Connection,
+    namespace: str,
+    name: str,
+    ids: list[int] | None = None,
+    *,
+    tenant: str | None = None,
+    stop_at: float | None = None,
+    page: int = REPAIR_PAGE,
+) -> Progress[int] | None:
+    """Queue again the endpoint's dead deliveries (``ids``, or all), ``page``
+    of them a statement, each committing on its own outside a transaction,
+    until none is left or the next page might not end by ``stop_at``
+    (:func:`_paged`). Only while the endpoint is ``tenant``'s, when given,
+    checked on every page. None if there is no such endpoint (of that
+    tenant). A resend that stopped is continued by running it again: what
+    it queued is no longer dead."""
+
+    async def one(after: int) -> _Page[int] | None:
+        row = await conn.fetchrow(
+            *QUERIES["resend_dead"](
+                namespace=namespace, name=name, tenant=tenant, ids=ids, after=after, page_size=page
+            )
+        )
+        return _repair_page(row, page)
+
+    return await _paged(one, 0, stop_at)
+
+
+async def discard_dead(
+    conn: asyncpg.Connection,
+    namespace: str,
+    name: str,
+    ids: list[int] | None,
+    by: str,
+    *,
+    stop_at: float | None = None,
+    page: int = REPAIR_PAGE,
+) -> Progress[int] | None:
+    """Give up for good on dead deliveries of one endpoint (all, or ``ids``),
+    recording ``by`` (who discarded them) in last_error, ``page`` of them a
+    statement as :func:`resend_dead_pages`. None if there is no such
+    endpoint."""
+
+    async def one(after: int) -> _Page[int] | None:
+        row = await conn.fetchrow(
+            *QUERIES["discard_dead"](
+                namespace=namespace, name=name, ids=ids, by=by, after=after, page_size=page
+            )
+        )
+        return _repair_page(row, page)
+
+    return await _paged(one, 0, stop_at)
+
+
+def _repair_page(row: asyncpg.Record | None, page: int) -> _Page[int] | None:
+    if row is None:
+        return None
+    return _Page(row["done"], row["last"] if row["scanned"] == page else None)
+
 
 async def replay_since(
     conn: asyncpg.Connection, namespace: str, name: str, since: datetime, *, page: int = REPLAY_PAGE
 ) -> int | None:
+    """How many events :func:`replay_pages` queued again, run to the end;
+    None if there is no such endpoint."""
+    done = await replay_pages(conn, namespace, name, since, page=page)
+    return None if done is None else done.count
+
+
+async def replay_pages(
+    conn: asyncpg.Connection,
+    namespace: str,
+    name: str,
+    since: datetime,
+    *,
+    tenant: str | None = None,
+    after: tuple[int, str] = (0, ""),
+    stop_at: float | None = None,
+    page: int = REPLAY_PAGE,
+) -> Progress[tuple[int, str]] | None:
     """Queue again, as new deliveries of the same event ids, every stored
     event of the endpoint's tenant created since ``since`` whose type it
     receives and that has no delivery to it pending or in flight now,
     whether or not it had one before (events published while it was
-    deactivated are caught up). How many; None if there is no such endpoint.
+    deactivated are caught up). None if there is no such endpoint, or it is
+    not ``tenant``'s when one is given.
 
-    One statement per ``page`` events, in the order they were stored. Outside
-    a transaction each commits on its own, and the worker starts sending the
-    first while the next are queued; if the replay stops half way, what it
-    queued stays queued, and running it again queues only what is not
-    pending or in flight (receivers deduplicate on webhook-id)."""
+    One statement per ``page`` events, in the order they were stored (xact,
+    id), from the position ``after`` (an :func:`~hooklane.store.cursor.event_cursor`'s).
+    Outside a transaction each commits on its own, and the worker starts
+    sending the first while the next are queued. Each page checks that the
+    endpoint is still the tenant's: one moved to another tenant stops the
+    replay (``gone``). It stops too before a page that might not end by
+    ``stop_at`` (:func:`_paged`), and says where: continuing from there
+    queues each event once. Run again from the start instead, it queues only
+    what is not pending or in flight (receivers deduplicate on webhook-id)."""
     check_time(since, "since")
-    tenant = await conn.fetchval(*QUERIES["endpoint_tenant"](namespace=namespace, name=name))
     if tenant is None:
-        return None
-    replayed = 0
-    xact, after = "0", ""
-    while True:
+        tenant = await conn.fetchval(*QUERIES["endpoint_tenant"](namespace=namespace, name=name))
+        if tenant is None:
+            return None
+
+    async def one(position: tuple[int, str]) -> _Page[tuple[int, str]] | None:
         row = await conn.fetchrow(
             *QUERIES["replay_since"](
                 namespace=namespace,
                 name=name,
                 tenant=tenant,
                 since=since,
-                cursor_xact=xact,
-                cursor_id=after,
+                cursor_xact=str(position[0]),
+                cursor_id=position[1],
                 page_size=page,
             )
         )
         if row is None:
-            # Deleted, or moved to another tenant, since: nothing more of
-            # this tenant's goes to it.
-            return replayed
-        replayed += row["replayed"]
-        if row["scanned"] < page:
-            return replayed
-        xact, after = row["xact"], row["id"]
+            return None
+        return _Page(row["replayed"], (int(row["xact"]), row["id"]) if row["scanned"] == page else None)
+
+    return await _paged(one, after, stop_at)
 
 
 @dataclass(frozen=True)

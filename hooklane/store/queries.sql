@@ -634,31 +634,56 @@ FROM (SELECT 1) one LEFT JOIN last ON true;
 
 -- name: resend_dead
 -- Explicit resend of dead deliveries of one endpoint (all of them, or the
--- given ids): they start a new life, attempts and age from zero. One row,
--- how many were resent, if the endpoint exists; none if it does not. Only
--- the endpoint's own tenant's: a worker of version 2 (rolling upgrade)
--- records a failure after a tenant change as dead, not discarded.
--- Parameters: namespace, name, ids (of deliveries; NULL for all).
--- Index: the unique (namespace, name) constraint; deliveries_dead.
+-- given ids): they start a new life, attempts and age from zero. One page
+-- at a time: the endpoint's dead deliveries after a delivery id, in id
+-- order, at most page_size of them, so that however many are dead no
+-- statement holds more than a page (store.resend_dead runs the pages, each
+-- committing on its own). One row, how many were resent, how many dead ones
+-- the page held and its last id, if the endpoint exists (with that tenant,
+-- when one is given); none if it does not. The endpoint is share-locked for
+-- the page: a move to another tenant waits for it, and the next page then
+-- finds the endpoint gone. Only the endpoint's own tenant's: a worker of
+-- version 2 (rolling upgrade) records a failure after a tenant change as
+-- dead, not discarded.
+-- Parameters: namespace, name, tenant (NULL: whoever's), ids (of
+-- deliveries; NULL for all), after (the last delivery id of the previous
+-- page, 0 for the first), page_size.
+-- Index: the unique (namespace, name) constraint; deliveries_dead, walked
+-- in order from the position.
 WITH endpoint AS (
-    SELECT id, partition, tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
+    SELECT id, partition, tenant FROM endpoints
+    WHERE namespace = %(namespace)s AND name = %(name)s
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+    FOR SHARE
+),
+page AS (
+    SELECT d.id
+    FROM deliveries d, endpoint ep
+    WHERE d.endpoint_id = ep.id
+      AND d.state = 'dead'
+      AND d.id > %(after)s
+      AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+    ORDER BY d.id
+    LIMIT %(page_size)s
 ),
 resent AS (
     UPDATE deliveries d
     SET state = 'pending', attempts = 0, next_attempt_at = now(),
         created_at = now(), last_error = NULL, last_status = NULL, last_failure = NULL
-    FROM endpoint ep
-    WHERE d.endpoint_id = ep.id
+    FROM page p, endpoint ep
+    WHERE d.id = p.id
       AND d.state = 'dead'
       AND d.event_tenant = ep.tenant
-      AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
     RETURNING d.id, ep.id AS endpoint_id, ep.partition
 ),
 woken AS (
     SELECT hooklane_wake_v2(array_agg(r.endpoint_id), array_agg(r.partition), array_agg(now()))
     FROM (SELECT DISTINCT endpoint_id, partition FROM resent) r
 )
-SELECT (SELECT count(*) FROM resent) AS resent FROM endpoint, woken;
+SELECT (SELECT count(*) FROM resent) AS done,
+       (SELECT count(*) FROM page) AS scanned,
+       (SELECT max(p.id) FROM page p) AS last
+FROM endpoint, woken;
 
 -- name: list_events
 -- A page of one tenant's events created in a time range, for receivers'
@@ -949,25 +974,42 @@ ORDER BY p.recorded_at DESC, p.delivery_id DESC, p.attempt DESC;
 -- Give up for good on dead deliveries of one endpoint (all of them, or the
 -- given ids): 'discarded' is never sent, and no resend brings it back.
 -- last_error says who discarded it and keeps the error it died of. One
--- row, how many were discarded, if the endpoint exists; none if it does not.
+-- page at a time, as resend_dead: the endpoint's dead deliveries after a
+-- delivery id, at most page_size (store.discard_dead runs the pages). One
+-- row, how many were discarded, how many dead ones the page held and its
+-- last id, if the endpoint exists; none if it does not.
 -- Parameters: namespace, name, ids (of deliveries; NULL for all), by (who
--- discards, e.g. 'the admin API', 'hooklane endpoint discard').
--- Index: the unique (namespace, name) constraint; deliveries_dead.
+-- discards, e.g. 'the admin API', 'hooklane endpoint discard'), after (the
+-- last delivery id of the previous page, 0 for the first), page_size.
+-- Index: the unique (namespace, name) constraint; deliveries_dead, walked
+-- in order from the position.
 WITH endpoint AS (
     SELECT id FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
+),
+page AS (
+    SELECT d.id
+    FROM deliveries d, endpoint ep
+    WHERE d.endpoint_id = ep.id
+      AND d.state = 'dead'
+      AND d.id > %(after)s
+      AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+    ORDER BY d.id
+    LIMIT %(page_size)s
 ),
 discarded AS (
     UPDATE deliveries d
     SET state = 'discarded',
         last_error = format('discarded by %%s (dead of: %%s)', %(by)s::text,
                             coalesce(d.last_error, 'no error recorded'))
-    FROM endpoint ep
-    WHERE d.endpoint_id = ep.id
+    FROM page p
+    WHERE d.id = p.id
       AND d.state = 'dead'
-      AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
     RETURNING d.id
 )
-SELECT (SELECT count(*) FROM discarded) AS discarded FROM endpoint;
+SELECT (SELECT count(*) FROM discarded) AS done,
+       (SELECT count(*) FROM page) AS scanned,
+       (SELECT max(p.id) FROM page p) AS last
+FROM endpoint;
 
 -- name: endpoint_tenant
 -- The tenant of one endpoint, which replay_since then takes as a value.
@@ -985,7 +1027,9 @@ SELECT tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- id), in the order the events were stored, for events with no delivery to
 -- the endpoint pending or in flight now. Only the events of the tenant
 -- given, and only while it is the endpoint's: other tenants' events are
--- never replayed. Wakes the endpoint. One page is at most `page_size` of
+-- never replayed. The endpoint is share-locked for the page, so that a move
+-- to another tenant waits for it and the next page finds the endpoint gone
+-- (its tenant is checked again on every page). Wakes the endpoint. One page is at most `page_size` of
 -- the tenant's events since the time, in (xact, id) order after the cursor;
 -- the caller runs the next page from the position returned until a page
 -- comes back short, so that no statement inserts more than `page_size` deliveries
@@ -1008,6 +1052,7 @@ WITH endpoint AS (
     SELECT id, partition, tenant, event_types
     FROM endpoints
     WHERE namespace = %(namespace)s AND name = %(name)s AND tenant = %(tenant)s
+    FOR SHARE
 ),
 page AS (
     SELECT e.tenant, e.xact, e.id
