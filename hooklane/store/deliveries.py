@@ -224,17 +224,34 @@ def another_page_fits(now: float, stop_at: float | None, slowest: float) -> bool
 
 
 async def _paged(
-    page: Callable[[P], Awaitable[_Page[P] | None]], start: P, stop_at: float | None
+    conn: asyncpg.Connection,
+    page: Callable[[P], Awaitable[_Page[P] | None]],
+    start: P,
+    stop_at: float | None,
 ) -> Progress[P] | None:
     """Run ``page`` from ``start``, each page from where the previous one
     ended, until one is the last or the next might not end by ``stop_at``
-    (on the event loop's clock; the first page always runs). None when the
-    endpoint is not there for the first page."""
+    (on the event loop's clock). None when the endpoint is not there for
+    the first page.
+
+    A page still running at ``stop_at`` (the first, or one slower than the
+    others) is cut off: the connection is closed, so that its statement
+    ends on the server with it, and the position before it is where the
+    repair stopped. Its statement rolls back, unless it committed as it was
+    cut off: continuing then repeats it, which queues again those of its
+    events that were delivered meanwhile, never one pending or in flight."""
     clock = asyncio.get_running_loop().time
     done, at, slowest, first = 0, start, 0.0, True
     while True:
         began = clock()
-        found = await page(at)
+        try:
+            async with asyncio.timeout_at(stop_at) as timer:
+                found = await page(at)
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            conn.terminate()
+            return Progress(done, at)
         if found is None:
             return None if first else Progress(done, gone=True)
         first = False
@@ -282,7 +299,7 @@ async def resend_dead_pages(
         )
         return _repair_page(row, page)
 
-    return await _paged(one, 0, stop_at)
+    return await _paged(conn, one, 0, stop_at)
 
 
 async def discard_dead(
@@ -308,7 +325,7 @@ async def discard_dead(
         )
         return _repair_page(row, page)
 
-    return await _paged(one, 0, stop_at)
+    return await _paged(conn, one, 0, stop_at)
 
 
 def _repair_page(row: asyncpg.Record | None, page: int) -> _Page[int] | None:
@@ -375,7 +392,7 @@ async def replay_pages(
             return None
         return _Page(row["replayed"], (int(row["xact"]), row["id"]) if row["scanned"] == page else None)
 
-    return await _paged(one, after, stop_at)
+    return await _paged(conn, one, after, stop_at)
 
 
 @dataclass(frozen=True)
