@@ -257,12 +257,13 @@ class Settings:
     api_drain_seconds: Annotated[float, Field(ge=0, le=300, allow_inf_nan=False)] = 5.0
     # Connections of one API process to Postgres.
     api_pool_size: Annotated[int, Field(ge=2, le=1000)] = 10
-    # Of those, how many only ingest may use (the group committer uses up
-    # to 4): the admin API, the dashboard and the tenants share the rest
-    # (hooklane/api/shares.py).
-    api_pool_ingest_reserved: Annotated[int, Field(ge=1, le=999)] = 4
+    # Of those, how many only ingest may use: the admin API, the dashboard
+    # and the tenants share the rest (hooklane/api/shares.py). Unset, 4 (the
+    # group committer's connections at most), or the pool less one.
+    api_pool_ingest_reserved: Annotated[int, Field(ge=1, le=999)] | None = None
     # How many the tenant API and the portal may hold at once between them.
-    api_pool_tenant_max: Annotated[int, Field(ge=1, le=999)] = 3
+    # Unset, half of what the reserve leaves (at least 1).
+    api_pool_tenant_max: Annotated[int, Field(ge=1, le=999)] | None = None
     # A connection that has not sent a whole request head (request line and
     # headers) this long after connecting, or after its previous answer, is
     # closed: a client trickling headers, or none, holds no socket longer.

@@ -24,7 +24,7 @@ from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import PORTAL_COOKIE, token_sources
 from hooklane.api.portal import FLASH_COOKIE
-from hooklane.api.shares import check_shares
+from hooklane.api.shares import Sizes, share_sizes
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.store.deliveries import REPLAY_PAGE, another_page_fits
@@ -332,9 +332,24 @@ async def test_tenants_holding_their_share_of_the_pool_never_delay_ingest(settin
 )
 def test_shares_that_do_not_fit_the_pool_are_refused_by_name(changes, variable):
     with pytest.raises(InvalidInput) as refused:
-        check_shares(Settings(**changes))
+        share_sizes(Settings(**changes))
     assert refused.value.field == variable
-    check_shares(Settings(api_pool_size=10, api_pool_ingest_reserved=4, api_pool_tenant_max=6))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("changes", "sizes"),
+    [
+        ({}, Sizes(4, 3)),
+        ({"api_pool_size": 2}, Sizes(1, 1)),
+        ({"api_pool_size": 5}, Sizes(4, 1)),
+        ({"api_pool_size": 30}, Sizes(4, 13)),
+        ({"api_pool_size": 10, "api_pool_ingest_reserved": 2}, Sizes(2, 4)),
+        ({"api_pool_size": 10, "api_pool_ingest_reserved": 4, "api_pool_tenant_max": 6}, Sizes(4, 6)),
+    ],
+)
+def test_unset_shares_follow_the_pool(changes, sizes):
+    assert share_sizes(Settings(**changes)) == sizes
 
 
 @pytest.mark.unit

@@ -31,7 +31,7 @@ from hooklane.api.context import (
 )
 from hooklane.api.endpoint_writers import make_writer
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, classify, problem, renderer
-from hooklane.api.shares import PoolShares, Share, check_shares
+from hooklane.api.shares import PoolShares, Share, share_sizes
 from hooklane.api.tokens import TokenSource
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
@@ -51,8 +51,7 @@ def make_app(
         client_max_size=settings.api_max_body_bytes,
     )
     app[SETTINGS] = settings
-    check_shares(settings)
-    shares = PoolShares(pool, settings)
+    shares = PoolShares(pool, settings.api_pool_size, share_sizes(settings))
     app[SHARES] = shares
     app[INGEST_TOKENS] = ingest_tokens
     app[ADMIN_TOKENS] = admin_tokens

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from enum import Enum
 
 import asyncpg
@@ -42,34 +43,55 @@ class Share(Enum):
     TENANT = "tenant"
 
 
-def check_shares(settings: Settings) -> None:
-    """``InvalidInput`` when the shares do not fit in the pool: ingest's
-    reserve must leave the others one connection, the tenants' share no
-    more than the others have."""
+# Ingest's reserve when unset: its group committer holds one connection
+# per task, 4 at most (hooklane.api.ingest.MAX_COMMITTERS).
+DEFAULT_INGEST_RESERVED = 4
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many connections of the pool are ingest's alone, and how many
+    the tenants may hold at most."""
+
+    ingest_reserved: int
+    tenant_max: int
+
+
+def share_sizes(settings: Settings) -> Sizes:
+    """The shares ``settings`` give the pool, the unset ones derived from
+    its size; ``InvalidInput`` when the ones set do not fit: ingest's
+    reserve must leave the others a connection, the tenants' share no more
+    than the others have."""
     size, reserved = settings.api_pool_size, settings.api_pool_ingest_reserved
-    if reserved >= size:
+    if reserved is None:
+        reserved = min(DEFAULT_INGEST_RESERVED, size - 1)
+    elif reserved >= size:
         raise InvalidInput(
             "HOOKLANE_API_POOL_INGEST_RESERVED",
             f"{reserved} must be below HOOKLANE_API_POOL_SIZE ({size}): the admin API, the dashboard"
             " and the tenants need a connection too",
         )
-    if settings.api_pool_tenant_max > size - reserved:
+    tenants = settings.api_pool_tenant_max
+    if tenants is None:
+        tenants = max(1, (size - reserved) // 2)
+    elif tenants > size - reserved:
         raise InvalidInput(
             "HOOKLANE_API_POOL_TENANT_MAX",
-            f"{settings.api_pool_tenant_max} is more than the {size - reserved} connections"
-            f" HOOKLANE_API_POOL_SIZE ({size}) leaves besides HOOKLANE_API_POOL_INGEST_RESERVED ({reserved})",
+            f"{tenants} is more than the {size - reserved} connections HOOKLANE_API_POOL_SIZE ({size})"
+            f" leaves besides ingest's reserve ({reserved}, HOOKLANE_API_POOL_INGEST_RESERVED)",
         )
+    return Sizes(reserved, tenants)
 
 
 class PoolShares:
-    """The places of each share in front of ``pool``, sized by ``settings``
-    (:func:`check_shares` passed)."""
+    """The places of each share in front of ``pool`` of ``size``
+    connections."""
 
-    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+    def __init__(self, pool: asyncpg.Pool, size: int, sizes: Sizes) -> None:
         self._pool = pool
         # Every share but ingest's: its reserve is what they cannot take.
-        self._others = asyncio.Semaphore(settings.api_pool_size - settings.api_pool_ingest_reserved)
-        self._tenants = asyncio.Semaphore(settings.api_pool_tenant_max)
+        self._others = asyncio.Semaphore(size - sizes.ingest_reserved)
+        self._tenants = asyncio.Semaphore(sizes.tenant_max)
         self._gates: dict[Share, tuple[asyncio.Semaphore, ...]] = {
             Share.INGEST: (),
             Share.ADMIN: (self._others,),
