@@ -174,7 +174,10 @@ async def test_a_portal_replay_that_stops_leaves_its_form_set_to_continue(settin
             api.session.cookie_jar.clear()
             replayed = sum(n for _, n in await queued(db))
             if not location.query:
-                assert "queued to be sent again." in shown and "Continue the replay" not in shown
+                # (The last may find nothing left: the one before it
+                # stopped at the very end.)
+                assert "queued to be sent again." in shown or "No events to send again" in shown
+                assert "Continue the replay" not in shown and 'name="cursor"' not in shown
                 break
             query = parse_qs(location.query)
             assert "time ran out before the others" in shown and "Continue the replay" in shown
@@ -204,12 +207,10 @@ async def test_an_endpoint_moved_to_another_tenant_between_pages_stops_the_repla
             replay = asyncio.create_task(api.post(REPLAY, headers=headers, json={"since": SINCE}))
             await wait_for(lambda: lock_waiters(db))
             assert len(await queued(db)) == REPLAY_PAGE
-            # The move waits for the page that holds the endpoint...
-            move = asyncio.create_task(add_endpoint(mover, "orders", NOWHERE, tenant="globex"))
-            await wait_for(lambda: _at_least(lock_waiters(db), 2))
+            # The endpoint moves while the second page runs, which then
+            # ends, and the third finds it gone.
+            await add_endpoint(mover, "orders", NOWHERE, tenant="globex")
             await held.rollback()
-            # ...which then ends, and the next page finds the endpoint gone.
-            await move
             response = await replay
             answer = await response.json()
     finally:

@@ -7,7 +7,9 @@ work (:func:`hooklane.store.portal.tenant_endpoint`), so that an endpoint
 moved to another tenant meanwhile is never read or repaired for the one
 it left. The repairs that page through many rows (a resend of every dead
 delivery, a replay) commit page by page, and each page's statement checks
-the tenant itself, holding the endpoint for that page.
+the tenant itself: the first page that finds the endpoint moved stops the
+repair, and what a page queued as the move committed keeps the old tenant,
+which the workers discard.
 """
 
 from __future__ import annotations

@@ -640,9 +640,11 @@ FROM (SELECT 1) one LEFT JOIN last ON true;
 -- statement holds more than a page (store.resend_dead runs the pages, each
 -- committing on its own). One row, how many were resent, how many dead ones
 -- the page held and its last id, if the endpoint exists (with that tenant,
--- when one is given); none if it does not. The endpoint is share-locked for
--- the page: a move to another tenant waits for it, and the next page then
--- finds the endpoint gone. Only the endpoint's own tenant's: a worker of
+-- when one is given); none if it does not, which stops the resend. Not
+-- locked: deliveries a page resends as the endpoint moves to another
+-- tenant keep the old tenant, and the workers discard them
+-- (hooklane_tenant_discard), as a lock would have them wait on each
+-- reservation round instead. Only the endpoint's own tenant's: a worker of
 -- version 2 (rolling upgrade) records a failure after a tenant change as
 -- dead, not discarded.
 -- Parameters: namespace, name, tenant (NULL: whoever's), ids (of
@@ -654,7 +656,6 @@ WITH endpoint AS (
     SELECT id, partition, tenant FROM endpoints
     WHERE namespace = %(namespace)s AND name = %(name)s
       AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-    FOR SHARE
 ),
 page AS (
     SELECT d.id
@@ -1027,9 +1028,10 @@ SELECT tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- id), in the order the events were stored, for events with no delivery to
 -- the endpoint pending or in flight now. Only the events of the tenant
 -- given, and only while it is the endpoint's: other tenants' events are
--- never replayed. The endpoint is share-locked for the page, so that a move
--- to another tenant waits for it and the next page finds the endpoint gone
--- (its tenant is checked again on every page). Wakes the endpoint. One page is at most `page_size` of
+-- never replayed: its tenant is checked again on every page, and a page
+-- that finds it moved returns nothing, which stops the replay (deliveries
+-- a page queues as the move commits keep the old tenant, and the workers
+-- discard them: hooklane_tenant_discard). Wakes the endpoint. One page is at most `page_size` of
 -- the tenant's events since the time, in (xact, id) order after the cursor;
 -- the caller runs the next page from the position returned until a page
 -- comes back short, so that no statement inserts more than `page_size` deliveries
@@ -1052,7 +1054,6 @@ WITH endpoint AS (
     SELECT id, partition, tenant, event_types
     FROM endpoints
     WHERE namespace = %(namespace)s AND name = %(name)s AND tenant = %(tenant)s
-    FOR SHARE
 ),
 page AS (
     SELECT e.tenant, e.xact, e.id
