@@ -220,6 +220,44 @@ async def test_an_endpoint_moved_to_another_tenant_between_pages_stops_the_repla
     assert sum(n for _, n in await queued(db)) == 2 * REPLAY_PAGE
 
 
+async def test_a_page_still_running_at_the_deadline_is_cut_off_and_the_replay_says_where_it_stopped(
+    settings, db, dsn
+):
+    await add_endpoint(db, "orders", NOWHERE, tenant="acme")
+    await stored_events(db, "acme", 2 * REPLAY_PAGE)
+    holder = await asyncpg.connect(dsn)
+    try:
+        async with api_of(replace(settings, api_ack_timeout_seconds=2.0), LOCK_WAIT) as api:
+            headers = await tenant_token(api, "acme")
+            # The second page waits for an event this transaction holds,
+            # far past the request's deadline.
+            held = holder.transaction()
+            await held.start()
+            await holder.execute(
+                "SELECT FROM events WHERE tenant = 'acme' AND id = $1 FOR UPDATE", f"e-{REPLAY_PAGE + 1:06d}"
+            )
+            response = await api.post(REPLAY, headers=headers, json={"since": SINCE})
+            stopped = await response.json()
+            assert response.status == 200, stopped
+            assert stopped["replayed"] == REPLAY_PAGE and stopped["complete"] is False
+            # Its connection closed, the server ended the waiting statement.
+            await wait_for(lambda: _none(lock_waiters(db)))
+            await held.rollback()
+            response = await api.post(
+                REPLAY, headers=headers, json={"since": SINCE, "cursor": stopped["next_cursor"]}
+            )
+            rest = await response.json()
+    finally:
+        await holder.close()
+    assert rest == {"replayed": REPLAY_PAGE, "complete": True, "next_cursor": None}
+    counted = await queued(db)
+    assert len(counted) == 2 * REPLAY_PAGE and {n for _, n in counted} == {1}
+
+
+async def _none(count: Any) -> bool:
+    return await count == 0
+
+
 async def _at_least(count: Any, wanted: int) -> bool:
     return await count >= wanted
 

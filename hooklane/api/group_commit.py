@@ -139,9 +139,8 @@ def take(queue: deque[_Unit], cap: int, now: float) -> list[_Unit]:
 
 class GroupCommitter:
     """``committers`` tasks storing queued units on connections of
-    ``connect``, each
-    transaction holding at most ``max_events`` events (a unit larger than
-    that alone). A transaction is given until the earliest deadline of the
+    ``connect``, each transaction holding at most ``max_events`` events (a
+    unit larger than that alone). A transaction is given until the earliest deadline of the
     requests it serves, so that each of them is answered by its own."""
 
     def __init__(self, connect: Connect, *, committers: int, max_events: int) -> None:

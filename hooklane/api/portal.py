@@ -613,16 +613,7 @@ async def replay(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     form = await request.post()
     asked = admin.replay_fields(form.get("since"), form.get("cursor"))
-    async with connection(request) as conn:
-        done = await tenant_actions.replay(
-            conn,
-            tenant_grant(request).tenant,
-            namespace,
-            name,
-            asked.since,
-            asked.after,
-            repair_stop(request),
-        )
+    done = await tenant.replay_of(request, namespace, name, asked)
     if done is None:
         return _no_endpoint(request, namespace, name)
     path = endpoint_path(namespace, name)

@@ -149,9 +149,19 @@ async def resend_dead(request: web.Request) -> web.Response:
 @audience(Audience.TENANT, Access.RESEND)
 async def replay(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    asked = await admin.replay_asked(request)
+    done = await replay_of(request, namespace, name, await admin.replay_asked(request))
+    if done is None:
+        return admin.no_endpoint(namespace, name)
+    return web.json_response(admin.replayed(done))
+
+
+async def replay_of(
+    request: web.Request, namespace: str, name: str, asked: admin.ReplayAsked
+) -> store.Progress[tuple[int, str]] | None:
+    """The replay ``asked`` of the session's tenant, by the request's
+    deadline: the tenant API's and the portal's."""
     async with connection(request) as conn:
-        done = await tenant_actions.replay(
+        return await tenant_actions.replay(
             conn,
             tenant_grant(request).tenant,
             namespace,
@@ -160,9 +170,6 @@ async def replay(request: web.Request) -> web.Response:
             asked.after,
             repair_stop(request),
         )
-    if done is None:
-        return admin.no_endpoint(namespace, name)
-    return web.json_response(admin.replayed(done))
 
 
 @audience(Audience.TENANT, Access.RESEND)
