@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from hooklane import store
 from hooklane.checks import MAX_DEPTH
 from hooklane.errors import InvalidInput
 from hooklane.publish import MAX_DATA_BYTES, arguments
@@ -294,6 +295,10 @@ async def test_publishing_is_granted_and_needs_nothing_on_the_tables(conn, appli
         await conn.execute(
             f"GRANT EXECUTE ON FUNCTION hooklane_try_publish_v1, hooklane_publish_v1 TO {role}"
         )
+        # EXECUTE alone names no tenant: refused, before anything is read.
+        row = await app.fetchrow(TRY, "acme", "order.created", "{}", "e-1", None, None)
+        assert (row["error_code"], row["error_field"]) == ("WH403", "tenant")
+        await store.grant_publisher(conn, role, ["acme"])
         # A table of the caller's named like Hooklane's is not the one written.
         await app.execute("CREATE TEMPORARY TABLE events (id text, tenant text)")
         async with app.transaction():

@@ -114,6 +114,7 @@ from hooklane.store.notifications import (
     note_notices,
     take_notices,
 )
+from hooklane.store.publishers import PublisherScope, grant_publisher, publisher_scopes, revoke_publisher
 from hooklane.store.queries import parse as parse_queries
 from hooklane.store.reflection import Changed, endpoint_health_changed
 
@@ -153,6 +154,7 @@ __all__ = [
     "Noted",
     "Notice",
     "PartitionsKept",
+    "PublisherScope",
     "Reactivation",
     "Rescued",
     "Reservation",
@@ -191,6 +193,7 @@ __all__ = [
     "endpoint_page",
     "endpoint_position",
     "endpoint_totals",
+    "grant_publisher",
     "insert_event",
     "insert_events",
     "keep_attempt_partitions",
@@ -202,6 +205,7 @@ __all__ = [
     "parse_queries",
     "partition_count",
     "pending_endpoints",
+    "publisher_scopes",
     "purge_events",
     "reactivate_endpoint",
     "refresh_endpoint_statistics",
@@ -210,6 +214,7 @@ __all__ = [
     "reseal_secrets",
     "resend_dead",
     "reserve",
+    "revoke_publisher",
     "stored_endpoint",
     "stored_endpoints",
     "stored_form",
