@@ -1443,15 +1443,17 @@ ORDER BY f.endpoint_id, f.kind;
 SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %(role)s);
 
 -- name: publisher_execute_statement
--- The statement granting (grant true) or revoking EXECUTE on the publish
--- functions to or from a role, its name quoted: GRANT takes no parameter.
--- Parameters: role, grant.
-SELECT format('%%s EXECUTE ON FUNCTION hooklane_try_publish_v1(text, text, jsonb, text, text, text), '
-              'hooklane_publish_v1(text, text, jsonb, text, text, text), '
-              'hooklane_try_publish_v2(text, text, text, text, text, text), '
-              'hooklane_publish_v2(text, text, text, text, text, text) %%s %%I',
+-- The statement granting (grant true) or revoking EXECUTE on every version
+-- of the publish functions to or from a role, its name quoted: GRANT takes
+-- no parameter.
+-- Parameters: role, grant. Index: pg_proc's on the name.
+SELECT format('%%s EXECUTE ON FUNCTION %%s %%s %%I',
               CASE WHEN %(grant)s::boolean THEN 'GRANT' ELSE 'REVOKE' END,
-              CASE WHEN %(grant)s::boolean THEN 'TO' ELSE 'FROM' END, %(role)s::text);
+              string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.proname),
+              CASE WHEN %(grant)s::boolean THEN 'TO' ELSE 'FROM' END, %(role)s::text)
+FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace
+  AND p.proname ~ '^hooklane_(try_)?publish_v[0-9]+$';
 
 -- name: grant_publisher_scopes
 -- Let a role publish for these tenants (NULL in the array: every tenant);
