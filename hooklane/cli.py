@@ -96,6 +96,21 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--coalesce-key", help="replaces a still-pending delivery with the same key")
     pub.add_argument("--traceparent", help="the W3C trace context the event joins (00-TRACEID-SPANID-FLAGS)")
 
+    publisher = sub.add_parser(
+        "publisher", help="which tenants a database role may publish for (the publish functions' scope)"
+    )
+    psub = publisher.add_subparsers(dest="publisher_command", required=True, metavar="ACTION")
+    for action, text in (
+        ("grant", "let a role publish for these tenants, with EXECUTE on the publish functions"),
+        ("revoke", "take tenants from a role's scope (all of them, and EXECUTE, unless --tenant)"),
+    ):
+        p = psub.add_parser(action, help=text)
+        p.add_argument("role", help="the database role, as the application's connection logs in")
+        chosen = p.add_mutually_exclusive_group(required=action == "grant")
+        chosen.add_argument("--tenant", action="append", help="a tenant (repeatable)")
+        chosen.add_argument("--all-tenants", action="store_true", help="every tenant, present and future")
+    psub.add_parser("list", help="every role with a scope or with EXECUTE, and its tenants")
+
     endpoint = sub.add_parser("endpoint", help="endpoints in local mode (without Kubernetes)")
     esub = endpoint.add_subparsers(dest="endpoint_command", required=True, metavar="ACTION")
     apply = esub.add_parser("apply", help="create or update an endpoint from a WebhookEndpoint manifest")
@@ -299,6 +314,47 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
             )
     print(event_id)
     return 0
+
+
+async def _publisher(args: argparse.Namespace, settings: Settings) -> int:
+    """``hooklane publisher``: the tenants each application role may
+    publish for, as the publish functions check them (docs/publishing.md)."""
+    action = args.publisher_command
+    if action == "list":
+        async with _database(settings) as conn:
+            scopes = await store.publisher_scopes(conn)
+        _print_table(
+            ["ROLE", "TENANTS", "EXECUTE"],
+            [
+                [
+                    s.role,
+                    ",".join("*" if t is None else t for t in s.tenants) or "- (refused for every tenant)",
+                    "/".join(v for v, held in (("v1", s.execute_v1), ("v2", s.execute_v2)) if held) or "-",
+                ]
+                for s in scopes
+            ],
+        )
+        return 0
+    tenants: list[str | None] | None = None
+    if args.all_tenants:
+        tenants = [None]
+    elif args.tenant:
+        tenants = [check_tenant(t, "--tenant") for t in args.tenant]
+    role = printable(args.role)
+    async with _database(settings) as conn:
+        if action == "grant":
+            assert tenants is not None
+            added = await store.grant_publisher(conn, args.role, tenants)
+            print(f"{role} may publish for {_tenants_text(tenants)} ({added} new)")
+            return 0
+        removed, remaining = await store.revoke_publisher(conn, args.role, tenants)
+    left = f"{remaining} left" if remaining else "none left, EXECUTE revoked"
+    print(f"{removed} of {role}'s tenants revoked ({left})")
+    return 0
+
+
+def _tenants_text(tenants: list[str | None]) -> str:
+    return "every tenant" if None in tenants else ", ".join(printable(str(t)) for t in tenants)
 
 
 async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
@@ -552,6 +608,7 @@ _COMMANDS = {
     "migrate": _migrate,
     "worker": _worker,
     "publish": _publish,
+    "publisher": _publisher,
     "endpoint": _endpoint,
     "status": _status,
     "events": _events,

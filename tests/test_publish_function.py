@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from hooklane import store
 from hooklane.checks import MAX_DEPTH
 from hooklane.errors import InvalidInput
 from hooklane.publish import MAX_DATA_BYTES, arguments
@@ -294,6 +295,10 @@ async def test_publishing_is_granted_and_needs_nothing_on_the_tables(conn, appli
         await conn.execute(
             f"GRANT EXECUTE ON FUNCTION hooklane_try_publish_v1, hooklane_publish_v1 TO {role}"
         )
+        # EXECUTE alone names no tenant: refused, before anything is read.
+        row = await app.fetchrow(TRY, "acme", "order.created", "{}", "e-1", None, None)
+        assert (row["error_code"], row["error_field"]) == ("WH403", "tenant")
+        await store.grant_publisher(conn, role, ["acme"])
         # A table of the caller's named like Hooklane's is not the one written.
         await app.execute("CREATE TEMPORARY TABLE events (id text, tenant text)")
         async with app.transaction():
@@ -310,3 +315,100 @@ async def test_publishing_is_granted_and_needs_nothing_on_the_tables(conn, appli
     finally:
         await app.close()
     assert await conn.fetchval("SELECT count(*) FROM deliveries") == 2
+
+
+def deep_json(kind: str, depth: int) -> str:
+    """A JSON object holding ``depth`` containers nested, itself the first:
+    objects all the way down, or arrays under the top object. 64 is the
+    most a publish takes (the innermost at level 63)."""
+    if kind == "object":
+        return '{"k": ' * depth + "1" + "}" * depth
+    return '{"a": ' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"
+
+
+TRY_TEXT = "SELECT * FROM hooklane_try_publish_v2($1, $2, $3, $4, $5, $6)"
+DEEPER = "nests deeper than 64 levels"
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+@pytest.mark.parametrize("depth", [64, 65, 10_000, 20_000])
+async def test_deep_data_is_answered_in_the_row_and_the_callers_row_is_kept(conn, kind, depth):
+    """Any depth, as JSON text (v2): PostgreSQL's own parser overflows its
+    stack at ~14,000 levels, inside the function's parse."""
+    await conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+    async with conn.transaction():
+        await conn.execute("INSERT INTO orders VALUES ('o-1')")
+        row = await conn.fetchrow(
+            TRY_TEXT, "acme", "order.created", deep_json(kind, depth), "e-1", None, None
+        )
+    assert await conn.fetchval("SELECT count(*) FROM orders") == 1
+    if depth == 64:
+        assert (row["event_id"], row["stored"], row["error_code"]) == ("e-1", True, None)
+    else:
+        assert (row["error_code"], row["error_field"], row["error_message"]) == ("WH422", "data", DEEPER)
+        assert await conn.fetchval("SELECT count(*) FROM events") == 0
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+@pytest.mark.parametrize("depth", [64, 65, 10_000, 12_000])
+async def test_deep_jsonb_is_answered_in_the_row_up_to_what_the_callers_cast_parses(conn, kind, depth):
+    """v1 takes jsonb, which the caller's statement parses: what parses
+    is answered, where the depth rule overflowed at ~11,000 levels."""
+    await conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+    async with conn.transaction():
+        await conn.execute("INSERT INTO orders VALUES ('o-1')")
+        row = await conn.fetchrow(TRY, "acme", "order.created", deep_json(kind, depth), "e-1", None, None)
+    assert await conn.fetchval("SELECT count(*) FROM orders") == 1
+    expected = (None, None) if depth == 64 else ("WH422", DEEPER)
+    assert (row["error_code"], row["error_message"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # 81 KB of numbers of 131,072 digits each: 1.2 GB printed.
+        ('{"a": [' + "1e131071," * 9000 + "1]}", "has an integer outside the 64-bit range"),
+        # 630 KB of numbers of 16,385 characters each: 1.1 GB printed.
+        ('{"a": [' + "1e-16383," * 70_000 + "1]}", "is larger than 262144 bytes"),
+        ('{"a": [' + "0e-16383," * 70_000 + "1]}", "is larger than 262144 bytes"),
+        # Many zeros that print short: within the limit.
+        ('{"a": [' + "0," * 87_000 + "1]}", None),
+        # A binary too large to print within the limit.
+        ('{"a": [' + "1," * 300_000 + "1]}", "is larger than 262144 bytes"),
+    ],
+    ids=["huge integers", "tiny numbers", "zeros with a scale", "zeros", "large binary"],
+)
+async def test_numbers_that_print_long_are_refused_in_the_row(conn, data, message):
+    """Each was an out-of-memory error that aborted the caller's
+    transaction: the function printed the whole data first."""
+    await conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+    for query in (TRY, TRY_TEXT):
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES ('o-1')")
+            row = await conn.fetchrow(query, "acme", "order.created", data, None, None, None)
+            assert row["error_message"] == message
+            await conn.execute("DELETE FROM orders")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("{", "is not JSON that PostgreSQL can store: invalid input syntax for type json"),
+        ('{"a": "\\u0000"}', "is not JSON that PostgreSQL can store: unsupported Unicode escape sequence"),
+        ('{"a": 1e131072}', "is not JSON that PostgreSQL can store: value overflows numeric format"),
+        (" " * (4 * 1024 * 1024 + 1), "is more than 4194304 bytes of JSON text"),
+    ],
+)
+async def test_text_that_jsonb_cannot_hold_is_refused_in_the_row(conn, data, message):
+    async with conn.transaction():
+        row = await conn.fetchrow(TRY_TEXT, "acme", "order.created", data, None, None, None)
+        assert (row["error_code"], row["error_field"]) == ("WH422", "data")
+        assert row["error_message"].startswith(message), row["error_message"]
+        # The transaction goes on.
+        assert await conn.fetchval("SELECT 1") == 1
+    # The arguments before the data still come first.
+    row = await conn.fetchrow(TRY_TEXT, "acme", "order created", "{", None, None, None)
+    assert row["error_field"] == "type"
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await conn.fetchval("SELECT hooklane_publish_v2('acme', 'order.created', '{')")
+    assert (refused.value.sqlstate, refused.value.column_name) == ("WH422", "data")

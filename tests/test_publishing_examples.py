@@ -171,3 +171,73 @@ def test_the_build_names_what_is_missing(tmp_path):
     assert done.stdout == ""
     assert "build: go node npm not found on PATH" in done.stderr, done.stderr
     assert not (tmp_path / "cache").exists()
+
+
+# An application's transaction around a publish of data read from a file,
+# through the v2 function (JSON text): what the examples do, with data of
+# any depth. Each prints the answer's code and message, then commits.
+DEEP_PSQL = r"""\set ON_ERROR_STOP on
+\set QUIET on
+\set data `cat {path}`
+BEGIN;
+INSERT INTO orders (id, total) VALUES ('1042', 19.99);
+SELECT coalesce(error_code, 'stored') || ' ' || coalesce(error_message, '')
+FROM hooklane_try_publish_v2(tenant => 'acme', type => 'order.created', data => :'data')
+\g
+COMMIT;
+"""
+DEEP_NODE = r"""
+const { Client } = require('pg');
+const data = require('fs').readFileSync(process.argv[1], 'utf8');
+(async () => {
+  const client = new Client({ connectionString: process.env.DATABASE_URL });
+  await client.connect();
+  await client.query('BEGIN');
+  await client.query("INSERT INTO orders (id, total) VALUES ('1042', 19.99)");
+  const { rows: [row] } = await client.query(
+    `SELECT error_code, error_message
+       FROM hooklane_try_publish_v2(tenant => 'acme', type => 'order.created', data => $1)`, [data]);
+  console.log(`${row.error_code || 'stored'} ${row.error_message || ''}`);
+  await client.query('COMMIT');
+  await client.end();
+})().catch((err) => { console.error(err.message); process.exitCode = 1; });
+"""
+
+
+def _deep(kind: str, depth: int) -> str:
+    if kind == "object":
+        return '{"k": ' * depth + "1" + "}" * depth
+    return '{"a": ' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+@pytest.mark.parametrize("depth", [64, 65, 10_000, 20_000])
+@pytest.mark.parametrize("language", ["psql", "node"])
+async def test_deep_data_is_refused_in_the_row_and_the_order_commits(
+    language, kind, depth, publishing_examples, dsn, db, shop, tmp_path
+):
+    """Nested 64 levels is taken; deeper is refused as an answer, however
+    deep (PostgreSQL's own JSON parser gives up at ~14,000), and the
+    order commits either way."""
+    data = tmp_path / "data.json"
+    data.write_text(_deep(kind, depth))
+    if language == "psql":
+        script = tmp_path / "deep.sql"
+        script.write_text(DEEP_PSQL.replace("{path}", str(data)))
+        argv = ["psql", dsn, "-X", "-A", "-t", "-f", str(script)]
+        env = dict(os.environ)
+    else:
+        argv = ["node", "-e", DEEP_NODE, str(data)]
+        env = {**os.environ, "DATABASE_URL": dsn, "NODE_PATH": str(publishing_examples / "node_modules")}
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    expected = "stored" if depth == 64 else "WH422 nests deeper than 64 levels"
+    assert (proc.returncode, out.decode().strip(), err.decode()) == (0, expected, "")
+    assert await db.fetchval("SELECT total FROM orders WHERE id = '1042'") == TOTAL
+    assert await db.fetchval("SELECT count(*) FROM events") == (1 if depth == 64 else 0)

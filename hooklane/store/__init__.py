@@ -117,6 +117,7 @@ from hooklane.store.notifications import (
     note_notices,
     take_notices,
 )
+from hooklane.store.publishers import PublisherScope, grant_publisher, publisher_scopes, revoke_publisher
 from hooklane.store.queries import parse as parse_queries
 from hooklane.store.reflection import Changed, endpoint_health_changed
 
@@ -157,6 +158,7 @@ __all__ = [
     "Notice",
     "PartitionsKept",
     "Progress",
+    "PublisherScope",
     "Reactivation",
     "Rescued",
     "Reservation",
@@ -195,6 +197,7 @@ __all__ = [
     "endpoint_page",
     "endpoint_position",
     "endpoint_totals",
+    "grant_publisher",
     "insert_event",
     "insert_events",
     "keep_attempt_partitions",
@@ -206,6 +209,7 @@ __all__ = [
     "parse_queries",
     "partition_count",
     "pending_endpoints",
+    "publisher_scopes",
     "purge_events",
     "reactivate_endpoint",
     "refresh_endpoint_statistics",
@@ -216,6 +220,7 @@ __all__ = [
     "resend_dead",
     "resend_dead_pages",
     "reserve",
+    "revoke_publisher",
     "stored_endpoint",
     "stored_endpoints",
     "stored_form",

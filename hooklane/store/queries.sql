@@ -1481,3 +1481,80 @@ SELECT f.endpoint_id, f.kind, f.namespace, f.name, f.tenant, f.seen, f.transitio
 FROM facts f
 WHERE f.told
 ORDER BY f.endpoint_id, f.kind;
+
+-- name: publisher_role_exists
+-- Whether a database role of this name exists: `hooklane publisher grant`
+-- refuses a misspelt one rather than scoping nobody.
+-- Parameters: role. Index: pg_authid's on the name.
+SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %(role)s);
+
+-- name: publisher_execute_statement
+-- The statement granting (grant true) or revoking EXECUTE on every version
+-- of the publish functions to or from a role, its name quoted: GRANT takes
+-- no parameter.
+-- Parameters: role, grant. Index: pg_proc's on the name.
+SELECT format('%%s EXECUTE ON FUNCTION %%s %%s %%I',
+              CASE WHEN %(grant)s::boolean THEN 'GRANT' ELSE 'REVOKE' END,
+              string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.proname),
+              CASE WHEN %(grant)s::boolean THEN 'TO' ELSE 'FROM' END, %(role)s::text)
+FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace
+  AND p.proname ~ '^hooklane_(try_)?publish_v[0-9]+$';
+
+-- name: grant_publisher_scopes
+-- Let a role publish for these tenants (NULL in the array: every tenant);
+-- those it had already are kept as they were. Returns how many are new.
+-- Parameters: role, tenants. Index: publisher_scopes_role_tenant (ON
+-- CONFLICT).
+WITH added AS (
+    INSERT INTO publisher_scopes (role, tenant)
+    SELECT %(role)s, t FROM unnest(%(tenants)s::text[]) AS t
+    ON CONFLICT (role, coalesce(tenant, '')) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM added;
+
+-- name: revoke_publisher_scopes
+-- Take tenants from a role's scope (NULL in the array: its every-tenant
+-- scope), or its whole scope (all_scopes). Returns how many it took and
+-- how many the role has left.
+-- Parameters: role, tenants, all_scopes. Index: publisher_scopes_role_tenant.
+WITH removed AS (
+    DELETE FROM publisher_scopes
+    WHERE role = %(role)s
+      AND (%(all_scopes)s::boolean
+           OR coalesce(tenant, '') = ANY (SELECT coalesce(t, '') FROM unnest(%(tenants)s::text[]) AS t))
+    RETURNING tenant
+)
+SELECT (SELECT count(*) FROM removed) AS removed,
+       (SELECT count(*) FROM publisher_scopes WHERE role = %(role)s)
+           - (SELECT count(*) FROM removed) AS remaining;
+
+-- name: publisher_scopes
+-- Every role that may publish or holds EXECUTE on the publish functions:
+-- its tenants (a NULL among them: every tenant), and whether it holds
+-- EXECUTE on v1 and on v2. The owner, its members and superusers are left
+-- out: they publish for every tenant without a scope.
+-- Parameters: none. Index: none (a scan of a table of a few rows per role,
+-- and of pg_roles).
+WITH owner AS (
+    SELECT proowner AS oid FROM pg_proc
+    WHERE oid = 'hooklane_try_publish_v1(text, text, jsonb, text, text, text)'::regprocedure
+),
+roles AS (
+    SELECT r.rolname AS role,
+           has_function_privilege(r.oid, 'hooklane_try_publish_v1(text, text, jsonb, text, text, text)',
+                                  'EXECUTE') AS execute_v1,
+           has_function_privilege(r.oid, 'hooklane_try_publish_v2(text, text, text, text, text, text)',
+                                  'EXECUTE') AS execute_v2
+    FROM pg_roles r, owner
+    WHERE NOT pg_has_role(r.oid, owner.oid, 'MEMBER')
+)
+SELECT coalesce(s.role, r.role) AS role,
+       coalesce(s.tenants, '{}') AS tenants,
+       coalesce(r.execute_v1, false) AS execute_v1,
+       coalesce(r.execute_v2, false) AS execute_v2
+FROM (SELECT role, array_agg(tenant ORDER BY tenant NULLS FIRST) AS tenants
+      FROM publisher_scopes GROUP BY role) AS s
+FULL JOIN (SELECT * FROM roles WHERE execute_v1 OR execute_v2) AS r ON r.role = s.role
+ORDER BY 1;

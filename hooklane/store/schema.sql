@@ -1575,8 +1575,24 @@ END;
 $$;
 
 -- ---------------------------------------------------------------------------
--- Publishing (migration 0012): the contract every language calls
--- (docs/publishing.md).
+-- Publishing (migrations 0012 and 0015): the contract every language
+-- calls (docs/publishing.md).
+
+-- The tenants each database role may publish for, by the name the
+-- connection logged in as (session_user). A NULL tenant: every tenant.
+-- The owner of the publish functions (Hooklane's role), its members and
+-- superusers need none: they can write the tables themselves. Managed by
+-- `hooklane publisher`; the migration gave every role that held EXECUTE on
+-- the v1 functions every tenant.
+CREATE TABLE publisher_scopes (
+    role       text NOT NULL CHECK (length(role) BETWEEN 1 AND 63),
+    tenant     text CHECK (length(tenant) BETWEEN 1 AND 253),
+    granted_at timestamptz NOT NULL DEFAULT now()
+);
+-- hooklane_try_publish_v1's scope check (one role's scope for one tenant
+-- or for all, '' standing for NULL, which no tenant is), the CLI's grant
+-- (ON CONFLICT) and list.
+CREATE UNIQUE INDEX publisher_scopes_role_tenant ON publisher_scopes (role, coalesce(tenant, ''));
 
 -- Why a publish is refused, if it is: the first rule the arguments break,
 -- as the argument's name and the reason; NULLs when none is. Reads no
@@ -1590,57 +1606,96 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 -- Every publish pays for these, so no pattern has a bounded repetition
 -- ({1,255} took 30 us a call, a tenth of the whole publish: lengths are
--- compared instead), and the data is walked once, for its depth: its
--- printed text, which its size needs anyway, tells whether any number
--- could be out of range (bench/publish_function.py).
+-- compared instead). Each rule costs no more than its limit allows,
+-- whatever the argument: a text's bytes are compared before its
+-- characters are counted (octet_length reads a header; length reads the
+-- text), no pattern runs on a text longer than its limit, no walk of the
+-- data recurses past level 64, and the data is printed whole only once
+-- its binary size and its numbers bound the printed size
+-- (bench/publish_function.py).
 DECLARE
     printed text;
+    candidates jsonb;
+    numbers_refused boolean;
 BEGIN
     -- The C0 and C1 controls of hooklane/checks.py (Postgres text holds
     -- no NUL, nor a lone surrogate).
     IF tenant IS NULL THEN
         field := 'tenant'; message := 'is required';
-    ELSIF length(tenant) NOT BETWEEN 1 AND 253 THEN
+    ELSIF octet_length(tenant) > 4 * 253 OR length(tenant) NOT BETWEEN 1 AND 253 THEN
         field := 'tenant'; message := 'must be a string of 1 to 253 characters';
     ELSIF tenant ~ '[\x01-\x1f\x7f-\x9f]' THEN
         field := 'tenant'; message := 'must not contain control characters';
-    ELSIF type IS NULL OR length(type) > 255
+    ELSIF type IS NULL OR octet_length(type) > 4 * 255 OR length(type) > 255
           OR type !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
         field := 'type'; message := 'must be a dotted event type like ''order.updated''';
     ELSIF data IS NULL OR jsonb_typeof(data) <> 'object' THEN
         field := 'data'; message := 'must be a JSON object';
-    ELSIF id IS NOT NULL AND (length(id) > 255 OR id !~ '^[A-Za-z0-9_.:-]+$') THEN
+    ELSIF id IS NOT NULL AND (octet_length(id) > 255 OR id !~ '^[A-Za-z0-9_.:-]+$') THEN
         field := 'id'; message := 'must be 1 to 255 characters of letters, digits and _.:-';
-    ELSIF coalesce_key IS NOT NULL AND length(coalesce_key) NOT BETWEEN 1 AND 255 THEN
+    ELSIF coalesce_key IS NOT NULL
+          AND (octet_length(coalesce_key) > 4 * 255 OR length(coalesce_key) NOT BETWEEN 1 AND 255) THEN
         field := 'coalesce_key'; message := 'is required: a string of 1 to 255 characters';
     ELSIF coalesce_key ~ '[\x01-\x1f\x7f-\x9f]' THEN
         field := 'coalesce_key'; message := 'must not contain control characters';
+    -- jsonb's binary form is at most 4 times its printed text (an array
+    -- of 1s: a 4-byte entry and an aligned 8-byte numeric per ", 1"), so
+    -- a binary over 8 times the limit prints over the limit: refused
+    -- unprinted and unwalked. `#> '{}'` is the data decompressed, as a
+    -- value read from a table may come compressed.
+    ELSIF pg_column_size(data #> '{}') > 8 * 262144 THEN
+        field := 'data'; message := 'is larger than 262144 bytes';
     -- Receivers' parsers recurse: an array or object 64 levels down (the
     -- data itself is level 0) is refused, as hooklane.checks.MAX_DEPTH.
-    ELSIF jsonb_path_exists(data, 'strict $.**{64 to last} ? (@.type() == "object" || @.type() == "array")') THEN
+    -- Level 64 exactly: any deeper one has an ancestor there, and the walk
+    -- goes no further down ({64 to last} recursed to the bottom, and
+    -- overflowed the stack at ~11,000 levels).
+    ELSIF jsonb_path_exists(data, 'strict $.**{64} ? (@.type() == "object" || @.type() == "array")') THEN
         field := 'data'; message := 'nests deeper than 64 levels';
     END IF;
     IF field IS NOT NULL THEN
         RETURN;
     END IF;
-    -- What is sent: a receiver gets data::text as the body's "data".
-    printed := data::text;
     -- Integers every receiver reads back exactly: 64 bits, signed or
     -- unsigned. A number jsonb prints without a fraction is one, however
-    -- the producer wrote it (1e20 is printed as 21 digits); one out of
-    -- range has 19 digits in a row at least, which the text shows without
-    -- a walk.
-    IF printed ~ '[0-9]{19}' AND EXISTS (
-        SELECT FROM jsonb_path_query(
-            data, 'strict $.** ? (@ < -9223372036854775808 || @ > 18446744073709551615)'
+    -- the producer wrote it (1e20 is printed as 21 digits). The numbers
+    -- whose text may be many times their binary are among those beyond
+    -- 2^63 (1e131071: 131,072 digits) and those within 1e-19 of zero
+    -- (0e-16383, 1e-16383: 16,385 characters); any other prints in at
+    -- most its own stored digits and 21 more. Those are collected in one
+    -- walk (.abs() of a non-number is no match), then printed one by one
+    -- until one is an integer out of range or together they pass the
+    -- size limit.
+    candidates := jsonb_path_query_array(data, 'strict $.** ? (@.abs() > 9223372036854775807 '
+                                                 '|| @.abs() < 1e-19)');
+    IF candidates <> '[]' THEN
+        SELECT n.out_of_range INTO numbers_refused
+        FROM (
+            SELECT strpos(p.text, '.') = 0
+                   AND (c.number::numeric < -9223372036854775808
+                        OR c.number::numeric > 18446744073709551615) AS out_of_range,
+                   sum(octet_length(p.text)) OVER (ROWS UNBOUNDED PRECEDING) AS bytes
+            FROM jsonb_array_elements(candidates) AS c(number),
+                 LATERAL (SELECT c.number::text) AS p(text)
         ) AS n
-        WHERE strpos(n::text, '.') = 0
-    ) THEN
-        field := 'data'; message := 'has an integer outside the 64-bit range';
-    ELSIF octet_length(printed) > 262144 THEN
+        WHERE n.out_of_range OR n.bytes > 262144
+        LIMIT 1;
+        IF numbers_refused THEN
+            field := 'data'; message := 'has an integer outside the 64-bit range';
+        ELSIF NOT numbers_refused THEN
+            field := 'data'; message := 'is larger than 262144 bytes';
+        END IF;
+    END IF;
+    IF field IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- What is sent: a receiver gets data::text as the body's "data". At
+    -- most a few times the binary now, 2 MiB at most.
+    printed := data::text;
+    IF octet_length(printed) > 262144 THEN
         field := 'data'; message := 'is larger than 262144 bytes';
     ELSIF traceparent IS NOT NULL
-          AND (length(traceparent) <> 55 OR traceparent !~ '^00-[0-9a-f]+-[0-9a-f]+-[0-9a-f]+$'
+          AND (octet_length(traceparent) <> 55 OR traceparent !~ '^00-[0-9a-f]+-[0-9a-f]+-[0-9a-f]+$'
                OR substr(traceparent, 36, 1) <> '-' OR substr(traceparent, 53, 1) <> '-') THEN
         field := 'traceparent';
         message := 'must be a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lowercase';
@@ -1684,8 +1739,13 @@ $$;
 -- under a reused id is refused rather than dropped. The trace context is
 -- the event's own, stored and not compared: the same event published
 -- again from another trace is the same event.
+-- The caller's scope is checked once the arguments pass and before
+-- anything is read: a role refused for a tenant (WH403) learns nothing of
+-- it (not whether an id exists, nor its content, nor how many endpoints
+-- take a type) and writes nothing. session_user, the role the connection
+-- logged in as: inside this function current_user is the owner's.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for
--- the ON CONFLICT.
+-- the ON CONFLICT; publisher_scopes_role_tenant.
 -- SECURITY DEFINER: it runs with its owner's (Hooklane's) privileges, so
 -- that an application's role needs EXECUTE on it and nothing on the
 -- tables; EXECUTE is revoked from PUBLIC below, so that only the roles
@@ -1713,6 +1773,15 @@ BEGIN
     refusal := hooklane_publish_refusal_v1(p_tenant, p_type, p_data, $4, p_key, p_traceparent);
     IF refusal.field IS NOT NULL THEN
         error_code := 'WH422'; error_field := refusal.field; error_message := refusal.message;
+        RETURN;
+    END IF;
+    -- Index: publisher_scopes_role_tenant.
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER')
+       AND NOT EXISTS (SELECT FROM publisher_scopes s
+                       WHERE s.role = session_user AND coalesce(s.tenant, '') IN ('', p_tenant)) THEN
+        error_code := 'WH403'; error_field := 'tenant';
+        error_message := format('role %s may not publish for tenant %s: its publishing scope does not '
+                                'include it (hooklane publisher grant)', session_user, p_tenant);
         RETURN;
     END IF;
     event_id := coalesce($4, 'msg_' || replace(gen_random_uuid()::text, '-', ''));
@@ -1765,11 +1834,61 @@ BEGIN
 END;
 $$;
 
+-- hooklane_try_publish_v1 with the data as JSON text, which it parses
+-- itself: every input, whatever its text, is answered in the row. The
+-- parse runs in a subtransaction (the EXCEPTION block), the only way
+-- PostgreSQL 15 has to try a conversion; it writes nothing, so it is given
+-- no transaction id of its own and costs none of what subtransactions cost
+-- under load (pg_subtrans lookups, the 64-per-backend cache). A text over
+-- 16 times the limit is refused before it is parsed: room for any
+-- indentation and \u escapes of data that prints within it.
+CREATE FUNCTION hooklane_try_publish_v2(tenant text, type text, data text, id text DEFAULT NULL,
+                                        coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
+                                        OUT event_id text, OUT stored boolean, OUT fanout integer,
+                                        OUT error_code text, OUT error_field text, OUT error_message text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    parsed jsonb;
+    problem text;
+    detail text;
+    refusal record;
+BEGIN
+    IF octet_length(data) > 16 * 262144 THEN
+        problem := 'is more than 4194304 bytes of JSON text';
+    ELSE
+        BEGIN
+            parsed := data::jsonb;
+        EXCEPTION
+            WHEN statement_too_complex THEN
+                problem := 'nests deeper than 64 levels';
+            WHEN data_exception OR program_limit_exceeded THEN
+                GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL;
+                problem := 'is not JSON that PostgreSQL can store: '
+                           || problem || coalesce(' (' || nullif(detail, '') || ')', '');
+        END;
+    END IF;
+    IF problem IS NOT NULL THEN
+        -- The rules of the arguments checked before the data's still come
+        -- first.
+        refusal := hooklane_publish_refusal_v1($1, $2, '{}', NULL, NULL, NULL);
+        error_code := 'WH422';
+        error_field := coalesce(refusal.field, 'data');
+        error_message := coalesce(refusal.message, problem);
+        RETURN;
+    END IF;
+    SELECT * INTO event_id, stored, fanout, error_code, error_field, error_message
+    FROM hooklane_try_publish_v1($1, $2, parsed, $4, $5, $6);
+END;
+$$;
+
 -- The schema the function and the tables were created in: the first of the
 -- migration's search_path.
 DO $$
 BEGIN
     EXECUTE format('ALTER FUNCTION hooklane_try_publish_v1(text, text, jsonb, text, text, text) '
+                   'SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION hooklane_try_publish_v2(text, text, text, text, text, text) '
                    'SET search_path = %I, pg_temp', current_schema());
 END;
 $$;
@@ -1796,11 +1915,32 @@ BEGIN
 END;
 $$;
 
--- Publishing is granted, not given: GRANT EXECUTE ON FUNCTION
--- hooklane_try_publish_v1, hooklane_publish_v1 TO the application's role
+-- hooklane_try_publish_v2, raising its refusal, as hooklane_publish_v1
+-- raises v1's.
+CREATE FUNCTION hooklane_publish_v2(tenant text, type text, data text, id text DEFAULT NULL,
+                                    coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r record;
+BEGIN
+    r := hooklane_try_publish_v2($1, $2, $3, $4, $5, $6);
+    IF r.error_code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = r.error_code, COLUMN = r.error_field,
+            MESSAGE = format('%s: %s', r.error_field, r.error_message);
+    END IF;
+    RETURN r.event_id;
+END;
+$$;
+
+-- Publishing is granted, not given: `hooklane publisher grant` grants
+-- EXECUTE on these to the application's role and names its tenants
 -- (docs/publishing.md). The owner keeps it.
 REVOKE EXECUTE ON FUNCTION hooklane_try_publish_v1(text, text, jsonb, text, text, text),
-                           hooklane_publish_v1(text, text, jsonb, text, text, text) FROM PUBLIC;
+                           hooklane_publish_v1(text, text, jsonb, text, text, text),
+                           hooklane_try_publish_v2(text, text, text, text, text, text),
+                           hooklane_publish_v2(text, text, text, text, text, text) FROM PUBLIC;
 
 -- Tenant portal (docs/portal.md): the signed links the admin API hands out
 -- and the sessions (or tenant tokens) they open. Only the SHA-256 of a
