@@ -24,6 +24,7 @@ from hooklane.worker.rules import (
     endpoint_policy,
     parse_retry_after,
     result_of,
+    start_wait,
 )
 
 pytestmark = pytest.mark.unit
@@ -330,3 +331,46 @@ def test_every_classified_attempt_has_a_result(status, attempts, age):
     assert result.outcome in ResultOutcome
     assert (result.retry_in is not None) == (result.outcome == ResultOutcome.RETRY)
     assert (result.error is None) == (result.outcome == ResultOutcome.DELIVERED)
+
+
+# A grant's start on the database's clock, and the answer that carried it.
+_ANSWERED = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_a_start_waits_from_the_answer_as_the_database_counted_it():
+    start = _ANSWERED + timedelta(seconds=0.3)
+    # The answer arrived at 100.0 here: 0.3 s to go then, 0.2 s at 100.1.
+    assert start_wait(start, _ANSWERED, received=100.0, now=100.0) == pytest.approx(0.3)
+    assert start_wait(start, _ANSWERED, received=100.0, now=100.1) == pytest.approx(0.2)
+
+
+def test_a_round_that_ran_long_does_not_delay_the_starts_it_granted():
+    # Granted at the round's start (now(): 0.5 s before the answer) for
+    # 0.6 s after it: 0.1 s after the answer, not 0.6 s as a wait counted
+    # from the answer's arrival made it, onto the next round's starts.
+    granted_at = _ANSWERED - timedelta(seconds=0.5)
+    start = granted_at + timedelta(seconds=0.6)
+    assert start_wait(start, _ANSWERED, received=7.0, now=7.0) == pytest.approx(0.1)
+
+
+def test_a_start_whose_time_has_passed_goes_at_once():
+    assert start_wait(_ANSWERED - timedelta(seconds=0.2), _ANSWERED, received=5.0, now=5.0) == 0.0
+    assert start_wait(_ANSWERED + timedelta(seconds=0.2), _ANSWERED, received=5.0, now=5.5) == 0.0
+
+
+@given(
+    ahead=st.floats(min_value=-5, max_value=5),
+    elapsed=st.floats(min_value=0, max_value=5),
+    later=st.floats(min_value=0, max_value=5),
+)
+def test_a_start_is_never_sooner_than_granted(ahead, elapsed, later):
+    # Waiting out start_wait at any moment after the answer arrived ends
+    # no sooner than the grant's time after the answer, whenever asked.
+    start = _ANSWERED + timedelta(seconds=ahead)
+    received = 50.0
+    asked = received + elapsed
+    ends = asked + start_wait(start, _ANSWERED, received, asked)
+    assert ends >= received + ahead - 1e-6  # a timedelta's microsecond
+    assert start_wait(start, _ANSWERED, received, asked + later) <= start_wait(
+        start, _ANSWERED, received, asked
+    )

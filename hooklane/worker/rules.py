@@ -86,6 +86,25 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     return max(0.0, (when - now).total_seconds())
 
 
+def start_wait(start_at: datetime, answered_at: datetime, received: float, now: float) -> float:
+    """Seconds until a granted call may start: ``start_at`` and
+    ``answered_at`` are on the database's clock (the grant's start, and the
+    clock as the reservation answered), ``received`` and ``now`` on this
+    process's monotonic one (when the answer arrived, and now). Never
+    negative: a start whose time has passed goes at once.
+
+    The wait counts from the answer, as the database's clock at the answer
+    maps onto its arrival here: the answer left after ``answered_at``, so
+    a start is never sooner than granted (a rate limit's spacing holds),
+    and later only by the answer's way back. Counted from when the answer
+    arrived as if the grant were made then, a round that ran for half a
+    second pushed every start half a second late, onto the next round's
+    (issue 37); counted from when the query was sent, a start would be
+    early by the query's way there; a clock offset measured apart costs a
+    round trip of its own and errs by half of one either way."""
+    return max(0.0, (start_at - answered_at).total_seconds() - (now - received))
+
+
 def clean_error(text: str) -> str:
     """``text`` as a single printable line of bounded length. Errors are
     stored in Postgres text columns and read by tenants: a NUL or a lone
