@@ -13,8 +13,8 @@
 -- a nearly empty table, and kept for the session (item 4).
 --
 -- Rolling upgrade: workers of the previous version go on calling
--- hooklane_reserve_v5, which is kept; no release called it, so the release
--- after this one may drop it.
+-- hooklane_reserve_v5, which is kept through this release (no release
+-- called it) and dropped by the next.
 
 -- Reserve (version 16): as hooklane_reserve_v5, each delivery with its
 -- start's time, each verdict with the server's clock at the answer.
