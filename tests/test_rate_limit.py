@@ -340,6 +340,46 @@ async def test_rate_limits_hold_across_workers_one_killed_and_spare_the_others(d
 
 
 @pytest.mark.db
+async def test_a_slow_reservation_does_not_make_the_starts_it_granted_late(db, receiver, start_worker):
+    # Every round that reserves takes 0.4 s more, from its start (now(),
+    # which its grants count from) to its answer: a start waited for from
+    # the answer's arrival came that much late, into the next round's.
+    await db.execute(
+        """CREATE FUNCTION test_slow_round() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+               IF EXISTS (SELECT 1 FROM reserved WHERE state = 'sending') THEN
+                   PERFORM pg_sleep(0.4);
+               END IF;
+               RETURN NULL;
+           END $$;
+           CREATE TRIGGER test_slow_round AFTER UPDATE ON deliveries
+               REFERENCING NEW TABLE AS reserved FOR EACH STATEMENT EXECUTE FUNCTION test_slow_round()"""
+    )
+    await _log_grants(db)
+    url = receiver.on("paced", Answer(204))
+    paced = await add_endpoint(
+        db, "paced", url, max_concurrency=32, delivery=DeliverySpec(rate_per_second=10)
+    )
+    await _backlog(db, "acme", 30)
+    since = time.time()
+    start_worker()
+    await wait_for(lambda: len(receiver.at("paced")) >= 30, timeout=30)
+    await wait_for(
+        lambda: db.fetchval("SELECT count(*) = 30 FROM delivery_attempts WHERE outcome = 'delivered'"),
+        timeout=10,
+    )
+    grants = await _grants(db, paced, since - 1, time.time())
+    lateness = sorted(g["started"] - g["scheduled"] for g in grants if g["started"] is not None)
+    print("started late by, ms:", [round(x * 1000) for x in lateness])
+    assert len(lateness) == 30
+    # Never sooner than granted; those granted for after their round's
+    # answer on time, less the loop's own lateness; only those whose time
+    # came while the round ran, at its answer.
+    assert lateness[0] >= -1e-3
+    assert statistics.median(lateness) < 0.2
+
+
+@pytest.mark.db
 async def test_a_burst_goes_at_once_then_the_rate_holds(db, receiver, start_worker):
     url = receiver.on("bursty", Answer(204))
     await add_endpoint(

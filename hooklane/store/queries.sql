@@ -406,7 +406,7 @@ FROM rescued r;
 -- Index: primary key of endpoints, deliveries_leased, deliveries_rate,
 -- deliveries_queue from each floor, primary key of events (see the
 -- function), whatever the statistics say: the worker's sessions plan
--- without sequential scans (WORKER_SESSION).
+-- without sequential or bitmap scans (WORKER_SESSION).
 SELECT * FROM hooklane_reserve_v6(%(partitions)s::int[], %(candidates)s::bigint[],
                                   %(floors)s::timestamptz[], %(limit)s, %(lease_grace_seconds)s,
                                   %(worker_id)s, %(lookahead_seconds)s);

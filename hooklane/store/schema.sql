@@ -1012,9 +1012,10 @@ BEGIN
     -- bucket would be full again, each start moves it on by 1/rate, and
     -- `tolerance` is the burst's worth of starts before it), each with its
     -- time on this server's clock (`start_at`; now() without a limit), so
-    -- that starts are spaced as the bucket says whoever sends them. The bucket lives in
-    -- the deliveries it granted (`rate_tat`, the bucket after each start),
-    -- written by this same update: no row of its own to version.
+    -- that starts are spaced as the bucket says whoever sends them. The
+    -- bucket lives in the deliveries it granted (`rate_tat`, the bucket
+    -- after each start), written by this same update: no row of its own to
+    -- version.
     -- An adaptive endpoint's limit is its effective concurrency, and a
     -- Retry-After it gave (throttled_until) holds all of it.
     -- Index: deliveries_leased for the count; deliveries_rate for the

@@ -8,9 +8,11 @@
 -- `start_at - answered_at`, so that a round that took long to run does not
 -- push its starts onto the next round's (issue 37, item 6). Its lookups
 -- are planned as the worker's sessions plan every statement, without
--- sequential scans (store/connection.py: WORKER_SESSION), which on a
--- fresh or fast-growing `deliveries` the planner chose from statistics of
--- a nearly empty table, and kept for the session (item 4).
+-- sequential or bitmap scans (store/connection.py: WORKER_SESSION), which
+-- on a fresh or fast-growing `deliveries` the planner chose from
+-- statistics of a nearly empty table, and kept for the session (item 4);
+-- it counts live leases in their index's order, which on such statistics
+-- cost the same as reading the endpoint's every delivery.
 --
 -- Rolling upgrade: workers of the previous version go on calling
 -- hooklane_reserve_v5, which is kept through this release (no release
@@ -46,9 +48,10 @@ BEGIN
     -- bucket would be full again, each start moves it on by 1/rate, and
     -- `tolerance` is the burst's worth of starts before it), each with its
     -- time on this server's clock (`start_at`; now() without a limit), so
-    -- that starts are spaced as the bucket says whoever sends them. The bucket lives in
-    -- the deliveries it granted (`rate_tat`, the bucket after each start),
-    -- written by this same update: no row of its own to version.
+    -- that starts are spaced as the bucket says whoever sends them. The
+    -- bucket lives in the deliveries it granted (`rate_tat`, the bucket
+    -- after each start), written by this same update: no row of its own to
+    -- version.
     -- An adaptive endpoint's limit is its effective concurrency, and a
     -- Retry-After it gave (throttled_until) holds all of it.
     -- Index: deliveries_leased for the count; deliveries_rate for the
