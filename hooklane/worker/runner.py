@@ -329,10 +329,13 @@ class Worker:
         self.trigger.slot_freed(len(self._sending))
 
     async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer) -> None:
+        # Its start as its endpoint's rate limit spaced it: never sooner,
+        # and uvloop's timers, counted from the time it cached at the start
+        # of a pass of its loop, may end a sleep a little before it is over.
         wait = start_wait(row["start_at"], *answer, time.monotonic())
-        if wait > 0:
-            # Its start as its endpoint's rate limit spaced it: never sooner.
+        while wait > 0:
             await asyncio.sleep(wait)
+            wait = start_wait(row["start_at"], *answer, time.monotonic())
         started_at, started = datetime.now(UTC), time.perf_counter()
         span = _attempt_span(row, reserved_in) if tracing.enabled() else None
         # Untraced, the receiver still gets the publisher's trace context,
