@@ -390,8 +390,8 @@ FROM rescued r;
 -- effective concurrency when adaptive). `start_at`: when the call may
 -- start, on the server's clock, so that a rate-limited endpoint's starts
 -- keep to its rate (now() for the others); `request_terms` (sealed; NULL:
--- none), `max_attempts` and `max_age_seconds` (NULL: the settings') are
--- the endpoint's own terms.
+-- none), `max_attempts`, `max_age_seconds` (NULL: the settings') and
+-- `rate_per_second` (NULL: none) are the endpoint's own terms.
 -- The rows with a NULL id are one verdict per candidate, for the ready
 -- list: deliverable, paused_until (when a start may be granted again: the
 -- circuit's pause, a Retry-After's hold, the rate limit), head (its

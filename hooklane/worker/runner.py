@@ -36,7 +36,17 @@ from hooklane.signing import parse_secret
 from hooklane.worker.jobs import Gauges, HorizonWatch, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
-from hooklane.worker.rules import Attempt, Dead, Outcome, classify, endpoint_policy, result_of, start_wait
+from hooklane.worker.rules import (
+    Attempt,
+    Dead,
+    Outcome,
+    Paced,
+    classify,
+    endpoint_policy,
+    granted_here,
+    paced_start,
+    result_of,
+)
 from hooklane.worker.sender import Sender, event_body
 from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger
@@ -54,7 +64,7 @@ _RECORD_BATCH = 500
 _RECORD_INTERVAL = 0.1
 
 # When a reservation answered: the database's clock then, and this
-# process's monotonic clock as the answer arrived (rules.start_wait).
+# process's monotonic clock as the answer arrived (rules.granted_here).
 Answer = tuple[datetime, float]
 
 
@@ -86,6 +96,8 @@ class Worker:
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
         self._terms = TermsCache(settings.encryption_key)
+        # Each rate-limited endpoint's latest start here (rules.paced_start).
+        self._paced: dict[int, Paced] = {}
 
     # Set by ``_start``, before any of the loops that use them runs.
     @property
@@ -329,13 +341,17 @@ class Worker:
         self.trigger.slot_freed(len(self._sending))
 
     async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer) -> None:
-        # Its start as its endpoint's rate limit spaced it: never sooner,
-        # and uvloop's timers, counted from the time it cached at the start
-        # of a pass of its loop, may end a sleep a little before it is over.
-        wait = start_wait(row["start_at"], *answer, time.monotonic())
-        while wait > 0:
-            await asyncio.sleep(wait)
-            wait = start_wait(row["start_at"], *answer, time.monotonic())
+        granted = granted_here(row["start_at"], *answer)
+        await _until(granted)
+        if row["rate_per_second"] is not None:
+            endpoint = row["endpoint_id"]
+            start = paced_start(
+                granted, time.monotonic(), self._paced.get(endpoint), self.settings.lease_grace_seconds / 2
+            )
+            if len(self._paced) > 10_000:
+                self._paced.clear()
+            self._paced[endpoint] = Paced(granted, start)
+            await _until(start)
         started_at, started = datetime.now(UTC), time.perf_counter()
         span = _attempt_span(row, reserved_in) if tracing.enabled() else None
         # Untraced, the receiver still gets the publisher's trace context,
@@ -456,6 +472,16 @@ class Worker:
             except StoreError as exc:
                 logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
                 await asyncio.sleep(1.0)
+
+
+async def _until(moment: float) -> None:
+    """Sleep until ``moment`` of time.monotonic(), never less: uvloop counts
+    a timer from the time it cached at the start of a pass of its loop, so a
+    sleep may end a little before it is over."""
+    wait = moment - time.monotonic()
+    while wait > 0:
+        await asyncio.sleep(wait)
+        wait = moment - time.monotonic()
 
 
 def _attempt_span(row: asyncpg.Record, reserved_in: SpanContext | None) -> Span:

@@ -6,7 +6,9 @@
 -- the statement's start (`send_in`), and each verdict with the server's
 -- clock as it answers (`answered_at`): a worker waits from the answer for
 -- `start_at - answered_at`, so that a round that took long to run does not
--- push its starts onto the next round's (issue 37, item 6). Its lookups
+-- push its starts onto the next round's (issue 37, item 6); each delivery
+-- carries its endpoint's rate limit, by which a worker spaces the starts a
+-- stall of its own made late. Its lookups
 -- are planned as the worker's sessions plan every statement, without
 -- sequential or bitmap scans (store/connection.py: WORKER_SESSION), which
 -- on a fresh or fast-growing `deliveries` the planner chose from
@@ -30,7 +32,7 @@ RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id 
                deliverable boolean, paused_until timestamptz, head timestamptz,
                at_limit boolean, leases_end timestamptz, tenant text, traceparent text,
                start_at timestamptz, request_terms text, max_attempts integer,
-               max_age_seconds double precision, answered_at timestamptz)
+               max_age_seconds double precision, answered_at timestamptz, rate_per_second integer)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -149,13 +151,14 @@ BEGIN
                   CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
                     AS previous_secret,
                   hooklane_concurrency(ep) AS max_concurrency, d.state, e.tenant, e.traceparent,
-                  s.start_at, ep.request_terms, ep.max_attempts, ep.max_age_seconds
+                  s.start_at, ep.request_terms, ep.max_attempts, ep.max_age_seconds,
+                  ep.rate_per_second
     )
     SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
            r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
            r.max_concurrency, NULL::boolean, NULL::timestamptz, NULL::timestamptz, NULL::boolean,
            NULL::timestamptz, r.tenant, r.traceparent, r.start_at, r.request_terms, r.max_attempts,
-           r.max_age_seconds, NULL::timestamptz
+           r.max_age_seconds, NULL::timestamptz, r.rate_per_second
     FROM reserved r
     WHERE r.state = 'sending';
 
@@ -177,7 +180,7 @@ BEGIN
                     b.tat - make_interval(secs => lookahead / 2
                                           + (ep.rate_burst - 1)::float8 / ep.rate_per_second)),
            h.head, coalesce(l.n >= hooklane_concurrency(ep), false), l.ends, NULL::text, NULL::text,
-           NULL::timestamptz, NULL::text, NULL::integer, NULL::float8, clock_timestamp()
+           NULL::timestamptz, NULL::text, NULL::integer, NULL::float8, clock_timestamp(), NULL::integer
     FROM unnest(candidates, floors) AS c(endpoint_id, low)
     LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
     CROSS JOIN LATERAL (
