@@ -73,7 +73,7 @@ def _deliveries_read(plan: dict) -> list[tuple[str, int]]:
 
 
 def _assert_lookups(plans: list[dict], endpoints: int) -> None:
-    """No scan of deliveries in ``plans``, and no more rows read by any
+    """No sequential scan of deliveries in ``plans``, and no more rows read by any
     lookup of it than ``endpoints`` endpoints' few each."""
     scans = [s for plan in plans for s in _deliveries_read(plan)]
     assert scans, "no scan of deliveries in the plans: auto_explain's format has changed"
