@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from datetime import UTC, datetime, timedelta
@@ -13,15 +14,19 @@ from hypothesis import strategies as st
 
 from hooklane.results import Result, ResultOutcome
 from hooklane.worker.rules import (
+    CATCH_UP,
     Attempt,
     Dead,
     Delivered,
+    Paced,
     Retry,
     RetryPolicy,
     backoff_seconds,
     classify,
     clean_error,
     endpoint_policy,
+    granted_here,
+    paced_start,
     parse_retry_after,
     result_of,
 )
@@ -330,3 +335,81 @@ def test_every_classified_attempt_has_a_result(status, attempts, age):
     assert result.outcome in ResultOutcome
     assert (result.retry_in is not None) == (result.outcome == ResultOutcome.RETRY)
     assert (result.error is None) == (result.outcome == ResultOutcome.DELIVERED)
+
+
+# A grant's start on the database's clock, and the answer that carried it.
+_ANSWERED = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_a_start_counts_from_the_answer_as_the_database_counted_it():
+    # The answer arrived at 100.0 here, 0.3 s before the grant's start.
+    assert granted_here(_ANSWERED + timedelta(seconds=0.3), _ANSWERED, received=100.0) == pytest.approx(100.3)
+
+
+def test_a_round_that_ran_long_does_not_delay_the_starts_it_granted():
+    # Granted at the round's start (now(): 0.5 s before the answer) for
+    # 0.6 s after it: 0.1 s after the answer, not 0.6 s as a wait counted
+    # from the answer's arrival made it, onto the next round's starts.
+    granted_at = _ANSWERED - timedelta(seconds=0.5)
+    assert granted_here(granted_at + timedelta(seconds=0.6), _ANSWERED, received=7.0) == pytest.approx(7.1)
+    # a start whose time passed while the round ran is due already
+    assert granted_here(granted_at + timedelta(seconds=0.2), _ANSWERED, received=7.0) < 7.0
+
+
+@given(ahead=st.floats(min_value=-5, max_value=5), received=st.floats(min_value=0, max_value=1e6))
+def test_a_start_is_never_sooner_than_granted(ahead, received):
+    # The grant, ``ahead`` of the answer on the database's clock, is as far
+    # ahead of the answer's arrival here.
+    start = _ANSWERED + timedelta(seconds=ahead)
+    assert granted_here(start, _ANSWERED, received) - received == pytest.approx(ahead, abs=1e-6)
+
+
+def test_starts_on_time_go_at_their_grants_and_a_burst_together():
+    previous = Paced(granted=10.0, started=10.0)
+    assert paced_start(10.01, 10.01, previous, cap=0.5) == 10.01
+    assert paced_start(10.0, 10.0, previous, cap=0.5) == 10.0  # a burst's grants share a time
+    assert paced_start(10.5, 10.2, None, cap=0.5) == 10.5  # never sooner than granted
+
+
+def test_late_starts_catch_up_spaced_not_at_once():
+    # A stall woke five starts granted 10 ms apart, 200 ms late: they go
+    # 8 ms apart (the grants' spacing over CATCH_UP), not in one instant.
+    previous: Paced | None = Paced(granted=9.99, started=9.99)
+    starts = []
+    for i in range(5):
+        granted = 10.0 + i * 0.01
+        start = paced_start(granted, 10.2, previous, cap=0.5)
+        previous = Paced(granted, start)
+        starts.append(start)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert starts[0] == pytest.approx(10.2)
+    assert gaps == pytest.approx([0.01 / CATCH_UP] * 4)
+    # and once caught up, the grants' own times again
+    assert paced_start(10.6, 10.6, Paced(10.59, 10.59), cap=0.5) == pytest.approx(10.6)
+
+
+def test_a_start_is_held_back_no_more_than_the_cap_past_its_grant():
+    # far behind: the lease must still cover the call
+    assert paced_start(10.0, 10.0, Paced(granted=9.99, started=12.0), cap=0.5) == pytest.approx(10.5)
+    # a start already later than the cap goes at once
+    assert paced_start(10.0, 11.0, Paced(granted=9.99, started=12.0), cap=0.5) == pytest.approx(11.0)
+
+
+@given(
+    gaps=st.lists(st.floats(min_value=0, max_value=0.2), min_size=1, max_size=30),
+    late=st.floats(min_value=0, max_value=2),
+)
+def test_paced_starts_keep_order_never_precede_grants_and_keep_the_catch_up_rate(gaps, late):
+    # Every grant woken at once, ``late`` after the first one's time.
+    granted = list(itertools.accumulate([0.0, *gaps]))
+    now = late
+    previous: Paced | None = None
+    starts = []
+    for g in granted:
+        start = paced_start(g, now, previous, cap=10.0)
+        previous = Paced(g, start)
+        starts.append(start)
+    for g, s in zip(granted, starts, strict=True):
+        assert s >= g - 1e-12
+    for (g1, s1), (g2, s2) in itertools.pairwise(zip(granted, starts, strict=True)):
+        assert s2 - s1 >= (g2 - g1) / CATCH_UP - 1e-9

@@ -31,12 +31,24 @@ from hooklane.errors import (
 # assumes a handful and can turn a batch of results into a nested loop over
 # every row in flight, so plan each execution with the real arrays (the
 # reservation's functions and hooklane_complete, whose plans do not depend
-# on them, keep theirs: migration 0004). JIT compilation costs more than these millisecond
-# statements take. No lock is worth waiting long for: a statement that would
-# is aborted and retried. And the server probes an idle peer, so that a worker cut off without a reset
-# loses its advisory locks (its partitions) in seconds, not hours.
+# on them, keep theirs: migration 0004). Each statement reads a few rows of
+# `deliveries` per endpoint or per result by an index, whatever the
+# planner's statistics say: on a fresh or fast-growing database they are a
+# nearly empty table's (autovacuum analyses a table after its first fifty
+# rows), from which the planner chose sequential scans, or bitmap scans of
+# an endpoint's every delivery, and the functions kept them for the session,
+# reading the whole table every round (issue 37: 0.5-0.7 s rounds for ten
+# seconds of a new install's first load). Without either, it takes the
+# partial indexes the statements were written for (tests/test_fresh_plans.py).
+# JIT compilation costs more than these millisecond statements take. No
+# lock is worth waiting long for: a statement that would is aborted and
+# retried. And the server probes an idle peer, so that a worker cut off
+# without a reset loses its advisory locks (its partitions) in seconds, not
+# hours.
 WORKER_SESSION = {
     "plan_cache_mode": "force_custom_plan",
+    "enable_seqscan": "off",
+    "enable_bitmapscan": "off",
     "jit": "off",
     "lock_timeout": "10s",
     "tcp_keepalives_idle": "10",

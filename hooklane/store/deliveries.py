@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,12 +37,19 @@ ADAPT_STEP_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class Reservation:
-    """What a reservation round returns: the deliveries it reserved, and one
-    verdict per candidate endpoint (hooklane_reserve_v5: deliverable,
-    paused_until, head, at_limit, leases_end, max_concurrency)."""
+    """What a reservation round returns: the deliveries it reserved, each
+    with its start on the server's clock (``start_at``), and one verdict per
+    candidate endpoint (hooklane_reserve_v6: deliverable, paused_until,
+    head, at_limit, leases_end, max_concurrency). ``answered_at`` is the
+    server's clock as it answered (None without candidates) and
+    ``received`` this process's ``time.monotonic()`` when the answer
+    arrived: a start's wait counts from the one here as from the other
+    there."""
 
     deliveries: list[asyncpg.Record]
     verdicts: list[asyncpg.Record]
+    answered_at: datetime | None
+    received: float
 
 
 async def reserve(
@@ -58,7 +66,7 @@ async def reserve(
     of ``partitions``), reading each one's queue from its floor (None: from
     the start); each records ``worker_id`` as the worker that attempted it.
     A rate-limited endpoint's starts are granted ``lookahead_seconds`` ahead
-    at most, each with its wait (``send_in``).
+    at most, each with its time (``start_at``).
     Call only while this session holds those partitions' advisory locks."""
     rows = await conn.fetch(
         *QUERIES["reserve"](
@@ -71,7 +79,14 @@ async def reserve(
             lookahead_seconds=lookahead_seconds,
         )
     )
-    return Reservation([r for r in rows if r["id"] is not None], [r for r in rows if r["id"] is None])
+    received = time.monotonic()
+    verdicts = [r for r in rows if r["id"] is None]
+    return Reservation(
+        [r for r in rows if r["id"] is not None],
+        verdicts,
+        max((v["answered_at"] for v in verdicts), default=None),
+        received,
+    )
 
 
 # A healthy endpoint's last delivery time is written at most this often:

@@ -380,31 +380,34 @@ FROM rescued r;
 -- Reserve up to `limit` due deliveries of the candidates, the endpoints
 -- whose time has come in the worker's ready list, each read from its floor
 -- (the earliest next_attempt_at a pending delivery of it may have; NULL:
--- from the start): the steps are in hooklane_reserve_v5 (migration 0011),
+-- from the start): the steps are in hooklane_reserve_v6 (migration 0016),
 -- one round trip. Runs only under the partitions' advisory locks, and
 -- reserves only for endpoints of the owned partitions. A due delivery of
 -- another tenant's event than its endpoint's is discarded, never returned.
 -- Each reserved delivery records the worker's id in attempted_by.
 -- `previous_secret` is the replaced signing secret while it still signs,
 -- else NULL. `max_concurrency` is the endpoint's limit in force (its
--- effective concurrency when adaptive). `send_in`: seconds the worker waits
--- before the call, so that a rate-limited endpoint's starts keep to its
--- rate; `request_terms` (sealed; NULL: none), `max_attempts` and
--- `max_age_seconds` (NULL: the settings') are the endpoint's own terms.
+-- effective concurrency when adaptive). `start_at`: when the call may
+-- start, on the server's clock, so that a rate-limited endpoint's starts
+-- keep to its rate (now() for the others); `request_terms` (sealed; NULL:
+-- none), `max_attempts`, `max_age_seconds` (NULL: the settings') and
+-- `rate_per_second` (NULL: none) are the endpoint's own terms.
 -- The rows with a NULL id are one verdict per candidate, for the ready
 -- list: deliverable, paused_until (when a start may be granted again: the
 -- circuit's pause, a Retry-After's hold, the rate limit), head (its
 -- earliest pending delivery from the floor on, NULL: none), at_limit (every
--- slot held by a live lease) and leases_end (when the first live lease
--- ends).
+-- slot held by a live lease), leases_end (when the first live lease
+-- ends) and answered_at (the server's clock as it answered, which the
+-- worker's wait for `start_at` counts from).
 -- Parameters: partitions (owned), candidates and floors (arrays of the same
 -- length), limit (how many at most), lease_grace_seconds (beyond the
 -- endpoint's timeout), worker_id, lookahead_seconds (how far ahead a
 -- rate-limited endpoint's starts are granted).
 -- Index: primary key of endpoints, deliveries_leased, deliveries_rate,
 -- deliveries_queue from each floor, primary key of events (see the
--- function).
-SELECT * FROM hooklane_reserve_v5(%(partitions)s::int[], %(candidates)s::bigint[],
+-- function), whatever the statistics say: the worker's sessions plan
+-- without sequential or bitmap scans (WORKER_SESSION).
+SELECT * FROM hooklane_reserve_v6(%(partitions)s::int[], %(candidates)s::bigint[],
                                   %(floors)s::timestamptz[], %(limit)s, %(lease_grace_seconds)s,
                                   %(worker_id)s, %(lookahead_seconds)s);
 

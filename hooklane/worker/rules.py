@@ -86,6 +86,54 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     return max(0.0, (when - now).total_seconds())
 
 
+def granted_here(start_at: datetime, answered_at: datetime, received: float) -> float:
+    """When a granted call may start, on this process's monotonic clock:
+    ``start_at`` and ``answered_at`` are on the database's (the grant's
+    start, and the clock as the reservation answered), ``received`` on this
+    process's (when the answer arrived).
+
+    The grant counts from the answer, as the database's clock at the answer
+    maps onto its arrival here: the answer left after ``answered_at``, so a
+    start is never sooner than granted (a rate limit's spacing holds), and
+    later only by the answer's way back. Counted from when the answer
+    arrived as if the grant were made then, a round that ran for half a
+    second pushed every start half a second late, onto the next round's
+    (issue 37); counted from when the query was sent, a start would be
+    early by the query's way there; a clock offset measured apart costs a
+    round trip of its own and errs by half of one either way."""
+    return received + (start_at - answered_at).total_seconds()
+
+
+# How much faster than its grants a worker makes an endpoint's starts that
+# came late: a stall of its loop (a starved CPU) wakes a pile of them at
+# once, which would go out in the same instant and crowd the second they
+# land in with the next second's own; spaced, they catch up at 1.25 times
+# the rate.
+CATCH_UP = 1.25
+
+
+@dataclass(frozen=True)
+class Paced:
+    """An endpoint's latest start on this worker: its grant's time and when
+    it was made (this process's monotonic clock)."""
+
+    granted: float
+    started: float
+
+
+def paced_start(granted: float, now: float, previous: Paced | None, cap: float) -> float:
+    """When a call granted for ``granted`` (monotonic) may start, at ``now``
+    after its wait: at its grant's time, unless starts of its endpoint came
+    late, when it is no closer to the ``previous`` start than the grants
+    were to each other, over ``CATCH_UP``. Grants of the same time (a
+    burst) go together. ``cap``: the most a start is held back past its
+    grant, which its lease must outlast."""
+    start = max(granted, now)
+    if previous is not None and granted >= previous.granted:
+        start = max(start, previous.started + (granted - previous.granted) / CATCH_UP)
+    return min(start, max(granted + cap, now))
+
+
 def clean_error(text: str) -> str:
     """``text`` as a single printable line of bounded length. Errors are
     stored in Postgres text columns and read by tenants: a NUL or a lone

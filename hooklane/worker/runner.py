@@ -36,7 +36,17 @@ from hooklane.signing import parse_secret
 from hooklane.worker.jobs import Gauges, HorizonWatch, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
-from hooklane.worker.rules import Attempt, Dead, Outcome, classify, endpoint_policy, result_of
+from hooklane.worker.rules import (
+    Attempt,
+    Dead,
+    Outcome,
+    Paced,
+    classify,
+    endpoint_policy,
+    granted_here,
+    paced_start,
+    result_of,
+)
 from hooklane.worker.sender import Sender, event_body
 from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger
@@ -52,6 +62,10 @@ _RECORD_BATCH = 500
 # one whose endpoint this worker holds at its limit is written at once
 # (Worker._record_loop).
 _RECORD_INTERVAL = 0.1
+
+# When a reservation answered: the database's clock then, and this
+# process's monotonic clock as the answer arrived (rules.granted_here).
+Answer = tuple[datetime, float]
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:
@@ -82,6 +96,8 @@ class Worker:
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
         self._terms = TermsCache(settings.encryption_key)
+        # Each rate-limited endpoint's latest start here (rules.paced_start).
+        self._paced: dict[int, Paced] = {}
 
     # Set by ``_start``, before any of the loops that use them runs.
     @property
@@ -218,8 +234,9 @@ class Worker:
             if free > 0 and self.owner.owned:
                 started = time.perf_counter()
                 round_span: SpanContext | None = None
+                answer: Answer | None = None
                 try:
-                    rows, round_span = await self._round(free)
+                    rows, round_span, answer = await self._round(free)
                 except LostOwnership:
                     rows, failed = [], True
                     await self._reconnect()
@@ -228,7 +245,8 @@ class Worker:
                     logger.warning("reservation aborted, retrying: %s", exc, extra={"action": "reserve"})
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
-                    task = asyncio.create_task(self._deliver(row, round_span))
+                    assert answer is not None, "a round that reserved has answered"
+                    task = asyncio.create_task(self._deliver(row, round_span, answer))
                     self._sending.add(task)
                     task.add_done_callback(self._sent)
                 reserved = len(rows)
@@ -250,14 +268,16 @@ class Worker:
             return poll
         return min(poll, max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
-    async def _round(self, limit: int) -> tuple[list[asyncpg.Record], SpanContext | None]:
+    async def _round(self, limit: int) -> tuple[list[asyncpg.Record], SpanContext | None, Answer | None]:
         """One reservation round over the endpoints whose time has come:
-        the deliveries reserved, and the round's span when traced (only a
-        round that asks Postgres has one: an idle worker makes none)."""
+        the deliveries reserved, the round's span when traced (only a
+        round that asks Postgres has one: an idle worker makes none), and
+        when Postgres answered, on its clock and on this process's, which
+        the deliveries' starts count from (None: not asked)."""
         await self._follow_partitions()
         candidates = self.ready_list.take(datetime.now(UTC), limit)
         if not candidates:
-            return [], None
+            return [], None, None
         with tracing.internal("reserve", candidates=len(candidates)) as span:
             try:
                 reservation = await self.owner.run(
@@ -280,7 +300,8 @@ class Worker:
             [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
             datetime.now(UTC),
         )
-        return reservation.deliveries, None if span is None else span.get_span_context()
+        answer = None if reservation.answered_at is None else (reservation.answered_at, reservation.received)
+        return reservation.deliveries, None if span is None else span.get_span_context(), answer
 
     async def _follow_partitions(self) -> None:
         """Keep the ready list to the partitions owned: forget those
@@ -319,10 +340,18 @@ class Worker:
             logger.error("delivery task failed", exc_info=task.exception(), extra={"action": "deliver"})
         self.trigger.slot_freed(len(self._sending))
 
-    async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None) -> None:
-        if row["send_in"] > 0:
-            # Its start as its endpoint's rate limit spaced it: never sooner.
-            await asyncio.sleep(row["send_in"])
+    async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer) -> None:
+        granted = granted_here(row["start_at"], *answer)
+        await _until(granted)
+        if row["rate_per_second"] is not None:
+            endpoint = row["endpoint_id"]
+            start = paced_start(
+                granted, time.monotonic(), self._paced.get(endpoint), self.settings.lease_grace_seconds / 2
+            )
+            if len(self._paced) > 10_000:
+                self._paced.clear()
+            self._paced[endpoint] = Paced(granted, start)
+            await _until(start)
         started_at, started = datetime.now(UTC), time.perf_counter()
         span = _attempt_span(row, reserved_in) if tracing.enabled() else None
         # Untraced, the receiver still gets the publisher's trace context,
@@ -443,6 +472,16 @@ class Worker:
             except StoreError as exc:
                 logger.warning("reconnecting failed: %s", exc, extra={"action": "reconnect"})
                 await asyncio.sleep(1.0)
+
+
+async def _until(moment: float) -> None:
+    """Sleep until ``moment`` of time.monotonic(), never less: uvloop counts
+    a timer from the time it cached at the start of a pass of its loop, so a
+    sleep may end a little before it is over."""
+    wait = moment - time.monotonic()
+    while wait > 0:
+        await asyncio.sleep(wait)
+        wait = moment - time.monotonic()
 
 
 def _attempt_span(row: asyncpg.Record, reserved_in: SpanContext | None) -> Span:
