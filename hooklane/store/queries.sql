@@ -702,10 +702,17 @@ ORDER BY p.xact, p.id;
 -- only that endpoint's entries, from where they can be live: the pending
 -- from the floor the worker's ready list holds for the endpoint, if given
 -- (`floor_ids`, `floors`), and the leases not yet ended; a horizon held
--- elsewhere keeps dead entries before those.
+-- elsewhere keeps dead entries before those. With `listed`, the floors
+-- are a ready list's whole: a deliverable endpoint it leaves out has
+-- nothing pending that its worker knows of (the sweep finds what a lost
+-- notification left), and is not probed, since from its start its queue
+-- holds the dead entry of every delivery it sent while the horizon is
+-- held. The endpoints no ready list holds (paused by hand, deactivated,
+-- unsigned) are read from the start: they send nothing.
 -- Parameters: partitions, or NULL for all; namespace and name of one
 -- endpoint, or NULL for all; floor_ids and floors (arrays of the same
--- length; NULL, or an endpoint left out: from the start).
+-- length; NULL, or an endpoint left out: from the start, or unless
+-- deliverable, with listed, not at all).
 -- Index: endpoints_partition; the unique (namespace, name) constraint for
 -- one endpoint; deliveries_queue from each floor, deliveries_leased and
 -- deliveries_dead, each probed per endpoint.
@@ -724,7 +731,10 @@ CROSS JOIN LATERAL (
     FROM deliveries d
     WHERE d.endpoint_id = ep.id
       AND d.state = 'pending'
-      AND d.next_attempt_at >= coalesce(fl.low, '-infinity')
+      AND d.next_attempt_at >= coalesce(
+            fl.low,
+            CASE WHEN %(listed)s::boolean AND hooklane_deliverable(ep) THEN 'infinity'::timestamptz
+                 ELSE '-infinity' END)
 ) q
 CROSS JOIN LATERAL (
     SELECT count(*) AS in_flight,
