@@ -15,6 +15,7 @@ import hooklane
 from hooklane import store
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing
 from hooklane.health import EndpointHealth, as_json, standing_counts
+from hooklane.store.endpoints import EndpointFilter
 from hooklane.store.queries import QUERIES
 from tests.conftest import add_endpoint
 
@@ -195,7 +196,7 @@ async def _churn(db, endpoint: int, count: int) -> None:
     )
 
 
-async def test_the_gauges_read_no_dead_entry_under_a_held_horizon(dsn, db):
+async def test_the_gauges_read_no_dead_entry_nor_the_listing_an_ended_lease_under_a_held_horizon(dsn, db):
     busy = await add_endpoint(db, "busy", "http://127.0.0.1:9/a")
     idle = await add_endpoint(db, "idle", "http://127.0.0.1:9/b", tenant="idle")
     await add_endpoint(db, "paused", "http://127.0.0.1:9/c", tenant="paused", paused=True)
@@ -220,6 +221,10 @@ async def test_the_gauges_read_no_dead_entry_under_a_held_horizon(dsn, db):
         # Read without the list, the idle endpoint's queue walks every dead
         # entry its deliveries left: what the gauges read before.
         unlisted, unlisted_buffers = await _walked(db, "endpoint_health", **gauges, listed=False)
+        first_page = {"cursor_oldest_pending_at": None, "cursor_namespace": None, "cursor_name": None}
+        listing, _ = await _walked(
+            db, "endpoint_page", **EndpointFilter().parameters(), **first_page, limit=51
+        )
     finally:
         await report.close()
     await db.execute("VACUUM deliveries")
@@ -233,3 +238,6 @@ async def test_the_gauges_read_no_dead_entry_under_a_held_horizon(dsn, db):
     assert walked == {"deliveries_queue": 4, "deliveries_leased": 0, "deliveries_dead": 0}
     assert buffers <= vacuumed + 2 * live_rows, (buffers, vacuumed)
     assert unlisted["deliveries_queue"] >= CHURNED and unlisted_buffers > vacuumed + 2 * live_rows
+    # In flight on the listing's page, as in the gauges: a live lease, and
+    # none of the 4,000 ended ones the horizon keeps.
+    assert listing["deliveries_leased"] == 0

@@ -769,8 +769,12 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- cursor_namespace (NULL: the first page) and cursor_name; limit (how many
 -- rows).
 -- Index: deliveries_queue, probed once per endpoint for its pending count
--- and oldest (only pending rows are read, never the delivered millions);
--- then, for the page's rows only, deliveries_leased and deliveries_dead.
+-- and oldest (only pending rows are read, never the delivered millions;
+-- but from the start of each queue, past the dead entry of every delivery
+-- sent while a horizon is held: no floor is known here); then, for the
+-- page's rows only, deliveries_leased from now on (in flight: a live
+-- lease, as endpoint_health counts it, and none of the ended leases a
+-- held horizon keeps) and deliveries_dead.
 -- endpoints itself is read whole (10,000 rows, a few ms): the order is
 -- the queue's, which no index of endpoints holds.
 WITH chosen AS (
@@ -816,7 +820,7 @@ CROSS JOIN LATERAL (
            array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
              FILTER (WHERE d.attempted_by IS NOT NULL) AS sending_on
     FROM deliveries d
-    WHERE d.endpoint_id = p.id AND d.state = 'sending'
+    WHERE d.endpoint_id = p.id AND d.state = 'sending' AND d.lease_expires_at > now()
 ) f
 ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 
