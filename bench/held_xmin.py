@@ -39,6 +39,19 @@ to ``--out`` as JSON (with the machine), and a markdown table to stdout.
 
 Run: ``python -m bench.held_xmin [--tree ../before] [--compare .] [--held-seconds 900]``
 (about 11 minutes a tree with the defaults; ``--preset smoke``, about one).
+
+``--reads`` measures instead what the operators' reads cost while the
+snapshot is held (issue 37), with no worker: N endpoints, a few of them
+with pending deliveries, then, with the snapshot held, deliveries sent in
+steps as a worker sends them (pending, in flight, delivered: three versions
+each, by SQL, round robin over the endpoints). Before the hold and after
+each step: the admin listing's statement (``endpoint_page``, the first page
+of 50) and the worker's gauges statement (``endpoint_health`` over every
+partition with the floors of the endpoints that have pending deliveries),
+the latter as it read before (``listed`` false: an endpoint outside the
+floors from the start of its queue) and as the gauge job reads now,
+side by side; the median of three runs each, and the buffers of its plan.
+``--preset smoke`` runs it small in seconds.
 """
 
 from __future__ import annotations
@@ -87,6 +100,8 @@ from bench.steady import (
     snapshot,
 )
 from bench.throughput import postgres_pids, receiver
+from hooklane.store.endpoints import EndpointFilter
+from hooklane.store.queries import QUERIES
 
 TARGET = 1.5  # the issue's: a held bucket within this of control's mean
 
@@ -110,6 +125,22 @@ PRESETS = {
     "smoke": Config(
         endpoints=20, rate=50, control=20, held=20, bucket=10, warmup=2, publishers=2, history=1_000
     ),
+}
+
+
+@dataclass(frozen=True)
+class ReadsConfig:
+    endpoints: int = 10_000
+    pending: int = 500  # endpoints with a pending delivery, as a worker's ready list holds them
+    steps: int = 4
+    sent_per_step: int = 100_000  # deliveries sent (three versions each) per step while held
+    batch: int = 10_000
+    repeats: int = 3
+
+
+READS_PRESETS = {
+    "full": ReadsConfig(),
+    "smoke": ReadsConfig(endpoints=200, pending=20, steps=2, sent_per_step=2_000, batch=1_000),
 }
 
 TABLES = """
@@ -515,7 +546,162 @@ def verdict_line(run: dict) -> str:
     )
 
 
+# --------------------------------------------------------------------------
+# --reads: the listing and the gauges under a held snapshot
+
+
+async def send_deliveries(
+    conn: asyncpg.Connection, ids: list[int], first: int, count: int, batch: int
+) -> None:
+    """``count`` deliveries sent as a worker sends them, round robin over
+    the endpoints: published pending, reserved (a lease that has since
+    ended), delivered."""
+    for start in range(first, first + count, batch):
+        end = min(start + batch, first + count) - 1
+        await conn.execute(
+            "INSERT INTO events (tenant, id, type, data, fanout)"
+            " SELECT 'bench', 's' || i, $3, '{}', 1 FROM generate_series($1::int, $2::int) i",
+            start,
+            end,
+            EVENT_TYPE,
+        )
+        await conn.execute(
+            "INSERT INTO deliveries (endpoint_id, event_tenant, event_id)"
+            " SELECT ($3::bigint[])[1 + i % cardinality($3::bigint[])], 'bench', 's' || i"
+            " FROM generate_series($1::int, $2::int) i",
+            start,
+            end,
+            ids,
+        )
+        sent = "event_id = ANY(SELECT 's' || i FROM generate_series($1::int, $2::int) i)"
+        await conn.execute(
+            "UPDATE deliveries SET state = 'sending', attempts = 1, reserved_at = now(),"
+            f" lease_expires_at = now() - interval '1 second' WHERE {sent}",
+            start,
+            end,
+        )
+        await conn.execute(
+            "UPDATE deliveries SET state = 'delivered', delivered_at = now(), lease_expires_at = NULL,"
+            f" last_status = 204 WHERE {sent}",
+            start,
+            end,
+        )
+
+
+async def timed_read(conn: asyncpg.Connection, statement: str, repeats: int, **params: Any) -> dict:
+    """The median wall time of ``statement`` over ``repeats`` runs (its rows
+    decoded included), and the server's execution time and the shared
+    buffers of its plan (EXPLAIN ANALYZE, BUFFERS)."""
+    sql, *args = QUERIES[statement](**params)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        await conn.fetch(sql, *args)
+        times.append(time.perf_counter() - started)
+    (plan,) = json.loads(await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, *args))
+    top = plan["Plan"]
+    return {
+        "ms": 1000 * statistics.median(times),
+        "server_ms": plan["Execution Time"],
+        "buffers": top["Shared Hit Blocks"] + top["Shared Read Blocks"],
+    }
+
+
+async def reads(conn: asyncpg.Connection, cfg: ReadsConfig, floors: dict[int, datetime.datetime]) -> dict:
+    listing = {
+        **EndpointFilter().parameters(),
+        "cursor_oldest_pending_at": None,
+        "cursor_namespace": None,
+        "cursor_name": None,
+        "limit": 51,
+    }
+    gauges = {"partitions": None, "namespace": None, "name": None}
+    gauges |= {"floor_ids": list(floors), "floors": list(floors.values())}
+    return {
+        "listing": await timed_read(conn, "endpoint_page", cfg.repeats, **listing),
+        "gauges_before": await timed_read(conn, "endpoint_health", cfg.repeats, **gauges, listed=False),
+        "gauges_after": await timed_read(conn, "endpoint_health", cfg.repeats, **gauges, listed=True),
+    }
+
+
+async def run_reads(server_dsn: str, cfg: ReadsConfig) -> dict:
+    """The reads before the hold and after each step of sending while held."""
+    async with fresh_database(server_dsn, "held_reads") as dsn:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO endpoints (namespace, name, url, tenant, partition, secret)"
+                " SELECT 'bench', 'ep-' || i, 'http://127.0.0.1:9/', 'bench', i % $2, 'x'"
+                " FROM generate_series(1, $1::int) i",
+                cfg.endpoints,
+                await conn.fetchval(*QUERIES["partition_count"]()),
+            )
+            ids = [r["id"] for r in await conn.fetch("SELECT id FROM endpoints ORDER BY id")]
+            await send_deliveries(conn, ids, 0, cfg.batch, cfg.batch)
+            await conn.execute(
+                "INSERT INTO events (tenant, id, type, data, fanout)"
+                " SELECT 'bench', 'p' || i, $2, '{}', 1 FROM generate_series(1, $1::int) i",
+                cfg.pending,
+                EVENT_TYPE,
+            )
+            await conn.execute(
+                "INSERT INTO deliveries (endpoint_id, event_tenant, event_id)"
+                " SELECT ($2::bigint[])[i], 'bench', 'p' || i FROM generate_series(1, $1::int) i",
+                cfg.pending,
+                ids,
+            )
+            await conn.execute("VACUUM ANALYZE")
+            # The ready list's floors: each pending endpoint's head.
+            floors = {
+                r["endpoint_id"]: r["head"]
+                for r in await conn.fetch(
+                    "SELECT endpoint_id, min(next_attempt_at) AS head FROM deliveries"
+                    " WHERE state = 'pending' GROUP BY endpoint_id"
+                )
+            }
+            rows = [{"sent_while_held": 0, **await reads(conn, cfg, floors)}]
+            held, _ = await open_held(dsn)
+            try:
+                for step in range(1, cfg.steps + 1):
+                    await send_deliveries(conn, ids, step * cfg.sent_per_step, cfg.sent_per_step, cfg.batch)
+                    await held_state(conn, held)
+                    row = {"sent_while_held": step * cfg.sent_per_step}
+                    rows.append({**row, **await reads(conn, cfg, floors)})
+                    print(reads_line(rows[-1]), flush=True)
+            finally:
+                await close_held(held)
+        finally:
+            await conn.close()
+    return {"config": asdict(cfg), "rows": rows}
+
+
+def reads_line(row: dict) -> str:
+    # Each delivery sent leaves two dead versions: pending and in flight.
+    cells = [f"{row['sent_while_held']:,}", f"{2 * row['sent_while_held']:,}"]
+    for key in ("listing", "gauges_before", "gauges_after"):
+        cells += [f"{row[key]['ms']:.1f}", f"{row[key]['server_ms']:.1f}", f"{row[key]['buffers']:,}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def reads_table(rows: list[dict]) -> str:
+    head = (
+        "| sent while held | dead versions of deliveries | listing ms | server ms | buffers"
+        " | gauges before ms | server ms | buffers | gauges after ms | server ms | buffers |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    return "\n".join([head, *map(reads_line, rows)])
+
+
 async def main_async(args: argparse.Namespace) -> dict:
+    if args.reads:
+        cfg_reads = READS_PRESETS[args.preset]
+        if args.endpoints is not None:
+            cfg_reads = replace(cfg_reads, endpoints=args.endpoints)
+        with postgres_server(args.dsn) as server:
+            result = await run_reads(server, cfg_reads)
+        print()
+        print(reads_table(result["rows"]))
+        return {"preset": args.preset, "mode": "reads", "machine": machine(), **result}
     cfg = PRESETS[args.preset]
     overrides = {
         "endpoints": args.endpoints,
@@ -568,6 +754,9 @@ def main() -> None:
     )
     parser.add_argument("--compare", type=Path, help="a second source tree, run after the first")
     parser.add_argument(
+        "--reads", action="store_true", help="time the admin listing and the gauges while held, no worker"
+    )
+    parser.add_argument(
         "--out",
         "--json",
         dest="json",
@@ -579,8 +768,9 @@ def main() -> None:
         if getattr(args, name) is not None:
             setattr(args, name, getattr(args, name).resolve())
     if args.json is None and args.preset != "smoke":
-        args.json = str(DOCS / "bench-results" / f"held_xmin-{datetime.date.today().isoformat()}.json")
-    run_and_report(main_async, args, lambda result: result["verdict"])
+        mode = "held_xmin-reads" if args.reads else "held_xmin"
+        args.json = str(DOCS / "bench-results" / f"{mode}-{datetime.date.today().isoformat()}.json")
+    run_and_report(main_async, args, lambda result: result["rows"][-1] if args.reads else result["verdict"])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import contextlib
 import re
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections import defaultdict
@@ -110,6 +111,13 @@ class Receiver:
         await self._runner.cleanup()
 
 
+def _reset(conn: socket.socket) -> None:
+    """Closes abortively (SO_LINGER 0: a reset, not a FIN), as a server or
+    load balancer that drops a refused client does: the alert already sent
+    is all the client gets before the reset."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
 def _linger(conn: socket.socket) -> None:
     """Reads what the client still sends before closing, as nginx's lingering
     close does: with TLS 1.3 a refused client has finished its handshake and
@@ -128,10 +136,12 @@ class OpenSslReceiver:
     transport (so the aiohttp Receiver) closes a failed handshake without
     sending OpenSSL's fatal alert (CPython gh-98078), and its client sees a
     bare reset; a blocking socket sends it, as nginx or a load balancer
-    does: how a refused client certificate reaches a sender."""
+    does: how a refused client certificate reaches a sender. It closes a
+    refused handshake politely (lingering), or with a reset when ``reset``."""
 
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, context: ssl.SSLContext, *, reset: bool = False) -> None:
         self._context = context
+        self._close_refused = _reset if reset else _linger
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.heads: list[bytes] = []
@@ -159,7 +169,7 @@ class OpenSslReceiver:
             except ssl.SSLError as exc:
                 self.refused.append(exc.reason or str(exc))
                 with socket.socket(fileno=tls.detach()) as raw:
-                    _linger(raw)
+                    self._close_refused(raw)
                 return
             data = b""
             while b"\r\n\r\n" not in data and (chunk := tls.recv(65536)):

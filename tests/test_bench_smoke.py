@@ -176,6 +176,18 @@ def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+def test_held_xmin_reads_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("held_xmin", tmp_path, "--dsn", server_dsn, "--reads")
+    before, *held = result["rows"]
+    assert [r["sent_while_held"] for r in held] == [2000, 4000]
+    # The gauges as they read before walk the dead entries sent while held;
+    # as the gauge job reads now, they stay where they were before the hold.
+    assert held[-1]["gauges_before"]["buffers"] > before["gauges_before"]["buffers"]
+    assert held[-1]["gauges_after"]["buffers"] <= 2 * before["gauges_after"]["buffers"]
+    assert all(r["listing"]["ms"] > 0 for r in result["rows"])
+
+
+@pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench(
         "reservation", tmp_path, "--dsn", server_dsn, "--finished", "20000", "--rate-limited", "100"

@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import aiohttp
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from standardwebhooks.webhooks import Webhook
@@ -31,9 +32,10 @@ from hooklane.policies import RetryPolicy
 from hooklane.secrets import Keyring, seal, terms_owner
 from hooklane.spec import EndpointSpec
 from hooklane.views import detail_json
+from hooklane.worker.sender import failure_class
 from hooklane.worker.terms import TermsCache
 from tests import certs
-from tests.conftest import SECRET, add_endpoint, wait_for
+from tests.conftest import SECRET, add_endpoint, wait_for, worker_process
 from tests.receivers import Answer, OpenSslReceiver, Receiver
 from tests.test_cli import hooklane as run_hooklane
 
@@ -388,6 +390,82 @@ async def test_a_client_certificate_refused_by_the_receiver_is_a_tls_error(
         await wait_for(lambda: len(receiver.refused) == len(refused))
         assert receiver.refused == refused
         assert len(receiver.heads) == (1 if outcome[0] == "delivered" else 0)
+
+
+def _caused(exc: BaseException, cause: BaseException) -> BaseException:
+    exc.__cause__ = cause
+    return exc
+
+
+# What uvloop leaves a sender whose certificate the receiver refused: the
+# write's error, and the connection's end that carries the alert. The alert
+# as a receiver's reset leaves it unread: one TLS 1.3 record of 19 bytes.
+WRITE_FAILED = _caused(
+    aiohttp.ClientOSError(None, "Can not write request body for https://receiver.test/"),
+    aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
+)
+ALERT = ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required")
+UNREAD_ALERT = bytes.fromhex("1703030013") + bytes(19)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "exc, lost, unread, expected",
+    [
+        (WRITE_FAILED, None, b"", "connection_failed"),
+        (WRITE_FAILED, _caused(aiohttp.ClientConnectionError("Connection lost"), ALERT), b"", "tls_error"),
+        (WRITE_FAILED, ALERT, b"", "tls_error"),
+        (WRITE_FAILED, ConnectionResetError(104, "Connection reset by peer"), b"", "connection_failed"),
+        (aiohttp.ClientOSError(104, "Connection reset by peer"), None, UNREAD_ALERT, "tls_error"),
+        # More than an alert, a longer record, or a handshake record: not
+        # an alert alone, and not guessed at.
+        (WRITE_FAILED, None, UNREAD_ALERT * 2, "connection_failed"),
+        (WRITE_FAILED, None, bytes.fromhex("1703030014") + bytes(20), "connection_failed"),
+        (WRITE_FAILED, None, bytes.fromhex("1603030013") + bytes(19), "connection_failed"),
+        (WRITE_FAILED, None, UNREAD_ALERT[:-1], "connection_failed"),
+        # A timeout stays one, whatever the connection ended with.
+        (TimeoutError(), ALERT, UNREAD_ALERT, "timeout"),
+        (aiohttp.ServerDisconnectedError(), ALERT, b"", "tls_error"),
+    ],
+)
+def test_a_connection_failure_is_a_tls_error_when_its_connection_ended_with_an_alert(
+    exc, lost, unread, expected
+):
+    assert failure_class(exc, 5, lost, unread)[0] == expected
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("reset", [False, True], ids=["closed-politely", "reset"])
+async def test_a_refused_client_certificate_is_a_tls_error_on_the_workers_own_loop(dsn, db, tmp_path, reset):
+    # `hooklane worker` runs on uvloop (cli.py), where the alert closes the
+    # connection while aiohttp still writes the body: that write's error
+    # said "connection failed" for about half of such attempts, on this
+    # receiver whether it closes politely (as nginx does) or with a reset.
+    # Twenty deliveries at once, each one attempt: twenty chances to misfile.
+    attempts = 20
+    context = server_context(tmp_path, certs.server(CA), clients_of=CA)
+    with OpenSslReceiver(context, reset=reset) as receiver:
+        delivery = DeliverySpec(tls=TlsSpec(SecretKeyRef("ca", "ca.crt")))
+        await add_endpoint(
+            db,
+            "mtls",
+            receiver.url("mtls"),
+            delivery=delivery,
+            terms=terms(delivery, SECRETS),
+            max_concurrency=attempts,
+        )
+        for i in range(attempts):
+            await hooklane.publish(db, tenant="acme", type="order.created", data={}, id=f"evt-{i}")
+        worker = worker_process(dsn, HOOKLANE_CIRCUIT_THRESHOLD=str(attempts * 2))
+        # The first attempts: a retry waits at least half its 30 s backoff.
+        first = "SELECT failure, count(*) FROM delivery_attempts WHERE attempt = 1 GROUP BY 1"
+        try:
+            await wait_for(lambda: db.fetchval(f"SELECT sum(count) = $1 FROM ({first}) f", attempts), 60)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+        assert {r["failure"]: r["count"] for r in await db.fetch(first)} == {"tls_error": attempts}
+        assert len(receiver.refused) >= attempts and not receiver.heads
 
 
 @pytest.mark.parametrize(

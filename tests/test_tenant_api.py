@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -325,6 +326,37 @@ async def test_a_bad_form_names_its_field_and_creates_nothing(api, db, form, fie
     assert response.status == 422, body
     assert body["field"] == field, body
     assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
+
+
+# What docs/portal.md says the manage routes answer on an endpoint the
+# platform set up.
+PLATFORMS_ANSWER = re.compile(r"the tenant\s+API's manage routes answer `(\d{3})`")
+
+
+async def test_manage_routes_answer_a_platform_made_endpoint_as_documented_and_as_none_at_all(api, db):
+    portal_doc = (Path(__file__).resolve().parent.parent / "docs" / "portal.md").read_text()
+    (documented,) = PLATFORMS_ANSWER.findall(portal_doc)
+    await add_endpoint(db, "orders", NOWHERE, tenant="acme")
+    before = await db.fetchrow("SELECT url, paused, secret, updated_at FROM endpoints")
+    token = (await grant(api, "acme", "manage"))["token"]
+    ours, missing = "/v1/tenant/endpoints/default/orders", "/v1/tenant/endpoints/default/missing"
+    assert (await api.get(ours, headers=bearer(token))).status == 200
+    for method, suffix in (
+        ("PUT", ""),
+        ("DELETE", ""),
+        ("POST", "/pause"),
+        ("POST", "/resume"),
+        ("POST", "/rotate-secret"),
+    ):
+        answers = []
+        for path in (ours, missing):
+            response = await api.request(
+                method, path + suffix, headers=bearer(token), json={"name": "orders", "url": NOWHERE}
+            )
+            answers.append((response.status, (await response.text()).replace("missing", "orders")))
+        assert answers[0] == answers[1], (method, suffix, answers)
+        assert str(answers[0][0]) == documented, (method, suffix, answers)
+    assert await db.fetchrow("SELECT url, paused, secret, updated_at FROM endpoints") == before
 
 
 async def test_only_a_manage_grant_changes_endpoints(api, db):

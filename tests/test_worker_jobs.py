@@ -362,13 +362,26 @@ async def _three(db: asyncpg.Connection) -> None:
     )
 
 
+async def _listed(db: asyncpg.Connection, owner: PartitionOwner) -> ReadyList:
+    """The ready list a worker owning ``owner``'s partitions starts from:
+    the gauges count the pending deliveries of the endpoints it holds."""
+    ready = ReadyList()
+    now = datetime.now(UTC)
+    for endpoint_id, partition, head in (await store.pending_endpoints(db, sorted(owner.owned))).endpoints:
+        ready.listed(endpoint_id, partition, head, now)
+    return ready
+
+
 @pytest.mark.parametrize(("mode", "exported"), [("top", {"c"}), ("all", {"a", "b", "c"}), ("tenant", set())])
 async def test_the_gauges_say_how_many_endpoints_they_exported_of_those_owned(
     db, settings, owner, pool, mode, exported
 ):
     await _three(db)
     gauges = Gauges(
-        replace(settings, metrics_endpoints=mode, metrics_endpoints_top=1), owner, pool, ReadyList()
+        replace(settings, metrics_endpoints=mode, metrics_endpoints_top=1),
+        owner,
+        pool,
+        await _listed(db, owner),
     )
     assert gauges.period == settings.gauges_seconds
     assert await gauges.run_once() == Exported(exported=len(exported), owned=3)

@@ -371,12 +371,15 @@ async def endpoint_health(
     partitions: list[int] | None = None,
     endpoint: tuple[str, str] | None = None,
     floors: Mapping[int, datetime] | None = None,
+    *,
+    listed: bool = False,
 ) -> list[EndpointHealth]:
     """Every endpoint's health (of ``partitions``, or the one named by
     ``endpoint``, a (namespace, name)), most delayed first: the records
     every view shows (:mod:`hooklane.health`). ``floors``: where the queue
     of some endpoints starts (a worker's ready list), so that their pending
-    deliveries are counted from there."""
+    deliveries are counted from there; ``listed``: they are the whole
+    list, and a deliverable endpoint left out has none."""
     namespace, name = endpoint or (None, None)
     rows = await conn.fetch(
         *QUERIES["endpoint_health"](
@@ -385,6 +388,7 @@ async def endpoint_health(
             name=name,
             floor_ids=list(floors) if floors else None,
             floors=list(floors.values()) if floors else None,
+            listed=listed,
         )
     )
     return [EndpointHealth.from_row(r) for r in rows]

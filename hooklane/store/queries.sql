@@ -731,10 +731,17 @@ ORDER BY p.xact, p.id;
 -- only that endpoint's entries, from where they can be live: the pending
 -- from the floor the worker's ready list holds for the endpoint, if given
 -- (`floor_ids`, `floors`), and the leases not yet ended; a horizon held
--- elsewhere keeps dead entries before those.
+-- elsewhere keeps dead entries before those. With `listed`, the floors
+-- are a ready list's whole: a deliverable endpoint it leaves out has
+-- nothing pending that its worker knows of (the sweep finds what a lost
+-- notification left), and is not probed, since from its start its queue
+-- holds the dead entry of every delivery it sent while the horizon is
+-- held. The endpoints no ready list holds (paused by hand, deactivated,
+-- unsigned) are read from the start: they send nothing.
 -- Parameters: partitions, or NULL for all; namespace and name of one
 -- endpoint, or NULL for all; floor_ids and floors (arrays of the same
--- length; NULL, or an endpoint left out: from the start).
+-- length; NULL, or an endpoint left out: from the start, or unless
+-- deliverable, with listed, not at all).
 -- Index: endpoints_partition; the unique (namespace, name) constraint for
 -- one endpoint; deliveries_queue from each floor, deliveries_leased and
 -- deliveries_dead, each probed per endpoint.
@@ -753,7 +760,10 @@ CROSS JOIN LATERAL (
     FROM deliveries d
     WHERE d.endpoint_id = ep.id
       AND d.state = 'pending'
-      AND d.next_attempt_at >= coalesce(fl.low, '-infinity')
+      AND d.next_attempt_at >= coalesce(
+            fl.low,
+            CASE WHEN %(listed)s::boolean AND hooklane_deliverable(ep) THEN 'infinity'::timestamptz
+                 ELSE '-infinity' END)
 ) q
 CROSS JOIN LATERAL (
     SELECT count(*) AS in_flight,
@@ -788,8 +798,12 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- cursor_namespace (NULL: the first page) and cursor_name; limit (how many
 -- rows).
 -- Index: deliveries_queue, probed once per endpoint for its pending count
--- and oldest (only pending rows are read, never the delivered millions);
--- then, for the page's rows only, deliveries_leased and deliveries_dead.
+-- and oldest (only pending rows are read, never the delivered millions;
+-- but from the start of each queue, past the dead entry of every delivery
+-- sent while a horizon is held: no floor is known here); then, for the
+-- page's rows only, deliveries_leased from now on (in flight: a live
+-- lease, as endpoint_health counts it, and none of the ended leases a
+-- held horizon keeps) and deliveries_dead.
 -- endpoints itself is read whole (10,000 rows, a few ms): the order is
 -- the queue's, which no index of endpoints holds.
 WITH chosen AS (
@@ -835,7 +849,7 @@ CROSS JOIN LATERAL (
            array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
              FILTER (WHERE d.attempted_by IS NOT NULL) AS sending_on
     FROM deliveries d
-    WHERE d.endpoint_id = p.id AND d.state = 'sending'
+    WHERE d.endpoint_id = p.id AND d.state = 'sending' AND d.lease_expires_at > now()
 ) f
 ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 

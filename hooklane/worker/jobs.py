@@ -344,9 +344,10 @@ class Gauges:
     async def run_once(self) -> Exported:
         owned = sorted(self._owner.owned)
         async with store.acquire(self._pool) as conn:
-            # Pending deliveries counted from the ready list's floors: not
-            # past every dead entry a held horizon keeps (issue 21).
-            healths = await store.endpoint_health(conn, owned, floors=self._ready.floors())
+            # Pending deliveries counted from the ready list's floors, and
+            # not at all for an endpoint it does not hold: not past every
+            # dead entry a held horizon keeps (issues 21 and 37).
+            healths = await store.endpoint_health(conn, owned, floors=self._ready.floors(), listed=True)
             unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
         s = self._settings
         exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)

@@ -42,6 +42,8 @@ NOTHING = datetime.max.replace(tzinfo=UTC)
 _HELD_ELSEWHERE = timedelta(seconds=1)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Before any time a delivery is due: read a queue from its start.
+_START = datetime.min.replace(tzinfo=UTC)
 
 
 def lower(floor: datetime | None, due: datetime | None) -> datetime | None:
@@ -196,9 +198,11 @@ class ReadyList:
         return entry.due if entry else None
 
     def floors(self) -> dict[int, datetime]:
-        """Each known floor (not UNKNOWN), by endpoint: where the health
-        query may start counting an endpoint's pending deliveries."""
-        return {k: e.floor for k, e in self._entries.items() if e.floor is not None}
+        """Where the health query may start counting the pending deliveries
+        of each endpoint the list holds: its floor, or the start of time
+        when that is UNKNOWN. An endpoint left out has nothing pending that
+        the list was told of."""
+        return {k: e.floor or _START for k, e in self._entries.items()}
 
     def mark(self) -> int:
         """Where the list's changes stand, for ``lost``."""

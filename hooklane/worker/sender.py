@@ -9,12 +9,15 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import ResolveResult
+from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
 from hooklane import metrics
@@ -43,16 +46,30 @@ def event_body(event_id: str, event_type: str, created_at: datetime, data_json: 
     ).encode()
 
 
-def failure_class(exc: Exception, timeout_seconds: float) -> tuple[FailureClass, str]:
+def failure_class(
+    exc: Exception, timeout_seconds: float, lost: BaseException | None = None, unread: bytes = b""
+) -> tuple[FailureClass, str]:
     """What a tenant may read about a call that got no HTTP answer: one of a
     few classes, and its line, never the exception's text. aiohttp quotes
     the bytes it could not parse, and telling refused from reset from
     closed (or a name that does not resolve) would make the delivery log a
-    port scanner."""
+    port scanner.
+
+    A connection failure may be only the first symptom of a TLS alert, so
+    the sender asks again with what came after it: ``lost``, the error the
+    call's connection ended with, and ``unread``, the bytes the receiver
+    sent on a new TLS connection that its TLS layer never read."""
     # First: TimeoutError is an OSError, and aiohttp's are ClientErrors too.
     if isinstance(exc, asyncio.TimeoutError):
         return FailureClass.TIMEOUT, f"timeout: no response within {timeout_seconds:g} s"
-    if _tls_failed(exc):
+    # A receiver refusing a TLS 1.3 client's certificate does so after the
+    # client's handshake is done, with an alert, while the client is
+    # already sending its request. uvloop reads the alert and closes the
+    # transport at once, handing the SSL error only to the connection's
+    # end: aiohttp's write fails meanwhile ("Can not write request body")
+    # with nothing of the alert in its chain. A receiver that resets after
+    # its alert fails that write before the alert is even read.
+    if _tls_failed(exc) or _tls_failed(lost) or is_tls13_alert(unread):
         return FailureClass.TLS_ERROR, "TLS error"
     # A status line or headers that do not parse, and everything else the
     # receiver answered that is not HTTP.
@@ -71,6 +88,88 @@ def _tls_failed(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+# A TLS 1.3 record as the wire shows it after the handshake: every record
+# claims to be application data of TLS 1.2 (RFC 8446 section 5.2).
+_TLS13_RECORD = b"\x17\x03\x03"
+# An encrypted alert: its two bytes, the inner content type and the 16-byte
+# tag of every TLS 1.3 cipher suite OpenSSL offers by default.
+_TLS13_ALERT_LENGTH = 2 + 1 + 16
+
+
+def is_tls13_alert(unread: bytes) -> bool:
+    """Whether bytes a new TLS connection left unread are one encrypted
+    alert and nothing else. They cannot be decrypted once the transport is
+    gone, but nothing else a receiver sends before answering is a single
+    record of that size, and an alert is the last thing a refusing receiver
+    sends. A padded alert is not recognised: the attempt stays a connection
+    failure."""
+    return (
+        len(unread) == len(_TLS13_RECORD) + 2 + _TLS13_ALERT_LENGTH
+        and unread.startswith(_TLS13_RECORD)
+        and int.from_bytes(unread[3:5]) == _TLS13_ALERT_LENGTH
+    )
+
+
+@dataclass
+class _Call:
+    """What a call in progress learned of its connection: the future
+    aiohttp resolves when the connection ends (with its error, if any), and
+    for a new TLS connection a duplicate of its socket, to read what the
+    transport left unread when the call fails."""
+
+    closed: asyncio.Future[None] | None = None
+    duplicate: socket.socket | None = None
+
+    def unread(self) -> bytes:
+        """What the receiver sent that nobody read, without waiting."""
+        if self.duplicate is None:
+            return b""
+        try:
+            return self.duplicate.recv(_UNREAD_LIMIT, socket.MSG_DONTWAIT)
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        if self.duplicate is not None:
+            self.duplicate.close()
+
+
+# More than an alert record, so that a longer read is not mistaken for one.
+_UNREAD_LIMIT = 64
+
+# The call the current task is making (Sender.send): set around the request
+# so that the connector, which aiohttp gives no handle on the call, can say
+# which connection it got.
+_CALL: ContextVar[_Call | None] = ContextVar("hooklane_call", default=None)
+
+
+def _retrieved(closed: asyncio.Future[None]) -> None:
+    """Marks a connection's end as seen: most end unobserved, and asyncio
+    logs an ended future's error that nobody retrieved."""
+    if not closed.cancelled():
+        closed.exception()
+
+
+async def _connection_end(closed: asyncio.Future[None], within: float) -> BaseException | None:
+    """The error the connection ended with; None when it ended cleanly or
+    has not ended within ``within`` seconds."""
+    if within > 0:
+        await asyncio.wait((closed,), timeout=within)
+    if not closed.done() or closed.cancelled():
+        return None
+    return closed.exception()
+
+
+def _duplicate(transport: asyncio.BaseTransport) -> socket.socket | None:
+    """A second descriptor of the transport's socket, which outlives the
+    transport's closing it: what the kernel still holds for it stays
+    readable."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    return socket.fromfd(sock.fileno(), sock.family, sock.type)
 
 
 def _check(host: str, allowed_networks: Sequence[Network]) -> None:
@@ -104,6 +203,24 @@ class GuardedConnector(aiohttp.TCPConnector):
         for result in resolved:
             _check(result["host"], self._allowed_networks)
         return resolved
+
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        """A pooled or new connection, of which the call being made keeps
+        what ``failure_class`` may ask about."""
+        conn = await super().connect(req, traces, timeout)
+        call = _CALL.get()
+        closed = None if conn.protocol is None else conn.protocol.closed
+        if call is not None and closed is not None:
+            # None removed: the connection's first call. Refusing a client
+            # certificate is done on a new connection, never a reused one.
+            new = closed.remove_done_callback(_retrieved) == 0
+            closed.add_done_callback(_retrieved)
+            call.closed = closed
+            if new and req.is_ssl() and conn.transport is not None:
+                call.duplicate = _duplicate(conn.transport)
+        return conn
 
 
 def guarded_socket(info: AddrInfoType, allowed_networks: Sequence[Network]) -> socket.socket:
@@ -172,6 +289,9 @@ class Sender:
         timeout = aiohttp.ClientTimeout(
             total=timeout_seconds, connect=None, sock_connect=None, sock_read=None
         )
+        call = _Call()
+        started = time.monotonic()
+        token = _CALL.set(call)
         try:
             async with self._session.post(
                 url,
@@ -199,6 +319,13 @@ class Sender:
                 )
                 return Attempt(None, error=str(denied), failure=FailureClass.DESTINATION_NOT_ALLOWED)
             failure, line = failure_class(exc, timeout_seconds)
+            if failure is FailureClass.CONNECTION_FAILED and call.closed is not None:
+                # Within the call's deadline: a TLS alert's connection end is
+                # a few loop turns away, and a call that has none says so
+                # no later than a timeout would have.
+                remaining = timeout_seconds - (time.monotonic() - started)
+                lost = await _connection_end(call.closed, remaining)
+                failure, line = failure_class(exc, timeout_seconds, lost, call.unread())
             # The detail is for operators only. A response error's text would
             # repeat the request, signature and URL (whose query may hold the
             # receiver's token); its message is what did not parse. repr keeps
@@ -213,6 +340,9 @@ class Sender:
                 extra={"action": "send", "event": msg_id},
             )
             return Attempt(None, error=line, failure=failure)
+        finally:
+            _CALL.reset(token)
+            call.close()
 
     async def close(self) -> None:
         await self._session.close()
