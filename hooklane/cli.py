@@ -277,13 +277,14 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
     worker = Worker(settings)
     probe_server = None
-    if settings.metrics_port:
+    port = settings.metrics_port_of("worker")
+    if port:
         try:
-            probe_server = await probes.serve(worker.ready, settings.metrics_host, settings.metrics_port)
+            probe_server = await probes.serve(worker.ready, settings.metrics_host, port)
         except OSError as exc:
             raise InvalidInput(
                 "HOOKLANE_METRICS_PORT",
-                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+                f"cannot serve metrics on {settings.metrics_host}:{port}: "
                 f"{os.strerror(exc.errno) if exc.errno else exc}",
             ) from None
     loop = asyncio.get_running_loop()

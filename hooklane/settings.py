@@ -46,6 +46,12 @@ _NESTED = {"retry": RetryPolicy, "circuit": CircuitPolicy}
 # 0 turns the metrics endpoint off.
 Port = Annotated[int, Field(ge=0, le=65535)]
 
+# Where each command serves /metrics (the worker its probes too) when
+# HOOKLANE_METRICS_PORT is unset: ports apart, so that a worker and the API
+# run side by side on one machine as they come. The chart sets the port of
+# each pod, which has its own network.
+METRICS_PORTS: dict[Literal["worker", "api"], int] = {"worker": 9100, "api": 9101}
+
 
 def _networks(value: Any) -> Any:
     # From the environment: comma-separated text, read the one way
@@ -166,7 +172,8 @@ class Settings:
     worker_concurrency: Count = 256
     # Deliveries reserved per round trip at most.
     reserve_batch: Count = 256
-    metrics_port: Port = 9100
+    # Unset: the command's own (METRICS_PORTS).
+    metrics_port: Port | None = None
     metrics_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"
     # A lease outlives the endpoint's whole-call deadline by this much before
     # rescue may hand the delivery to another worker.
@@ -234,7 +241,7 @@ class Settings:
     encryption_key: EncryptionKey | None = None
     # How long a replaced signing secret still signs next to the new one.
     secret_grace_seconds: Seconds = DEFAULT_GRACE_SECONDS
-    # `hooklane api`: where it listens (its /metrics is on metrics_port).
+    # `hooklane api`: where it listens (its /metrics is on metrics_port_of("api")).
     api_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"
     api_port: Annotated[int, Field(ge=1, le=65535)] = 8080
     # Tokens that may publish (hooklane/tokens.py has the format), from
@@ -303,6 +310,10 @@ class Settings:
     notification_interval_seconds: Seconds = 3600.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
+
+    def metrics_port_of(self, command: Literal["worker", "api"]) -> int:
+        """The port ``command`` serves its metrics on; 0: none."""
+        return METRICS_PORTS[command] if self.metrics_port is None else self.metrics_port
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

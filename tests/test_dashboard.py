@@ -28,6 +28,7 @@ from hooklane.checks import check_url
 from hooklane.delivery import DeliverySpec
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
+from hooklane.health import EndpointHealth
 from hooklane.policies import CircuitPolicy
 from hooklane.results import Result
 from hooklane.settings import Settings
@@ -370,10 +371,11 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
         SECRET,
     )
     await publish(db, 2)
-    # Two failures the way the worker records them, against a threshold of two.
+    # Two failures the way the worker records them, against a threshold of
+    # two: their retries are due long before the circuit's pause ends.
     reserved = await reserve_round(db, 2, partitions=[upserted.partition])
     failed = [
-        Result.retry(r["id"], r["attempts"], retry_in=600, status=503, error="HTTP 503") for r in reserved
+        Result.retry(r["id"], r["attempts"], retry_in=30, status=503, error="HTTP 503") for r in reserved
     ]
     await store.complete(
         db, failed, CircuitPolicy(threshold=2, step_seconds=600, cap_seconds=600), [upserted.partition]
@@ -383,6 +385,14 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     assert await page.locator("table.endpoints .phase").text_content() == "Paused (circuit)"
     circuit = await page.locator("table.endpoints tbody td:nth-child(7)").text_content()
     assert re.fullmatch(r"\s*2 failures; next probe\s+in (9|10) min( \d+ s)?\s*", circuit or ""), circuit
+    # Each delivery goes when the pause ends, not when its own retry was due.
+    held = r"\s*after the circuit's pause,\s+in (9|10) min( \d+ s)?\s*"
+    await page.goto(f"{base}/dashboard/endpoints/default/down")
+    cells = await page.locator("table.deliveries tbody td:nth-child(6)").all_text_contents()
+    assert len(cells) == 2 and all(re.fullmatch(held, cell) for cell in cells), cells
+    await page.goto(f"{base}/dashboard/endpoints/default/down/deliveries/{reserved[0]['id']}")
+    fact = await page.locator("dl.facts div", has_text="Next attempt").locator("dd").text_content()
+    assert re.fullmatch(held, fact or ""), fact
 
 
 @pytest.mark.browser
@@ -810,6 +820,75 @@ def test_relative_text() -> None:
     assert pages.relative_text(now + timedelta(seconds=12), now) == "in 12 s"
     assert pages.relative_text(now - timedelta(minutes=3), now) == "3 min ago"
     assert pages.relative_text(now + timedelta(milliseconds=300), now) == "now"
+
+
+NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+
+
+def health(**row: Any) -> EndpointHealth:
+    """An endpoint's health at NOW, active and signed unless ``row`` says."""
+    base = dict.fromkeys(
+        (
+            "sending_on",
+            "paused_until",
+            "last_error",
+            "last_delivered_at",
+            "deactivated_reason",
+            "throttled_until",
+            "rate_per_second",
+            "oldest_pending_age",
+        ),
+    )
+    base.update(id=1, namespace="default", name="orders", tenant="acme", url="https://x.example/h")
+    base.update(state="active", paused=False, signed=True, max_concurrency=4, effective_concurrency=4)
+    base.update(adaptive_concurrency=False, rate_burst=1, pending=1, in_flight=0, dead=0)
+    base.update(consecutive_failures=0, observed_at=NOW)
+    return EndpointHealth.from_row({**base, **row})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("due", "row", "held", "at", "text"),
+    [
+        (-21, {}, None, -21, "due 21 s ago"),
+        (-0.5, {}, None, -0.5, "due now"),
+        (40, {}, None, 40, "in 40 s"),
+        # The report's: due 21 s ago, the circuit's next probe in 36 s.
+        (
+            -21,
+            {"paused_until": NOW + timedelta(seconds=36), "consecutive_failures": 20},
+            "after the circuit's pause",
+            36,
+            "in 36 s",
+        ),
+        # A retry later than the pause's end keeps its own time.
+        (90, {"paused_until": NOW + timedelta(seconds=36)}, None, 90, "in 1 min 30 s"),
+        # Probing: the pause is over, the delivery goes as it is due.
+        (-5, {"paused_until": NOW - timedelta(seconds=1)}, None, -5, "due 5 s ago"),
+        (
+            -3,
+            {"throttled_until": NOW + timedelta(seconds=8)},
+            "after the receiver's hold (its Retry-After, or an overload)",
+            8,
+            "in 8 s",
+        ),
+        (-3, {"state": "deactivated"}, "once the endpoint is reactivated", None, ""),
+        (
+            -3,
+            {"paused": True, "paused_until": NOW + timedelta(seconds=36)},
+            "once the endpoint is resumed",
+            None,
+            "",
+        ),
+        (-3, {"signed": False}, "once the endpoint has a signing secret", None, ""),
+    ],
+)
+def test_a_pending_deliverys_next_attempt_is_when_its_endpoint_lets_it_go(
+    due: float, row: dict[str, Any], held: str | None, at: float | None, text: str
+) -> None:
+    shown = pages.next_attempt(NOW + timedelta(seconds=due), health(**row))
+    assert shown == pages.NextAttempt(None if at is None else NOW + timedelta(seconds=at), held, text)
+    assert pages.next_attempt(None, health(**row)) is None
 
 
 @pytest.mark.unit

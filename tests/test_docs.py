@@ -142,7 +142,8 @@ def _command(line: str) -> list[str] | None:
         words.pop(0)
     if not words or words[0] != "hooklane":
         return None
-    return words[1:]
+    # `hooklane worker &`: the shell's, run in the background
+    return words[1:-1] if words[-1] == "&" else words[1:]
 
 
 def _documented_commands() -> list[tuple[str, list[str], bool]]:

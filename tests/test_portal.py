@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient
 
+import hooklane
 from hooklane import store
 from hooklane.api import inputs
 from hooklane.api import portal as pages
@@ -477,6 +478,28 @@ async def test_a_replay_and_a_bad_input_are_pages(api, db):
         response, body = await call(api, "GET", path + bad, session)
         assert response.status == 422, bad
         assert "Not understood" in body
+
+
+async def test_a_delivery_held_by_the_circuit_shows_when_the_pause_lets_it_go(api, db):
+    """Its retry was due 21 s ago, the circuit's next probe is in 36 s: the
+    tenant sees the probe's time, never a next attempt in the past."""
+    await add_endpoint(db, "held", NOWHERE, tenant="acme")
+    await hooklane.publish(db, tenant="acme", type="order.paid", data={})
+    await db.execute("UPDATE endpoints SET consecutive_failures = 20, paused_until = now() + interval '36 s'")
+    delivery = await db.fetchval(
+        "UPDATE deliveries SET attempts = 3, next_attempt_at = now() - interval '21 s' RETURNING id"
+    )
+    session = await session_of(api, "acme")
+    path = "/portal/endpoints/default/held"
+    for page, cell in (
+        (path, r'<tr data-delivery="\d+".*?</tr>'),
+        (f"{path}/deliveries/{delivery}", r"<dt>Next attempt</dt>.*?</dd>"),
+    ):
+        response, body = await call(api, "GET", page, session)
+        assert response.status == 200
+        shown = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.search(cell, body, re.S)[0])).split())
+        assert re.search(r"after the circuit's pause ?, in 3\d s", shown), shown
+        assert " ago" not in shown, shown
 
 
 # --- self-service, over HTTP (the browser test walks it too) ------------------------------

@@ -316,3 +316,52 @@ async def test_a_tenant_sees_its_own_endpoints_in_the_platforms_name_and_colour(
     await page.click("a:text-is('billing')")
     await page.wait_for_selector("button:text-is('Resend all 4 dead')")
     await shoot(page, "portal-endpoint.png")
+
+
+# --------------------------------------------------------------------------
+# On a phone
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+async def widths(page: Page) -> dict[str, float]:
+    """How wide the document, the screen and the header bar are, and the
+    widest table's box and its content: a table wider than the screen must
+    scroll in its own box, not widen the page."""
+    found: dict[str, float] = await page.evaluate(
+        """() => {
+          const doc = document.documentElement;
+          const boxes = [...document.querySelectorAll("table")].map(t => t.parentElement);
+          return {
+            document: doc.scrollWidth,
+            screen: doc.clientWidth,
+            header: document.querySelector("header.top").getBoundingClientRect().width,
+            table: Math.max(0, ...boxes.map(b => b.scrollWidth)),
+            box: Math.max(0, ...boxes.map(b => b.clientWidth)),
+          };
+        }"""
+    )
+    return found
+
+
+async def test_at_phone_width_tables_scroll_in_their_box_and_the_header_spans_the_page(
+    start_dashboard: StartServer, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
+) -> None:
+    delivery = await flaky_history(db, receiver, start_worker)
+    base = await start(start_dashboard)
+    await page.set_viewport_size(PHONE)
+    await dashboard_tests.log_in(page, base)
+    await enter(page, base, "acme")
+    endpoint = "endpoints/default/flaky"
+    pages = [
+        f"{home}{path}"
+        for home in ("/dashboard", "/portal")
+        for path in ("", f"/{endpoint}", f"/{endpoint}/deliveries/{delivery}")
+    ] + [f"/dashboard/{endpoint}/attempts"]
+    for path in pages:
+        await page.goto(base + path)
+        shown = await widths(page)
+        assert shown["document"] == shown["screen"] == round(shown["header"]), (path, shown)
+        # The test would see nothing if the tables fitted anyway.
+        assert shown["table"] > shown["box"] > 0, (path, shown)

@@ -23,7 +23,9 @@ def test_defaults_are_the_contracts():
     settings = Settings.from_env({})
     assert settings.retry == RetryPolicy(30.0, 6 * 3600.0, 20, 72 * 3600.0)
     assert settings.circuit == CircuitPolicy(20, 60.0, 3600.0)
-    assert settings.worker_concurrency == 256 and settings.metrics_port == 9100
+    assert settings.worker_concurrency == 256
+    # A worker and the API on one machine do not take the same port.
+    assert (settings.metrics_port_of("worker"), settings.metrics_port_of("api")) == (9100, 9101)
     # nothing beyond globally routable addresses unless allowed
     assert settings.allowed_networks == ()
 
@@ -42,7 +44,8 @@ def test_values_are_read_and_typed():
         }
     )
     assert settings.database_url == "postgresql://db/hooklane"
-    assert (settings.worker_concurrency, settings.poll_seconds, settings.metrics_port) == (32, 0.25, 0)
+    assert (settings.worker_concurrency, settings.poll_seconds) == (32, 0.25)
+    assert settings.metrics_port_of("worker") == settings.metrics_port_of("api") == 0
     assert settings.retry.max_attempts == 5 and settings.circuit.step_seconds == 10.0
     assert settings.allowed_networks == (
         ip_network("127.0.0.0/8"),

@@ -199,9 +199,9 @@ async def run(settings: Settings) -> int:
         await _listen(
             server.BoundedSite(runner, settings.api_host, settings.api_port, connections), "HOOKLANE_API_PORT"
         )
-        if settings.metrics_port:
+        if settings.metrics_port_of("api"):
             await _listen(
-                web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port),
+                web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port_of("api")),
                 "HOOKLANE_METRICS_PORT",
             )
         logger.info(

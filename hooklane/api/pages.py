@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -22,8 +23,9 @@ from aiohttp import web
 
 from hooklane import store
 from hooklane.api.auth import Audience, audience
-from hooklane.endpoint_state import EndpointState
+from hooklane.endpoint_state import EndpointState, PauseReason
 from hooklane.errors import shown
+from hooklane.health import EndpointHealth
 from hooklane.times import rfc3339
 
 # How often a live page refreshes itself, and a page saying the database is
@@ -59,6 +61,46 @@ def relative_text(when: datetime | None, now: datetime) -> str:
     if abs(delta) < 1:
         return "now"
     return f"in {age_text(delta)}" if delta > 0 else f"{age_text(-delta)} ago"
+
+
+@dataclass(frozen=True)
+class NextAttempt:
+    """When a pending delivery is tried next, as its endpoint stands: ``at``
+    (None: not until someone acts on the endpoint), ``held``: what holds it
+    past its own due time, and ``text``: ``at`` as a person reads it."""
+
+    at: datetime | None
+    held: str | None
+    text: str
+
+
+def next_attempt(due: datetime | None, h: EndpointHealth) -> NextAttempt | None:
+    """The next attempt of a delivery due at ``due`` (None: not pending)
+    of the endpoint ``h``. The endpoint outranks the delivery's own time,
+    as the reservation has it (hooklane_deliverable, hooklane_ready_at): a
+    delivery of a paused endpoint is not tried at its due time, however
+    long ago that was, but when the pause ends."""
+    if due is None:
+        return None
+    now = h.observed_at
+    if h.standing.state == EndpointState.DEACTIVATED:
+        return NextAttempt(None, "once the endpoint is reactivated", "")
+    if h.standing.paused_by == PauseReason.MANUAL:
+        return NextAttempt(None, "once the endpoint is resumed", "")
+    if not h.signed:
+        return NextAttempt(None, "once the endpoint has a signing secret", "")
+    for until, held in (
+        (h.paused_until, "after the circuit's pause"),
+        (h.throttled_until, "after the receiver's hold (its Retry-After, or an overload)"),
+    ):
+        if until is not None and until > now and until > due:
+            return NextAttempt(until, held, relative_text(until, now))
+    if due <= now:
+        # Waiting for a free slot or the rate limit: due, not done.
+        return NextAttempt(
+            due, None, "due now" if (now - due).total_seconds() < 1 else f"due {relative_text(due, now)}"
+        )
+    return NextAttempt(due, None, relative_text(due, now))
 
 
 def short_text(text: str | None, limit: int = LAST_ERROR_CHARS) -> str:
@@ -229,7 +271,9 @@ def environment(home: str, **globals: Any) -> jinja2.Environment:
         lstrip_blocks=True,
     )
     templates.filters.update(age=age_text, short=short_text, rfc3339=rfc3339)
-    templates.globals.update(relative=relative_text, home=home, states=store.STATES, **globals)
+    templates.globals.update(
+        relative=relative_text, next_attempt=next_attempt, home=home, states=store.STATES, **globals
+    )
     return templates
 
 
