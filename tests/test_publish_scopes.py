@@ -149,7 +149,7 @@ async def test_the_upgrade_keeps_every_role_that_could_publish_publishing(fresh_
         await conn.execute(
             f"GRANT EXECUTE ON FUNCTION hooklane_try_publish_v1, hooklane_publish_v1 TO {granted}"
         )
-        assert [m.version for m in await store.migrate(conn)] == [15]
+        assert [m.version for m in await store.migrate(conn, target=15)] == [15]
         scopes = {s.role: s for s in await store.publisher_scopes(conn)}
         assert scopes == {granted: store.PublisherScope(granted, (None,), True, True)}
         app = await asyncpg.connect(fresh_dsn.replace("postgresql://postgres@", f"postgresql://{granted}@"))
