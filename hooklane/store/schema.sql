@@ -2232,3 +2232,17 @@ CREATE TABLE queue_summaries (
     CHECK (cardinality(endpoint_ids) = cardinality(pending)
            AND cardinality(endpoint_ids) = cardinality(oldest_pending_at))
 );
+
+-- The counts of the fresh summaries, a row per endpoint they hold.
+CREATE FUNCTION hooklane_queue_counts()
+RETURNS TABLE (endpoint_id bigint, pending bigint, oldest_pending_at timestamptz,
+               counted_at timestamptz)
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT u.endpoint_id, u.pending, u.oldest_pending_at, s.counted_at
+    FROM queue_summaries s
+    CROSS JOIN LATERAL unnest(s.endpoint_ids, s.pending, s.oldest_pending_at)
+                       AS u(endpoint_id, pending, oldest_pending_at)
+    WHERE s.fresh_until > now()
+$$;
