@@ -46,11 +46,15 @@ with pending deliveries, then, with the snapshot held, deliveries sent in
 steps as a worker sends them (pending, in flight, delivered: three versions
 each, by SQL, round robin over the endpoints). Before the hold and after
 each step: the admin listing's statement (``endpoint_page``, the first page
-of 50) and the worker's gauges statement (``endpoint_health`` over every
-partition with the floors of the endpoints that have pending deliveries),
-the latter as it read before (``listed`` false: an endpoint outside the
-floors from the start of its queue) and as the gauge job reads now,
-side by side; the median of three runs each, and the buffers of its plan.
+of 50) and the dashboard's totals (``endpoint_totals``), each without a
+gauge pass's counts (every queue read from its start, as before migration
+0017 or with no worker running) and with those of one pass
+(``queue_summaries``); and the worker's gauges statement
+(``endpoint_health`` over every partition with the floors of the
+endpoints that have pending deliveries), as it read before (``listed``
+false: an endpoint outside the floors from the start of its queue) and as
+the gauge job reads now, side by side; the median of three runs each, and
+the buffers of its plan.
 ``--preset smoke`` runs it small in seconds.
 """
 
@@ -100,6 +104,7 @@ from bench.steady import (
     snapshot,
 )
 from bench.throughput import postgres_pids, receiver
+from hooklane import store
 from hooklane.store.endpoints import EndpointFilter
 from hooklane.store.queries import QUERIES
 
@@ -617,11 +622,25 @@ async def reads(conn: asyncpg.Connection, cfg: ReadsConfig, floors: dict[int, da
     }
     gauges = {"partitions": None, "namespace": None, "name": None}
     gauges |= {"floor_ids": list(floors), "floors": list(floors.values())}
-    return {
-        "listing": await timed_read(conn, "endpoint_page", cfg.repeats, **listing),
+    # The listings without a gauge pass's counts (no worker, or before
+    # migration 0017), then with those of one pass, as a worker keeps them.
+    await conn.execute("DELETE FROM queue_summaries")
+    found = {
+        "listing_before": await timed_read(conn, "endpoint_page", cfg.repeats, **listing),
+        "totals_before": await timed_read(
+            conn, "endpoint_totals", cfg.repeats, **EndpointFilter().parameters()
+        ),
         "gauges_before": await timed_read(conn, "endpoint_health", cfg.repeats, **gauges, listed=False),
         "gauges_after": await timed_read(conn, "endpoint_health", cfg.repeats, **gauges, listed=True),
     }
+    partitions = list(range(await conn.fetchval(*QUERIES["partition_count"]())))
+    healths = await store.endpoint_health(conn, partitions, floors=floors, listed=True)
+    await store.write_queue_summaries(conn, partitions, healths, fresh_seconds=3600)
+    found["listing_after"] = await timed_read(conn, "endpoint_page", cfg.repeats, **listing)
+    found["totals_after"] = await timed_read(
+        conn, "endpoint_totals", cfg.repeats, **EndpointFilter().parameters()
+    )
+    return found
 
 
 async def run_reads(server_dsn: str, cfg: ReadsConfig) -> dict:
@@ -675,21 +694,22 @@ async def run_reads(server_dsn: str, cfg: ReadsConfig) -> dict:
     return {"config": asdict(cfg), "rows": rows}
 
 
+READS = ("listing_before", "listing_after", "totals_before", "totals_after", "gauges_before", "gauges_after")
+
+
 def reads_line(row: dict) -> str:
     # Each delivery sent leaves two dead versions: pending and in flight.
     cells = [f"{row['sent_while_held']:,}", f"{2 * row['sent_while_held']:,}"]
-    for key in ("listing", "gauges_before", "gauges_after"):
-        cells += [f"{row[key]['ms']:.1f}", f"{row[key]['server_ms']:.1f}", f"{row[key]['buffers']:,}"]
+    for key in READS:
+        cells += [f"{row[key]['server_ms']:.1f}", f"{row[key]['buffers']:,}"]
     return "| " + " | ".join(cells) + " |"
 
 
 def reads_table(rows: list[dict]) -> str:
-    head = (
-        "| sent while held | dead versions of deliveries | listing ms | server ms | buffers"
-        " | gauges before ms | server ms | buffers | gauges after ms | server ms | buffers |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    head = "| sent while held | dead versions | " + " | ".join(
+        f"{key.replace('_', ' ')} server ms | buffers" for key in READS
     )
-    return "\n".join([head, *map(reads_line, rows)])
+    return "\n".join([head + " |", "|" + " --- |" * (2 + 2 * len(READS)), *map(reads_line, rows)])
 
 
 async def main_async(args: argparse.Namespace) -> dict:

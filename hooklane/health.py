@@ -54,6 +54,9 @@ class EndpointHealth:
     # The database's clock when the statement read the row.
     observed_at: datetime
     standing: Standing
+    # When pending and the oldest pending were counted: observed_at, or in
+    # a listing a worker's last gauge pass (store.endpoint_page).
+    counted_at: datetime
     # Its own delivery terms: the concurrency limit in force (moved by the
     # receiver's overload signals when adaptive), until when a Retry-After
     # holds it, and its rate limit (None: none).
@@ -87,6 +90,7 @@ class EndpointHealth:
             last_delivered_at=row["last_delivered_at"],
             deactivated_reason=row["deactivated_reason"],
             observed_at=row["observed_at"],
+            counted_at=row["counted_at"],
             standing=endpoint_state(
                 state=row["state"],
                 paused=row["paused"],
@@ -198,4 +202,5 @@ def as_json(h: EndpointHealth) -> dict[str, Any]:
         "last_delivered_at": rfc3339(h.last_delivered_at),
         "deactivated_reason": h.deactivated_reason,
         "observed_at": rfc3339(h.observed_at),
+        "counted_at": rfc3339(h.counted_at),
     }

@@ -17,6 +17,9 @@ from hooklane.endpoint_state import EndpointState, PauseReason, Standing
 from hooklane.health import EndpointHealth, as_json, standing_counts
 from hooklane.store.endpoints import EndpointFilter
 from hooklane.store.queries import QUERIES
+from hooklane.worker.jobs import Gauges
+from hooklane.worker.partitions import PartitionOwner
+from hooklane.worker.ready import ReadyList
 from tests.conftest import add_endpoint
 
 OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -49,6 +52,7 @@ def row(**changes: Any) -> dict[str, Any]:
         "sending_on": None,
         "dead": 0,
         "observed_at": OBSERVED,
+        "counted_at": OBSERVED,
         **changes,
     }
 
@@ -241,3 +245,54 @@ async def test_the_gauges_read_no_dead_entry_nor_the_listing_an_ended_lease_unde
     # In flight on the listing's page, as in the gauges: a live lease, and
     # none of the 4,000 ended ones the horizon keeps.
     assert listing["deliveries_leased"] == 0
+
+
+async def test_the_listings_show_a_gauge_pass_and_walk_no_queue_under_a_held_horizon(dsn, db, settings):
+    busy = await add_endpoint(db, "busy", "http://127.0.0.1:9/a")
+    await add_endpoint(db, "paused", "http://127.0.0.1:9/c", tenant="paused", paused=True)
+    owner = PartitionOwner(dsn, await store.partition_count(db), lambda _p: None)
+    await owner.connect()
+    pool = await store.create_pool(dsn, min_size=0, max_size=2)
+    report = await asyncpg.connect(dsn)
+    try:
+        await owner.rebalance()
+        await report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM events")
+        await _churn(db, busy, CHURNED)
+        for n in range(3):
+            await hooklane.publish(db, tenant="acme", type="order.paid", data={"n": n}, id=f"live-{n}")
+        await hooklane.publish(db, tenant="paused", type="order.paid", data={}, id="live-paused")
+        # The ready list a worker holds: the busy endpoint from its head.
+        ready = ReadyList()
+        for endpoint_id, partition, head in (
+            await store.pending_endpoints(db, sorted(owner.owned))
+        ).endpoints:
+            ready.listed(endpoint_id, partition, head, datetime.now(UTC))
+        await Gauges(settings, owner, pool, ready).run_once()
+        page = {**EndpointFilter().parameters(), "cursor_oldest_pending_at": None}
+        page |= {"cursor_namespace": None, "cursor_name": None, "limit": 51}
+        listing, _ = await _walked(db, "endpoint_page", **page)
+        totals, _ = await _walked(db, "endpoint_totals", **EndpointFilter().parameters())
+        shown = {
+            h.name: (h.pending, h.counted_at)
+            for h in (await store.endpoint_page(db, EndpointFilter(), limit=50)).endpoints
+        }
+        summed = await store.endpoint_totals(db, EndpointFilter())
+        # The worker gone: its counts are stale, and the listing counts the
+        # queues again, past every dead entry the horizon keeps.
+        await db.execute("UPDATE queue_summaries SET fresh_until = now()")
+        counted, _ = await _walked(db, "endpoint_page", **page)
+        recounted = {
+            h.name: h.pending for h in (await store.endpoint_page(db, EndpointFilter(), limit=50)).endpoints
+        }
+    finally:
+        await report.close()
+        await pool.close()
+        await owner.close()
+    counted_at = shown["busy"][1]
+    assert shown == {"busy": (3, counted_at), "paused": (1, counted_at)}
+    assert (summed.pending, summed.in_flight) == (4, 0)
+    # Neither read a queue, nor an ended lease the horizon keeps.
+    assert listing == {"deliveries_queue": 0, "deliveries_leased": 0, "deliveries_dead": 0}
+    assert totals == {"deliveries_queue": 0, "deliveries_leased": 0, "deliveries_dead": 0}
+    assert recounted == {"busy": 3, "paused": 1}
+    assert counted["deliveries_queue"] >= CHURNED

@@ -84,6 +84,7 @@ from hooklane.store.endpoints import (
     stored_form,
     tenant_endpoint_count,
     upsert_endpoint,
+    write_queue_summaries,
 )
 from hooklane.store.events import (
     MAX_PAGE,
@@ -232,5 +233,6 @@ __all__ = [
     "unrouted_counts",
     "unrouted_events",
     "upsert_endpoint",
+    "write_queue_summaries",
     "xmin_horizon",
 ]

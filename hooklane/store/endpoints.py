@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import NamedTuple
 
@@ -392,6 +392,34 @@ async def endpoint_health(
         )
     )
     return [EndpointHealth.from_row(r) for r in rows]
+
+
+async def write_queue_summaries(
+    conn: asyncpg.Connection,
+    partitions: Sequence[int],
+    healths: Sequence[EndpointHealth],
+    fresh_seconds: float,
+) -> None:
+    """Keep what a gauge pass counted of ``partitions`` (``healths``, read
+    by one statement) for the endpoint listings, fresh for
+    ``fresh_seconds``: they read it instead of walking each queue from its
+    start (queue_summaries, migration 0017)."""
+    if not healths:
+        return
+    counted_at = healths[0].counted_at
+    await conn.execute(
+        *QUERIES["write_queue_summaries"](
+            partitions=list(partitions),
+            counted_at=counted_at,
+            fresh_seconds=fresh_seconds,
+            endpoint_ids=[h.id for h in healths],
+            pending=[h.pending for h in healths],
+            oldest_pending_at=[
+                None if h.oldest_pending_age is None else counted_at - timedelta(seconds=h.oldest_pending_age)
+                for h in healths
+            ],
+        )
+    )
 
 
 def check_phase(text: str | None, field: str) -> EndpointState | None:

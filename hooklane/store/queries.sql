@@ -752,7 +752,7 @@ SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
        q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
        f.in_flight, f.sending_on, x.dead,
-       now() AS observed_at
+       now() AS observed_at, now() AS counted_at
 FROM endpoints ep
 LEFT JOIN unnest(%(floor_ids)s::bigint[], %(floors)s::timestamptz[]) AS fl(id, low) ON fl.id = ep.id
 CROSS JOIN LATERAL (
@@ -783,10 +783,17 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 
 -- name: endpoint_page
 -- A page of endpoints with their health (the columns of endpoint_health,
--- plus oldest_pending_at), in endpoint_health's order: oldest pending
--- delivery first (most delayed), endpoints with nothing pending last, then
--- namespace and name. Keyset paging on (oldest_pending_at, namespace, name)
--- with NULLS LAST: the page starts after the cursor's position.
+-- plus oldest_pending_at and counted_at), in endpoint_health's order:
+-- oldest pending delivery first (most delayed), endpoints with nothing
+-- pending last, then namespace and name. Keyset paging on
+-- (oldest_pending_at, namespace, name) with NULLS LAST: the page starts
+-- after the cursor's position.
+-- The pending count and oldest are the last gauge pass's of the worker
+-- owning the endpoint's partition while that is fresh (queue_summaries;
+-- `counted_at` says when), and counted here for an endpoint no fresh
+-- summary holds: read from the start of its queue, a count walks the dead
+-- entry of every delivery the endpoint sent while a horizon is held,
+-- which a gauge pass reads past from its ready list's floors.
 -- Filters: tenant; name prefix; phase as hooklane/endpoint_state.py decides
 -- it at now() (hooklane_phase; tests/test_api_admin.py checks that they
 -- agree); not delivering: hooklane_not_delivering (deactivated, paused by
@@ -797,12 +804,11 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- cursor_oldest_pending_at (NULL: among endpoints with nothing pending),
 -- cursor_namespace (NULL: the first page) and cursor_name; limit (how many
 -- rows).
--- Index: deliveries_queue, probed once per endpoint for its pending count
--- and oldest (only pending rows are read, never the delivered millions;
--- but from the start of each queue, past the dead entry of every delivery
--- sent while a horizon is held: no floor is known here); then, for the
--- page's rows only, deliveries_leased from now on (in flight: a live
--- lease, as endpoint_health counts it, and none of the ended leases a
+-- Index: none for queue_summaries, read whole once (a row per partition,
+-- hooklane_queue_counts); deliveries_queue, probed for
+-- the endpoints no fresh summary holds; then,
+-- for the page's rows only, deliveries_leased from now on (in flight: a
+-- live lease, as endpoint_health counts it, and none of the ended leases a
 -- held horizon keeps) and deliveries_dead.
 -- endpoints itself is read whole (10,000 rows, a few ms): the order is
 -- the queue's, which no index of endpoints holds.
@@ -811,22 +817,43 @@ WITH chosen AS (
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
            hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
            ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
-           q.pending, q.oldest_pending_at
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason
     FROM endpoints ep
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS pending, min(d.created_at) AS oldest_pending_at
-        FROM deliveries d
-        WHERE d.endpoint_id = ep.id AND d.state = 'pending'
-    ) q
     WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
       AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
       AND (%(phase)s::text IS NULL OR hooklane_phase(ep) = %(phase)s)
       AND (NOT %(not_delivering)s::boolean OR hooklane_not_delivering(ep))
 ),
+-- A full join, which no plan runs as a nested loop (materialized: the
+-- filter below would make it a left join, and a nested loop over the
+-- counts once per endpoint took 40 s at 10,000 endpoints on the estimates
+-- of a small table rewritten every few seconds).
+summarised AS MATERIALIZED (
+    SELECT c.*, sm.endpoint_id AS counted_id, sm.pending AS counted_pending,
+           sm.oldest_pending_at AS counted_oldest, sm.counted_at
+    FROM chosen c
+    FULL JOIN hooklane_queue_counts() sm ON sm.endpoint_id = c.id
+),
+counted AS (
+    SELECT s.id, s.namespace, s.name, s.tenant, s.url, s.state, s.paused, s.signed,
+           s.max_concurrency, s.consecutive_failures, s.effective_concurrency,
+           s.adaptive_concurrency, s.rate_per_second, s.rate_burst, s.throttled_until,
+           s.paused_until, s.last_error, s.last_delivered_at, s.deactivated_reason,
+           coalesce(s.counted_pending, q.pending) AS pending,
+           CASE WHEN s.counted_id IS NULL THEN q.oldest_pending_at ELSE s.counted_oldest END
+             AS oldest_pending_at,
+           coalesce(s.counted_at, now()) AS counted_at
+    FROM summarised s
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(d.created_at) AS oldest_pending_at
+        FROM deliveries d
+        WHERE s.counted_id IS NULL AND d.endpoint_id = s.id AND d.state = 'pending'
+    ) q
+    WHERE s.id IS NOT NULL
+),
 page AS (
     SELECT *
-    FROM chosen c
+    FROM counted c
     WHERE %(cursor_namespace)s::text IS NULL
        OR (%(cursor_oldest_pending_at)s::timestamptz IS NULL
            AND c.oldest_pending_at IS NULL
@@ -857,28 +884,73 @@ ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 -- The totals over the endpoints endpoint_page's filters choose: how many,
 -- how many not delivering, and their pending, in-flight and dead
 -- deliveries. Counts only, no per-endpoint health: the dashboard's header.
+-- Pending as endpoint_page counts it (a fresh gauge pass's count, or the
+-- queue's own for an endpoint no fresh summary holds); in flight, the
+-- live leases, as endpoint_health counts them.
 -- Parameters: tenant or NULL, name_prefix or NULL, phase or NULL,
 -- not_delivering (only those), as in endpoint_page.
--- Index: deliveries_queue, deliveries_leased and deliveries_dead, each
--- read once (index-only where the visibility map allows), hash-joined to
--- the chosen endpoints; the cost follows the pending and dead rows, not
--- the delivered ones.
-WITH chosen AS (
-    SELECT ep.id, hooklane_not_delivering(ep) AS not_delivering
-    FROM endpoints ep
-    WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
-      AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
-      AND (%(phase)s::text IS NULL OR hooklane_phase(ep) = %(phase)s)
-      AND (NOT %(not_delivering)s::boolean OR hooklane_not_delivering(ep))
+-- Index: none for queue_summaries, read whole once
+-- (hooklane_queue_counts); deliveries_queue probed per
+-- endpoint no fresh summary holds, deliveries_leased probed per endpoint
+-- from now on (not past the ended leases a held horizon keeps);
+-- deliveries_dead read once (index-only where the visibility map allows),
+-- hash-joined to the chosen endpoints.
+WITH chosen AS MATERIALIZED (
+    SELECT c.id, c.not_delivering, sm.pending AS summarised
+    FROM (SELECT ep.id, hooklane_not_delivering(ep) AS not_delivering
+          FROM endpoints ep
+          WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
+            AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
+            AND (%(phase)s::text IS NULL OR hooklane_phase(ep) = %(phase)s)
+            AND (NOT %(not_delivering)s::boolean OR hooklane_not_delivering(ep))) c
+    -- As in endpoint_page: a full join, never a nested loop.
+    FULL JOIN hooklane_queue_counts() sm ON sm.endpoint_id = c.id
 )
-SELECT (SELECT count(*) FROM chosen) AS endpoints,
+SELECT (SELECT count(id) FROM chosen) AS endpoints,
        (SELECT count(*) FROM chosen WHERE not_delivering) AS not_delivering,
-       (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
-        WHERE d.state = 'pending') AS pending,
-       (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
-        WHERE d.state = 'sending') AS in_flight,
+       (SELECT coalesce(sum(coalesce(
+                  c.summarised,
+                  (SELECT count(*) FROM deliveries d
+                   WHERE d.endpoint_id = c.id AND d.state = 'pending'))), 0)
+        FROM chosen c WHERE c.id IS NOT NULL)::bigint AS pending,
+       (SELECT coalesce(sum(
+                  (SELECT count(*) FROM deliveries d
+                   WHERE d.endpoint_id = c.id AND d.state = 'sending'
+                     AND d.lease_expires_at > now())), 0)
+        FROM chosen c WHERE c.id IS NOT NULL)::bigint AS in_flight,
        (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
         WHERE d.state = 'dead') AS dead;
+
+-- name: write_queue_summaries
+-- What a worker's gauge pass counted of its partitions' queues, for the
+-- endpoint listings (endpoint_page, endpoint_totals): one row per
+-- partition, every endpoint of it the pass read with its pending count and
+-- oldest pending creation, fresh for `fresh_seconds`. A pass that counted
+-- before the row's last writer (a worker that has since lost the
+-- partition, running late) leaves the row as it is.
+-- Parameters: partitions (those the pass counted), counted_at (the
+-- database's clock at its count), fresh_seconds; endpoint_ids, pending and
+-- oldest_pending_at (arrays of the same length).
+-- Index: the primary key of endpoints per id; queue_summaries' primary key
+-- for the conflict.
+INSERT INTO queue_summaries AS s
+    (partition, counted_at, fresh_until, endpoint_ids, pending, oldest_pending_at)
+SELECT p.partition, %(counted_at)s::timestamptz,
+       %(counted_at)s::timestamptz + make_interval(secs => %(fresh_seconds)s::float8),
+       coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.id IS NOT NULL), '{}'),
+       coalesce(array_agg(c.pending ORDER BY c.id) FILTER (WHERE c.id IS NOT NULL), '{}'),
+       coalesce(array_agg(c.oldest ORDER BY c.id) FILTER (WHERE c.id IS NOT NULL), '{}')
+FROM unnest(%(partitions)s::int[]) AS p(partition)
+LEFT JOIN (unnest(%(endpoint_ids)s::bigint[], %(pending)s::bigint[],
+                  %(oldest_pending_at)s::timestamptz[]) AS c(id, pending, oldest)
+           JOIN endpoints ep ON ep.id = c.id)
+       ON ep.partition = p.partition
+GROUP BY p.partition
+ON CONFLICT (partition) DO UPDATE
+SET counted_at = EXCLUDED.counted_at, fresh_until = EXCLUDED.fresh_until,
+    endpoint_ids = EXCLUDED.endpoint_ids, pending = EXCLUDED.pending,
+    oldest_pending_at = EXCLUDED.oldest_pending_at
+WHERE s.counted_at < EXCLUDED.counted_at;
 
 -- name: endpoint_deliveries
 -- A page of an endpoint's deliveries, newest first, after the cursor's id,
@@ -1173,7 +1245,7 @@ WITH health AS (
            array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
              FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
            count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
-           now() AS observed_at
+           now() AS observed_at, now() AS counted_at
     FROM endpoints ep
     LEFT JOIN deliveries d
            ON d.endpoint_id = ep.id AND d.state IN ('pending', 'sending', 'dead')

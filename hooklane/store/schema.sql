@@ -2208,3 +2208,41 @@ CREATE INDEX delivery_attempts_dead ON delivery_attempts (recorded_at) INCLUDE (
 -- take_notices: one endpoint's dead attempts since its last notice.
 CREATE INDEX delivery_attempts_endpoint_dead ON delivery_attempts (endpoint_id, recorded_at)
     WHERE outcome = 'dead';
+
+-- ---------------------------------------------------------------------------
+-- Queue summaries (migration 0017): the endpoint listings' pending counts as
+-- the workers' gauge passes counted them (queries.sql: endpoint_page,
+-- endpoint_totals, write_queue_summaries).
+
+-- One row per partition, written by the worker owning it at each gauge
+-- pass (a few rows a second for the whole install, never per delivery):
+-- each endpoint of the partition with its pending deliveries and the
+-- creation of the oldest, as the pass counted them.
+CREATE TABLE queue_summaries (
+    partition         integer PRIMARY KEY,
+    -- The database's clock when the pass counted.
+    counted_at        timestamptz NOT NULL,
+    -- Until when a listing may show these counts: a few gauge periods of
+    -- the worker that wrote them, after which (its worker gone) the
+    -- listings count the queues themselves again.
+    fresh_until       timestamptz NOT NULL,
+    endpoint_ids      bigint[] NOT NULL,
+    pending           bigint[] NOT NULL,
+    oldest_pending_at timestamptz[] NOT NULL,
+    CHECK (cardinality(endpoint_ids) = cardinality(pending)
+           AND cardinality(endpoint_ids) = cardinality(oldest_pending_at))
+);
+
+-- The counts of the fresh summaries, a row per endpoint they hold.
+CREATE FUNCTION hooklane_queue_counts()
+RETURNS TABLE (endpoint_id bigint, pending bigint, oldest_pending_at timestamptz,
+               counted_at timestamptz)
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT u.endpoint_id, u.pending, u.oldest_pending_at, s.counted_at
+    FROM queue_summaries s
+    CROSS JOIN LATERAL unnest(s.endpoint_ids, s.pending, s.oldest_pending_at)
+                       AS u(endpoint_id, pending, oldest_pending_at)
+    WHERE s.fresh_until > now()
+$$;

@@ -326,9 +326,15 @@ class Exported:
     owned: int  # endpoints of the partitions this worker owns
 
 
+# How many gauge periods the listings may show a pass's counts: past that
+# (the worker gone, or stalled), they count the queues themselves.
+_SUMMARY_PERIODS = 3
+
+
 class Gauges:
     """Sets the per-endpoint and per-tenant gauges of the endpoints of this
-    worker's partitions, as many as ``HOOKLANE_METRICS_ENDPOINTS`` says."""
+    worker's partitions, as many as ``HOOKLANE_METRICS_ENDPOINTS`` says, and
+    keeps their queue counts for the endpoint listings."""
 
     name = "gauges"
 
@@ -348,6 +354,9 @@ class Gauges:
             # not at all for an endpoint it does not hold: not past every
             # dead entry a held horizon keeps (issues 21 and 37).
             healths = await store.endpoint_health(conn, owned, floors=self._ready.floors(), listed=True)
+            # The listings show these counts while they are fresh, rather
+            # than walk every queue from its start themselves.
+            await store.write_queue_summaries(conn, owned, healths, _SUMMARY_PERIODS * self.period)
             unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
         s = self._settings
         exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)
