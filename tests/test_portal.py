@@ -26,8 +26,8 @@ from hooklane.errors import InvalidInput
 from hooklane.selfservice import EndpointForm, resource_name
 from hooklane.settings import Settings
 from hooklane.store import portal
-from tests.conftest import add_endpoint, in_process_api
 from hooklane.times import rfc3339
+from tests.conftest import add_endpoint, in_process_api
 from tests.test_tenant_api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, filled, grant
 
 PLATFORM = "https://app.example.com"
