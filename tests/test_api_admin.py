@@ -653,6 +653,11 @@ async def test_replay_sends_the_same_events_again(api, db, receiver, start_worke
     ids = [r.headers["webhook-id"] for r in receiver.at("/a")]
     assert sorted(ids[3:]) == sorted(ids[:3])  # the same ids: receivers deduplicate
     assert len(receiver.at("/other")) == 3
+    # New deliveries, each created when the replay queued it, not resent.
+    listed = (await call(api, "GET", f"{EP}/a/deliveries"))["deliveries"]
+    assert len(listed) == 7 and all(d["queued_at"] == d["created_at"] for d in listed)
+    replayed = [datetime.fromisoformat(d["created_at"]) for d in listed[:3]]
+    assert min(replayed) > max(datetime.fromisoformat(d["created_at"]) for d in listed[3:])
     # nothing since then
     later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
     assert await call(api, "POST", f"{EP}/a/replay", json={"since": later}) == {
