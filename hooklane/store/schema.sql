@@ -165,8 +165,9 @@ CREATE TABLE deliveries (
     -- Outcome. created_at is when the delivery was last queued: its
     -- creation, or its latest resend (resend_dead), from which the workers
     -- count its age (max age, the oldest pending age). A resend keeps the
-    -- first creation in first_created_at (migration 0018; NULL: never
-    -- resent since), which is what people and API clients see as created.
+    -- first creation in first_created_at (migration 0018; NULL: not resent
+    -- since that migration), which people and API clients see as created
+    -- (endpoint_deliveries, delivery_of).
     created_at      timestamptz NOT NULL DEFAULT now(),
     first_created_at timestamptz,
     delivered_at    timestamptz,
