@@ -566,6 +566,7 @@ async def _delivery(args: argparse.Namespace, settings: Settings) -> int:
             ("event", f"{d.event_id} ({d.event_type})"),
             ("state", d.state),
             ("created", rfc3339_seconds(d.created_at)),
+            *([("queued again", rfc3339_seconds(d.queued_again_at))] if d.queued_again_at else []),
             ("next attempt", rfc3339_seconds(d.next_attempt_at) or "-"),
             ("delivered", rfc3339_seconds(d.delivered_at) or "-"),
             ("attempts", d.attempts),

@@ -19,6 +19,7 @@ def delivery_json(d: DeliveryView) -> dict[str, Any]:
         "attempts": d.attempts,
         "attempted_by": d.attempted_by,
         "created_at": rfc3339(d.created_at),
+        "queued_at": rfc3339(d.queued_at),
         "next_attempt_at": rfc3339(d.next_attempt_at),
         "delivered_at": rfc3339(d.delivered_at),
         "last_status": d.last_status,

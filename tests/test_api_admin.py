@@ -24,6 +24,7 @@ from hooklane.api.auth import token_sources
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
+from hooklane.times import rfc3339
 from hooklane.tokens import Tokens
 from tests.conftest import SECRET, add_endpoint, flaky_history, in_process_api, notified, wait_for
 from tests.test_cli import hooklane as run_cli
@@ -546,6 +547,58 @@ async def test_resend_one_or_all_dead(api, db):
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'") == 3
 
 
+async def test_a_resend_keeps_when_the_delivery_was_created(api, db):
+    """A delivery made days ago, dead, then resent (one, then all): it is
+    shown created when it was made, queued again at the resend, and the
+    creation filters find it by its creation; its age, which the workers
+    read, starts anew."""
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await publish(db, 2)
+    ids = await delivery_ids(db, "a")
+    await kill(db, ids)
+    await db.execute("UPDATE deliveries SET created_at = now() - interval '3 days'")
+    made = {r["id"]: r["created_at"] for r in await db.fetch("SELECT id, created_at FROM deliveries")}
+
+    async def shown(delivery: int) -> dict[str, Any]:
+        detail = await call(api, "GET", f"{EP}/a/deliveries/{delivery}")
+        conforms(detail, "AdminDeliveryDetail")
+        listing = await call(api, "GET", f"{EP}/a/deliveries")
+        conforms(listing, "AdminDeliveryPage")
+        (listed,) = [d for d in listing["deliveries"] if d["id"] == delivery]
+        assert listed == detail["delivery"]
+        return listed
+
+    before = datetime.now(UTC)
+    assert await call(api, "POST", f"{EP}/a/deliveries/{ids[0]}/resend") == {"resent": 1}
+    assert await call(api, "POST", f"{EP}/a/resend-dead") == {"resent": 1, "complete": True}
+    first = {}
+    for delivery in ids:
+        d = await shown(delivery)
+        assert d["created_at"] == rfc3339(made[delivery])
+        first[delivery] = datetime.fromisoformat(d["queued_at"])
+        assert first[delivery] >= before
+    # What the workers count the age from: the resend.
+    assert await db.fetchval("SELECT bool_and(created_at >= $1) FROM deliveries", before)
+
+    two_days_ago = (datetime.now(UTC) - timedelta(days=2)).isoformat()
+    recent = await call(api, "GET", f"{EP}/a/deliveries", params={"since": two_days_ago})
+    assert recent["deliveries"] == []
+    old = await call(api, "GET", f"{EP}/a/deliveries", params={"until": two_days_ago})
+    assert [d["id"] for d in old["deliveries"]] == ids[::-1]
+
+    # Dead again and resent again: still the first creation, a later queueing.
+    await kill(db, ids[:1])
+    assert await call(api, "POST", f"{EP}/a/deliveries/{ids[0]}/resend") == {"resent": 1}
+    again = await shown(ids[0])
+    assert again["created_at"] == rfc3339(made[ids[0]])
+    assert datetime.fromisoformat(again["queued_at"]) >= first[ids[0]]
+
+    # One never resent is queued when it was created.
+    await publish(db, 1, type_="order.shipped")
+    fresh = (await call(api, "GET", f"{EP}/a/deliveries", params={"limit": "1"}))["deliveries"][0]
+    assert fresh["id"] not in ids and fresh["queued_at"] == fresh["created_at"]
+
+
 async def test_discard_dead_says_who_and_is_final(api, db):
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
     await publish(db, 4)
@@ -600,6 +653,11 @@ async def test_replay_sends_the_same_events_again(api, db, receiver, start_worke
     ids = [r.headers["webhook-id"] for r in receiver.at("/a")]
     assert sorted(ids[3:]) == sorted(ids[:3])  # the same ids: receivers deduplicate
     assert len(receiver.at("/other")) == 3
+    # New deliveries, each created when the replay queued it, not resent.
+    listed = (await call(api, "GET", f"{EP}/a/deliveries"))["deliveries"]
+    assert len(listed) == 7 and all(d["queued_at"] == d["created_at"] for d in listed)
+    replayed = [datetime.fromisoformat(d["created_at"]) for d in listed[:3]]
+    assert min(replayed) > max(datetime.fromisoformat(d["created_at"]) for d in listed[3:])
     # nothing since then
     later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
     assert await call(api, "POST", f"{EP}/a/replay", json={"since": later}) == {

@@ -17,6 +17,7 @@ import pytest
 
 from hooklane import __version__, store
 from hooklane import publish as publish_event
+from hooklane.times import rfc3339, rfc3339_seconds
 from hooklane.views import detail_json
 from tests.conftest import LOOPBACK, SECRET, add_endpoint, flaky_history
 from tests.test_manifest import LAUGHS
@@ -556,6 +557,29 @@ async def test_delivery_show_lists_every_attempt(dsn, db, receiver, start_worker
     # The admin API's JSON, field for field.
     assert json.loads(as_json.stdout) == detail_json(detail)
     assert [a["status"] for a in json.loads(as_json.stdout)["attempts"]] == [503, 500, 204]
+
+
+@pytest.mark.processes
+async def test_a_delivery_resent_by_the_cli_shows_when_it_was_created_and_queued_again(dsn, db):
+    await add_endpoint(db, "a", "http://127.0.0.1:9/a")
+    await publish_event(db, tenant="acme", type="order.paid", data={})
+    delivery = await db.fetchval(
+        "UPDATE deliveries SET state = 'dead', created_at = now() - interval '3 days' RETURNING id"
+    )
+    made = await db.fetchval("SELECT created_at FROM deliveries")
+    resent = await asyncio.to_thread(
+        hooklane, dsn, "endpoint", "resend", "default/a", "--delivery", str(delivery)
+    )
+    assert resent.stdout == "1 dead deliveries of default/a queued again\n", resent.stderr
+    queued = await db.fetchval("SELECT created_at FROM deliveries")
+    result = await asyncio.to_thread(hooklane, dsn, "delivery", "show", str(delivery))
+    fields = dict(
+        re.split(r"\s{2,}", line, maxsplit=1) for line in result.stdout.split("\n\n")[0].splitlines()
+    )
+    assert (fields["created"], fields["queued again"]) == (rfc3339_seconds(made), rfc3339_seconds(queued))
+    as_json = await asyncio.to_thread(hooklane, dsn, "delivery", "show", str(delivery), "--json")
+    shown = json.loads(as_json.stdout)["delivery"]
+    assert (shown["created_at"], shown["queued_at"]) == (rfc3339(made), rfc3339(queued))
 
 
 @pytest.mark.processes

@@ -532,3 +532,32 @@ async def test_max_age_of_the_endpoint_makes_an_old_delivery_dead(db, receiver, 
         "pending",
         "sending",
     )
+
+
+async def test_a_resent_delivery_gets_its_whole_max_age_and_keeps_its_creation(db, receiver, start_worker):
+    """Made two hours ago and dead, on an endpoint whose max age is one
+    hour: resent, it is retried (its age counts from the resend) until
+    delivered, and is still shown created two hours ago."""
+    answers = (Answer(413), Answer(500), Answer(204))
+    url = receiver.on("aged", lambda i: answers[min(i, 2)])
+    await add_endpoint(db, "aged", url, delivery=DeliverySpec(max_age_seconds=3600.0))
+    await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    start_worker(retry=FAST_RETRY)
+    await wait_for(lambda: db.fetchval("SELECT state = 'dead' FROM deliveries"), 30)
+    made = await db.fetchval(
+        "UPDATE deliveries SET created_at = now() - interval '2 hours' RETURNING created_at"
+    )
+
+    assert await store.resend_dead(db, "default", "aged") == 1
+    resent = await db.fetchval("SELECT created_at FROM deliveries")
+    await wait_for(lambda: db.fetchval("SELECT state IN ('delivered', 'dead') FROM deliveries"), 30)
+    outcomes = await db.fetch("SELECT outcome, status, error FROM delivery_attempts ORDER BY recorded_at")
+    assert [tuple(r) for r in outcomes] == [
+        ("dead", 413, "HTTP 413: payload too large for the receiver"),
+        ("retry", 500, "HTTP 500"),
+        ("delivered", 204, None),
+    ]
+    detail = await store.delivery_detail(db, await db.fetchval("SELECT id FROM deliveries"))
+    assert detail is not None
+    assert (detail.delivery.created_at, detail.delivery.queued_at) == (made, resent)
+    assert detail.delivery.queued_again_at == resent

@@ -26,8 +26,9 @@ from hooklane.errors import InvalidInput
 from hooklane.selfservice import EndpointForm, resource_name
 from hooklane.settings import Settings
 from hooklane.store import portal
+from hooklane.times import rfc3339
 from tests.conftest import add_endpoint, in_process_api
-from tests.test_tenant_api import ADMIN, INGEST, NOWHERE, dead_delivery, filled, grant
+from tests.test_tenant_api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, filled, grant
 
 PLATFORM = "https://app.example.com"
 # A host the destination guard lets through in these tests (loopback).
@@ -500,6 +501,66 @@ async def test_a_delivery_held_by_the_circuit_shows_when_the_pause_lets_it_go(ap
         shown = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.search(cell, body, re.S)[0])).split())
         assert re.search(r"after the circuit's pause ?, in 3\d s", shown), shown
         assert " ago" not in shown, shown
+
+
+def created_and_queued(body: str, pattern: str) -> tuple[list[str], str]:
+    """The times of the part of a page ``pattern`` finds (a delivery's row,
+    or its facts), and its text as a person reads it."""
+    found = re.search(pattern, body, re.S)
+    assert found is not None, pattern
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", found[0])).split())
+    return re.findall(r'<time datetime="([^"]+)"', found[0]), text
+
+
+async def test_a_resent_delivery_shows_when_it_was_created_and_queued_again(api, db):
+    """Dead deliveries made days ago, resent from the portal and the tenant
+    API: the portal, the dashboard and the tenant API show each created
+    when it was made, and queued again at its resend."""
+    ids = await two_tenants(db)
+    await db.execute("UPDATE deliveries SET created_at = now() - interval '3 days'")
+    made = {
+        str(r["id"]): rfc3339(r["created_at"])
+        for r in await db.fetch("SELECT id, created_at FROM deliveries")
+    }
+
+    session = await session_of(api, "acme", "resend")
+    path = "/portal/endpoints/default/acme-orders"
+    response, _ = await call(api, "POST", path + "/resend", session, data={"id": ids["acme"]["id"]})
+    assert response.status == 303
+    globex = (await grant(api, "globex", "resend"))["token"]
+    resent = await api.post(
+        f"/v1/tenant/endpoints/default/globex-orders/deliveries/{ids['globex']['id']}/resend",
+        headers={"Authorization": f"Bearer {globex}"},
+    )
+    assert resent.status == 200 and await resent.json() == {"resent": 1}
+    queued = {
+        str(r["id"]): rfc3339(r["created_at"])
+        for r in await db.fetch("SELECT id, created_at FROM deliveries")
+    }
+    assert all(queued[d] > made[d] for d in made)
+
+    for tenant in ("acme", "globex"):
+        delivery = ids[tenant]["id"]
+        token = await session_of(api, tenant)
+        detail = await api.get(
+            f"/v1/tenant/endpoints/default/{tenant}-orders/deliveries/{delivery}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        shown = (await detail.json())["delivery"]
+        assert (shown["created_at"], shown["queued_at"]) == (made[delivery], queued[delivery])
+
+        endpoint = f"/endpoints/default/{tenant}-orders"
+        row = rf'<tr data-delivery="{delivery}".*?</tr>'
+        facts = r"<dt>Created</dt>.*?</dl>"
+        for page, auth in (("/portal", {"Cookie": f"{PORTAL_COOKIE}={token}"}), ("/dashboard", ADMIN_AUTH)):
+            for url, part in ((page + endpoint, row), (f"{page}{endpoint}/deliveries/{delivery}", facts)):
+                response = await api.get(url, headers=auth, allow_redirects=False)
+                assert response.status == 200, url
+                times, text = created_and_queued(await response.text(), part)
+                # Created, then queued again (the next attempt is the row's first).
+                assert [made[delivery], queued[delivery]] in (times[:2], times[1:3]), (url, times)
+                assert re.search(r"\b3 ?d(ays?)? ago .*queued again (now|\d+ s ago)", text, re.I), (url, text)
+                api.session.cookie_jar.clear()
 
 
 # --- self-service, over HTTP (the browser test walks it too) ------------------------------

@@ -420,13 +420,23 @@ class DeliveryView:
     state: str
     attempts: int
     attempted_by: str | None
+    # Its first creation, which a resend keeps; queued_at is when it was
+    # last queued (its creation, or its latest resend), which its age, and
+    # so its max age, counts from.
     created_at: datetime
+    queued_at: datetime
     next_attempt_at: datetime | None  # when pending only
     delivered_at: datetime | None
     last_status: int | None
     # Without an HTTP answer to the last attempt: why (FailureClass).
     last_failure: str | None
     last_error: str | None
+
+    @property
+    def queued_again_at(self) -> datetime | None:
+        """When a resend queued it again, the latest; None if never since
+        its creation."""
+        return self.queued_at if self.queued_at != self.created_at else None
 
 
 def delivery_view(row: asyncpg.Record) -> DeliveryView:
@@ -439,6 +449,7 @@ def delivery_view(row: asyncpg.Record) -> DeliveryView:
         row["attempts"],
         row["attempted_by"],
         row["created_at"],
+        row["queued_at"],
         row["next_attempt_at"],
         row["delivered_at"],
         row["last_status"],

@@ -637,8 +637,11 @@ FROM (SELECT 1) one LEFT JOIN last ON true;
 
 -- name: resend_dead
 -- Explicit resend of dead deliveries of one endpoint (all of them, or the
--- given ids): they start a new life, attempts and age from zero. One page
--- at a time: the endpoint's dead deliveries after a delivery id, in id
+-- given ids): they start a new life, attempts and age from zero. Their age
+-- is created_at, which the workers and the reservation functions read, so
+-- it starts anew; the first creation, which people are shown, is kept in
+-- first_created_at (by the first resend: a later one finds it there). One
+-- page at a time: the endpoint's dead deliveries after a delivery id, in id
 -- order, at most page_size of them, so that however many are dead no
 -- statement holds more than a page (store.resend_dead runs the pages, each
 -- committing on its own). One row, how many were resent, how many dead ones
@@ -673,7 +676,8 @@ page AS (
 resent AS (
     UPDATE deliveries d
     SET state = 'pending', attempts = 0, next_attempt_at = now(),
-        created_at = now(), last_error = NULL, last_status = NULL, last_failure = NULL
+        first_created_at = coalesce(d.first_created_at, d.created_at), created_at = now(),
+        last_error = NULL, last_status = NULL, last_failure = NULL
     FROM page p, endpoint ep
     WHERE d.id = p.id
       AND d.state = 'dead'
@@ -956,12 +960,14 @@ WHERE s.counted_at < EXCLUDED.counted_at;
 -- A page of an endpoint's deliveries, newest first, after the cursor's id,
 -- optionally of some states only, created in a time range, and whose last
 -- attempt answered a status in a range or failed with a class; each with
--- its event's type. One row with a NULL id when the endpoint has none
--- there, no row when there is no such endpoint.
--- Parameters: namespace, name, states (NULL for all), since (created from,
--- or NULL), until (created until, or NULL), status_min and status_max (the
--- last status within, or NULL), failure (the last failure class, or NULL),
--- before_id (below this id, or NULL), limit.
+-- its event's type, its first creation (created_at, as delivery_of) and
+-- when it was last queued (queued_at: its creation or its latest resend).
+-- One row with a NULL id when the endpoint has none there, no row when
+-- there is no such endpoint.
+-- Parameters: namespace, name, states (NULL for all), since (first created
+-- from, or NULL), until (first created until, or NULL), status_min and
+-- status_max (the last status within, or NULL), failure (the last failure
+-- class, or NULL), before_id (below this id, or NULL), limit.
 -- Index: the unique (namespace, name) constraint; deliveries_endpoint
 -- (deliveries_dead does as well for dead ones only); primary key of events.
 -- The status and failure filters are read off the rows that index walks,
@@ -971,15 +977,15 @@ SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT d.id, d.event_id, e.type AS event_type, d.state, d.attempts, d.attempted_by,
-           d.created_at,
+           coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
            CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
            d.delivered_at, d.last_status, d.last_failure, d.last_error
     FROM deliveries d
     JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
     WHERE d.endpoint_id = ep.id
       AND (%(states)s::text[] IS NULL OR d.state = ANY(%(states)s::text[]))
-      AND (%(since)s::timestamptz IS NULL OR d.created_at >= %(since)s)
-      AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s)
+      AND (%(since)s::timestamptz IS NULL OR coalesce(d.first_created_at, d.created_at) >= %(since)s)
+      AND (%(until)s::timestamptz IS NULL OR coalesce(d.first_created_at, d.created_at) < %(until)s)
       AND (%(status_min)s::integer IS NULL OR d.last_status BETWEEN %(status_min)s AND %(status_max)s)
       AND (%(failure)s::text IS NULL OR d.last_failure = %(failure)s)
       AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s)
@@ -992,11 +998,13 @@ ORDER BY p.id DESC;
 -- name: delivery_of
 -- One delivery with its endpoint, tenant and event type, by id; when
 -- `namespace` and `name` are given, only if it is that endpoint's. No row
--- when there is none.
+-- when there is none. created_at is its first creation, which a resend
+-- keeps in first_created_at; queued_at when it was last queued (its
+-- creation, or its latest resend: what its age counts from).
 -- Parameters: id, namespace (or NULL), name (or NULL).
 -- Index: primary keys of deliveries, endpoints and events.
 SELECT d.id, d.event_id, e.type AS event_type, d.event_tenant AS tenant, d.state, d.attempts,
-       d.attempted_by, d.created_at,
+       d.attempted_by, coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
        CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
        d.delivered_at, d.last_status, d.last_failure, d.last_error,
        ep.namespace, ep.name
@@ -1013,7 +1021,7 @@ WHERE d.id = %(id)s
 -- Parameters: delivery_id, limit.
 -- Index: delivery_attempts_delivery of each partition: a probe per day
 -- kept (about 34), as no time bounds a delivery's history (a resend, days
--- after, sets created_at anew and keeps the attempts before it).
+-- after, starts its age anew and keeps the attempts before it).
 SELECT a.attempt, a.event_id, a.attempted_by, a.started_at, a.duration_seconds, a.outcome,
        a.status, a.failure, a.error, a.retry_after_seconds, a.next_attempt_at, a.trace_id,
        a.recorded_at

@@ -162,8 +162,14 @@ CREATE TABLE deliveries (
     -- when the worker that reserved it has certainly given up on the call
     -- (reserved_at + the endpoint's timeout + grace); rescue_expired uses it
     lease_expires_at timestamptz,
-    -- Outcome.
+    -- Outcome. created_at is when the delivery was last queued: its
+    -- creation, or its latest resend (resend_dead), from which the workers
+    -- count its age (max age, the oldest pending age). A resend keeps the
+    -- first creation in first_created_at (migration 0018; NULL: not resent
+    -- since that migration), which people and API clients see as created
+    -- (endpoint_deliveries, delivery_of).
     created_at      timestamptz NOT NULL DEFAULT now(),
+    first_created_at timestamptz,
     delivered_at    timestamptz,
     last_status     integer,
     -- the failure class of the last attempt when it got no HTTP answer

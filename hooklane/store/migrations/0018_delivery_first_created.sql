@@ -1,0 +1,25 @@
+-- Hooklane schema, version 18 (issue 37, item 7): a resent delivery keeps
+-- when it was first created.
+--
+-- A resend restarts a dead delivery's age clock (created_at, which the
+-- workers' max age, the oldest pending age and the reservation functions
+-- read) and so lost when the delivery was made: the dashboard, the portal
+-- and the APIs showed the resend as its creation. The first creation now
+-- goes into first_created_at, written only by a resend (resend_dead), and
+-- what people and API clients read shows
+-- coalesce(first_created_at, created_at) as the creation and created_at
+-- as when the delivery was last queued.
+--
+-- Instant on a table of any size: a nullable column without a default is
+-- a change of the catalog only (no rewrite, no row touched), under an
+-- ACCESS EXCLUSIVE lock on deliveries held for that moment. No backfill:
+-- a delivery never resent has none, and one resent before this version
+-- has lost its first creation already.
+--
+-- Rolling upgrade: created_at keeps its meaning, so the workers of the
+-- previous version (hooklane_reserve_v5 and _v6) give a resent delivery
+-- its full age as before, and an API of the previous version shows the
+-- last queueing as the creation, as it did; a resend by it leaves
+-- first_created_at as it was, which stays right for a delivery resent
+-- before by this version.
+ALTER TABLE deliveries ADD COLUMN first_created_at timestamptz;
