@@ -28,8 +28,12 @@ from hooklane.guard import parse_networks
 from hooklane.selfservice import (
     SECRET_KEY,
     EndpointForm,
+    Limits,
+    OverBound,
     chosen_name,
+    filled,
     manifest,
+    over_bounds,
     resource_name,
     spec_for,
     tenant_key,
@@ -99,7 +103,7 @@ SPEC_ERRORS = [
 @pytest.mark.parametrize("field, value, path", SPEC_ERRORS)
 def test_the_spec_refuses_a_form_in_its_own_words(field, value, path):
     refused = refusal(dataclasses.replace(FORM, **{field: value}))
-    doc = manifest("acme", FORM, "portal")
+    doc = manifest("acme", filled(FORM, BOUNDS), "portal")
     doc["spec"][path.split(".")[1]] = list(value) if isinstance(value, tuple) else value
     with pytest.raises(InvalidInput) as parsed:
         parse_manifest(doc)
@@ -413,14 +417,14 @@ async def test_an_edit_changes_what_the_form_sets_and_keeps_the_rest(writer, db,
     await store.upsert_endpoint(db, platform, created.secret)
     assert await writer.set_paused("acme", "portal", created.name, True)
 
-    edited = EndpointForm("orders", "https://new.acme.example/", ("order.created",), 9, 12)
+    edited = EndpointForm("orders", "https://new.acme.example/", ("order.created",), 2, 3)
     assert await writer.update("acme", "portal", created.name, edited)
     stored = await row(db, created.name)
     assert (stored["url"], stored["event_types"], stored["max_concurrency"], stored["timeout_seconds"]) == (
         "https://new.acme.example/",
         ["order.created"],
-        9,
-        12,
+        2,
+        3,
     )
     assert (stored["paused"], stored["secret"], stored["previous_secret"]) == (True, created.secret, None)
     assert (stored["rate_per_second"], stored["rate_burst"], stored["max_attempts"]) == (5, 2, 3)
