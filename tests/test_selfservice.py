@@ -357,6 +357,8 @@ def test_a_json_body_becomes_a_form_and_its_values_reach_the_parser():
         ([], "body"),
         ({"name": "o", "url": FORM.url, "paused": True}, "body"),
         ({"name": "o", "url": FORM.url, "secret": "whsec_x"}, "body"),
+        # No delivery term is the tenant's: nothing to turn off or widen.
+        ({"name": "o", "url": FORM.url, "delivery": {"retry": {"maxAge": "72h"}}}, "body"),
     ):
         with pytest.raises(InvalidInput) as caught:
             EndpointForm.from_json(doc)
