@@ -97,9 +97,9 @@ async def get_endpoint(request: web.Request) -> web.Response:
     tenant = tenant_grant(request).tenant
     async with connection(request) as conn:
         found = await tenant_actions.endpoint(conn, tenant, namespace, name)
+        if found is None:
+            return admin.no_endpoint(namespace, name)
         over = await tenant_actions.endpoint_over_bounds(conn, request.app[SETTINGS], tenant, namespace, name)
-    if found is None:
-        return admin.no_endpoint(namespace, name)
     return web.json_response({**as_json(found), "over_bounds": [dataclasses.asdict(o) for o in over]})
 
 
