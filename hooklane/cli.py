@@ -35,6 +35,7 @@ from hooklane.files import decode_utf8, read_bounded
 from hooklane.guard import literal_never_allowed
 from hooklane.health import EndpointHealth, concurrency_text
 from hooklane.publish import MAX_DATA_BYTES, publish
+from hooklane.selfservice import Limits, over_bounds, self_service_name
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.spec import EndpointSpec, check_tenant, load_manifest
@@ -121,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
         help="v1 Secret manifests (YAML, --- between them) that spec.delivery's headers and tls refer to",
     )
     _listing_options(esub.add_parser("list", help="list endpoints, the most delayed first"))
+    esub.add_parser(
+        "over-bounds",
+        help="tenants' own endpoints beyond HOOKLANE_PORTAL_MAX_CONCURRENCY or _MAX_TIMEOUT_SECONDS",
+    )
     for action, text in (
         ("reactivate", "reactivate a deactivated endpoint"),
         ("resend", "resend an endpoint's dead deliveries"),
@@ -381,6 +386,8 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
             ],
         )
         return 0
+    if action == "over-bounds":
+        return await _over_bounds(settings)
     namespace, name = _endpoint_name(args.endpoint)
     endpoint = f"{namespace}/{name}"
     since = parse_time(args.since, "--since") if action == "replay" else None
@@ -408,6 +415,41 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{namespace}/{name} not found", file=sys.stderr)
         return 1
     print(done)
+    return 0
+
+
+async def _over_bounds(settings: Settings) -> int:
+    """The endpoints tenants made in the portal's namespace that hold more
+    than the platform's current bounds let a tenant choose: kept as they
+    are (an edit may keep or lower them), listed here for the platform to
+    decide."""
+    async with _database(settings) as conn:
+        found = await store.over_limits(
+            conn,
+            settings.portal_namespace,
+            settings.portal_max_concurrency,
+            settings.portal_max_timeout_seconds,
+        )
+    rows = [
+        [
+            settings.portal_namespace,
+            row.name,
+            row.tenant,
+            ", ".join(
+                f"{over.field} {over.value} > {over.bound}"
+                for over in over_bounds(Limits(row.max_concurrency, row.timeout_seconds), settings)
+            ),
+        ]
+        for row in found
+        if self_service_name(settings, row.tenant, settings.portal_namespace, row.name) is not None
+    ]
+    if not rows:
+        print(
+            f"no tenant's endpoint in {settings.portal_namespace} is beyond max_concurrency"
+            f" {settings.portal_max_concurrency} or timeout_seconds {settings.portal_max_timeout_seconds}"
+        )
+        return 0
+    _print_table(["NAMESPACE", "NAME", "TENANT", "BEYOND"], rows)
     return 0
 
 

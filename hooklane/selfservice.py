@@ -13,8 +13,8 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from hooklane.checks import check_namespace, shown_key
@@ -47,15 +47,19 @@ class EndpointForm:
     """What a tenant submits to create or edit one of its endpoints. The
     rest is the platform's: the tenant (its session's), the namespace, the
     signing secret (made by the server), the delivery terms (defaults:
-    headers and TLS would name Secrets in a namespace tenants share)."""
+    headers and TLS would name Secrets in a namespace tenants share; a rate
+    limit, retries or adaptive concurrency the platform may set on the
+    resource, and an edit keeps)."""
 
     # A DNS label the tenant chooses; unique among its own endpoints.
     name: str
     url: str
     # Patterns as spec.eventTypes has them ("order.*"); empty: every type.
     event_types: tuple[str, ...] = ()
-    max_concurrency: int = SPEC.properties["maxConcurrency"].default
-    timeout_seconds: int = SPEC.properties["timeoutSeconds"].default
+    # None: the spec's default, or the platform's bound when lower
+    # (:func:`filled`).
+    max_concurrency: int | None = None
+    timeout_seconds: int | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> EndpointForm:
@@ -90,7 +94,65 @@ class PortalBounds(Protocol):
     @property
     def portal_https_only(self) -> bool: ...
     @property
+    def portal_max_concurrency(self) -> int: ...
+    @property
+    def portal_max_timeout_seconds(self) -> int: ...
+    @property
     def allowed_networks(self) -> Sequence[Network]: ...
+
+
+class Limits(NamedTuple):
+    """What an endpoint may hold of a worker, the two fields the platform
+    bounds: its calls in flight, and how long each may hold its slot."""
+
+    max_concurrency: int
+    timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class OverBound:
+    """A field of a tenant's endpoint beyond the platform's bound (the
+    form's name for it): set before the bound was lowered, or by the
+    platform itself."""
+
+    field: str
+    value: int
+    bound: int
+
+
+def over_bounds(limits: Limits, settings: PortalBounds) -> tuple[OverBound, ...]:
+    """The fields of ``limits`` beyond the platform's bounds on what a
+    tenant may choose."""
+    found = (
+        OverBound("max_concurrency", limits.max_concurrency, settings.portal_max_concurrency),
+        OverBound("timeout_seconds", limits.timeout_seconds, settings.portal_max_timeout_seconds),
+    )
+    return tuple(over for over in found if over.value > over.bound)
+
+
+def self_service_name(settings: PortalBounds, tenant: str, namespace: str, name: str) -> str | None:
+    """The name ``tenant`` chose for an endpoint the portal made for it,
+    which it may change and the platform's bounds hold; None for any other
+    (one the platform set up is the platform's to change, and to size)."""
+    return chosen_name(tenant, name) if namespace == settings.portal_namespace else None
+
+
+def filled(form: EndpointForm, settings: PortalBounds) -> EndpointForm:
+    """``form`` with a number left out given its default: the spec's, or
+    the platform's bound when that is lower, so that a form that leaves it
+    out is never refused for it."""
+    return replace(
+        form,
+        max_concurrency=_default(form.max_concurrency, "maxConcurrency", settings.portal_max_concurrency),
+        timeout_seconds=_default(form.timeout_seconds, "timeoutSeconds", settings.portal_max_timeout_seconds),
+    )
+
+
+def _default(value: int | None, spec_field: str, bound: int) -> int:
+    if value is not None:
+        return value
+    default: int = SPEC.properties[spec_field].default
+    return min(default, bound)
 
 
 def tenant_key(tenant: str) -> str:
@@ -117,8 +179,9 @@ def chosen_name(tenant: str, resource: str) -> str | None:
 
 
 def manifest(tenant: str, form: EndpointForm, namespace: str) -> dict[str, Any]:
-    """The ``WebhookEndpoint`` document of ``form``, unchecked: what
-    :func:`spec_for` parses and the Kubernetes writer creates."""
+    """The ``WebhookEndpoint`` document of ``form`` (:func:`filled`),
+    unchecked: what :func:`spec_for` parses and the Kubernetes writer
+    creates."""
     name = resource_name(tenant, form.name)
     event_types = form.event_types
     spec: dict[str, Any] = {
@@ -138,19 +201,24 @@ def manifest(tenant: str, form: EndpointForm, namespace: str) -> dict[str, Any]:
     }
 
 
-def spec_for(tenant: str, form: EndpointForm, settings: PortalBounds) -> EndpointSpec:
+def spec_for(
+    tenant: str, form: EndpointForm, settings: PortalBounds, held: Limits | None = None
+) -> EndpointSpec:
     """``tenant``'s endpoint as ``form`` describes it, in the portal's
-    namespace. ``InvalidInput`` names the form field at fault: the spec's
-    rules with the spec's words (parse_manifest), then the platform's
-    bounds: event types, URL hosts, https only, and the destination guard's
-    refusal of an address no delivery may reach."""
+    namespace; ``held``: the limits of the endpoint an edit changes.
+    ``InvalidInput`` names the form field at fault: the spec's rules with
+    the spec's words (parse_manifest), then the platform's bounds: event
+    types, URL hosts, https only, the destination guard's refusal of an
+    address no delivery may reach, and the most of a worker it may hold
+    (:func:`_check_limits`)."""
     check_namespace(form.name, "name")
     try:
-        spec = parse_manifest(manifest(tenant, form, settings.portal_namespace))
+        spec = parse_manifest(manifest(tenant, filled(form, settings), settings.portal_namespace))
     except InvalidInput as exc:
         raise InvalidInput(_FORM_FIELDS.get(exc.field, exc.field), exc.message) from None
     _check_url(spec.url, settings)
     _check_event_types(spec.event_types, settings.portal_event_types)
+    _check_limits(Limits(spec.max_concurrency, spec.timeout_seconds), settings, held)
     return spec
 
 
@@ -164,6 +232,21 @@ def spec_patch(spec: EndpointSpec) -> Mapping[str, Any]:
         "maxConcurrency": spec.max_concurrency,
         "timeoutSeconds": spec.timeout_seconds,
     }
+
+
+def _check_limits(limits: Limits, settings: PortalBounds, held: Limits | None) -> None:
+    """A value beyond its bound is refused, unless an edit keeps or lowers
+    the endpoint's own (set before the bound was lowered, or by the
+    platform): nothing accepted once is taken away by a lower bound, and
+    no edit takes more than the endpoint had."""
+    for over in over_bounds(limits, settings):
+        kept = None if held is None else getattr(held, over.field)
+        if kept is not None and over.value <= kept:
+            continue
+        allowed = f"must be at most {over.bound}, the most this platform lets a tenant choose"
+        if kept is not None and kept > over.bound:
+            allowed += f", or at most {kept}, this endpoint's value from before that bound"
+        raise InvalidInput(over.field, f"{allowed}: not {over.value}")
 
 
 def _check_url(url: str, settings: PortalBounds) -> None:

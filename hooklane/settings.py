@@ -303,6 +303,13 @@ class Settings:
     portal_event_types: TypeRules = ()
     portal_url_hosts: HostRules = ()
     portal_https_only: bool = True
+    # The most of a worker's capacity a tenant may ask for: one endpoint's
+    # calls in flight, and how long each may hold its slot. Within the
+    # spec's own limits (256, 60 s); the defaults are the spec's defaults,
+    # so that a tenant gets what an endpoint gets unless the platform
+    # chooses more. Endpoints the platform writes are not bounded.
+    portal_max_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+    portal_max_timeout_seconds: Annotated[int, Field(ge=1, le=60)] = 5
     # Operational events (hooklane.endpoint.*) are published for this
     # tenant; unset, none are. At most one of each kind per endpoint per
     # notification_interval_seconds.

@@ -294,6 +294,7 @@ def test_every_option_renders(tools):
     assert portal.portal_event_types == ("order.*", "invoice.paid")
     assert portal.portal_url_hosts == ("hooks.example.com", "*.receivers.example.net")
     assert portal.portal_https_only is False
+    assert (portal.portal_max_concurrency, portal.portal_max_timeout_seconds) == (8, 10)
 
 
 def _refused(tools, *options: str) -> str:
@@ -426,6 +427,8 @@ def test_the_schema_takes_the_token_entries_the_api_takes(entry):
         ("portal.endpoints=on", "at '/portal/endpoints': value must be one of"),
         ("portal.namespace=Tenants", "at '/portal/namespace'"),
         ("portal.maxEndpoints=-1", "at '/portal/maxEndpoints': minimum"),
+        ("portal.maxConcurrency=257", "at '/portal/maxConcurrency': maximum"),
+        ("portal.maxTimeoutSeconds=0", "at '/portal/maxTimeoutSeconds': minimum"),
         ("portal.eventTypes[0]=order.*.x", "at '/portal/eventTypes/0'"),
         ("portal.urlHosts[0]=Hooks.Example.com", "at '/portal/urlHosts/0'"),
         ("portal.urlHosts[0]=hooks..example.com", "at '/portal/urlHosts/0'"),

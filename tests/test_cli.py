@@ -17,6 +17,7 @@ import pytest
 
 from hooklane import __version__, store
 from hooklane import publish as publish_event
+from hooklane.selfservice import resource_name
 from hooklane.times import rfc3339, rfc3339_seconds
 from hooklane.views import detail_json
 from tests.conftest import LOOPBACK, SECRET, add_endpoint, flaky_history
@@ -81,6 +82,32 @@ def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
     assert row == [(9, "http://127.0.0.1:9001/hooks/acme", SECRET, ["order.*"])]
     listing = hooklane(dsn, "endpoint", "list").stdout
     assert "orders-acme" in listing and "Active" in listing
+
+
+@pytest.mark.processes
+async def test_over_bounds_lists_the_tenants_endpoints_beyond_the_platforms_bounds(dsn, db):
+    url = "http://127.0.0.1:9/x"
+    none = await asyncio.to_thread(hooklane, dsn, "endpoint", "over-bounds")
+    assert none.returncode == 0 and "no tenant's endpoint in default is beyond" in none.stdout
+    await add_endpoint(db, resource_name("acme", "big"), url, max_concurrency=16)
+    await add_endpoint(db, resource_name("acme", "fine"), url, max_concurrency=4, timeout_seconds=5)
+    await add_endpoint(db, resource_name("globex", "slow"), url, tenant="globex", timeout_seconds=30)
+    # The platform's own (not a name the portal makes) are its choice.
+    await add_endpoint(db, "platform-big", url, max_concurrency=64)
+    result = await asyncio.to_thread(hooklane, dsn, "endpoint", "over-bounds")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["NAMESPACE", "NAME", "TENANT", "BEYOND"]
+    assert sorted(line.split(None, 3)[1:] for line in lines[1:]) == sorted(
+        [
+            [resource_name("acme", "big"), "acme", "max_concurrency 16 > 4"],
+            [resource_name("globex", "slow"), "globex", "timeout_seconds 30 > 5"],
+        ]
+    )
+    wider = await asyncio.to_thread(
+        hooklane, dsn, "endpoint", "over-bounds", HOOKLANE_PORTAL_MAX_CONCURRENCY="16"
+    )
+    assert resource_name("acme", "big") not in wider.stdout and "globex" in wider.stdout
 
 
 @pytest.mark.processes

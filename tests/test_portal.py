@@ -612,6 +612,53 @@ async def test_create_edit_rotate_and_delete_an_endpoint(api, db):
     assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
 
 
+async def test_the_form_keeps_within_the_platforms_bounds(dsn, settings, db):
+    configured = replace(settings, portal_endpoints="local", portal_https_only=False)
+    wider = replace(configured, portal_max_concurrency=16, portal_max_timeout_seconds=30)
+    name = resource_name("acme", "orders")
+    path = f"/portal/endpoints/default/{name}"
+    async with in_process_api(dsn, wider, INGEST, ADMIN) as before:
+        session = await session_of(before, "acme", "manage")
+        response, _ = await call(
+            before,
+            "POST",
+            "/portal/endpoints",
+            session,
+            data={**FORM, "name": "orders", "max_concurrency": "16", "timeout_seconds": "30"},
+        )
+        assert response.status == 200
+    # The platform lowers its bounds to the defaults (4, 5) and restarts.
+    async with in_process_api(dsn, configured, INGEST, ADMIN) as api:
+        response, body = await call(api, "GET", "/portal/new", session)
+        assert "at most 4; empty: the default" in body and "at most 5; empty: the default" in body
+        response, body = await call(
+            api, "POST", "/portal/endpoints", session, data={**FORM, "name": "big", "max_concurrency": "256"}
+        )
+        assert response.status == 422
+        assert 'role="alert">max_concurrency must be at most 4, the most this platform lets' in body
+        response, _ = await call(
+            api, "POST", "/portal/endpoints", session, data={**FORM, "name": "small", "max_concurrency": "4"}
+        )
+        assert response.status == 200
+
+        response, body = await call(api, "GET", path + "/edit", session)
+        assert response.status == 200
+        assert "16 is above this platform's limit of 4" in body and 'value="16"' in body
+        assert "30 is above this platform's limit of 5" in body
+        kept = {**FORM, "url": OWN_URL + "/v2", "max_concurrency": "16", "timeout_seconds": "30"}
+        response, _ = await call(api, "POST", path + "/edit", session, data=kept)
+        assert response.status == 303
+        response, body = await call(
+            api, "POST", path + "/edit", session, data={**kept, "max_concurrency": "17"}
+        )
+        assert response.status == 422
+        assert 'role="alert">max_concurrency must be at most 4, ' in body and "or at most 16" in body
+    stored = await db.fetchrow(
+        "SELECT url, max_concurrency, timeout_seconds FROM endpoints WHERE name = $1", name
+    )
+    assert tuple(stored) == (OWN_URL + "/v2", 16, 30)
+
+
 async def test_without_self_service_no_page_changes_endpoints(dsn, settings, db):
     async with in_process_api(dsn, settings, INGEST, ADMIN) as api:
         await add_endpoint(db, resource_name("acme", "mine"), NOWHERE, tenant="acme")

@@ -28,8 +28,12 @@ from hooklane.guard import parse_networks
 from hooklane.selfservice import (
     SECRET_KEY,
     EndpointForm,
+    Limits,
+    OverBound,
     chosen_name,
+    filled,
     manifest,
+    over_bounds,
     resource_name,
     spec_for,
     tenant_key,
@@ -99,7 +103,7 @@ SPEC_ERRORS = [
 @pytest.mark.parametrize("field, value, path", SPEC_ERRORS)
 def test_the_spec_refuses_a_form_in_its_own_words(field, value, path):
     refused = refusal(dataclasses.replace(FORM, **{field: value}))
-    doc = manifest("acme", FORM, "portal")
+    doc = manifest("acme", filled(FORM, BOUNDS), "portal")
     doc["spec"][path.split(".")[1]] = list(value) if isinstance(value, tuple) else value
     with pytest.raises(InvalidInput) as parsed:
         parse_manifest(doc)
@@ -228,6 +232,87 @@ def test_the_settings_refuse_malformed_rules():
         S.from_env({"HOOKLANE_PORTAL_EVENT_TYPES": "order.*.x"})
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(("field", "bound"), [("max_concurrency", 4), ("timeout_seconds", 5)])
+def test_a_new_endpoint_keeps_within_the_platforms_bounds(field, bound):
+    assert (BOUNDS.portal_max_concurrency, BOUNDS.portal_max_timeout_seconds) == (4, 5)
+    at_bound = spec_for("acme", dataclasses.replace(FORM, **{field: bound}), BOUNDS)
+    assert getattr(at_bound, field) == bound
+    refused = refusal(dataclasses.replace(FORM, **{field: bound + 1}))
+    assert (refused.field, refused.message) == (
+        field,
+        f"must be at most {bound}, the most this platform lets a tenant choose: not {bound + 1}",
+    )
+
+
+@pytest.mark.unit
+def test_a_number_left_out_takes_the_bound_when_it_is_below_the_default():
+    low = dataclasses.replace(BOUNDS, portal_max_concurrency=2, portal_max_timeout_seconds=3)
+    spec = spec_for("acme", FORM, low)
+    assert (spec.max_concurrency, spec.timeout_seconds) == (2, 3)
+    high = dataclasses.replace(BOUNDS, portal_max_concurrency=64, portal_max_timeout_seconds=30)
+    spec = spec_for("acme", FORM, high)
+    assert (spec.max_concurrency, spec.timeout_seconds) == (4, 5)
+    assert spec_for("acme", dataclasses.replace(FORM, max_concurrency=64), high).max_concurrency == 64
+
+
+@pytest.mark.unit
+def test_an_edit_may_keep_or_lower_a_value_beyond_a_lowered_bound_but_not_raise_it():
+    held = Limits(max_concurrency=16, timeout_seconds=30)
+    for kept in ((16, 30), (8, 30), (16, 5), (1, 1)):
+        form = dataclasses.replace(FORM, max_concurrency=kept[0], timeout_seconds=kept[1])
+        spec = spec_for("acme", form, BOUNDS, held)
+        assert (spec.max_concurrency, spec.timeout_seconds) == kept
+    with pytest.raises(InvalidInput) as caught:
+        spec_for("acme", dataclasses.replace(FORM, max_concurrency=17, timeout_seconds=30), BOUNDS, held)
+    assert (caught.value.field, caught.value.message) == (
+        "max_concurrency",
+        "must be at most 4, the most this platform lets a tenant choose, or at most 16, this"
+        " endpoint's value from before that bound: not 17",
+    )
+    with pytest.raises(InvalidInput) as caught:
+        spec_for("acme", dataclasses.replace(FORM, max_concurrency=16, timeout_seconds=31), BOUNDS, held)
+    assert caught.value.field == "timeout_seconds" and "at most 30" in caught.value.message
+    # Within the bound, an endpoint may go up to it, not past it.
+    within_bounds = Limits(max_concurrency=2, timeout_seconds=5)
+    assert spec_for("acme", dataclasses.replace(FORM, max_concurrency=4), BOUNDS, within_bounds)
+    refused = refusal_of_edit(dataclasses.replace(FORM, max_concurrency=5), within_bounds)
+    assert refused.message == "must be at most 4, the most this platform lets a tenant choose: not 5"
+
+
+def refusal_of_edit(form: EndpointForm, held: Limits) -> InvalidInput:
+    with pytest.raises(InvalidInput) as caught:
+        spec_for("acme", form, BOUNDS, held)
+    return caught.value
+
+
+@pytest.mark.unit
+def test_over_bounds_names_each_field_beyond_its_bound():
+    assert over_bounds(Limits(4, 5), BOUNDS) == ()
+    assert over_bounds(Limits(16, 5), BOUNDS) == (OverBound("max_concurrency", 16, 4),)
+    assert over_bounds(Limits(5, 60), BOUNDS) == (
+        OverBound("max_concurrency", 5, 4),
+        OverBound("timeout_seconds", 60, 5),
+    )
+
+
+@pytest.mark.unit
+def test_the_settings_bound_the_bounds_by_the_spec():
+    from hooklane.settings import Settings as S
+
+    env = {"HOOKLANE_PORTAL_MAX_CONCURRENCY": "256", "HOOKLANE_PORTAL_MAX_TIMEOUT_SECONDS": "60"}
+    assert (S.from_env(env).portal_max_concurrency, S.from_env(env).portal_max_timeout_seconds) == (256, 60)
+    for name, value in (
+        ("HOOKLANE_PORTAL_MAX_CONCURRENCY", "0"),
+        ("HOOKLANE_PORTAL_MAX_CONCURRENCY", "257"),
+        ("HOOKLANE_PORTAL_MAX_TIMEOUT_SECONDS", "61"),
+        ("HOOKLANE_PORTAL_MAX_TIMEOUT_SECONDS", "5s"),
+    ):
+        with pytest.raises(InvalidInput) as caught:
+            S.from_env({name: value})
+        assert caught.value.field == name
+
+
 # --- naming ----------------------------------------------------------------------
 
 tenants = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1, max_size=253)
@@ -272,6 +357,8 @@ def test_a_json_body_becomes_a_form_and_its_values_reach_the_parser():
         ([], "body"),
         ({"name": "o", "url": FORM.url, "paused": True}, "body"),
         ({"name": "o", "url": FORM.url, "secret": "whsec_x"}, "body"),
+        # No delivery term is the tenant's: nothing to turn off or widen.
+        ({"name": "o", "url": FORM.url, "delivery": {"retry": {"maxAge": "72h"}}}, "body"),
     ):
         with pytest.raises(InvalidInput) as caught:
             EndpointForm.from_json(doc)
@@ -413,14 +500,14 @@ async def test_an_edit_changes_what_the_form_sets_and_keeps_the_rest(writer, db,
     await store.upsert_endpoint(db, platform, created.secret)
     assert await writer.set_paused("acme", "portal", created.name, True)
 
-    edited = EndpointForm("orders", "https://new.acme.example/", ("order.created",), 9, 12)
+    edited = EndpointForm("orders", "https://new.acme.example/", ("order.created",), 2, 3)
     assert await writer.update("acme", "portal", created.name, edited)
     stored = await row(db, created.name)
     assert (stored["url"], stored["event_types"], stored["max_concurrency"], stored["timeout_seconds"]) == (
         "https://new.acme.example/",
         ["order.created"],
-        9,
-        12,
+        2,
+        3,
     )
     assert (stored["paused"], stored["secret"], stored["previous_secret"]) == (True, created.secret, None)
     assert (stored["rate_per_second"], stored["rate_burst"], stored["max_attempts"]) == (5, 2, 3)
@@ -431,6 +518,29 @@ async def test_an_edit_changes_what_the_form_sets_and_keeps_the_rest(writer, db,
     with pytest.raises(InvalidInput) as caught:
         await writer.update("acme", "portal", created.name, dataclasses.replace(edited, max_concurrency=0))
     assert caught.value.field == "max_concurrency"
+
+
+async def test_an_edit_keeps_a_value_beyond_the_bound_and_may_not_raise_it(writer, db):
+    created = await writer.create("acme", FORM)
+    # The platform raises it itself (endpoint apply), which no bound holds.
+    spec = spec_for("acme", FORM, BOUNDS)
+    await store.upsert_endpoint(
+        db, dataclasses.replace(spec, max_concurrency=16, timeout_seconds=30), created.secret
+    )
+    kept = dataclasses.replace(FORM, url="https://new.acme.example/", max_concurrency=16, timeout_seconds=30)
+    assert await writer.update("acme", "portal", created.name, kept)
+    for raised in ({"max_concurrency": 17}, {"timeout_seconds": 31}):
+        with pytest.raises(InvalidInput) as caught:
+            await writer.update(
+                "acme", "portal", created.name, dataclasses.replace(kept, url="https://x.example/", **raised)
+            )
+        assert caught.value.field in raised
+    stored = await row(db, created.name)
+    assert (stored["url"], stored["max_concurrency"], stored["timeout_seconds"]) == (
+        "https://new.acme.example/",
+        16,
+        30,
+    )
 
 
 async def test_pause_and_resume(writer, db):

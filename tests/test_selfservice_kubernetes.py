@@ -142,15 +142,15 @@ async def test_edit_pause_rotate_and_delete_reach_the_row(
     ns, name = created.namespace, created.name
     await wait_for(lambda: stored_secret(db, name, created.secret))
 
-    assert await writer.update("acme", ns, name, EndpointForm("orders", url, ("order.created",), 7, 9))
+    assert await writer.update("acme", ns, name, EndpointForm("orders", url, ("order.created",), 2, 3))
 
     async def edited():
         r = await row(db, name)
         return (r["url"], r["event_types"], r["max_concurrency"], r["timeout_seconds"]) == (
             url,
             ["order.created"],
-            7,
-            9,
+            2,
+            3,
         )
 
     await wait_for(edited)
@@ -264,6 +264,40 @@ async def test_another_tenants_or_a_hand_made_resource_is_as_if_it_did_not_exist
     assert {n: (await kube.get(n))["spec"] for n in before} == before
     theirs_secret = await secret_of(kube, await secret_name(kube, theirs.name))
     assert base64.b64decode(theirs_secret["data"][SECRET_KEY]).decode() == theirs.secret
+
+
+async def test_the_platforms_bounds_hold_the_resources_a_tenant_writes(writer, kube):
+    with pytest.raises(InvalidInput) as caught:
+        await writer.create("acme", EndpointForm("big", "http://127.0.0.1:9/x", max_concurrency=256))
+    assert (caught.value.field, caught.value.message) == (
+        "max_concurrency",
+        "must be at most 4, the most this platform lets a tenant choose: not 256",
+    )
+    assert await kube.get(resource_name("acme", "big")) is None
+    created = await writer.create("acme", EndpointForm("orders", "http://127.0.0.1:9/x", (), 4, 5))
+    assert {k: (await kube.get(created.name))["spec"][k] for k in ("maxConcurrency", "timeoutSeconds")} == {
+        "maxConcurrency": 4,
+        "timeoutSeconds": 5,
+    }
+    # The platform raises it itself (kubectl, GitOps): no bound holds it,
+    # and an edit of something else keeps it.
+    await kube.run(
+        "patch",
+        "whe",
+        created.name,
+        "--type=merge",
+        "-p",
+        '{"spec": {"maxConcurrency": 16, "timeoutSeconds": 30}}',
+    )
+    kept = EndpointForm("orders", "http://127.0.0.1:9/new", (), 16, 30)
+    assert await writer.update("acme", created.namespace, created.name, kept)
+    with pytest.raises(InvalidInput) as caught:
+        await writer.update(
+            "acme", created.namespace, created.name, dataclasses.replace(kept, timeout_seconds=31)
+        )
+    assert caught.value.field == "timeout_seconds" and "at most 30" in caught.value.message
+    spec = (await kube.get(created.name))["spec"]
+    assert (spec["url"], spec["maxConcurrency"], spec["timeoutSeconds"]) == ("http://127.0.0.1:9/new", 16, 30)
 
 
 async def test_a_tenant_gets_at_most_its_bound_even_at_once(writer, kube):

@@ -328,6 +328,59 @@ async def test_a_bad_form_names_its_field_and_creates_nothing(api, db, form, fie
     assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
 
 
+@pytest.mark.parametrize(("field", "bound"), [("max_concurrency", 4), ("timeout_seconds", 5)])
+async def test_a_tenant_may_not_choose_beyond_the_platforms_bound(api, db, field, bound):
+    token = (await grant(api, "acme", "manage"))["token"]
+    asked = {"name": "orders", "url": NOWHERE}
+    for value in (bound + 1, 60):
+        response = await api.post("/v1/tenant/endpoints", headers=bearer(token), json={**asked, field: value})
+        body = await response.json()
+        assert response.status == 422, body
+        assert body["field"] == field and f"must be at most {bound}" in body["detail"], body
+    assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
+    response = await api.post("/v1/tenant/endpoints", headers=bearer(token), json={**asked, field: bound})
+    created = await response.json()
+    assert response.status == 201, created
+    assert await db.fetchval(f"SELECT {field} FROM endpoints") == bound
+    path = "/v1/tenant/endpoints/{namespace}/{name}".format(**created)
+    edited = await api.put(path, headers=bearer(token), json={**asked, field: bound + 1})
+    assert edited.status == 422 and (await edited.json())["field"] == field
+    shown = await (await api.get(path, headers=bearer(token))).json()
+    assert shown["over_bounds"] == [] and shown["max_concurrency"] == 4
+
+
+async def test_an_endpoint_beyond_a_lowered_bound_is_reported_and_kept(dsn, settings, db):
+    configured = replace(settings, portal_endpoints="local", portal_https_only=False)
+    asked = {"name": "orders", "url": NOWHERE, "max_concurrency": 16, "timeout_seconds": 30}
+    wider = replace(configured, portal_max_concurrency=16, portal_max_timeout_seconds=30)
+    async with in_process_api(dsn, wider, INGEST, ADMIN) as before:
+        token = (await grant(before, "acme", "manage"))["token"]
+        response = await before.post("/v1/tenant/endpoints", headers=bearer(token), json=asked)
+        created = await response.json()
+        assert response.status == 201, created
+    path = "/v1/tenant/endpoints/{namespace}/{name}".format(**created)
+    # The platform lowers its bounds to the defaults (4, 5) and restarts.
+    async with in_process_api(dsn, configured, INGEST, ADMIN) as api:
+        shown = await (await api.get(path, headers=bearer(token))).json()
+        assert shown["over_bounds"] == [
+            {"field": "max_concurrency", "value": 16, "bound": 4},
+            {"field": "timeout_seconds", "value": 30, "bound": 5},
+        ]
+        kept = {**asked, "url": NOWHERE + "/v2"}
+        edited = await api.put(path, headers=bearer(token), json=kept)
+        assert edited.status == 200, await edited.json()
+        raised = await api.put(path, headers=bearer(token), json={**kept, "max_concurrency": 17})
+        body = await raised.json()
+        assert raised.status == 422 and body["field"] == "max_concurrency", body
+        assert "at most 4" in body["detail"] and "at most 16" in body["detail"]
+        lowered = await api.put(path, headers=bearer(token), json={**kept, "timeout_seconds": 10})
+        assert lowered.status == 200, await lowered.json()
+        again = await api.put(path, headers=bearer(token), json={**kept, "timeout_seconds": 30})
+        assert again.status == 422 and (await again.json())["field"] == "timeout_seconds"
+    stored = await db.fetchrow("SELECT url, max_concurrency, timeout_seconds FROM endpoints")
+    assert tuple(stored) == (NOWHERE + "/v2", 16, 10)
+
+
 # What docs/portal.md says the manage routes answer on an endpoint the
 # platform set up.
 PLATFORMS_ANSWER = re.compile(r"the tenant\s+API's manage routes answer `(\d{3})`")

@@ -42,7 +42,9 @@ from hooklane.delivery import RequestTerms
 from hooklane.errors import InvalidInput
 from hooklane.selfservice import (
     EndpointForm,
+    Limits,
     chosen_name,
+    filled,
     manifest,
     spec_for,
     spec_patch,
@@ -50,7 +52,7 @@ from hooklane.selfservice import (
 )
 from hooklane.settings import Settings
 from hooklane.signing import SECRET_PREFIX
-from hooklane.spec import API_VERSION, KIND, EndpointSpec
+from hooklane.spec import API_VERSION, KIND, SPEC, EndpointSpec
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +128,8 @@ def _portal_name(settings: Settings, tenant: str, namespace: str, name: str) -> 
     return chosen_name(tenant, name)
 
 
-def _edited(settings: Settings, tenant: str, name: str, form: EndpointForm) -> EndpointSpec:
-    spec = spec_for(tenant, form, settings)
+def _edited(settings: Settings, tenant: str, name: str, form: EndpointForm, held: Limits) -> EndpointSpec:
+    spec = spec_for(tenant, form, settings, held)
     if spec.name != name:
         raise InvalidInput("name", f"is the endpoint's own and cannot change ({chosen_name(tenant, name)!r})")
     return spec
@@ -181,7 +183,8 @@ class LocalWriter:
 
     async def update(self, tenant: str, namespace: str, name: str, form: EndpointForm) -> bool:
         async def edit(conn: asyncpg.Connection, held: _Held) -> bool:
-            spec = _edited(self._settings, tenant, name, form)
+            limits = Limits(held.spec.max_concurrency, held.spec.timeout_seconds)
+            spec = _edited(self._settings, tenant, name, form, limits)
             kept = dataclasses.replace(spec, paused=held.spec.paused, delivery=held.spec.delivery)
             await self._upsert(conn, kept, held.secret, held.terms)
             return True
@@ -382,7 +385,7 @@ class KubernetesWriter:
 
     async def create(self, tenant: str, form: EndpointForm) -> Created:
         spec = spec_for(tenant, form, self._settings)
-        doc = manifest(tenant, form, self._namespace)
+        doc = manifest(tenant, filled(form, self._settings), self._namespace)
         doc["metadata"]["labels"] = _labels(tenant)
         # A Secret of its own each time: the one of a deleted endpoint of
         # this name may linger until the garbage collector gets to it.
@@ -414,7 +417,7 @@ class KubernetesWriter:
         found = await self._owned(tenant, namespace, name)
         if found is None:
             return False
-        spec = _edited(self._settings, tenant, name, form)
+        spec = _edited(self._settings, tenant, name, form, _limits(found))
         return await self._patch(found, tenant, spec_patch(spec))
 
     async def delete(self, tenant: str, namespace: str, name: str) -> bool:
@@ -530,6 +533,16 @@ class KubernetesWriter:
         if status == 409:
             raise Refused(409, "conflict", f"a Secret named {ref['name']!r} exists already: ask the platform")
         _check(status, answer, f"create secret {ref['name']}")
+
+
+def _limits(found: dict[str, Any]) -> Limits:
+    """The limits of a resource as read (the API server fills in the
+    CRD's defaults; the spec's, should one be missing all the same)."""
+    spec = found["spec"]
+    return Limits(
+        spec.get("maxConcurrency", SPEC.properties["maxConcurrency"].default),
+        spec.get("timeoutSeconds", SPEC.properties["timeoutSeconds"].default),
+    )
 
 
 def _labels(tenant: str) -> dict[str, str]:

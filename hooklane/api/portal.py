@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -49,7 +49,14 @@ from hooklane.api.context import SETTINGS, WRITER, repair_stop, tenant_grant
 from hooklane.api.errors import Problem, Refused, answers_in
 from hooklane.errors import InvalidInput
 from hooklane.health import EndpointHealth
-from hooklane.selfservice import EndpointForm, chosen_name
+from hooklane.selfservice import (
+    EndpointForm,
+    Limits,
+    OverBound,
+    chosen_name,
+    over_bounds,
+    self_service_name,
+)
 from hooklane.settings import Settings
 from hooklane.store import portal
 from hooklane.store.portal import Access, TenantGrant
@@ -189,13 +196,6 @@ def endpoint_label(tenant: str, name: str) -> str:
     return chosen_name(tenant, name) or name
 
 
-def self_service_name(settings: Settings, tenant: str, namespace: str, name: str) -> str | None:
-    """The name ``tenant`` chose for an endpoint the portal made for it,
-    which it may change here; None for any other (one the platform set up
-    is the platform's to change)."""
-    return chosen_name(tenant, name) if namespace == settings.portal_namespace else None
-
-
 _TYPES_SEPARATOR = re.compile(r"[\s,]+")
 
 
@@ -230,8 +230,8 @@ def form_values(form: Mapping[str, str] | EndpointForm) -> dict[str, str]:
             "name": form.name,
             "url": form.url,
             "event_types": ", ".join(form.event_types),
-            "max_concurrency": str(form.max_concurrency),
-            "timeout_seconds": str(form.timeout_seconds),
+            "max_concurrency": "" if form.max_concurrency is None else str(form.max_concurrency),
+            "timeout_seconds": "" if form.timeout_seconds is None else str(form.timeout_seconds),
         }
     return {key: form.get(key, "") for key in _FORM_INPUTS}
 
@@ -716,6 +716,7 @@ async def edit_page(request: web.Request) -> web.Response:
         form_values(form),
         action=f"{endpoint_path(namespace, name)}/edit",
         path=endpoint_path(namespace, name),
+        over=over_bounds(Limits(stored.max_concurrency, stored.timeout_seconds), request.app[SETTINGS]),
     )
 
 
@@ -827,6 +828,7 @@ def _form_page(
     status: int = 200,
     refused: str | None = None,
     path: str | None = None,
+    over: Sequence[OverBound] = (),
 ) -> web.Response:
     settings = request.app[SETTINGS]
     return render(
@@ -840,6 +842,8 @@ def _form_page(
         refused=refused,
         allowed_types=settings.portal_event_types,
         https_only=settings.portal_https_only,
+        bounds=Limits(settings.portal_max_concurrency, settings.portal_max_timeout_seconds),
+        over={o.field: o for o in over},
     )
 
 

@@ -12,6 +12,7 @@ is the admin API's, field for field.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aiohttp import web
@@ -93,11 +94,13 @@ async def list_endpoints(request: web.Request) -> web.Response:
 @audience(Audience.TENANT)
 async def get_endpoint(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
+    tenant = tenant_grant(request).tenant
     async with connection(request) as conn:
-        found = await tenant_actions.endpoint(conn, tenant_grant(request).tenant, namespace, name)
-    if found is None:
-        return admin.no_endpoint(namespace, name)
-    return web.json_response(as_json(found))
+        found = await tenant_actions.endpoint(conn, tenant, namespace, name)
+        if found is None:
+            return admin.no_endpoint(namespace, name)
+        over = await tenant_actions.endpoint_over_bounds(conn, request.app[SETTINGS], tenant, namespace, name)
+    return web.json_response({**as_json(found), "over_bounds": [dataclasses.asdict(o) for o in over]})
 
 
 @audience(Audience.TENANT)

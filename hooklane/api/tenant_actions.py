@@ -22,6 +22,7 @@ import asyncpg
 
 from hooklane import store
 from hooklane.health import EndpointHealth
+from hooklane.selfservice import Limits, OverBound, PortalBounds, over_bounds, self_service_name
 from hooklane.store import portal
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,19 @@ async def endpoint(conn: asyncpg.Connection, tenant: str, namespace: str, name: 
             return None
         healths = await store.endpoint_health(conn, endpoint=(namespace, name))
     return healths[0] if healths else None
+
+
+async def endpoint_over_bounds(
+    conn: asyncpg.Connection, settings: PortalBounds, tenant: str, namespace: str, name: str
+) -> tuple[OverBound, ...]:
+    """The fields of the tenant's endpoint beyond the platform's current
+    bounds, kept since before a bound was lowered; none for an endpoint
+    the platform set up, which its bounds do not hold."""
+    if self_service_name(settings, tenant, namespace, name) is None:
+        return ()
+    async with portal.tenant_endpoint(conn, tenant, namespace, name) as found:
+        limits = None if found is None else await store.endpoint_limits(conn, namespace, name)
+    return () if limits is None else over_bounds(Limits(*limits), settings)
 
 
 async def delivery(

@@ -255,6 +255,33 @@ async def lock_tenant_creates(conn: asyncpg.Connection, tenant: str) -> None:
     await conn.execute(*QUERIES["lock_tenant_creates"](lock_class=TENANT_CREATES_CLASS, tenant=tenant))
 
 
+async def endpoint_limits(conn: asyncpg.Connection, namespace: str, name: str) -> tuple[int, int] | None:
+    """The endpoint's max_concurrency and timeout_seconds; None when there
+    is none."""
+    row = await conn.fetchrow(*QUERIES["endpoint_limits"](namespace=namespace, name=name))
+    return None if row is None else (row["max_concurrency"], row["timeout_seconds"])
+
+
+class OverLimits(NamedTuple):
+    name: str
+    tenant: str
+    max_concurrency: int
+    timeout_seconds: int
+
+
+async def over_limits(
+    conn: asyncpg.Connection, namespace: str, max_concurrency: int, timeout_seconds: int
+) -> list[OverLimits]:
+    """The endpoints of ``namespace`` with a max_concurrency or a
+    timeout_seconds above these, by name."""
+    rows = await conn.fetch(
+        *QUERIES["over_limits"](
+            namespace=namespace, max_concurrency=max_concurrency, timeout_seconds=timeout_seconds
+        )
+    )
+    return [OverLimits(*row) for row in rows]
+
+
 async def tenant_endpoint_count(conn: asyncpg.Connection, namespace: str, tenant: str) -> int:
     """How many endpoints ``tenant`` has in ``namespace``."""
     count: int = await conn.fetchval(*QUERIES["tenant_endpoint_count"](namespace=namespace, tenant=tenant))

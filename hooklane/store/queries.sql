@@ -1368,6 +1368,29 @@ SELECT (SELECT id FROM queued) AS delivery_id FROM woken;
 -- Parameters: lock_class, tenant. Index: none (advisory).
 SELECT pg_advisory_xact_lock(%(lock_class)s::int, hashtext(%(tenant)s));
 
+-- name: endpoint_limits
+-- An endpoint's concurrency limit and deadline, for the tenant API to
+-- report one of a tenant's endpoints beyond the platform's current bounds.
+-- Parameters: namespace, name. Index: the unique (namespace, name)
+-- constraint.
+SELECT max_concurrency, timeout_seconds
+FROM endpoints
+WHERE namespace = %(namespace)s AND name = %(name)s;
+
+-- name: over_limits
+-- The endpoints of one namespace beyond a concurrency limit or a deadline:
+-- `hooklane endpoint over-bounds` lists the tenants' endpoints beyond the
+-- platform's current bounds (which of them the portal made is decided in
+-- Python, from the name and tenant).
+-- Parameters: namespace, max_concurrency, timeout_seconds. Index: the
+-- unique (namespace, name) constraint, the namespace's entries read in full
+-- (run by hand: 10,000 endpoints are one read of a few MB).
+SELECT name, tenant, max_concurrency, timeout_seconds
+FROM endpoints
+WHERE namespace = %(namespace)s
+  AND (max_concurrency > %(max_concurrency)s OR timeout_seconds > %(timeout_seconds)s)
+ORDER BY name;
+
 -- name: tenant_endpoint_count
 -- How many endpoints a tenant has in one namespace, deactivated ones too.
 -- Parameters: namespace, tenant. Index: the unique (namespace, name)

@@ -165,6 +165,8 @@ encryption key.
   "HOOKLANE_PORTAL_ENDPOINTS" "portal.endpoints"
   "HOOKLANE_PORTAL_NAMESPACE" "portal.namespace"
   "HOOKLANE_PORTAL_MAX_ENDPOINTS" "portal.maxEndpoints"
+  "HOOKLANE_PORTAL_MAX_CONCURRENCY" "portal.maxConcurrency"
+  "HOOKLANE_PORTAL_MAX_TIMEOUT_SECONDS" "portal.maxTimeoutSeconds"
   "HOOKLANE_PORTAL_EVENT_TYPES" "portal.eventTypes"
   "HOOKLANE_PORTAL_URL_HOSTS" "portal.urlHosts"
   "HOOKLANE_PORTAL_HTTPS_ONLY" "portal.httpsOnly" }}
