@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 PARTITION_CLASS = 0x686C70  # "hlp"
 MEMBER_CLASS = 0x686C6D  # "hlm"
 
+# The payload of store.hint_published: something was published, probe now.
+PUBLISHED_HINT = "published"
+
 # Reservation, rescue and rebalancing take milliseconds; far longer means the
 # server or the network is gone.
 _CALL_TIMEOUT_SECONDS = 30.0
@@ -60,10 +63,17 @@ class LostOwnership(Exception):
 
 
 class PartitionOwner:
-    def __init__(self, dsn: str, partition_count: int, on_notify: Callable[[Wakeup], None]) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        partition_count: int,
+        on_notify: Callable[[Wakeup], None],
+        on_hint: Callable[[], None] | None = None,
+    ) -> None:
         self._dsn = dsn
         self.partition_count = partition_count
         self._on_notify = on_notify
+        self._on_hint = on_hint
         self._conn: asyncpg.Connection | None = None
         self._io = asyncio.Lock()
         self.member_id = 0
@@ -106,6 +116,10 @@ class PartitionOwner:
         logger.info("worker %d joined", member_id, extra={"action": "join", "member": member_id})
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload == PUBLISHED_HINT:
+            if self._on_hint is not None:
+                self._on_hint()
+            return
         wakeup = parse_wakeup(payload)
         if wakeup is not None and wakeup.partition in self.owned:
             self._on_notify(wakeup)

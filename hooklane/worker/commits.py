@@ -1,0 +1,90 @@
+"""How a worker learns of what was published: the commit probe.
+
+A publish sends no notification (migration 0019): a NOTIFY holds
+PostgreSQL's one notify lock from its transaction's pre-commit until its
+commit is flushed, so every publishing transaction of the instance would
+commit one at a time, behind every other. The worker asks instead:
+``store.published_since`` returns the endpoints given work by the events
+committed since its last probe, found by the transactions that stored them,
+so that one committing late, after later ones, is found when it commits.
+
+The probe runs at once when hinted (the API's group commit notifies once per
+group, from its own transaction), and otherwise on an interval that adapts
+(``next_interval``): short while events keep coming, doubling while none do,
+up to ``probe_max_seconds``, the longest an event published straight into
+the database waits to be seen by an idle worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import asyncpg
+
+from hooklane import store
+from hooklane.errors import TransientStoreError
+from hooklane.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def next_interval(current: float, found: bool, shortest: float, longest: float) -> float:
+    """How long after a probe the next one runs: ``shortest`` after one that
+    found events, as more are likely; otherwise twice ``current``, up to
+    ``longest``, so that an idle worker's probes cost Postgres little."""
+    if found:
+        return shortest
+    return min(longest, max(current, shortest) * 2)
+
+
+class CommitProbe:
+    """The probe of one worker, on its pool; ``found`` is told what each
+    probe found."""
+
+    def __init__(
+        self, settings: Settings, pool: asyncpg.Pool, found: Callable[[store.Committed], None]
+    ) -> None:
+        self._shortest = settings.probe_min_seconds
+        self._longest = max(settings.probe_max_seconds, self._shortest)
+        self._pool = pool
+        self._found = found
+        self._hinted = asyncio.Event()
+        self._since: str | None = None
+        self.interval = self._shortest
+
+    def hinted(self) -> None:
+        """Something was published: probe now."""
+        self._hinted.set()
+
+    async def start(self) -> None:
+        """Take the first snapshot: events committed after it are found by
+        the probes, those before by the listing of each partition taken,
+        which runs later."""
+        self._since = (await self._probe()).snapshot
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Probe until ``stopping``. A probe that fails keeps its snapshot,
+        so the next one finds what it would have."""
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hinted.wait(), timeout=self.interval)
+            self._hinted.clear()
+            if stopping.is_set():
+                return
+            try:
+                committed = await self._probe()
+            except TransientStoreError as exc:
+                logger.warning("probe failed, retrying: %s", exc, extra={"action": "retry"})
+                self.interval = self._longest
+                continue
+            self._since = committed.snapshot
+            self.interval = next_interval(self.interval, committed.events > 0, self._shortest, self._longest)
+            if committed.endpoints:
+                self._found(committed)
+
+    async def _probe(self) -> store.Committed:
+        async with store.acquire(self._pool) as conn:
+            return await store.published_since(conn, self._since)
