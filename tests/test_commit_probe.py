@@ -45,9 +45,7 @@ async def test_a_publish_sends_no_notification(db, dsn):
     async def publish() -> None:
         async with conn.transaction():
             await hooklane.publish(conn, tenant="acme", type="order.created", data={}, id="e1")
-            await conn.fetchrow(
-                "SELECT * FROM hooklane_try_publish_v2('acme', 'order.created', '{}', 'e2')"
-            )
+            await conn.fetchrow("SELECT * FROM hooklane_try_publish_v2('acme', 'order.created', '{}', 'e2')")
 
     try:
         assert await notified(db, publish) == []
@@ -140,9 +138,7 @@ async def test_an_old_publisher_that_notifies_is_delivered_once_by_a_new_worker(
         )
     await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="new")
     await wait_for(lambda: len(receiver.received) == 4)
-    await wait_for(
-        lambda: db.fetchval("SELECT count(*) = 4 FROM deliveries WHERE state = 'delivered'")
-    )
+    await wait_for(lambda: db.fetchval("SELECT count(*) = 4 FROM deliveries WHERE state = 'delivered'"))
     assert sorted(_ids(receiver.received)) == ["new", "new", "old", "old"]
 
 
@@ -167,7 +163,9 @@ async def test_the_group_commit_hints_the_workers_to_probe_at_once(dsn, db, sett
     assert _ids(receiver.received) == ["via-api"]
 
 
-async def test_the_first_probe_is_taken_before_partitions_are_listed(db, settings: Settings, receiver, start_worker):
+async def test_the_first_probe_is_taken_before_partitions_are_listed(
+    db, settings: Settings, receiver, start_worker
+):
     # Published before the worker starts: its listing finds it, the probes
     # (none runs after the first here) do not need to.
     await add_endpoint(db, "a", receiver.url("a"))
