@@ -107,19 +107,22 @@ async def test_a_worker_delivers_a_late_commit_found_by_its_probe(db, dsn, recei
     await add_endpoint(db, "early", receiver.url("early"), tenant="t-early")
     await add_endpoint(db, "later", receiver.url("later"), tenant="t-later")
     start_worker()
+    # Up and probing, its partitions listed.
+    await hooklane.publish(db, tenant="t-later", type="order.created", data={}, id="warm")
+    await wait_for(lambda: receiver.at("later"))
     long = await asyncpg.connect(dsn)
     try:
         tx = long.transaction()
         await tx.start()
         await hooklane.publish(long, tenant="t-early", type="order.created", data={}, id="late")
         await hooklane.publish(db, tenant="t-later", type="order.created", data={}, id="soon")
-        await wait_for(lambda: receiver.at("later"))
+        await wait_for(lambda: len(receiver.at("later")) == 2)
         assert not receiver.at("early")
         await tx.commit()
         await wait_for(lambda: receiver.at("early"))
     finally:
         await long.close()
-    assert _ids(receiver.received) == ["soon", "late"]
+    assert _ids(receiver.received) == ["warm", "soon", "late"]
     # the sweep (every 60 s) had nothing to repair: the probe found both
     assert "were not ready" not in caplog.text
 

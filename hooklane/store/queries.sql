@@ -306,39 +306,23 @@ WHERE ep.partition = ANY(%(partitions)s::int[])
 -- publishes no longer notify (migration 0019): the endpoints with pending
 -- deliveries of the events whose transactions committed after `since` (the
 -- snapshot the last probe returned), each with its partition and the
--- earliest next_attempt_at of those deliveries, and this statement's own
+-- earliest next_attempt_at of those deliveries, and the statement's own
 -- snapshot, for the next probe. A transaction not visible in `since`
 -- started after it (its id at or above the snapshot's xmax) or was running
 -- then (in its xip list): the two ranges read are exactly those, so that a
 -- transaction committing late, after later ones, is found once it commits,
 -- and nothing the last probe saw is read again, however long another
--- session holds the horizon back. `events` counts every event found, for
--- the probe's pace. NULL `since`: the snapshot alone (the first probe).
--- Every partition: the worker keeps those it owns when the answer comes,
--- as it may have taken one while the probe ran.
+-- session holds the horizon back (a transaction running all along is in
+-- every xip list: its own uncommitted events are read each time). `events`
+-- counts every event found, for the probe's pace. NULL `since`: the
+-- snapshot alone (the first probe). Every partition: the worker keeps those
+-- it owns when the answer comes, as it may have taken one while the probe
+-- ran. One row.
 -- Parameters: since (a pg_snapshot as text, or NULL).
--- Index: events_xact; deliveries_event; primary key of endpoints.
-WITH fresh AS (
-    SELECT e.tenant, e.id FROM events e
-    WHERE e.xact >= pg_snapshot_xmax(CAST(%(since)s::text AS pg_snapshot))
-    UNION ALL
-    SELECT e.tenant, e.id FROM events e
-    WHERE e.xact = ANY (ARRAY(SELECT pg_snapshot_xip(CAST(%(since)s::text AS pg_snapshot))))
-),
-woken AS (
-    SELECT d.endpoint_id, ep.partition, min(d.next_attempt_at) AS due
-    FROM fresh f
-    JOIN deliveries d ON d.event_tenant = f.tenant AND d.event_id = f.id
-    JOIN endpoints ep ON ep.id = d.endpoint_id
-    WHERE d.state = 'pending'
-    GROUP BY d.endpoint_id, ep.partition
-)
-SELECT pg_current_snapshot()::text AS snapshot,
-       (SELECT count(*) FROM fresh) AS events,
-       coalesce(array_agg(w.endpoint_id ORDER BY w.endpoint_id), '{}') AS endpoint_ids,
-       coalesce(array_agg(w.partition ORDER BY w.endpoint_id), '{}') AS partitions,
-       coalesce(array_agg(w.due ORDER BY w.endpoint_id), '{}') AS dues
-FROM woken w;
+-- Index: the function's (events_xact; deliveries_event; primary key of
+-- endpoints).
+SELECT snapshot, events, endpoint_ids, partitions, dues
+FROM hooklane_published_since_v1(%(since)s::text);
 
 -- name: hint_published
 -- Tell the workers to probe now (published_since): the API's group commit

@@ -752,6 +752,52 @@ BEGIN
 END;
 $$;
 
+-- What was published since a worker's last probe (queries.sql:
+-- published_since, which says what it answers). A function, so that its
+-- statement is planned once per session (plan_cache_mode): the workers'
+-- sessions plan every statement anew (WORKER_SESSION), which took 0.34 ms
+-- a probe against 0.06 ms to run it on a quiet database, and an idle
+-- worker probes every second. The deliveries of each event are read by
+-- their event (OFFSET 0 keeps it a nested loop of index probes, whatever
+-- the statistics say of the events found), never by a scan of every
+-- pending delivery.
+-- Index: events_xact; deliveries_event; primary key of endpoints.
+CREATE FUNCTION hooklane_published_since_v1(since text)
+RETURNS TABLE (snapshot text, events bigint, endpoint_ids bigint[], partitions integer[],
+               dues timestamptz[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH fresh AS MATERIALIZED (
+        SELECT e.tenant, e.id FROM events e
+        WHERE e.xact >= pg_snapshot_xmax(since::pg_snapshot)
+        UNION ALL
+        SELECT e.tenant, e.id FROM events e
+        WHERE e.xact = ANY (ARRAY(SELECT pg_snapshot_xip(since::pg_snapshot)))
+    ),
+    woken AS (
+        SELECT d.endpoint_id, ep.partition, min(d.next_attempt_at) AS due
+        FROM fresh f
+        CROSS JOIN LATERAL (
+            SELECT q.endpoint_id, q.next_attempt_at FROM deliveries q
+            WHERE q.event_tenant = f.tenant AND q.event_id = f.id AND q.state = 'pending'
+            OFFSET 0
+        ) d
+        JOIN endpoints ep ON ep.id = d.endpoint_id
+        GROUP BY d.endpoint_id, ep.partition
+    )
+    SELECT pg_current_snapshot()::text,
+           (SELECT count(*) FROM fresh),
+           coalesce(array_agg(w.endpoint_id ORDER BY w.endpoint_id), '{}'),
+           coalesce(array_agg(w.partition ORDER BY w.endpoint_id), '{}'),
+           coalesce(array_agg(w.due ORDER BY w.endpoint_id), '{}')
+    FROM woken w;
+END;
+$$;
+
 -- From version 9 (migration 0009) on, the ready list lives in the worker
 -- (hooklane/worker/ready.py); these notify it and hand it verdicts.
 

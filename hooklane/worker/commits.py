@@ -53,6 +53,7 @@ class CommitProbe:
         self._found = found
         self._hinted = asyncio.Event()
         self._since: str | None = None
+        self._io = asyncio.Lock()
         self.interval = self._shortest
 
     def hinted(self) -> None:
@@ -75,11 +76,18 @@ class CommitProbe:
             if stopping.is_set():
                 return
             try:
-                committed = await self._probe()
+                await self.catch_up()
             except TransientStoreError as exc:
                 logger.warning("probe failed, retrying: %s", exc, extra={"action": "retry"})
                 self.interval = self._longest
-                continue
+
+    async def catch_up(self) -> None:
+        """Probe now: once it returns, ``found`` was told of everything
+        committed before it was called. The sweep calls it before listing
+        the queues, so that what it lists and the ready list lacks was lost,
+        not published since the last probe."""
+        async with self._io:
+            committed = await self._probe()
             self._since = committed.snapshot
             self.interval = next_interval(self.interval, committed.events > 0, self._shortest, self._longest)
             if committed.endpoints:

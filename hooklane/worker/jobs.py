@@ -248,8 +248,9 @@ class Maintenance:
 
 class ReadySweep:
     """Reads again the queue of every endpoint of this worker's partitions
-    with pending deliveries (a safety net for a delivery written without a
-    notification: by hand, or while no worker listened), and of those a
+    with pending deliveries (a safety net for a delivery the list was never
+    told of: written by hand, or notified while no worker listened), and of
+    those a
     publisher of version 8 wrote wakeup rows for; returns how many with
     pending deliveries the ready list did not have scheduled. Should find
     none in steady state (docs/state-machine.md). Each queue is read from a
@@ -266,8 +267,11 @@ class ReadySweep:
         pool: asyncpg.Pool,
         trigger: Trigger,
         ready: ReadyList,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.period = settings.sweep_seconds
+        # The worker's probe (CommitProbe.catch_up), run before the listing.
+        self._caught_up = caught_up
         self._owner = owner
         self._pool = pool
         self._trigger = trigger
@@ -296,6 +300,11 @@ class ReadySweep:
         # On the pool, not the lock connection, where the reservation would
         # wait for it. It only reads; what it lists of a partition lost
         # meanwhile is left out.
+        # Published events reach the list by the probe, up to a second after
+        # they commit: one probe now, and what the listing finds unscheduled
+        # was lost, not merely not probed for yet.
+        if self._caught_up is not None:
+            await self._caught_up()
         mark = self._ready.mark()
         async with store.acquire(self._pool) as conn:
             listing = await store.pending_endpoints(conn, owned, self._since, whole)

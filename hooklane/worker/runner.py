@@ -143,7 +143,7 @@ class Worker:
         jobs: list[Job] = [
             Rebalancer(s, self.owner, self.trigger, self._reconnect),
             Maintenance(s, self.owner, self.pool, self.trigger, self.ready_list),
-            ReadySweep(s, self.owner, self.pool, self.trigger, self.ready_list),
+            ReadySweep(s, self.owner, self.pool, self.trigger, self.ready_list, self.probe.catch_up),
             Gauges(s, self.owner, self.pool, self.ready_list),
             HorizonWatch(s, self.owner, self.pool),
         ]
