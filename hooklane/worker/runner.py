@@ -250,7 +250,7 @@ class Worker:
                 self.ready_list.wake(endpoint_id, partition, due, now)
                 woken = True
         if woken:
-            self.trigger.published()
+            self.trigger.probed()
 
     async def _reserve_loop(self) -> None:
         s = self.settings
