@@ -272,9 +272,9 @@ ORDER BY x.position;
 -- are deliverable (hooklane_deliverable), each with its head (the earliest
 -- next_attempt_at of its pending deliveries from where it is read): what a
 -- worker's ready list starts from when it takes partitions, and what its
--- sweep compares it with now and then, a safety net for deliveries written
--- without a notification (by hand, or by a publish whose notification no
--- worker heard). Each queue is read from `since` (NULL: from its start),
+-- sweep compares it with now and then, a safety net for deliveries the
+-- list was never told of (written by hand, or notified while no worker
+-- listened; a publish's are found by the probe, published_since). Each queue is read from `since` (NULL: from its start),
 -- but those of the partitions in `whole` from their start: read from the
 -- start, a queue walks the dead entries of everything its endpoint sent
 -- while a horizon is held, so the sweep reads from its last run on, and
