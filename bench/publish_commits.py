@@ -241,7 +241,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 listener = await asyncpg.connect(dsn)
                 await listener.add_listener("hooklane_ready", lambda *_: None)
                 listeners.append(listener)
-            for round_ in range(cfg.rounds):
+            for round_ in range(0 if args.idle_only else cfg.rounds):
                 for concurrency in cfg.concurrencies:
                     for kind in KINDS:
                         for tree, dsn in zip(trees, dsns, strict=True):
@@ -277,6 +277,7 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, help="a second tree, run side by side with the first")
     parser.add_argument("--seconds", type=float, help="each measurement's length (the preset's if unset)")
     parser.add_argument("--no-idle", action="store_true", help="leave out the idle worker")
+    parser.add_argument("--idle-only", action="store_true", help="measure the idle worker alone")
     parser.add_argument("--json", help="write the whole result here")
     args = parser.parse_args()
     run_and_report(

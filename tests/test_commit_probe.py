@@ -15,13 +15,12 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.settings import Settings
-from hooklane.worker.commits import next_interval
+from hooklane.worker.commits import ended_since, next_interval
 from tests.conftest import add_endpoint, in_process_api, notified, wait_for
 
 INGEST = "ingest-token-0123456789"
 ADMIN = "admin-token-0123456789"
-# Long enough that no probe runs after the first in a test: what is
-# delivered was found by a hint, a notification or the sweep.
+# Long enough that a timer set to it does not come round in a test.
 NEVER = 3600.0
 
 
@@ -145,18 +144,12 @@ async def test_an_old_publisher_that_notifies_is_delivered_once_by_a_new_worker(
     assert sorted(_ids(receiver.received)) == ["new", "new", "old", "old"]
 
 
-async def test_a_worker_that_only_listens_and_sweeps_delivers_a_new_publish(db, receiver, start_worker):
-    # A worker of the previous version learns of work by notifications and
-    # its sweep alone; publishes no longer notify, so its sweep finds them.
-    await add_endpoint(db, "a", receiver.url("a"))
-    start_worker(probe_min_seconds=NEVER, probe_max_seconds=NEVER, sweep_seconds=0.3)
-    await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="e1")
-    await wait_for(lambda: receiver.at("a"))
-
-
 async def test_the_group_commit_hints_the_workers_to_probe_at_once(dsn, db, settings, receiver, start_worker):
     await add_endpoint(db, "a", receiver.url("a"))
-    start_worker(probe_min_seconds=NEVER, probe_max_seconds=NEVER)
+    # Neither its timer nor the rebalancer (whose snapshot would show the
+    # commit) has it probe after it is up.
+    running = start_worker(probe_min_seconds=NEVER, probe_max_seconds=NEVER, rebalance_seconds=NEVER)
+    await wait_for(running.worker.ready)
     async with in_process_api(dsn, settings, INGEST, ADMIN) as client:
         event = {"tenant": "acme", "type": "order.created", "data": {}, "id": "via-api"}
         headers = {"Authorization": f"Bearer {INGEST}"}
@@ -173,5 +166,28 @@ async def test_the_first_probe_is_taken_before_partitions_are_listed(
     # (none runs after the first here) do not need to.
     await add_endpoint(db, "a", receiver.url("a"))
     await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="before")
-    start_worker(probe_min_seconds=NEVER, probe_max_seconds=NEVER)
+    start_worker(probe_min_seconds=NEVER, probe_max_seconds=NEVER, rebalance_seconds=NEVER)
+    await wait_for(lambda: receiver.at("a"))
+
+
+@pytest.mark.unit
+def test_a_probe_is_worth_running_only_once_a_transaction_ended():
+    assert ended_since(None, "10:12:10,11")
+    # nothing began or ended
+    assert not ended_since("10:12:10,11", "10:12:10,11")
+    # began since, still running
+    assert not ended_since("10:12:10,11", "10:14:10,11,12,13")
+    # one running then ended
+    assert ended_since("10:12:10,11", "11:12:11")
+    # one begun since ended
+    assert ended_since("10:12:10,11", "10:14:10,11,13")
+
+
+async def test_an_idle_worker_probes_when_the_rebalancer_sees_a_commit(db, receiver, start_worker):
+    # Its own timer never comes round again: the snapshot the rebalancer
+    # reads each pass shows the publish's commit.
+    await add_endpoint(db, "a", receiver.url("a"))
+    running = start_worker(probe_min_seconds=NEVER, probe_max_seconds=NEVER)
+    await wait_for(running.worker.ready)
+    await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="quiet")
     await wait_for(lambda: receiver.at("a"))

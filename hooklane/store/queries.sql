@@ -1160,8 +1160,12 @@ SELECT count(*) FROM events WHERE fanout = 0;
 -- Workers alive right now: each holds its member advisory lock on its
 -- partition-lock connection for as long as it lives, so a worker that dies
 -- or loses its connection drops out at once.
+-- With it, the statement's snapshot, which costs nothing more: the commit
+-- probe skips its idle turn when no transaction ended since its last
+-- snapshot (hooklane/worker/commits.py), and the rebalancer asks every
+-- second anyway.
 -- Parameters: member_class (of the locks). Index: none (pg_locks is in memory).
-SELECT count(*) AS n
+SELECT count(*) AS n, pg_current_snapshot()::text AS snapshot
 FROM pg_locks
 WHERE locktype = 'advisory'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -11,8 +11,11 @@ so that one committing late, after later ones, is found when it commits.
 The probe runs at once when hinted (the API's group commit notifies once per
 group, from its own transaction), and otherwise on an interval that adapts
 (``next_interval``): short while events keep coming, doubling while none do,
-up to ``probe_max_seconds``, the longest an event published straight into
-the database waits to be seen by an idle worker.
+up to ``probe_max_seconds``. Once there, the worker probes sooner only when
+the snapshot the rebalancer reads every second anyway shows that a
+transaction ended since its last probe (``ended_since``): an idle worker's
+probe costs Postgres no statement of its own while nothing commits, and an
+event published into a quiet database waits about a rebalance interval.
 """
 
 from __future__ import annotations
@@ -40,6 +43,28 @@ def next_interval(current: float, found: bool, shortest: float, longest: float) 
     return min(longest, max(current, shortest) * 2)
 
 
+def _snapshot(text: str) -> tuple[int, frozenset[int]]:
+    """A pg_snapshot's text ("xmin:xmax:xip,xip,..."): its xmax and the
+    transactions it saw running."""
+    _xmin, xmax, running = text.split(":")
+    return int(xmax), frozenset(int(x) for x in running.split(",") if x)
+
+
+def ended_since(since: str | None, now: str) -> bool:
+    """Whether a transaction that ``since`` did not see (it began later, or
+    was running) has ended, committed or not, by ``now``: only then can a
+    probe from ``since`` find anything."""
+    if since is None:
+        return True
+    xmax_then, running_then = _snapshot(since)
+    xmax_now, running_now = _snapshot(now)
+    if any(x < xmax_now and x not in running_now for x in running_then):
+        return True
+    # Of the transactions begun since, how many still run.
+    begun_running = sum(1 for x in running_now if x >= xmax_then)
+    return xmax_now - xmax_then > begun_running
+
+
 class CommitProbe:
     """The probe of one worker, on its pool; ``found`` is told what each
     probe found."""
@@ -59,6 +84,13 @@ class CommitProbe:
     def hinted(self) -> None:
         """Something was published: probe now."""
         self._hinted.set()
+
+    def seen(self, snapshot: str) -> None:
+        """The database's snapshot, as the rebalancer read it (every
+        second): probe now if a transaction ended since the last probe,
+        which may have been one that published."""
+        if ended_since(self._since, snapshot):
+            self._hinted.set()
 
     async def start(self) -> None:
         """Take the first snapshot: events committed after it are found by

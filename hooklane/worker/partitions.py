@@ -69,11 +69,13 @@ class PartitionOwner:
         partition_count: int,
         on_notify: Callable[[Wakeup], None],
         on_hint: Callable[[], None] | None = None,
+        on_snapshot: Callable[[str], None] | None = None,
     ) -> None:
         self._dsn = dsn
         self.partition_count = partition_count
         self._on_notify = on_notify
         self._on_hint = on_hint
+        self._on_snapshot = on_snapshot
         self._conn: asyncpg.Connection | None = None
         self._io = asyncio.Lock()
         self.member_id = 0
@@ -146,7 +148,9 @@ class PartitionOwner:
                 raise LostOwnership(str(exc)) from exc
 
     async def _rebalance(self, conn: asyncpg.Connection) -> tuple[set[int], set[int]]:
-        live = await store.live_workers(conn, MEMBER_CLASS)
+        live, snapshot = await store.live_workers(conn, MEMBER_CLASS)
+        if self._on_snapshot is not None:
+            self._on_snapshot(snapshot)
         target = fair_share(self.partition_count, live)
         taken: set[int] = set()
         released: set[int] = set()

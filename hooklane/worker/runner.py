@@ -191,7 +191,11 @@ class Worker:
                 self._probe = self._probe or CommitProbe(s, self._pool, self._committed)
                 await self.probe.start()
                 self._owner = PartitionOwner(
-                    s.database_url, partition_count, self._woken, on_hint=self.probe.hinted
+                    s.database_url,
+                    partition_count,
+                    self._woken,
+                    on_hint=self.probe.hinted,
+                    on_snapshot=self.probe.seen,
                 )
                 await self.owner.connect()
                 return True
