@@ -111,7 +111,7 @@ class CommitProbe:
                 await self.catch_up()
             except TransientStoreError as exc:
                 logger.warning("probe failed, retrying: %s", exc, extra={"action": "retry"})
-                self.interval = self._longest
+                self.interval = next_interval(self.interval, False, self._shortest, self._longest)
 
     async def catch_up(self) -> None:
         """Probe now: once it returns, ``found`` was told of everything
