@@ -18,7 +18,8 @@
 -- written, its privileges (CREATE OR REPLACE keeps the owner and every
 -- grant, so roles granted EXECUTE keep it) and its scope. Only the worker
 -- observed the NOTIFY. A v3 would leave every application that calls v1
--- (the Python drivers, the publishing examples, any SQL of its own) serialised until its owners changed their SQL and granted again.
+-- (the Python drivers, the publishing examples, any SQL of its own)
+-- serialised until its owners changed their SQL and granted again.
 -- hooklane_try_publish_v2 and both hooklane_publish_* call v1 and change
 -- with it.
 --
@@ -40,8 +41,8 @@ CREATE INDEX events_xact ON events (xact);
 -- published_since, which says what it answers). A function, so that its
 -- statement is planned once per session (plan_cache_mode): the workers'
 -- sessions plan every statement anew (WORKER_SESSION), which took 0.34 ms
--- a probe against 0.06 ms to run it on a quiet database, and an idle
--- worker probes every second. The deliveries of each event are read by
+-- a probe against 0.06 ms to run it on a quiet database, and a worker
+-- probes every 5 ms while events come. The deliveries of each event are read by
 -- their event (OFFSET 0 keeps it a nested loop of index probes, whatever
 -- the statistics say of the events found), never by a scan of every
 -- pending delivery.
