@@ -94,6 +94,19 @@ async def prepare(dsn: str, tenants: int, endpoints: int) -> None:
         await conn.close()
 
 
+async def slow_commits(dsn: str, delay_us: int) -> None:
+    """Every commit on the database waits ``delay_us`` before its WAL flush
+    (commit_delay, with no sibling needed), as on a slow disk or behind a
+    synchronous standby far away: the notify lock is held across it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        name = await conn.fetchval("SELECT current_database()")
+        await conn.execute(f'ALTER DATABASE "{name}" SET commit_delay = {int(delay_us)}')
+        await conn.execute(f'ALTER DATABASE "{name}" SET commit_siblings = 0')
+    finally:
+        await conn.close()
+
+
 def statements(kind: str, tenant: str) -> str:
     """BEGIN and the transaction's statements, as literals: one round trip."""
     event = f"e-{uuid.uuid4().hex}"
@@ -237,6 +250,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         listeners = []
         try:
             for dsn in dsns:
+                if args.commit_delay_us:
+                    await slow_commits(dsn, args.commit_delay_us)
                 await prepare(dsn, max(cfg.concurrencies), cfg.endpoints)
                 listener = await asyncpg.connect(dsn)
                 await listener.add_listener("hooklane_ready", lambda *_: None)
@@ -255,7 +270,13 @@ async def main_async(args: argparse.Namespace) -> dict:
         if not args.no_idle:
             for tree in trees:
                 idle[describe(tree)] = await idle_worker(server, tree, cfg)
-    return {"config": asdict(cfg), "machine": machine(), "runs": runs, "idle": idle}
+    return {
+        "config": asdict(cfg),
+        "commit_delay_us": args.commit_delay_us,
+        "machine": machine(),
+        "runs": runs,
+        "idle": idle,
+    }
 
 
 def table(result: dict) -> str:
@@ -278,6 +299,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="each measurement's length (the preset's if unset)")
     parser.add_argument("--no-idle", action="store_true", help="leave out the idle worker")
     parser.add_argument("--idle-only", action="store_true", help="measure the idle worker alone")
+    parser.add_argument(
+        "--commit-delay-us", type=int, default=0, help="slow every commit's flush by this much (commit_delay)"
+    )
     parser.add_argument("--json", help="write the whole result here")
     args = parser.parse_args()
     run_and_report(
