@@ -318,6 +318,8 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
                 coalesce_key=args.coalesce_key,
                 traceparent=None if tracing.enabled() else parent,
             )
+            # The command's own transaction: the workers probe at once.
+            await store.hint_published(conn)
     print(event_id)
     return 0
 

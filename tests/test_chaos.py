@@ -197,14 +197,18 @@ async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receive
         # under way when SIGTERM arrives (in the chaos runs the round trip
         # alone was enough, once in 20 drains): a notification of a
         # version 8 publisher makes the round absorb its wakeup rows first.
+        # With it, the hint Hooklane's own publishers send: the probe, on
+        # the worker's pool, finds 'late' while the round waits (the round
+        # holds the lock connection, on which nothing is heard until then).
         locker = await asyncpg.connect(dsn)
         tx = locker.transaction()
         await tx.start()
         await locker.execute("LOCK TABLE wakeups IN ACCESS EXCLUSIVE MODE")
-        await conn.execute(
-            "SELECT pg_notify('hooklane_ready', partition::text) FROM endpoints WHERE tenant = 'late'"
-        )
         await hooklane.publish(conn, tenant="late", type="x.y", data={})
+        await conn.execute(
+            "SELECT pg_notify('hooklane_ready', partition::text), pg_notify('hooklane_ready', 'published')"
+            " FROM endpoints WHERE tenant = 'late'"
+        )
         await wait_for(lambda: _reservation_waits_on_a_lock(conn), timeout=20)
         workers.signal(worker, signal.SIGTERM)
         await wait_for(lambda: _draining(port), timeout=20)

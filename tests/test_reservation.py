@@ -352,10 +352,13 @@ async def test_each_statement_that_gives_an_endpoint_work_notifies_its_owner(db)
             await _publish(db, 2)
             return await db.fetchval("SELECT now()")
 
-    (published,) = await notified(db, publish_in_a_transaction)
+    # A publish notifies nobody (migration 0019): the owner's probe finds
+    # it, due from the time its deliveries hold.
+    before = await store.published_since(db, None)
+    assert await notified(db, publish_in_a_transaction) == []
     due = await db.fetchval("SELECT max(next_attempt_at) FROM deliveries")
-    # folded within the transaction; due from the time its deliveries hold
-    assert published == Wakeup(partition, due, (a,))
+    found = await store.published_since(db, before.snapshot)
+    assert (found.events, found.endpoints) == (2, [(a, partition, due)])
     await db.execute("UPDATE endpoints SET state = 'deactivated'")
 
     async def reactivate():
@@ -392,7 +395,12 @@ async def test_each_statement_that_gives_an_endpoint_work_notifies_its_owner(db)
 async def test_a_notification_lists_at_most_300_endpoints(db):
     ids = [await add_endpoint(db, f"e{i}", f"http://127.0.0.1:1/{i}") for i in range(700)]
     await db.execute("UPDATE endpoints SET partition = 7")
-    heard = await notified(db, lambda: _publish(db, 1))
+    heard = await notified(
+        db,
+        lambda: db.execute(
+            "SELECT hooklane_wake_v2(array_agg(id), array_agg(partition), array_agg(now())) FROM endpoints"
+        ),
+    )
     assert all(w.partition == 7 and len({w.due for w in heard}) == 1 for w in heard)
     assert sorted(len(w.endpoints) for w in heard) == [100, 300, 300]
     assert sorted(e for w in heard for e in w.endpoints) == sorted(ids)

@@ -39,11 +39,12 @@ async def test_each_event_that_may_give_work_ends_the_wait(event):
     assert await _ended(wait) is Wake.FIRED
 
 
-async def test_an_endpoint_ready_now_ends_the_wait_and_skips_the_pause():
+@pytest.mark.parametrize("event", ["endpoint_ready", "probed"])
+async def test_an_endpoint_ready_now_ends_the_wait_and_skips_the_pause(event):
     trigger = Trigger(concurrency=8)
     wait = asyncio.create_task(trigger.wait(NEVER))
     await asyncio.sleep(0)
-    trigger.endpoint_ready()
+    getattr(trigger, event)()
     assert await _ended(wait) is Wake.READY
     assert trigger.pause(Wake.READY, since_last=0.0, in_flight=0) == 0.0
     # whatever else fires with it

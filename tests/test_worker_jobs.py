@@ -292,6 +292,18 @@ async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, own
     assert await trigger.wait(0) is Wake.POLL
 
 
+async def test_the_previous_versions_sweep_finds_a_publish_that_notified_nobody(
+    db, settings, owner, pool, trigger
+):
+    # From migration 0019 on a worker of the previous version hears of no
+    # publish: its sweep, which has no probe to run first, finds it.
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await hooklane.publish(db, tenant="acme", type="order.created", data={})
+    ready = ReadyList()
+    assert await ReadySweep(settings, owner, pool, trigger, ready).run_once() == 1
+    assert [c.endpoint_id for c in ready.take(datetime.now(UTC), 10)] == [endpoint]
+
+
 async def _sweeps_until_found(sweep: ReadySweep, most: int) -> int:
     """How many sweeps ran until one found an endpoint not scheduled."""
     for n in range(1, most + 1):

@@ -7,7 +7,11 @@ queues a *unit* (its events and a future) and a few committer tasks each
 take whatever queued while their previous commit ran (no artificial wait),
 store it in one transaction and, once COMMIT returned, resolve every unit's
 future. Under light load a unit is committed alone, at once; under heavy
-load one flush acknowledges many requests.
+load one flush acknowledges many requests. The transaction notifies the
+workers once (``store.hint_published``) so that they probe for what it
+stored at once; it is Hooklane's own, so PostgreSQL's notify lock, held by a
+notifying transaction until its commit is flushed, orders only the API's
+committers among themselves, never an application's transactions.
 
 A unit's outcome is its own: a batch is inserted inside a savepoint, so that
 its conflict rolls back only it, and a single event's conflict stores
@@ -306,6 +310,9 @@ async def _transaction(
         outcomes = await _insert_singles(conn, [u for u in units if not u.atomic])
         for unit in sorted((u for u in units if u.atomic), key=lambda u: min(map(_key, u.events))):
             outcomes[unit] = await _insert_batch(conn, unit)
+        # The group's own transaction, not an application's: its one
+        # notification has the workers probe for what it stored at once.
+        await store.hint_published(conn)
     except StoreError as exc:
         if _answered(exc):
             # Postgres refused a statement and is there to roll back.

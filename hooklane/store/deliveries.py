@@ -189,6 +189,36 @@ async def pending_endpoints(
     )
 
 
+@dataclass(frozen=True)
+class Committed:
+    """What ``published_since`` found: (endpoint, partition, due) of each
+    endpoint with pending deliveries of the events committed since the
+    snapshot it was given, how many events those were, and the snapshot
+    to give the next call."""
+
+    snapshot: str
+    events: int
+    endpoints: list[tuple[int, int, datetime]]
+
+
+async def published_since(conn: asyncpg.Connection, since: str | None) -> Committed:
+    """The endpoints given work by the events committed since ``since`` (a
+    snapshot an earlier call returned; None: the first call, which finds
+    nothing), in every partition."""
+    row = await conn.fetchrow(*QUERIES["published_since"](since=since))
+    assert row is not None, "an aggregate without GROUP BY returns one row"
+    return Committed(
+        row["snapshot"],
+        row["events"],
+        list(zip(row["endpoint_ids"], row["partitions"], row["dues"], strict=True)),
+    )
+
+
+async def hint_published(conn: asyncpg.Connection) -> None:
+    """Tell the workers to probe now, when ``conn``'s transaction commits."""
+    await conn.execute(*QUERIES["hint_published"]())
+
+
 async def absorb_wakeups(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:
     """Take the wakeup rows publishers of version 8 wrote for ``partitions``:
     (endpoint, partition) of each. Call under the partitions' locks."""

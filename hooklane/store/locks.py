@@ -17,6 +17,9 @@ async def unlock(conn: asyncpg.Connection, lock_class: int, key: int) -> bool:
     return await conn.fetchval(*QUERIES["unlock"](lock_class=lock_class, key=key))
 
 
-async def live_workers(conn: asyncpg.Connection, member_class: int) -> int:
-    """How many sessions hold a lock of ``member_class``: the live workers."""
-    return await conn.fetchval(*QUERIES["live_workers"](member_class=member_class))
+async def live_workers(conn: asyncpg.Connection, member_class: int) -> tuple[int, str]:
+    """How many sessions hold a lock of ``member_class`` (the live workers),
+    and the database's snapshot as it counted them (a pg_snapshot's text)."""
+    row = await conn.fetchrow(*QUERIES["live_workers"](member_class=member_class))
+    assert row is not None, "an aggregate without GROUP BY returns one row"
+    return row["n"], row["snapshot"]

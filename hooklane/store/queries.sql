@@ -272,9 +272,9 @@ ORDER BY x.position;
 -- are deliverable (hooklane_deliverable), each with its head (the earliest
 -- next_attempt_at of its pending deliveries from where it is read): what a
 -- worker's ready list starts from when it takes partitions, and what its
--- sweep compares it with now and then, a safety net for deliveries written
--- without a notification (by hand, or by a publish whose notification no
--- worker heard). Each queue is read from `since` (NULL: from its start),
+-- sweep compares it with now and then, a safety net for deliveries the
+-- list was never told of (written by hand, or notified while no worker
+-- listened; a publish's are found by the probe, published_since). Each queue is read from `since` (NULL: from its start),
 -- but those of the partitions in `whole` from their start: read from the
 -- start, a queue walks the dead entries of everything its endpoint sent
 -- while a horizon is held, so the sweep reads from its last run on, and
@@ -300,6 +300,37 @@ CROSS JOIN LATERAL (
 WHERE ep.partition = ANY(%(partitions)s::int[])
   AND hooklane_deliverable(ep)
   AND h.head IS NOT NULL;
+
+-- name: published_since
+-- What was published since a worker's last probe, which tells it what
+-- publishes no longer notify (migration 0019): the endpoints with pending
+-- deliveries of the events whose transactions committed after `since` (the
+-- snapshot the last probe returned), each with its partition and the
+-- earliest next_attempt_at of those deliveries, and the statement's own
+-- snapshot, for the next probe. A transaction not visible in `since`
+-- started after it (its id at or above the snapshot's xmax) or was running
+-- then (in its xip list): the two ranges read are exactly those, so that a
+-- transaction committing late, after later ones, is found once it commits,
+-- and nothing the last probe saw is read again, however long another
+-- session holds the horizon back (a transaction running all along is in
+-- every xip list: its own uncommitted events are read each time). `events`
+-- counts every event found, for the probe's pace. NULL `since`: the
+-- snapshot alone (the first probe). Every partition: the worker keeps those
+-- it owns when the answer comes, as it may have taken one while the probe
+-- ran. One row.
+-- Parameters: since (a pg_snapshot as text, or NULL).
+-- Index: the function's (events_xact; deliveries_event; primary key of
+-- endpoints).
+SELECT snapshot, events, endpoint_ids, partitions, dues
+FROM hooklane_published_since_v1(%(since)s::text);
+
+-- name: hint_published
+-- Tell the workers to probe now (published_since): the API's group commit
+-- sends it once per group, from its own transaction, so that what it
+-- stored is delivered without waiting for the probe's next turn. Workers
+-- of earlier versions ignore the payload, which names no partition.
+-- Parameters: none. Index: none.
+SELECT pg_notify('hooklane_ready', 'published');
 
 -- name: absorb_wakeups
 -- Take the wakeup rows of the given partitions, which publishers of version
@@ -1209,8 +1240,12 @@ SELECT count(*) FROM events WHERE fanout = 0;
 -- Workers alive right now: each holds its member advisory lock on its
 -- partition-lock connection for as long as it lives, so a worker that dies
 -- or loses its connection drops out at once.
+-- With it, the statement's snapshot, which costs nothing more: the commit
+-- probe skips its idle turn when no transaction ended since its last
+-- snapshot (hooklane/worker/commits.py), and the rebalancer asks every
+-- second anyway.
 -- Parameters: member_class (of the locks). Index: none (pg_locks is in memory).
-SELECT count(*) AS n
+SELECT count(*) AS n, pg_current_snapshot()::text AS snapshot
 FROM pg_locks
 WHERE locktype = 'advisory'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -44,7 +44,7 @@ _RESCUE_OVERLAP = timedelta(seconds=60)
 PARTITIONS_EVERY = 3600.0
 
 # A sweep reads each queue from this much before its last run: a delivery
-# written without a notification since then is due from its transaction's
+# the list was not told of since then is due from its transaction's
 # start (the column's default), which this margin reaches back to.
 _SWEEP_OVERLAP = timedelta(seconds=60)
 # ...and reads, in turn, a few of the partitions from the start, each one at
@@ -248,9 +248,9 @@ class Maintenance:
 
 class ReadySweep:
     """Reads again the queue of every endpoint of this worker's partitions
-    with pending deliveries (a safety net for a delivery written without a
-    notification: by hand, or while no worker listened), and of those a
-    publisher of version 8 wrote wakeup rows for; returns how many with
+    with pending deliveries (a safety net for a delivery the list was never
+    told of: written by hand, or notified while no worker listened), and of
+    those a publisher of version 8 wrote wakeup rows for; returns how many with
     pending deliveries the ready list did not have scheduled. Should find
     none in steady state (docs/state-machine.md). Each queue is read from a
     little before the last sweep, and a tenth of the partitions (in turn)
@@ -266,8 +266,11 @@ class ReadySweep:
         pool: asyncpg.Pool,
         trigger: Trigger,
         ready: ReadyList,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.period = settings.sweep_seconds
+        # The worker's probe (CommitProbe.catch_up), run before the listing.
+        self._caught_up = caught_up
         self._owner = owner
         self._pool = pool
         self._trigger = trigger
@@ -293,6 +296,11 @@ class ReadySweep:
         # Partitions taken since the last sweep (all of them at the first)
         # are read from the start.
         whole = sorted(set(self._whole(owned)) | (set(owned) - self._swept_in))
+        # Published events reach the list by the probe, up to a second after
+        # they commit: one probe now, and what the listing finds unscheduled
+        # was lost, not merely not probed for yet.
+        if self._caught_up is not None:
+            await self._caught_up()
         # On the pool, not the lock connection, where the reservation would
         # wait for it. It only reads; what it lists of a partition lost
         # meanwhile is left out.

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 PARTITION_CLASS = 0x686C70  # "hlp"
 MEMBER_CLASS = 0x686C6D  # "hlm"
 
+# The payload of store.hint_published: something was published, probe now.
+PUBLISHED_HINT = "published"
+
 # Reservation, rescue and rebalancing take milliseconds; far longer means the
 # server or the network is gone.
 _CALL_TIMEOUT_SECONDS = 30.0
@@ -60,10 +63,19 @@ class LostOwnership(Exception):
 
 
 class PartitionOwner:
-    def __init__(self, dsn: str, partition_count: int, on_notify: Callable[[Wakeup], None]) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        partition_count: int,
+        on_notify: Callable[[Wakeup], None],
+        on_hint: Callable[[], None] | None = None,
+        on_snapshot: Callable[[str], None] | None = None,
+    ) -> None:
         self._dsn = dsn
         self.partition_count = partition_count
         self._on_notify = on_notify
+        self._on_hint = on_hint
+        self._on_snapshot = on_snapshot
         self._conn: asyncpg.Connection | None = None
         self._io = asyncio.Lock()
         self.member_id = 0
@@ -106,6 +118,10 @@ class PartitionOwner:
         logger.info("worker %d joined", member_id, extra={"action": "join", "member": member_id})
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload == PUBLISHED_HINT:
+            if self._on_hint is not None:
+                self._on_hint()
+            return
         wakeup = parse_wakeup(payload)
         if wakeup is not None and wakeup.partition in self.owned:
             self._on_notify(wakeup)
@@ -132,7 +148,9 @@ class PartitionOwner:
                 raise LostOwnership(str(exc)) from exc
 
     async def _rebalance(self, conn: asyncpg.Connection) -> tuple[set[int], set[int]]:
-        live = await store.live_workers(conn, MEMBER_CLASS)
+        live, snapshot = await store.live_workers(conn, MEMBER_CLASS)
+        if self._on_snapshot is not None:
+            self._on_snapshot(snapshot)
         target = fair_share(self.partition_count, live)
         taken: set[int] = set()
         released: set[int] = set()

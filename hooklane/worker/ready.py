@@ -5,8 +5,9 @@ The partition owner keeps it in memory, where it costs Postgres no row
 version (issue 21: while another session holds the xmin horizon back, every
 version a table of it gets stays, and every scan walks them). It is built
 from Postgres when partitions are taken (``store.pending_endpoints``), told
-of new work by notifications (publishes, resends, replays, endpoint
-changes, retries recorded by another worker: ``parse_wakeup``), and judged
+of new work by the commit probe (publishes: hooklane/worker/commits.py) and
+by notifications (resends, replays, endpoint changes, retries recorded by
+another worker: ``parse_wakeup``), and judged
 by what each reservation round and batch of results returns. The rules are
 in docs/state-machine.md, "Ready endpoints".
 

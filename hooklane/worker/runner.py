@@ -33,6 +33,7 @@ from hooklane.results import FailureClass, Timing
 from hooklane.secrets import owner, terms_owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
+from hooklane.worker.commits import CommitProbe
 from hooklane.worker.jobs import Gauges, HorizonWatch, Job, Maintenance, ReadySweep, Rebalancer, run_every
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
@@ -93,6 +94,7 @@ class Worker:
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
+        self._probe: CommitProbe | None = None
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
         self._terms = TermsCache(settings.encryption_key)
@@ -109,6 +111,11 @@ class Worker:
     def pool(self) -> asyncpg.Pool:
         assert self._pool is not None, "used before _start"
         return self._pool
+
+    @property
+    def probe(self) -> CommitProbe:
+        assert self._probe is not None, "used before _start"
+        return self._probe
 
     @property
     def sender(self) -> Sender:
@@ -136,11 +143,12 @@ class Worker:
         jobs: list[Job] = [
             Rebalancer(s, self.owner, self.trigger, self._reconnect),
             Maintenance(s, self.owner, self.pool, self.trigger, self.ready_list),
-            ReadySweep(s, self.owner, self.pool, self.trigger, self.ready_list),
+            ReadySweep(s, self.owner, self.pool, self.trigger, self.ready_list, self.probe.catch_up),
             Gauges(s, self.owner, self.pool, self.ready_list),
             HorizonWatch(s, self.owner, self.pool),
         ]
         background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
+        background.append(asyncio.create_task(self.probe.run(self._stopping), name="probe"))
         try:
             done, _ = await asyncio.wait(
                 [reserve, recorder, *background], return_when=asyncio.FIRST_COMPLETED
@@ -177,7 +185,18 @@ class Worker:
                 )
                 async with store.acquire(self._pool) as conn:
                     partition_count = await store.partition_count(conn)
-                self._owner = PartitionOwner(s.database_url, partition_count, self._woken)
+                # Its first snapshot before any partition is taken: what
+                # commits after it, the probes find; before it, the listing
+                # of each partition as it is taken.
+                self._probe = self._probe or CommitProbe(s, self._pool, self._committed)
+                await self.probe.start()
+                self._owner = PartitionOwner(
+                    s.database_url,
+                    partition_count,
+                    self._woken,
+                    on_hint=self.probe.hinted,
+                    on_snapshot=self.probe.seen,
+                )
                 await self.owner.connect()
                 return True
             except SchemaMissing:
@@ -222,6 +241,20 @@ class Worker:
             for endpoint_id in wakeup.endpoints:
                 self.ready_list.wake(endpoint_id, wakeup.partition, wakeup.due, now)
         self.trigger.published()
+
+    def _committed(self, committed: store.Committed) -> None:
+        """What a probe found: the endpoints of this worker's partitions
+        are woken. Those of a partition taken while the probe ran are kept:
+        its listing may have read the queues before the events committed."""
+        now = datetime.now(UTC)
+        owned = self.owner.owned
+        woken = False
+        for endpoint_id, partition, due in committed.endpoints:
+            if partition in owned:
+                self.ready_list.wake(endpoint_id, partition, due, now)
+                woken = True
+        if woken:
+            self.trigger.probed()
 
     async def _reserve_loop(self) -> None:
         s = self.settings

@@ -45,7 +45,7 @@ class Wake(Enum):
 
     POLL = "poll"  # nothing fired: the poll, for due retries and ended pauses
     FIRED = "fired"  # something may have given the worker work
-    READY = "ready"  # a recorded result left an endpoint ready now: no pause
+    READY = "ready"  # an endpoint ready now (a recorded result, a probe): no pause
 
 
 class Trigger:
@@ -60,7 +60,15 @@ class Trigger:
     # What happened: each may give the reservation work.
 
     def published(self) -> None:
-        """A publish notified a partition this worker owns."""
+        """A notification named a partition this worker owns: something of
+        Hooklane's own (a resend, a replay, an endpoint changed) queued work."""
+        self._fired.set()
+
+    def probed(self) -> None:
+        """The commit probe found work for this worker's partitions. The
+        probe's interval already gathered what was published meanwhile into
+        one answer, so the round need not wait for more to share it."""
+        self._ready = True
         self._fired.set()
 
     def partitions_taken(self) -> None:
