@@ -77,6 +77,10 @@ class Pacer:
             await asyncio.sleep(wait)
 
 
+# A digest no status pass computes (they are md5 hex): "reflect it again".
+_UNREFLECTED = ""
+
+
 class Reflector:
     """The digests last reflected, per endpoint id, and the pass that uses them."""
 
@@ -112,10 +116,13 @@ class Reflector:
                 await self._task
 
     def forget(self, key: Key) -> None:
-        """Reflect ``key`` at the next pass whether or not its health changed."""
+        """Reflect ``key`` at the next pass whether or not its health changed.
+        Its id stays known, with a digest no pass computes: dropped, a row
+        deleted before the next pass was neither returned nor reported gone,
+        and so never stored again."""
         endpoint_id = self._ids.get(key)
         if endpoint_id is not None:
-            self._digests.pop(endpoint_id, None)
+            self._digests[endpoint_id] = _UNREFLECTED
 
     async def changed(self) -> store.Changed:
         self.taken = asyncio.get_running_loop().time()
