@@ -191,3 +191,27 @@ async def test_an_idle_worker_probes_when_the_rebalancer_sees_a_commit(db, recei
     await wait_for(running.worker.ready)
     await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="quiet")
     await wait_for(lambda: receiver.at("a"))
+
+
+async def test_a_probe_planned_on_empty_tables_reads_each_events_deliveries_by_their_event(db, dsn):
+    """The probe's function keeps the plan its session made first: on a new
+    install, for empty tables. Once thousands of events come at once it must
+    still find their deliveries by event, not walk every pending delivery
+    once per event (the partial index of the queue serves 'pending' too)."""
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    worker = await asyncpg.connect(dsn, server_settings=store.WORKER_SESSION)
+    try:
+        since = (await store.published_since(worker, None)).snapshot
+        async with db.transaction():
+            await store.insert_events(
+                db, [(f"bulk-{i}", "acme", "bulk.item", "{}", None, None) for i in range(2000)]
+            )
+        returned = "SELECT pg_stat_get_xact_tuples_returned('deliveries_queue'::regclass)"
+        async with worker.transaction():
+            before = await worker.fetchval(returned)
+            found = await store.published_since(worker, since)
+            walked = await worker.fetchval(returned) - before
+    finally:
+        await worker.close()
+    assert found.events == 2000 and len(found.endpoints) == 1
+    assert walked == 0
