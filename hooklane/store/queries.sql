@@ -938,7 +938,9 @@ WITH chosen AS MATERIALIZED (
             AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
             AND (%(phase)s::text IS NULL OR hooklane_phase(ep) = %(phase)s)
             AND (NOT %(not_delivering)s::boolean OR hooklane_not_delivering(ep))) c
-    -- As in endpoint_page: a full join, never a nested loop.
+    -- As in endpoint_page: a full join, never a nested loop. Its rows of
+    -- counts no chosen endpoint matched (filtered out, or deleted) have a
+    -- NULL id, which every total below leaves out.
     FULL JOIN hooklane_queue_counts() sm ON sm.endpoint_id = c.id
 )
 SELECT (SELECT count(id) FROM chosen) AS endpoints,
