@@ -29,6 +29,31 @@ ATTEMPT_DURATION = Histogram(
 # every outcome has its series from the start.
 ATTEMPT_DURATION_BY = {outcome: ATTEMPT_DURATION.labels(outcome) for outcome in ResultOutcome}
 IN_FLIGHT = Gauge("hooklane_worker_in_flight", "Deliveries this worker process has in flight.")
+# The two classes of hooklane/worker/slots.py: quick slots hold calls
+# until HOOKLANE_LONG_CALL_SECONDS, the long budget those that run longer.
+CALLS_IN_FLIGHT = Gauge(
+    "hooklane_worker_calls_in_flight", "Calls in flight in this worker, by slot class.", ["class"]
+)
+CALLS_IN_FLIGHT_QUICK = CALLS_IN_FLIGHT.labels("quick")
+CALLS_IN_FLIGHT_LONG = CALLS_IN_FLIGHT.labels("long")
+CALL_CAPACITY = Gauge(
+    "hooklane_worker_call_capacity", "Calls this worker may have in flight, by slot class.", ["class"]
+)
+CALLS_WENT_LONG = Counter(
+    "hooklane_worker_calls_went_long_total",
+    "Calls that ran past HOOKLANE_LONG_CALL_SECONDS and moved to the long budget.",
+)
+SLOW_ENDPOINTS_WAITING = Gauge(
+    "hooklane_worker_slow_endpoints_waiting",
+    "Slow endpoints with a delivery due, waiting for room in the long budget.",
+)
+# Bounded: the TOP_TENANTS tenants with the most calls in flight here.
+TOP_TENANTS = 10
+TENANT_CALLS_IN_FLIGHT = Gauge(
+    "hooklane_worker_tenant_calls_in_flight",
+    f"Calls in flight in this worker per tenant, for its {TOP_TENANTS} busiest tenants only.",
+    ["tenant"],
+)
 RESERVATION_DURATION = Histogram(
     "hooklane_reservation_duration_seconds",
     "Time of one reservation round trip.",

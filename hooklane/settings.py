@@ -170,6 +170,14 @@ class Settings:
     # Each waits on the network, not on the CPU; enough of them hide the
     # round trips to Postgres between reservations (docs/benchmarks.md).
     worker_concurrency: Count = 256
+    # Those quick slots are for calls that answer quickly: a call still
+    # unanswered after long_call_seconds gives its slot back and is counted
+    # against worker_long_calls instead, and an endpoint whose calls run
+    # that long waits for room there (hooklane/worker/slots.py). Receivers
+    # that turn slow together then share the long budget, and never take
+    # the slots of those that answer (issue 39; docs/concepts.md).
+    worker_long_calls: Count = 1024
+    long_call_seconds: Seconds = 0.5
     # Deliveries reserved per round trip at most.
     reserve_batch: Count = 256
     # Unset: the command's own (METRICS_PORTS).

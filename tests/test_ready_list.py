@@ -989,6 +989,7 @@ def test_a_result_reserved_before_the_partition_moved_frees_no_later_slot():
 
 ENDPOINTS = {1: 0, 2: 0, 3: 1}  # endpoint: partition
 LIMITS = {1: 1, 2: 2, 3: 3}  # max_concurrency at first
+TENANTS = {1: "a", 2: "a", 3: "b"}
 LEASE = 60  # seconds a reservation of this worker holds its slot
 SWEEP = 60  # seconds between sweeps
 
@@ -1001,10 +1002,89 @@ class Pending:
     announced: bool = False  # the list was told of it (a notification, a result, a rescan)
 
 
+# The slow class and its tenants' turns (hooklane/worker/slots.py)
+
+
+def slow_endpoints(ready: ReadyList, tenants: dict[int, str]) -> None:
+    """Endpoints with work due, each with a call that ran long."""
+    listed(ready, dict.fromkeys(tenants, t(-1)))
+    for endpoint_id, tenant in tenants.items():
+        ready.started(endpoint_id, tenant, False)
+        ready.went_long(endpoint_id)
+
+
+def test_a_call_that_runs_long_makes_its_endpoint_slow_until_one_answers_quickly():
+    ready = ReadyList()
+    slow_endpoints(ready, {1: "a"})
+    assert ready.slow(1)
+    ready.ended(1, long=True, took_long=True)
+    assert ready.slow(1)  # its last call took long
+    ready.started(1, "a", True)
+    ready.ended(1, long=True, took_long=False)
+    assert not ready.slow(1)
+
+
+def test_an_endpoint_stays_slow_while_any_of_its_calls_is_long():
+    ready = ReadyList()
+    slow_endpoints(ready, {1: "a"})
+    ready.started(1, "a", False)
+    ready.ended(1, long=False, took_long=False)  # another call answered at once
+    assert ready.slow(1)
+    ready.ended(1, long=True, took_long=True)
+    assert ready.slow(1)
+
+
+def test_slow_endpoints_wait_for_long_slots_and_quick_ones_do_not():
+    ready = ReadyList()
+    slow_endpoints(ready, {1: "a", 2: "b"})
+    ready.wake(3, 0, t(-1), NOW)
+    assert ready.take(NOW, 10) == [Candidate(3, UNKNOWN)]
+    assert ready.waiting_for_long() == 2
+    assert ready.scheduled(1) and ready.scheduled(2)
+    assert ready.next_due() is None  # a freed long slot wakes the worker, not a due
+    assert ready.take(NOW, 10, 1) == [Candidate(1, t(-1), slow=True)]
+    assert ready.take(NOW, 10, 1) == [Candidate(2, t(-1), slow=True)]
+    assert ready.take(NOW, 10, 1) == []
+
+
+def test_tenants_take_turns_for_long_slots_then_their_endpoints():
+    ready = ReadyList()
+    # Tenant "many" has four slow endpoints, "one" and "two" one each.
+    slow_endpoints(ready, {1: "many", 2: "many", 3: "many", 4: "many", 5: "one", 6: "two"})
+    assert ready.take(NOW, 0) == []
+    order: list[int] = []
+    for _ in range(6):
+        (candidate,) = ready.take(NOW, 0, 1)
+        order.append(candidate.endpoint_id)
+        # served and due again at once: back into its tenant's line
+        ready.settle([verdict(candidate.endpoint_id, head=t(-1))], [], NOW)
+    assert order == [1, 5, 6, 2, 5, 6]
+
+
+def test_a_wake_keeps_a_waiting_endpoints_place_in_line():
+    ready = ReadyList()
+    slow_endpoints(ready, {1: "a", 2: "a"})
+    assert ready.take(NOW, 10) == []
+    ready.wake(1, 0, t(-5), NOW)  # published to again
+    ready.recorded([], [recorded_row(1, retried_head=t(-2))], NOW)
+    assert ready.take(NOW, 10, 1) == [Candidate(1, t(-5), slow=True)]
+
+
+def test_an_endpoint_that_answers_quickly_again_leaves_the_line():
+    ready = ReadyList()
+    slow_endpoints(ready, {1: "a"})
+    assert ready.take(NOW, 10) == []
+    ready.ended(1, long=True, took_long=False)
+    assert ready.waiting_for_long() == 1  # its old place is stale
+    assert ready.take(NOW, 10) == [Candidate(1, t(-1))]
+    assert ready.take(NOW, 10, 5) == []
+
+
 @dataclass
 class Round:
     candidates: list[Candidate]
     limit: int
+    long_limit: int = 0
     reserved: list[tuple[int, int]] | None = None
     verdicts: list[Verdict] | None = None
 
@@ -1041,6 +1121,8 @@ class World:
         self.results: list[Notice] = []
         self.round: Round | None = None
         self.ids = 0
+        # This worker's calls in the long budget (a subset of in_hand).
+        self.long: set[int] = set()
 
     def now(self) -> datetime:
         return t(self.clock)
@@ -1073,9 +1155,13 @@ class World:
             if self.paused[e] is not None and self.paused[e] > self.clock:
                 continue
             free = max(self.limits[e] - len(self.live(e)), 0)
+            if c.slow:
+                free = min(free, 1)  # a slow candidate's cap
             due = [i for key, i in self.from_floor(e, c.floor) if key <= self.clock]
-            queued += [(pos, i, e) for pos, i in enumerate(due[:free])]
-        chosen = sorted(queued)[: self.round.limit]
+            queued += [(pos, i, e, c.slow) for pos, i in enumerate(due[:free])]
+        # The limit is the quick candidates'; a slow one's cap is its own.
+        chosen = [(pos, i, e) for pos, i, e, slow in sorted(queued) if not slow][: self.round.limit]
+        chosen += [(pos, i, e) for pos, i, e, slow in queued if slow]
         for _, i, e in chosen:
             del self.pending[i]
             self.sending[i] = (e, self.clock + LEASE)
@@ -1107,25 +1193,41 @@ class World:
         self.pending[i] = Pending(endpoint, due, token)
         self.wakes.append(Notice({token}, endpoint=endpoint, due=due))
 
-    def begin_round(self, limit: int) -> None:
+    def begin_round(self, limit: int, long_limit: int = 0) -> None:
         assert self.round is None
         dues = {e: self.ready.due(e) for e in ENDPOINTS}
-        candidates = self.ready.take(self.now(), limit)
-        assert len(candidates) <= limit
+        candidates = self.ready.take(self.now(), limit, long_limit)
+        quick = [c for c in candidates if not c.slow]
+        assert len(quick) <= limit
+        assert len(candidates) - len(quick) <= long_limit
         assert len({c.endpoint_id for c in candidates}) == len(candidates)
         taken = [dues[c.endpoint_id] for c in candidates]
         assert all(d is not None and d <= self.now() for d in taken), taken
-        assert taken == sorted(taken)
+        assert [dues[c.endpoint_id] for c in quick] == sorted(dues[c.endpoint_id] for c in quick)  # type: ignore[type-var]
         if candidates:
-            self.round = Round(candidates, limit)
+            self.round = Round(candidates, limit, long_limit)
 
     def settle(self) -> None:
         assert self.round is not None and self.round.reserved is not None and self.round.verdicts is not None
         self.ready.settle(self.round.verdicts, self.round.reserved, self.now())
+        slow = {c.endpoint_id for c in self.round.candidates if c.slow}
         for i, e in self.round.reserved:
             self.in_hand.add(i)
             self.counted[i] = (e, False)
+            self.ready.started(e, TENANTS[e], e in slow)
+            if e in slow:
+                self.long.add(i)
         self.round = None
+
+    def goes_long(self, i: int) -> None:
+        """A call of this worker's runs past the threshold."""
+        if i not in self.long:
+            self.long.add(i)
+            self.ready.went_long(self.sending[i][0])
+
+    def answered(self, i: int, took_long: bool) -> None:
+        self.ready.ended(self.sending[i][0], i in self.long, took_long)
+        self.long.discard(i)
 
     def complete(self, outcomes: dict[int, int | None], opens: bool) -> None:
         """A batch of results committed: None delivered, else a retry in so
@@ -1211,7 +1313,7 @@ class World:
             if self.in_hand:
                 self.complete(dict.fromkeys(sorted(self.in_hand)), opens=False)
                 continue
-            self.begin_round(100)
+            self.begin_round(100, 100)
             if self.round is not None:
                 self.reserve_rows()
                 self.judge()
@@ -1240,9 +1342,9 @@ class ReadyListModel(RuleBasedStateMachine):
         self.world.notify(self.world.wakes.pop(0))
 
     @precondition(lambda self: self.world.round is None)
-    @rule(limit=st.integers(1, 4))
-    def round_begins(self, limit):
-        self.world.begin_round(limit)
+    @rule(limit=st.integers(0, 4), long_limit=st.integers(0, 2))
+    def round_begins(self, limit, long_limit):
+        self.world.begin_round(limit, long_limit)
 
     @precondition(lambda self: self.world.round is not None)
     @rule()
@@ -1270,7 +1372,14 @@ class ReadyListModel(RuleBasedStateMachine):
         """A batch of results of deliveries sent committed (the recorder
         writes one batch at a time); its ``recorded`` call comes later."""
         ids = data.draw(st.lists(st.sampled_from(sorted(self.world.in_hand)), min_size=1, unique=True))
+        for i in ids:
+            self.world.answered(i, data.draw(st.booleans()))
         self.world.complete({i: data.draw(st.none() | st.integers(1, 60)) for i in ids}, opens)
+
+    @precondition(lambda self: self.world.in_hand - self.world.long)
+    @rule(data=st.data())
+    def a_call_runs_long(self, data):
+        self.world.goes_long(data.draw(st.sampled_from(sorted(self.world.in_hand - self.world.long))))
 
     @precondition(lambda self: self.world.results)
     @rule()
@@ -1327,6 +1436,14 @@ class ReadyListModel(RuleBasedStateMachine):
                 assert w.ready.scheduled(d.endpoint), (
                     f"delivery {i} of endpoint {d.endpoint} is due, unscheduled"
                 )
+
+    @invariant()
+    def an_endpoint_with_a_long_call_is_slow(self):
+        """Unless its partition was released since (the list forgot it)."""
+        w = self.world
+        for i in w.long:
+            endpoint, released = w.counted[i]
+            assert released or w.ready.slow(endpoint), f"endpoint {endpoint} has call {i} long, not slow"
 
     @invariant()
     def busy_counts_what_this_worker_holds(self):

@@ -27,6 +27,7 @@ from hooklane.settings import Settings
 from hooklane.worker.notifications import Notifications, Notified
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList
+from hooklane.worker.slots import Slots
 from hooklane.worker.trigger import Trigger
 
 logger = logging.getLogger(__name__)
@@ -337,6 +338,31 @@ class Exported:
 # How many gauge periods the listings may show a pass's counts: past that
 # (the worker gone, or stalled), they count the queues themselves.
 _SUMMARY_PERIODS = 3
+
+
+class CallGauges:
+    """Sets the gauges of this worker's calls in flight: its capacity by
+    slot class, and its busiest tenants' calls (a few, so that the series
+    stay bounded whatever the number of tenants). No I/O."""
+
+    name = "call-gauges"
+
+    def __init__(self, settings: Settings, slots: Slots, ready: ReadyList) -> None:
+        self.period = settings.gauges_seconds
+        self._slots = slots
+        self._ready = ready
+        self._shown: set[str] = set()
+
+    async def run_once(self) -> None:
+        metrics.CALL_CAPACITY.labels("quick").set(self._slots.quick)
+        metrics.CALL_CAPACITY.labels("long").set(self._slots.long)
+        metrics.SLOW_ENDPOINTS_WAITING.set(self._ready.waiting_for_long())
+        top = dict(self._slots.top_tenants(metrics.TOP_TENANTS))
+        for tenant in self._shown - top.keys():
+            metrics.TENANT_CALLS_IN_FLIGHT.remove(tenant)
+        for tenant, calls in top.items():
+            metrics.TENANT_CALLS_IN_FLIGHT.labels(tenant).set(calls)
+        self._shown = set(top)
 
 
 class Gauges:

@@ -19,7 +19,13 @@ Per endpoint it holds:
   the deliveries it sent before (dead versions while the horizon is held)
   are not walked again. ``UNKNOWN`` reads from the start; ``NOTHING`` means
   nothing is pending that the list was not told of;
-- ``busy``: deliveries this worker reserved for it and has not recorded.
+- ``busy``: deliveries this worker reserved for it and has not recorded;
+- its class (hooklane/worker/slots.py): *slow* while a call of it is in
+  the worker's long budget, or since its last call answered after the
+  threshold. A slow endpoint that is due waits in its tenant's line for a
+  long slot: tenants take turns, one call each, then each tenant's
+  endpoints take turns, so that when long slots are short a tenant gets a
+  tenant's share, not one per endpoint it has.
 
 Pure: no I/O, no clock of its own (every call is given ``now``).
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -99,6 +106,8 @@ class Row(Protocol):
 class Candidate:
     endpoint_id: int
     floor: datetime | None
+    # Of the slow class: one delivery at most, in a long slot.
+    slow: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,12 @@ class _Entry:
     woken_floor: datetime | None = NOTHING
     changed: bool = False
     stamp: int = 0
+    # Its class: its calls in the long budget now, and whether it is slow.
+    long_calls: int = 0
+    slow: bool = False
+    tenant: str = ""
+    # Due, slow, and in its tenant's line for a long slot (``_lines``).
+    deferred: bool = False
 
 
 class ReadyList:
@@ -176,7 +191,13 @@ class ReadyList:
         self._entries: dict[int, _Entry] = {}
         # (due, stamp, endpoint): an entry is current while its endpoint's
         # stamp and due still say so; others are skipped when they surface.
+        # One heap per class.
         self._heap: list[tuple[datetime, int, int]] = []
+        self._slow_heap: list[tuple[datetime, int, int]] = []
+        # The slow endpoints that are due, by tenant, in turn order: each
+        # line holds (endpoint, stamp), current as the heaps' entries are.
+        self._lines: OrderedDict[str, deque[tuple[int, int]]] = OrderedDict()
+        self._in_lines = 0
         self._stamps = 0
         # This worker's reserved deliveries not yet recorded, to their endpoint.
         self._reserved: dict[int, int] = {}
@@ -252,6 +273,8 @@ class ReadyList:
             elif due is not None:
                 entry.woken_floor = lower(entry.woken_floor, due)
             return
+        if entry.deferred:
+            return  # due already, in its line: a wake would only lose its place
         at = max(due, now) if due is not None and not rescan else now
         self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
 
@@ -283,28 +306,116 @@ class ReadyList:
 
     # The rounds.
 
-    def take(self, now: datetime, limit: int) -> list[Candidate]:
-        """Up to ``limit`` endpoints whose time has come, longest waiting
-        first, now handed to a round."""
+    def take(self, now: datetime, limit: int, long_limit: int = 0) -> list[Candidate]:
+        """Up to ``limit`` quick endpoints whose time has come, longest
+        waiting first, and up to ``long_limit`` slow ones, tenants taking
+        turns: all now handed to a round."""
         taken: list[Candidate] = []
         while self._heap and len(taken) < limit and self._heap[0][0] <= now:
-            due, stamp, endpoint_id = heapq.heappop(self._heap)
-            entry = self._entries.get(endpoint_id)
-            if entry is None or entry.stamp != stamp or entry.due != due:
-                continue
-            entry.in_round, entry.woken, entry.woken_floor, entry.changed = True, False, NOTHING, False
-            taken.append(Candidate(endpoint_id, entry.floor))
+            endpoint_id = self._pop_current(self._heap)
+            if endpoint_id is not None:
+                taken.append(self._hand(endpoint_id, slow=False))
+        while self._slow_heap and self._slow_heap[0][0] <= now:
+            endpoint_id = self._pop_current(self._slow_heap)
+            if endpoint_id is not None:
+                self._line_up(endpoint_id)
+        slow = 0
+        while slow < long_limit and self._lines:
+            tenant, line = self._lines.popitem(last=False)
+            self._in_lines -= len(line)
+            while line:
+                endpoint_id, stamp = line.popleft()
+                entry = self._entries.get(endpoint_id)
+                if entry is not None and entry.stamp == stamp and entry.deferred:
+                    taken.append(self._hand(endpoint_id, slow=True))
+                    slow += 1
+                    break
+            if line:
+                self._lines[tenant] = line  # the back of the turns
+                self._in_lines += len(line)
         return taken
 
+    def waiting_for_long(self) -> int:
+        """Slow endpoints due and waiting for a long slot (an upper bound:
+        a line may still hold an endpoint that was scheduled anew)."""
+        return self._in_lines
+
+    def _pop_current(self, heap: list[tuple[datetime, int, int]]) -> int | None:
+        due, stamp, endpoint_id = heapq.heappop(heap)
+        entry = self._entries.get(endpoint_id)
+        if entry is None or entry.stamp != stamp or entry.due != due or entry.deferred:
+            return None
+        return endpoint_id
+
+    def _hand(self, endpoint_id: int, *, slow: bool) -> Candidate:
+        entry = self._entries[endpoint_id]
+        entry.in_round, entry.woken, entry.woken_floor, entry.changed = True, False, NOTHING, False
+        entry.deferred = False
+        return Candidate(endpoint_id, entry.floor, slow)
+
+    def _line_up(self, endpoint_id: int) -> None:
+        entry = self._entries[endpoint_id]
+        entry.deferred = True
+        line = self._lines.get(entry.tenant)
+        if line is None:
+            line = self._lines[entry.tenant] = deque()
+        line.append((endpoint_id, entry.stamp))
+        self._in_lines += 1
+        if self._in_lines > 4 * len(self._entries) + 1024:
+            self._rebuild()
+
     def next_due(self) -> datetime | None:
-        """When the earliest scheduled endpoint is due."""
-        while self._heap:
-            due, stamp, endpoint_id = self._heap[0]
+        """When the earliest scheduled endpoint is due (those in a line for
+        a long slot are due already: a freed long slot wakes the worker)."""
+        dues = [d for d in (self._heap_due(self._heap), self._heap_due(self._slow_heap)) if d is not None]
+        return min(dues, default=None)
+
+    def _heap_due(self, heap: list[tuple[datetime, int, int]]) -> datetime | None:
+        while heap:
+            due, stamp, endpoint_id = heap[0]
             entry = self._entries.get(endpoint_id)
-            if entry is not None and entry.stamp == stamp and entry.due == due:
+            if entry is not None and entry.stamp == stamp and entry.due == due and not entry.deferred:
                 return due
-            heapq.heappop(self._heap)
+            heapq.heappop(heap)
         return None
+
+    # The calls' classes (hooklane/worker/slots.py).
+
+    def started(self, endpoint_id: int, tenant: str, long: bool) -> None:
+        """A call of the endpoint starts, in the long budget or not."""
+        entry = self._entries.get(endpoint_id)
+        if entry is not None:
+            entry.tenant = tenant
+            if long:
+                entry.long_calls += 1
+                self._classify(endpoint_id, entry, slow=True)
+
+    def went_long(self, endpoint_id: int) -> None:
+        """A call of the endpoint ran past the threshold: it is slow."""
+        entry = self._entries.get(endpoint_id)
+        if entry is not None:
+            entry.long_calls += 1
+            self._classify(endpoint_id, entry, slow=True)
+
+    def ended(self, endpoint_id: int, long: bool, took_long: bool) -> None:
+        """A call of the endpoint ended: it was in the long budget or not,
+        and took the threshold's time or more, or less. An endpoint that
+        answers quickly is quick again once no call of it is long."""
+        entry = self._entries.get(endpoint_id)
+        if entry is not None:
+            if long:
+                entry.long_calls = max(entry.long_calls - 1, 0)
+            self._classify(endpoint_id, entry, slow=entry.long_calls > 0 or took_long)
+
+    def slow(self, endpoint_id: int) -> bool:
+        entry = self._entries.get(endpoint_id)
+        return entry is not None and entry.slow
+
+    def _classify(self, endpoint_id: int, entry: _Entry, *, slow: bool) -> None:
+        if entry.slow != slow:
+            entry.slow = slow
+            # Into the other class's heap (out of a line for a long slot).
+            self._schedule(entry, endpoint_id, entry.due)
 
     def returned(self, candidates: Iterable[Candidate], now: datetime) -> None:
         """A round failed before its verdicts: its candidates are due again."""
@@ -390,7 +501,7 @@ class ReadyList:
                 entry.woken = entry.changed = True
                 continue
             entry.waiting = False
-            if entry.floor is NOTHING or (r is not None and not r.deliverable):
+            if entry.deferred or entry.floor is NOTHING or (r is not None and not r.deliverable):
                 continue
             at = max(entry.floor or now, now)
             if r is not None and r.paused_until is not None and r.paused_until > now:
@@ -408,17 +519,34 @@ class ReadyList:
 
     def _schedule(self, entry: _Entry, endpoint_id: int, due: datetime | None) -> None:
         entry.due = due
+        entry.deferred = False
         self._stamps += 1
         entry.stamp = self._stamps
         if due is not None and not entry.waiting and not entry.in_round:
-            heapq.heappush(self._heap, (due, entry.stamp, endpoint_id))
-            if len(self._heap) > 4 * len(self._entries) + 1024:
+            heapq.heappush(self._slow_heap if entry.slow else self._heap, (due, entry.stamp, endpoint_id))
+            if len(self._heap) + len(self._slow_heap) > 4 * len(self._entries) + 1024:
                 self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = [
-            (e.due, e.stamp, k)
+        """The heaps and lines of the current entries only; the lines keep
+        their order."""
+        scheduled = [
+            (e.due, e.stamp, k, e.slow)
             for k, e in self._entries.items()
-            if e.due is not None and not e.waiting and not e.in_round
+            if e.due is not None and not e.waiting and not e.in_round and not e.deferred
         ]
+        self._heap = [(due, stamp, k) for due, stamp, k, slow in scheduled if not slow]
+        self._slow_heap = [(due, stamp, k) for due, stamp, k, slow in scheduled if slow]
         heapq.heapify(self._heap)
+        heapq.heapify(self._slow_heap)
+        lines: OrderedDict[str, deque[tuple[int, int]]] = OrderedDict()
+        for tenant, line in self._lines.items():
+            kept = deque(
+                (k, stamp)
+                for k, stamp in line
+                if (e := self._entries.get(k)) is not None and e.stamp == stamp and e.deferred
+            )
+            if kept:
+                lines[tenant] = kept
+        self._lines = lines
+        self._in_lines = sum(len(line) for line in lines.values())

@@ -4,7 +4,8 @@ Tasks, all in one event loop:
 - the reservation loop, woken by its trigger (hooklane/worker/trigger.py)
   and when the ready list (hooklane/worker/ready.py) says an endpoint is
   due: each round visits only the endpoints whose time has come;
-- one task per delivery in flight;
+- one task per delivery in flight, each in a quick slot or, once it runs
+  long, in the long budget (hooklane/worker/slots.py);
 - the recorder, which writes results in batches (one statement per batch);
 - the background jobs (hooklane/worker/jobs.py): the rebalancer, which
   keeps this worker's fair share of partitions, maintenance (rescue,
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import resource
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -34,7 +36,16 @@ from hooklane.secrets import owner, terms_owner, unseal
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.worker.commits import CommitProbe
-from hooklane.worker.jobs import Gauges, HorizonWatch, Job, Maintenance, ReadySweep, Rebalancer, run_every
+from hooklane.worker.jobs import (
+    CallGauges,
+    Gauges,
+    HorizonWatch,
+    Job,
+    Maintenance,
+    ReadySweep,
+    Rebalancer,
+    run_every,
+)
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
 from hooklane.worker.rules import (
@@ -49,6 +60,7 @@ from hooklane.worker.rules import (
     result_of,
 )
 from hooklane.worker.sender import Sender, event_body
+from hooklane.worker.slots import Call, Slots
 from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger
 
@@ -63,6 +75,10 @@ _RECORD_BATCH = 500
 # one whose endpoint this worker holds at its limit is written at once
 # (Worker._record_loop).
 _RECORD_INTERVAL = 0.1
+
+# Open files beyond the calls' sockets: Postgres connections, the metrics
+# server, logs, the event loop's own.
+_SPARE_FILES = 64
 
 # When a reservation answered: the database's clock then, and this
 # process's monotonic clock as the answer arrived (rules.granted_here).
@@ -84,6 +100,7 @@ class Worker:
         self.trigger = Trigger(settings.worker_concurrency)
         self._stopping = asyncio.Event()
         self._sending: set[asyncio.Task] = set()
+        self.slots = Slots(settings.worker_concurrency, _long_calls_allowed(settings))
         self.ready_list = ReadyList()
         # The partitions the ready list was built for (and under which lock
         # connection: PartitionOwner.generation), and those whose version 8
@@ -146,6 +163,7 @@ class Worker:
             ReadySweep(s, self.owner, self.pool, self.trigger, self.ready_list, self.probe.catch_up),
             Gauges(s, self.owner, self.pool, self.ready_list),
             HorizonWatch(s, self.owner, self.pool),
+            CallGauges(s, self.slots, self.ready_list),
         ]
         background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
         background.append(asyncio.create_task(self.probe.run(self._stopping), name="probe"))
@@ -261,15 +279,17 @@ class Worker:
         started = 0.0
         while not self._stopping.is_set():
             self.trigger.round_starts()
-            free = min(s.worker_concurrency - len(self._sending), s.reserve_batch)
-            reserved = 0
+            quick = min(self.slots.quick_free(), s.reserve_batch)
+            long = min(self.slots.long_free(), s.reserve_batch)
+            full = False
             failed = False
-            if free > 0 and self.owner.owned:
+            if (quick > 0 or long > 0) and self.owner.owned:
                 started = time.perf_counter()
                 round_span: SpanContext | None = None
                 answer: Answer | None = None
+                slow: set[int] = set()
                 try:
-                    rows, round_span, answer = await self._round(free)
+                    rows, slow, round_span, answer = await self._round(quick, long)
                 except LostOwnership:
                     rows, failed = [], True
                     await self._reconnect()
@@ -279,38 +299,47 @@ class Worker:
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
                     assert answer is not None, "a round that reserved has answered"
-                    task = asyncio.create_task(self._deliver(row, round_span, answer))
+                    endpoint_id, in_long = row["endpoint_id"], row["endpoint_id"] in slow
+                    call = self.slots.start(endpoint_id, row["tenant"], in_long)
+                    self.ready_list.started(endpoint_id, row["tenant"], in_long)
+                    task = asyncio.create_task(self._call(row, round_span, answer, call))
                     self._sending.add(task)
                     task.add_done_callback(self._sent)
-                reserved = len(rows)
-                metrics.IN_FLIGHT.set(len(self._sending))
-            if reserved and reserved == free:
-                continue  # more may be ready: go again before sleeping
-            wake = await self.trigger.wait(self._until_due(free, failed))
-            pause = self.trigger.pause(wake, time.perf_counter() - started, len(self._sending))
+                long_rows = sum(1 for row in rows if row["endpoint_id"] in slow)
+                # More may be ready: go again before sleeping.
+                full = (quick > 0 and len(rows) - long_rows == quick) or (long > 0 and long_rows == long)
+                self._counted()
+            if full:
+                continue
+            wake = await self.trigger.wait(self._until_due(quick > 0 or long > 0, failed))
+            pause = self.trigger.pause(wake, time.perf_counter() - started, self.slots.quick_in_flight)
             if pause > 0:
                 await asyncio.sleep(pause)
 
-    def _until_due(self, free: int, failed: bool) -> float:
+    def _until_due(self, free: bool, failed: bool) -> float:
         """How long to wait for the trigger: until the ready list's next
         endpoint is due, at most the poll; the whole poll when slots are
         full (a freed one fires the trigger) or the round failed."""
         poll = self.settings.poll_seconds
         due = self.ready_list.next_due()
-        if due is None or free <= 0 or failed:
+        if due is None or not free or failed:
             return poll
         return min(poll, max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
-    async def _round(self, limit: int) -> tuple[list[asyncpg.Record], SpanContext | None, Answer | None]:
-        """One reservation round over the endpoints whose time has come:
-        the deliveries reserved, the round's span when traced (only a
-        round that asks Postgres has one: an idle worker makes none), and
-        when Postgres answered, on its clock and on this process's, which
-        the deliveries' starts count from (None: not asked)."""
+    async def _round(
+        self, limit: int, long_limit: int
+    ) -> tuple[list[asyncpg.Record], set[int], SpanContext | None, Answer | None]:
+        """One reservation round over the endpoints whose time has come, up
+        to ``limit`` deliveries for quick slots and ``long_limit`` for slow
+        endpoints (one each): the deliveries reserved, the slow endpoints
+        among the candidates, the round's span when traced (only a round
+        that asks Postgres has one: an idle worker makes none), and when
+        Postgres answered, on its clock and on this process's, which the
+        deliveries' starts count from (None: not asked)."""
         await self._follow_partitions()
-        candidates = self.ready_list.take(datetime.now(UTC), limit)
+        candidates = self.ready_list.take(datetime.now(UTC), limit, long_limit)
         if not candidates:
-            return [], None, None
+            return [], set(), None, None
         with tracing.internal("reserve", candidates=len(candidates)) as span:
             try:
                 reservation = await self.owner.run(
@@ -318,7 +347,9 @@ class Worker:
                         store.reserve,
                         candidates=[c.endpoint_id for c in candidates],
                         floors=[c.floor for c in candidates],
+                        caps=[1 if c.slow else None for c in candidates],
                         limit=limit,
+                        tenant_ceiling=self.settings.tenant_max_in_flight,
                         lease_grace_seconds=self.settings.lease_grace_seconds,
                         worker_id=self.settings.worker_id,
                     )
@@ -334,7 +365,8 @@ class Worker:
             datetime.now(UTC),
         )
         answer = None if reservation.answered_at is None else (reservation.answered_at, reservation.received)
-        return reservation.deliveries, None if span is None else span.get_span_context(), answer
+        slow = {c.endpoint_id for c in candidates if c.slow}
+        return reservation.deliveries, slow, None if span is None else span.get_span_context(), answer
 
     async def _follow_partitions(self) -> None:
         """Keep the ready list to the partitions owned: forget those
@@ -368,12 +400,39 @@ class Worker:
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
-        metrics.IN_FLIGHT.set(len(self._sending))
         if not task.cancelled() and task.exception() is not None:
             logger.error("delivery task failed", exc_info=task.exception(), extra={"action": "deliver"})
-        self.trigger.slot_freed(len(self._sending))
 
-    async def _deliver(self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer) -> None:
+    def _counted(self) -> None:
+        metrics.IN_FLIGHT.set(len(self._sending))
+        metrics.CALLS_IN_FLIGHT_QUICK.set(self.slots.quick_in_flight)
+        metrics.CALLS_IN_FLIGHT_LONG.set(self.slots.long_in_flight)
+        metrics.SLOW_ENDPOINTS_WAITING.set(self.ready_list.waiting_for_long())
+
+    async def _call(self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call) -> None:
+        """A delivery in its slot, which it gives back however it ends."""
+        try:
+            await self._deliver(row, reserved_in, answer, call)
+        finally:
+            self.slots.done(call)
+            self._counted()
+            if not call.long:
+                self.trigger.slot_freed(self.slots.quick_in_flight)
+            elif self.ready_list.waiting_for_long():
+                self.trigger.long_slot_freed()
+
+    def _went_long(self, call: Call) -> None:
+        """A call still unanswered at the threshold: its quick slot is for
+        the endpoints that answer, and its endpoint is slow from now on."""
+        if self.slots.went_long(call):
+            metrics.CALLS_WENT_LONG.inc()
+            self.ready_list.went_long(call.endpoint_id)
+            self._counted()
+            self.trigger.slot_freed(self.slots.quick_in_flight)
+
+    async def _deliver(
+        self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call
+    ) -> None:
         granted = granted_here(row["start_at"], *answer)
         await _until(granted)
         if row["rate_per_second"] is not None:
@@ -386,6 +445,8 @@ class Worker:
             self._paced[endpoint] = Paced(granted, start)
             await _until(start)
         started_at, started = datetime.now(UTC), time.perf_counter()
+        long_after = self.settings.long_call_seconds
+        moving = asyncio.get_running_loop().call_later(long_after, self._went_long, call)
         span = _attempt_span(row, reserved_in) if tracing.enabled() else None
         # Untraced, the receiver still gets the publisher's trace context,
         # unchanged: its own spans then join the producer's trace.
@@ -417,7 +478,9 @@ class Worker:
             else:
                 attempt = Attempt(None, error="internal error", failure=FailureClass.INTERNAL_ERROR)
             outcome = self._classify(row, attempt)
+        moving.cancel()
         duration = time.perf_counter() - started
+        self.ready_list.ended(row["endpoint_id"], call.long, duration >= long_after)
         timing = Timing(started_at, duration, tracing.trace_id_of(traceparent))
         result = result_of(row["id"], row["attempts"], attempt, outcome, timing)
         metrics.DELIVERY_DURATION.observe(duration)
@@ -515,6 +578,30 @@ async def _until(moment: float) -> None:
     while wait > 0:
         await asyncio.sleep(wait)
         wait = moment - time.monotonic()
+
+
+def _long_calls_allowed(settings: Settings) -> int:
+    """The long budget the open-files limit allows: each call in flight
+    holds a socket. The soft limit is raised to the hard one if need be; a
+    budget beyond even that is lowered to fit, with a warning, rather than
+    have calls fail as connection errors when the incident comes."""
+    want = settings.worker_concurrency + settings.worker_long_calls + _SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return settings.worker_long_calls
+    allowed = max(soft - settings.worker_concurrency - _SPARE_FILES, 1)
+    logger.warning(
+        "HOOKLANE_WORKER_LONG_CALLS=%d needs %d open files and the limit is %d: %d long calls at most",
+        settings.worker_long_calls,
+        want,
+        soft,
+        allowed,
+        extra={"action": "start"},
+    )
+    return allowed
 
 
 def _attempt_span(row: asyncpg.Record, reserved_in: SpanContext | None) -> Span:

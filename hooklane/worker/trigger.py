@@ -84,6 +84,11 @@ class Trigger:
         if slot_freed_matters(in_flight, self.concurrency):
             self._fired.set()
 
+    def long_slot_freed(self) -> None:
+        """A call in the long budget ended while slow endpoints wait for
+        room there."""
+        self._fired.set()
+
     def endpoint_ready(self) -> None:
         """Recorded results left an endpoint ready now: its delivery is due
         and its slot free, so the round need not wait to share."""

@@ -1,0 +1,81 @@
+"""A worker's capacity for calls in flight, in two classes.
+
+Every call starts in a *quick* slot (``HOOKLANE_WORKER_CONCURRENCY`` of
+them). One still unanswered after ``HOOKLANE_LONG_CALL_SECONDS`` moves to
+the *long* budget (``HOOKLANE_WORKER_LONG_CALLS``) and gives its quick slot
+back, so that a quick slot is never held longer than that, however many
+receivers turn slow at once: a call holding a slot for 4 s would otherwise
+cost the others as much as 400 calls of 10 ms, and a hundred slow receivers
+at their default limit take every slot a worker has (issue 39). The calls
+of an endpoint known to be slow (the ready list's class) start in the long
+budget directly, and only while it has room; they wait rather than borrow
+quick slots.
+
+Pure: no I/O, no clock. The worker says when a call starts, moves and ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+
+@dataclass
+class Call:
+    """A call in flight: whose, and in which class now."""
+
+    endpoint_id: int
+    tenant: str
+    long: bool
+    ended: bool = False
+
+
+class Slots:
+    def __init__(self, quick: int, long: int) -> None:
+        self.quick = quick
+        self.long = long
+        self.quick_in_flight = 0
+        self.long_in_flight = 0
+        self._tenants: dict[str, int] = {}
+
+    def quick_free(self) -> int:
+        return max(self.quick - self.quick_in_flight, 0)
+
+    def long_free(self) -> int:
+        return max(self.long - self.long_in_flight, 0)
+
+    def start(self, endpoint_id: int, tenant: str, long: bool) -> Call:
+        """A call reserved: in the long budget if its endpoint is slow."""
+        if long:
+            self.long_in_flight += 1
+        else:
+            self.quick_in_flight += 1
+        self._tenants[tenant] = self._tenants.get(tenant, 0) + 1
+        return Call(endpoint_id, tenant, long)
+
+    def went_long(self, call: Call) -> bool:
+        """The call ran past the threshold: its quick slot is free. True if
+        it moved (False: it was long already, or has ended)."""
+        if call.long or call.ended:
+            return False
+        call.long = True
+        self.quick_in_flight -= 1
+        self.long_in_flight += 1
+        return True
+
+    def done(self, call: Call) -> None:
+        call.ended = True
+        if call.long:
+            self.long_in_flight -= 1
+        else:
+            self.quick_in_flight -= 1
+        left = self._tenants[call.tenant] - 1
+        if left:
+            self._tenants[call.tenant] = left
+        else:
+            del self._tenants[call.tenant]
+
+    def top_tenants(self, n: int) -> list[tuple[str, int]]:
+        """The ``n`` tenants with the most calls in flight here, most first:
+        what the per-tenant gauge shows, its cardinality bounded."""
+        return heapq.nlargest(n, self._tenants.items(), key=lambda item: (item[1], item[0]))

@@ -1,0 +1,65 @@
+"""A worker's two classes of slots (hooklane/worker/slots.py), pure."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hooklane.worker.slots import Slots
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_call_that_runs_long_gives_its_quick_slot_back():
+    slots = Slots(quick=2, long=3)
+    call = slots.start(1, "a", long=False)
+    assert (slots.quick_free(), slots.long_free()) == (1, 3)
+    assert slots.went_long(call)
+    assert (slots.quick_free(), slots.long_free()) == (2, 2)
+    assert not slots.went_long(call)  # once
+    slots.done(call)
+    assert (slots.quick_free(), slots.long_free()) == (2, 3)
+
+
+def test_a_slow_endpoints_call_starts_long():
+    slots = Slots(quick=2, long=3)
+    call = slots.start(1, "a", long=True)
+    assert (slots.quick_free(), slots.long_free()) == (2, 2)
+    assert not slots.went_long(call)
+    slots.done(call)
+    assert slots.long_free() == 3
+
+
+def test_a_call_that_ended_does_not_move():
+    """The timer that moves a call may fire after it ended."""
+    slots = Slots(quick=1, long=1)
+    call = slots.start(1, "a", long=False)
+    slots.done(call)
+    assert not slots.went_long(call)
+    assert (slots.quick_in_flight, slots.long_in_flight) == (0, 0)
+
+
+def test_the_busiest_tenants_only():
+    slots = Slots(quick=100, long=100)
+    calls = [slots.start(i, tenant, long=False) for i, tenant in enumerate("aaabbc")]
+    assert slots.top_tenants(2) == [("a", 3), ("b", 2)]
+    for call in calls[:3]:
+        slots.done(call)
+    assert slots.top_tenants(5) == [("b", 2), ("c", 1)]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["start quick", "start long", "goes long", "ends"]), st.integers(0, 9))))
+def test_counts_match_the_calls_in_flight(steps):
+    slots = Slots(quick=4, long=4)
+    calls = []
+    for step, n in steps:
+        if step.startswith("start"):
+            calls.append(slots.start(n, str(n % 3), long=step == "start long"))
+        elif calls and step == "goes long":
+            slots.went_long(calls[n % len(calls)])
+        elif calls:
+            slots.done(calls.pop(n % len(calls)))
+    assert slots.quick_in_flight == sum(not c.long for c in calls)
+    assert slots.long_in_flight == sum(c.long for c in calls)
+    assert sum(n for _, n in slots.top_tenants(10)) == len(calls)
