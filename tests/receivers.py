@@ -20,13 +20,15 @@ from aiohttp import web
 @dataclass(frozen=True)
 class Answer:
     """How a receiver path answers: after ``delay`` seconds, ``status`` with
-    ``headers`` and a body of ``body_bytes``; ``hang`` never answers."""
+    ``headers`` and a body of ``body_bytes``; ``hang`` never answers, and
+    ``held`` not before the test sets it."""
 
     status: int = 200
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     body_bytes: int = 0
     hang: bool = False
+    held: asyncio.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class Receiver:
         try:
             if answer.hang:
                 await asyncio.sleep(3600)
+            if answer.held is not None:
+                await answer.held.wait()
             if answer.delay:
                 await asyncio.sleep(answer.delay)
             if answer.body_bytes:

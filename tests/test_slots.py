@@ -49,7 +49,11 @@ def test_the_busiest_tenants_only():
     assert slots.top_tenants(5) == [("b", 2), ("c", 1)]
 
 
-@given(st.lists(st.tuples(st.sampled_from(["start quick", "start long", "goes long", "ends"]), st.integers(0, 9))))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["start quick", "start long", "goes long", "ends"]), st.integers(0, 9))
+    )
+)
 def test_counts_match_the_calls_in_flight(steps):
     slots = Slots(quick=4, long=4)
     calls = []

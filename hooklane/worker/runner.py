@@ -409,7 +409,9 @@ class Worker:
         metrics.CALLS_IN_FLIGHT_LONG.set(self.slots.long_in_flight)
         metrics.SLOW_ENDPOINTS_WAITING.set(self.ready_list.waiting_for_long())
 
-    async def _call(self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call) -> None:
+    async def _call(
+        self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call
+    ) -> None:
         """A delivery in its slot, which it gives back however it ends."""
         try:
             await self._deliver(row, reserved_in, answer, call)
