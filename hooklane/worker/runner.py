@@ -321,6 +321,7 @@ class Worker:
                         limit=limit,
                         lease_grace_seconds=self.settings.lease_grace_seconds,
                         worker_id=self.settings.worker_id,
+                        tenant_ceiling=self.settings.tenant_max_in_flight,
                     )
                 )
             except BaseException:
