@@ -238,7 +238,7 @@ async def test_the_previous_version_still_reserves(db):
         [None, None],
     )
     reserved = [r for r in rows if r["id"] is not None]
-    assert Counter(r["endpoint_id"] for r in reserved) == {e: 3 for e in endpoints}
+    assert Counter(r["endpoint_id"] for r in reserved) == dict.fromkeys(endpoints, 3)
     assert all(v["at_limit"] for v in rows if v["id"] is None)
 
 
