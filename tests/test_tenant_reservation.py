@@ -109,8 +109,10 @@ async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoint
     verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
     first_lease = await db.fetchval("SELECT lease_expires_at FROM deliveries WHERE id = $1", early["id"])
     for endpoint in big:
-        assert (verdicts[endpoint]["at_limit"], verdicts[endpoint]["leases_end"]) == (True, first_lease)
-        assert verdicts[endpoint]["head"] is not None
+        verdict = verdicts[endpoint]
+        assert (verdict["at_limit"], verdict["leases_end"], verdict["tenant"]) == (True, first_lease, "big")
+        assert verdict["head"] is not None
+    assert verdicts[other]["tenant"] is None  # its tenant is under the ceiling
     assert await _in_flight(db, "big") == 6
     assert (await _round(db, big, tenant_ceiling=6)).deliveries == []
 

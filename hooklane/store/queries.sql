@@ -436,7 +436,8 @@ FROM rescued r;
 -- earliest pending delivery from the floor on, NULL: none), at_limit (every
 -- slot held by a live lease, or its tenant's at the ceiling), leases_end
 -- (when the first live lease ends: its tenant's, when only the ceiling
--- holds it) and answered_at (the server's clock as it answered, which the
+-- holds it), tenant (the endpoint's, while its tenant is at the ceiling;
+-- else NULL) and answered_at (the server's clock as it answered, which the
 -- worker's wait for `start_at` counts from).
 -- Parameters: partitions (owned), candidates, floors and caps (arrays of
 -- the same length; caps NULL, or a NULL cap: none), limit (how many

@@ -1446,7 +1446,9 @@ BEGIN
     -- The verdicts, as hooklane_reserve_v6's; an endpoint is also at its
     -- limit while its tenant's live leases are at the ceiling, until the
     -- first of them ends (`leases_end`, unless its own slots are all held:
-    -- then the first of its own). Each tenant's leases are counted once.
+    -- then the first of its own), and its verdict then names its tenant,
+    -- so that a worker may look again when a call of that tenant's ends.
+    -- Each tenant's leases are counted once.
     -- Index: primary key of endpoints; deliveries_queue from each floor;
     -- deliveries_leased for the live leases; deliveries_tenant_leased for
     -- the tenant's; deliveries_rate.
@@ -1477,7 +1479,7 @@ BEGIN
            h.head, coalesce(l.n >= hooklane_concurrency(ep), false) OR coalesce(k.ok AND tl.full_, false),
            CASE WHEN coalesce(l.n >= hooklane_concurrency(ep), false) OR NOT coalesce(k.ok AND tl.full_, false)
                 THEN l.ends ELSE tl.ends END,
-           NULL::text, NULL::text,
+           CASE WHEN k.ok AND tl.full_ THEN ep.tenant END, NULL::text,
            NULL::timestamptz, NULL::text, NULL::integer, NULL::float8, clock_timestamp(), NULL::integer
     FROM unnest(candidates, floors) AS c(endpoint_id, low)
     LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
