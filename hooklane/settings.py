@@ -180,6 +180,12 @@ class Settings:
     long_call_seconds: Seconds = 0.5
     # Deliveries reserved per round trip at most.
     reserve_batch: Count = 256
+    # A tenant's calls in flight at most, over every worker (its live
+    # leases, whichever worker holds them), so that one tenant's endpoints
+    # together cannot take the capacity of the others however many it has
+    # or however large their limits: each endpoint's maxConcurrency bounds
+    # only itself. Unset: no ceiling. Every worker should have the same.
+    tenant_max_in_flight: Count | None = None
     # Unset: the command's own (METRICS_PORTS).
     metrics_port: Port | None = None
     metrics_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"

@@ -297,6 +297,7 @@ async def reserve_round(
     partitions: list[int] = ALL_PARTITIONS,
     worker: str = "test-worker",
     ready: ReadyList | None = None,
+    tenant_ceiling: int | None = None,
 ) -> list[asyncpg.Record]:
     """One reservation round as the worker runs it (Worker._round), by a
     worker that has just taken ``partitions``: its ready list (``ready``, or
@@ -317,6 +318,7 @@ async def reserve_round(
         limit,
         10.0,
         worker,
+        tenant_ceiling=tenant_ceiling,
     )
     ready.settle(
         [Verdict.of(v) for v in reservation.verdicts],

@@ -82,8 +82,14 @@ def _assert_lookups(plans: list[dict], endpoints: int) -> None:
     assert max(rows for _, rows in scans) <= endpoints * FEW, shown
 
 
+# With a tenant ceiling, the round also counts the tenant's live leases, up
+# to the ceiling: here every endpoint's, one tenant's, and room for a round.
+CEILING = ENDPOINTS * IN_FLIGHT + CANDIDATES
+
+
+@pytest.mark.parametrize("ceiling", [None, CEILING], ids=["no ceiling", "a tenant ceiling"])
 @pytest.mark.parametrize("statistics", ["none", "of a few dozen rows"])
-async def test_the_workers_statements_read_by_index_whatever_the_statistics(db, dsn, statistics):
+async def test_the_workers_statements_read_by_index_whatever_the_statistics(db, dsn, statistics, ceiling):
     for table in ("endpoints", "events", "deliveries"):
         await db.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
     await db.execute(BULK_ENDPOINTS, ENDPOINTS, SECRET)
@@ -101,7 +107,7 @@ async def test_the_workers_statements_read_by_index_whatever_the_statistics(db, 
         # The worker's first round, on a queue of one: the reservation's
         # and complete's functions make their plans here and keep them.
         await db.execute(BULK_DELIVERIES, "pending", 1, first + ENDPOINTS - 1, 0)
-        (row,) = await reserve_round(worker, CANDIDATES)
+        (row,) = await reserve_round(worker, CANDIDATES, tenant_ceiling=ceiling)
         await store.complete(
             worker, [store.Result.delivered(row["id"], row["attempts"], status=204)], CircuitPolicy(), ALL
         )
@@ -142,10 +148,16 @@ async def test_the_workers_statements_read_by_index_whatever_the_statistics(db, 
                     CANDIDATES,
                     10.0,
                     "w",
+                    tenant_ceiling=ceiling,
                 ),
             ),
         )
         _assert_lookups(plans, CANDIDATES)
+        counted = [rows for plan in plans for what, rows in _deliveries_read(plan) if "tenant_leased" in what]
+        # with a ceiling, the tenant's live leases are read once by each of
+        # the round's two statements (the verdicts' sees the round's too);
+        # without, never
+        assert counted == ([0, 0] if ceiling is None else [ENDPOINTS * IN_FLIGHT, CEILING])
         reserved = reservations[0].deliveries
         assert len(reserved) == CANDIDATES
 

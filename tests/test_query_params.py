@@ -90,7 +90,15 @@ def test_a_misspelt_or_missing_name_fails_loudly_at_the_call():
     # a real statement, as the store calls it
     with pytest.raises(TypeError, match="statement reserve: missing parameters: worker_id"):
         QUERIES["reserve"](
-            partitions=[0], candidates=[1], floors=[None], limit=1, lease_grace_seconds=1.0, worker="w"
+            partitions=[0],
+            candidates=[1],
+            floors=[None],
+            caps=None,
+            limit=1,
+            lease_grace_seconds=1.0,
+            worker="w",
+            lookahead_seconds=1.0,
+            tenant_ceiling=None,
         )
 
 

@@ -64,10 +64,11 @@ async def test_interleaving_ignores_queue_depth(db):
     await add_endpoint(db, "deep", "http://127.0.0.1:1/deep", tenant="deep", max_concurrency=256)
     for i in range(50):
         await add_endpoint(
-            db, f"shallow{i}", f"http://127.0.0.1:1/s{i}", tenant="shallow", max_concurrency=256
+            db, f"shallow{i}", f"http://127.0.0.1:1/s{i}", tenant=f"shallow{i}", max_concurrency=256
         )
     await _publish(db, 500, tenant="deep")
-    await _publish(db, 1, tenant="shallow")
+    for i in range(50):
+        await _publish(db, 1, tenant=f"shallow{i}")
     rows = await _reserve(db, limit=51)
     assert sum(r["name"] == "deep" for r in rows) == 1
 

@@ -147,8 +147,8 @@ async def test_schema_sql_is_what_the_migrations_build(dsn, fresh_dsn):
         ),
         (
             (
-                "SET plan_cache_mode = force_generic_plan\nAS $$\n#variable_conflict use_column\nDECLARE",
-                "AS $$\n#variable_conflict use_column\nDECLARE",
+                "max_concurrency integer)\nLANGUAGE plpgsql\nSET plan_cache_mode = force_generic_plan\nAS $$",
+                "max_concurrency integer)\nLANGUAGE plpgsql\nAS $$",
             ),
             "+hooklane_reserve_v2(owned integer[]",
         ),

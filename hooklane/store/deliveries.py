@@ -39,7 +39,7 @@ ADAPT_STEP_SECONDS = 5.0
 class Reservation:
     """What a reservation round returns: the deliveries it reserved, each
     with its start on the server's clock (``start_at``), and one verdict per
-    candidate endpoint (hooklane_reserve_v6: deliverable, paused_until,
+    candidate endpoint (hooklane_reserve_v7: deliverable, paused_until,
     head, at_limit, leases_end, max_concurrency). ``answered_at`` is the
     server's clock as it answered (None without candidates) and
     ``received`` this process's ``time.monotonic()`` when the answer
@@ -61,22 +61,35 @@ async def reserve(
     lease_grace_seconds: float,
     worker_id: str,
     lookahead_seconds: float = RATE_LOOKAHEAD_SECONDS,
+    *,
+    caps: Sequence[int | None] | None = None,
+    tenant_ceiling: int | None = None,
 ) -> Reservation:
-    """Reserve up to ``limit`` due deliveries of the ``candidates`` (endpoints
-    of ``partitions``), reading each one's queue from its floor (None: from
+    """Reserve due deliveries of the ``candidates`` (endpoints of
+    ``partitions``), reading each one's queue from its floor (None: from
     the start); each records ``worker_id`` as the worker that attempted it.
-    A rate-limited endpoint's starts are granted ``lookahead_seconds`` ahead
+    A candidate with a cap (``caps``, one per candidate; None or a None
+    cap: none) gets at most that many; the others up to ``limit`` in all,
+    tenant first, then endpoint. A tenant's calls in flight, over every
+    worker, never exceed ``tenant_ceiling`` (None: no ceiling). A
+    rate-limited endpoint's starts are granted ``lookahead_seconds`` ahead
     at most, each with its time (``start_at``).
     Call only while this session holds those partitions' advisory locks."""
+    if caps is not None and len(caps) != len(candidates):
+        raise ValueError(f"{len(caps)} caps for {len(candidates)} candidates")
+    if tenant_ceiling is not None and tenant_ceiling < 1:
+        raise ValueError(f"tenant_ceiling must be at least 1, not {tenant_ceiling}")
     rows = await conn.fetch(
         *QUERIES["reserve"](
             partitions=partitions,
             candidates=list(candidates),
             floors=list(floors),
+            caps=None if caps is None else list(caps),
             limit=limit,
             lease_grace_seconds=lease_grace_seconds,
             worker_id=worker_id,
             lookahead_seconds=lookahead_seconds,
+            tenant_ceiling=tenant_ceiling,
         )
     )
     received = time.monotonic()

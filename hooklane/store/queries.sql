@@ -408,14 +408,21 @@ SELECT now() AS checked_at,
 FROM rescued r;
 
 -- name: reserve
--- Reserve up to `limit` due deliveries of the candidates, the endpoints
--- whose time has come in the worker's ready list, each read from its floor
--- (the earliest next_attempt_at a pending delivery of it may have; NULL:
--- from the start): the steps are in hooklane_reserve_v6 (migration 0016),
--- one round trip. Runs only under the partitions' advisory locks, and
--- reserves only for endpoints of the owned partitions. A due delivery of
--- another tenant's event than its endpoint's is discarded, never returned.
--- Each reserved delivery records the worker's id in attempted_by.
+-- Reserve due deliveries of the candidates, the endpoints whose time has
+-- come in the worker's ready list, each read from its floor (the earliest
+-- next_attempt_at a pending delivery of it may have; NULL: from the
+-- start): the steps are in hooklane_reserve_v7 (migration 0020), one round
+-- trip. A candidate with a cap gets at most that many (and its free
+-- slots); the others up to `limit` in all, taken tenant first, then
+-- endpoint: every tenant's first before any tenant's second, and within a
+-- tenant the first of each endpoint before the second of any. With a
+-- tenant ceiling, a tenant's live leases (whichever worker holds them) and
+-- what the round grants never exceed it: the round takes an advisory lock
+-- per tenant of its candidates first. Runs only under the partitions'
+-- advisory locks, and reserves only for endpoints of the owned partitions.
+-- A due delivery of another tenant's event than its endpoint's is
+-- discarded, never returned. Each reserved delivery records the worker's
+-- id in attempted_by.
 -- `previous_secret` is the replaced signing secret while it still signs,
 -- else NULL. `max_concurrency` is the endpoint's limit in force (its
 -- effective concurrency when adaptive). `start_at`: when the call may
@@ -427,20 +434,25 @@ FROM rescued r;
 -- list: deliverable, paused_until (when a start may be granted again: the
 -- circuit's pause, a Retry-After's hold, the rate limit), head (its
 -- earliest pending delivery from the floor on, NULL: none), at_limit (every
--- slot held by a live lease), leases_end (when the first live lease
--- ends) and answered_at (the server's clock as it answered, which the
+-- slot held by a live lease, or its tenant's at the ceiling), leases_end
+-- (when the first live lease ends: its tenant's, when only the ceiling
+-- holds it), tenant (the endpoint's, while its tenant is at the ceiling;
+-- else NULL) and answered_at (the server's clock as it answered, which the
 -- worker's wait for `start_at` counts from).
--- Parameters: partitions (owned), candidates and floors (arrays of the same
--- length), limit (how many at most), lease_grace_seconds (beyond the
--- endpoint's timeout), worker_id, lookahead_seconds (how far ahead a
--- rate-limited endpoint's starts are granted).
--- Index: primary key of endpoints, deliveries_leased, deliveries_rate,
--- deliveries_queue from each floor, primary key of events (see the
--- function), whatever the statistics say: the worker's sessions plan
--- without sequential or bitmap scans (WORKER_SESSION).
-SELECT * FROM hooklane_reserve_v6(%(partitions)s::int[], %(candidates)s::bigint[],
-                                  %(floors)s::timestamptz[], %(limit)s, %(lease_grace_seconds)s,
-                                  %(worker_id)s, %(lookahead_seconds)s);
+-- Parameters: partitions (owned), candidates, floors and caps (arrays of
+-- the same length; caps NULL, or a NULL cap: none), limit (how many
+-- uncapped at most), lease_grace_seconds (beyond the endpoint's timeout),
+-- worker_id, lookahead_seconds (how far ahead a rate-limited endpoint's
+-- starts are granted), tenant_ceiling (NULL: none).
+-- Index: primary key of endpoints, deliveries_leased,
+-- deliveries_tenant_leased, deliveries_rate, deliveries_queue from each
+-- floor, primary key of events (see the function), whatever the
+-- statistics say: the worker's sessions plan without sequential or bitmap
+-- scans (WORKER_SESSION).
+SELECT * FROM hooklane_reserve_v7(%(partitions)s::int[], %(candidates)s::bigint[],
+                                  %(floors)s::timestamptz[], %(caps)s::int[], %(limit)s,
+                                  %(lease_grace_seconds)s, %(worker_id)s, %(lookahead_seconds)s,
+                                  %(tenant_ceiling)s::int);
 
 -- name: complete
 -- Record a batch of results in one statement, and fold them into each

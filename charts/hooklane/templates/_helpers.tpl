@@ -154,6 +154,7 @@ encryption key.
   "HOOKLANE_ENCRYPTION_KEY" "encryptionKey.existingSecret"
   "HOOKLANE_METRICS_PORT" "metrics.port"
   "HOOKLANE_DRAIN_SECONDS" "worker.drainSeconds"
+  "HOOKLANE_TENANT_MAX_IN_FLIGHT" "worker.tenantMaxInFlight"
   "HOOKLANE_API_PORT" "api.port"
   "HOOKLANE_API_DRAIN_SECONDS" "api.drainSeconds"
   "HOOKLANE_API_HEADER_TIMEOUT_SECONDS" "api.headerTimeoutSeconds"
