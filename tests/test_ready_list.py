@@ -1042,8 +1042,8 @@ def test_slow_endpoints_wait_for_long_slots_and_quick_ones_do_not():
     assert ready.waiting_for_long() == 2
     assert ready.scheduled(1) and ready.scheduled(2)
     assert ready.next_due() is None  # a freed long slot wakes the worker, not a due
-    assert ready.take(NOW, 10, 1) == [Candidate(1, t(-1), slow=True)]
-    assert ready.take(NOW, 10, 1) == [Candidate(2, t(-1), slow=True)]
+    assert ready.take(NOW, 10, 1) == [Candidate(1, t(-1), slow=True, cap=1)]
+    assert ready.take(NOW, 10, 1) == [Candidate(2, t(-1), slow=True, cap=1)]
     assert ready.take(NOW, 10, 1) == []
 
 
@@ -1067,7 +1067,7 @@ def test_a_wake_keeps_a_waiting_endpoints_place_in_line():
     assert ready.take(NOW, 10) == []
     ready.wake(1, 0, t(-5), NOW)  # published to again
     ready.recorded([], [recorded_row(1, retried_head=t(-2))], NOW)
-    assert ready.take(NOW, 10, 1) == [Candidate(1, t(-5), slow=True)]
+    assert ready.take(NOW, 10, 1) == [Candidate(1, t(-5), slow=True, cap=1)]
 
 
 def test_an_endpoint_that_answers_quickly_again_leaves_the_line():
@@ -1078,6 +1078,32 @@ def test_an_endpoint_that_answers_quickly_again_leaves_the_line():
     assert ready.waiting_for_long() == 1  # its old place is stale
     assert ready.take(NOW, 10) == [Candidate(1, t(-1))]
     assert ready.take(NOW, 10, 5) == []
+
+
+def test_an_endpoint_holds_its_share_of_quick_slots_at_most():
+    ready = ReadyList()
+    listed(ready, {1: t(-1)})
+    assert ready.take(NOW, 10, share=3) == [Candidate(1, t(-1), cap=3)]
+    ready.settle([verdict(1, head=t(-1))], [(10, 1), (11, 1)], NOW)
+    ready.started(1, "a", False)
+    ready.started(1, "a", False)
+    assert ready.take(NOW, 10, share=3) == [Candidate(1, t(-1), cap=1)]
+    ready.settle([verdict(1, head=t(-1))], [(12, 1)], NOW)
+    ready.started(1, "a", False)
+    assert ready.take(NOW, 10, share=3) == []  # its share is held
+    assert ready.scheduled(1)
+    ready.went_long(1)  # one of them moved out of its quick slot
+    assert ready.take(NOW, 10, share=3) == []  # slow now: it waits for a long slot
+    assert ready.take(NOW, 10, 1, share=3) == [Candidate(1, t(-1), slow=True, cap=1)]
+
+
+def test_a_quick_call_that_ends_brings_back_an_endpoint_at_its_share():
+    ready = ReadyList()
+    listed(ready, {1: t(-1)})
+    ready.started(1, "a", False)
+    assert ready.take(NOW, 10, share=1) == []
+    ready.ended(1, long=False, took_long=False)
+    assert ready.take(NOW, 10, share=1) == [Candidate(1, t(-1), cap=1)]
 
 
 @dataclass
@@ -1155,8 +1181,8 @@ class World:
             if self.paused[e] is not None and self.paused[e] > self.clock:
                 continue
             free = max(self.limits[e] - len(self.live(e)), 0)
-            if c.slow:
-                free = min(free, 1)  # a slow candidate's cap
+            if c.cap is not None:
+                free = min(free, c.cap)
             due = [i for key, i in self.from_floor(e, c.floor) if key <= self.clock]
             queued += [(pos, i, e, c.slow) for pos, i in enumerate(due[:free])]
         # The limit is the quick candidates'; a slow one's cap is its own.
@@ -1193,10 +1219,10 @@ class World:
         self.pending[i] = Pending(endpoint, due, token)
         self.wakes.append(Notice({token}, endpoint=endpoint, due=due))
 
-    def begin_round(self, limit: int, long_limit: int = 0) -> None:
+    def begin_round(self, limit: int, long_limit: int = 0, share: int | None = None) -> None:
         assert self.round is None
         dues = {e: self.ready.due(e) for e in ENDPOINTS}
-        candidates = self.ready.take(self.now(), limit, long_limit)
+        candidates = self.ready.take(self.now(), limit, long_limit, share)
         quick = [c for c in candidates if not c.slow]
         assert len(quick) <= limit
         assert len(candidates) - len(quick) <= long_limit
@@ -1229,9 +1255,14 @@ class World:
         self.ready.ended(self.sending[i][0], i in self.long, took_long)
         self.long.discard(i)
 
-    def complete(self, outcomes: dict[int, int | None], opens: bool) -> None:
+    def complete(
+        self, outcomes: dict[int, int | None], opens: bool, took_long: dict[int, bool] | None = None
+    ) -> None:
         """A batch of results committed: None delivered, else a retry in so
-        many seconds; ``opens``: a failure opens the circuit for 45 s."""
+        many seconds; ``opens``: a failure opens the circuit for 45 s. Each
+        call was answered first, in ``took_long`` time or not."""
+        for i in outcomes:
+            self.answered(i, (took_long or {}).get(i, False))
         tokens: set[int] = set()
         retried: dict[int, list[int]] = {}
         succeeded: set[int] = set()
@@ -1313,7 +1344,7 @@ class World:
             if self.in_hand:
                 self.complete(dict.fromkeys(sorted(self.in_hand)), opens=False)
                 continue
-            self.begin_round(100, 100)
+            self.begin_round(100, 100, 1)
             if self.round is not None:
                 self.reserve_rows()
                 self.judge()
@@ -1342,9 +1373,9 @@ class ReadyListModel(RuleBasedStateMachine):
         self.world.notify(self.world.wakes.pop(0))
 
     @precondition(lambda self: self.world.round is None)
-    @rule(limit=st.integers(0, 4), long_limit=st.integers(0, 2))
-    def round_begins(self, limit, long_limit):
-        self.world.begin_round(limit, long_limit)
+    @rule(limit=st.integers(0, 4), long_limit=st.integers(0, 2), share=st.none() | st.integers(1, 2))
+    def round_begins(self, limit, long_limit, share):
+        self.world.begin_round(limit, long_limit, share)
 
     @precondition(lambda self: self.world.round is not None)
     @rule()
@@ -1372,9 +1403,8 @@ class ReadyListModel(RuleBasedStateMachine):
         """A batch of results of deliveries sent committed (the recorder
         writes one batch at a time); its ``recorded`` call comes later."""
         ids = data.draw(st.lists(st.sampled_from(sorted(self.world.in_hand)), min_size=1, unique=True))
-        for i in ids:
-            self.world.answered(i, data.draw(st.booleans()))
-        self.world.complete({i: data.draw(st.none() | st.integers(1, 60)) for i in ids}, opens)
+        took_long = {i: data.draw(st.booleans()) for i in ids}
+        self.world.complete({i: data.draw(st.none() | st.integers(1, 60)) for i in ids}, opens, took_long)
 
     @precondition(lambda self: self.world.in_hand - self.world.long)
     @rule(data=st.data())

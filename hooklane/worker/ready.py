@@ -108,6 +108,8 @@ class Candidate:
     floor: datetime | None
     # Of the slow class: one delivery at most, in a long slot.
     slow: bool = False
+    # The most deliveries a round may give it (None: its free slots).
+    cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,10 @@ class _Entry:
     tenant: str = ""
     # Due, slow, and in its tenant's line for a long slot (``_lines``).
     deferred: bool = False
+    # Its calls in quick slots now; ``over_share``: due, and holding its
+    # share of them, until one ends or runs long.
+    quick_calls: int = 0
+    over_share: bool = False
 
 
 class ReadyList:
@@ -242,7 +248,9 @@ class ReadyList:
         """Whether a round is to visit the endpoint: at a time, in one now,
         or once a result frees a slot."""
         entry = self._entries.get(endpoint_id)
-        return entry is not None and (entry.due is not None or entry.waiting or entry.in_round)
+        return entry is not None and (
+            entry.due is not None or entry.waiting or entry.in_round or entry.over_share
+        )
 
     # What happened outside a round.
 
@@ -306,15 +314,24 @@ class ReadyList:
 
     # The rounds.
 
-    def take(self, now: datetime, limit: int, long_limit: int = 0) -> list[Candidate]:
+    def take(
+        self, now: datetime, limit: int, long_limit: int = 0, share: int | None = None
+    ) -> list[Candidate]:
         """Up to ``limit`` quick endpoints whose time has come, longest
-        waiting first, and up to ``long_limit`` slow ones, tenants taking
-        turns: all now handed to a round."""
+        waiting first, each capped to hold ``share`` quick slots at most
+        (None: no share), and up to ``long_limit`` slow ones, tenants
+        taking turns: all now handed to a round."""
         taken: list[Candidate] = []
         while self._heap and len(taken) < limit and self._heap[0][0] <= now:
             endpoint_id = self._pop_current(self._heap)
-            if endpoint_id is not None:
-                taken.append(self._hand(endpoint_id, slow=False))
+            if endpoint_id is None:
+                continue
+            entry = self._entries[endpoint_id]
+            if share is not None and entry.quick_calls >= share:
+                entry.over_share = True  # a call of it that ends or runs long brings it back
+                continue
+            cap = None if share is None else share - entry.quick_calls
+            taken.append(self._hand(endpoint_id, slow=False, cap=cap))
         while self._slow_heap and self._slow_heap[0][0] <= now:
             endpoint_id = self._pop_current(self._slow_heap)
             if endpoint_id is not None:
@@ -327,7 +344,7 @@ class ReadyList:
                 endpoint_id, stamp = line.popleft()
                 entry = self._entries.get(endpoint_id)
                 if entry is not None and entry.stamp == stamp and entry.deferred:
-                    taken.append(self._hand(endpoint_id, slow=True))
+                    taken.append(self._hand(endpoint_id, slow=True, cap=1))
                     slow += 1
                     break
             if line:
@@ -347,11 +364,11 @@ class ReadyList:
             return None
         return endpoint_id
 
-    def _hand(self, endpoint_id: int, *, slow: bool) -> Candidate:
+    def _hand(self, endpoint_id: int, *, slow: bool, cap: int | None) -> Candidate:
         entry = self._entries[endpoint_id]
         entry.in_round, entry.woken, entry.woken_floor, entry.changed = True, False, NOTHING, False
         entry.deferred = False
-        return Candidate(endpoint_id, entry.floor, slow)
+        return Candidate(endpoint_id, entry.floor, slow, cap)
 
     def _line_up(self, endpoint_id: int) -> None:
         entry = self._entries[endpoint_id]
@@ -389,12 +406,15 @@ class ReadyList:
             if long:
                 entry.long_calls += 1
                 self._classify(endpoint_id, entry, slow=True)
+            else:
+                entry.quick_calls += 1
 
     def went_long(self, endpoint_id: int) -> None:
         """A call of the endpoint ran past the threshold: it is slow."""
         entry = self._entries.get(endpoint_id)
         if entry is not None:
             entry.long_calls += 1
+            self._left_quick(endpoint_id, entry)
             self._classify(endpoint_id, entry, slow=True)
 
     def ended(self, endpoint_id: int, long: bool, took_long: bool) -> None:
@@ -405,7 +425,14 @@ class ReadyList:
         if entry is not None:
             if long:
                 entry.long_calls = max(entry.long_calls - 1, 0)
+            else:
+                self._left_quick(endpoint_id, entry)
             self._classify(endpoint_id, entry, slow=entry.long_calls > 0 or took_long)
+
+    def _left_quick(self, endpoint_id: int, entry: _Entry) -> None:
+        entry.quick_calls = max(entry.quick_calls - 1, 0)
+        if entry.over_share:
+            self._schedule(entry, endpoint_id, entry.due)
 
     def slow(self, endpoint_id: int) -> bool:
         entry = self._entries.get(endpoint_id)
@@ -519,7 +546,7 @@ class ReadyList:
 
     def _schedule(self, entry: _Entry, endpoint_id: int, due: datetime | None) -> None:
         entry.due = due
-        entry.deferred = False
+        entry.deferred = entry.over_share = False
         self._stamps += 1
         entry.stamp = self._stamps
         if due is not None and not entry.waiting and not entry.in_round:
@@ -533,7 +560,7 @@ class ReadyList:
         scheduled = [
             (e.due, e.stamp, k, e.slow)
             for k, e in self._entries.items()
-            if e.due is not None and not e.waiting and not e.in_round and not e.deferred
+            if e.due is not None and not e.waiting and not e.in_round and not e.deferred and not e.over_share
         ]
         self._heap = [(due, stamp, k) for due, stamp, k, slow in scheduled if not slow]
         self._slow_heap = [(due, stamp, k) for due, stamp, k, slow in scheduled if slow]

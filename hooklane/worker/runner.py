@@ -337,7 +337,7 @@ class Worker:
         Postgres answered, on its clock and on this process's, which the
         deliveries' starts count from (None: not asked)."""
         await self._follow_partitions()
-        candidates = self.ready_list.take(datetime.now(UTC), limit, long_limit)
+        candidates = self.ready_list.take(datetime.now(UTC), limit, long_limit, self.slots.share)
         if not candidates:
             return [], set(), None, None
         with tracing.internal("reserve", candidates=len(candidates)) as span:
@@ -347,7 +347,7 @@ class Worker:
                         store.reserve,
                         candidates=[c.endpoint_id for c in candidates],
                         floors=[c.floor for c in candidates],
-                        caps=[1 if c.slow else None for c in candidates],
+                        caps=[c.cap for c in candidates],
                         limit=limit,
                         tenant_ceiling=self.settings.tenant_max_in_flight,
                         lease_grace_seconds=self.settings.lease_grace_seconds,

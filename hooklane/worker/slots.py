@@ -30,10 +30,19 @@ class Call:
     ended: bool = False
 
 
+# An endpoint holds this share of the quick slots at most: one that turns
+# slow with a large maxConcurrency (a tenant's own choice, up to its
+# bounds) would otherwise take them all for the threshold's time, in one
+# round, before it is known slow.
+QUICK_SHARE = 4
+
+
 class Slots:
     def __init__(self, quick: int, long: int) -> None:
         self.quick = quick
         self.long = long
+        # The quick slots one endpoint may hold at once.
+        self.share = max(quick // QUICK_SHARE, 1)
         self.quick_in_flight = 0
         self.long_in_flight = 0
         self._tenants: dict[str, int] = {}
