@@ -1323,12 +1323,18 @@ BEGIN
                                           WHERE t.endpoint_id = ep.id AND t.rate_tat IS NOT NULL
                                           ORDER BY t.rate_tat DESC LIMIT 1)) END AS tat
         FROM candidate c
-        JOIN endpoints ep ON ep.id = c.endpoint_id
-        WHERE ep.partition = ANY(owned)
-          AND hooklane_deliverable(ep)
-          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
-          AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
-          AND (tenant_ceiling IS NULL OR hashtext(ep.tenant) = ANY(locked))
+        -- Each candidate's row by its key, as the verdicts read it: the
+        -- conditions are kept out of the scan's reach (an outer join,
+        -- filtered above it through coalesce). Given to the scan, they
+        -- let a plan made on a new install's statistics read every active
+        -- endpoint (endpoints_tenant: the state is one of them) into a
+        -- hash to meet a hundred candidates, as hooklane_reserve_v6's does.
+        LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
+        WHERE coalesce(ep.partition = ANY(owned)
+                       AND hooklane_deliverable(ep)
+                       AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+                       AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
+                       AND (tenant_ceiling IS NULL OR hashtext(ep.tenant) = ANY(locked)), false)
     ),
     -- What each tenant may still start: its ceiling less its live leases,
     -- counted in their index's order up to the ceiling, no further.
