@@ -293,6 +293,7 @@ async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
         name: {
             "reserved": reserved[name],
             "median_ms": statistics.median(spent) * 1000,
+            "min_ms": min(spent) * 1000,
             "over_reserve": statistics.median(spent) / statistics.median(timed["reserve"]),
         }
         for name, spent in timed.items()
@@ -377,7 +378,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 )
                 for name, v in r["versions"].items():
                     print(
-                        f"{'':7s} {name}: median {v['median_ms']:.2f} ms ({v['over_reserve']:.2f}x), "
+                        f"{'':7s} {name}: median {v['median_ms']:.2f} ms ({v['over_reserve']:.2f}x, "
+                        f"min {v['min_ms']:.2f}), "
                         f"reserved {v['reserved']}",
                         flush=True,
                     )
