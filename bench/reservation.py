@@ -264,7 +264,7 @@ async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
     Through store.reserve, the worker's own call, so that the
     benchmark follows the core if reservation becomes several statements.
     With ``cfg.versions``, the other variants in turn with it, each
-    repetition running every one once."""
+    repetition running every one once, starting with each in turn."""
     candidates = await settled_candidates(conn, cfg)
     in_flight = await conn.fetchval(
         "SELECT count(*) FROM deliveries WHERE state = 'sending' AND lease_expires_at > now()"
@@ -280,8 +280,12 @@ async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
         variants["ceiling_held"] = lambda: v7(cfg.limit)
     times: dict[str, list[float]] = {name: [] for name in variants}
     reserved: dict[str, int] = {}
-    for _ in range(cfg.repeat + 1):
-        for name, run in variants.items():
+    names = list(variants)
+    for rep in range(cfg.repeat + 1):
+        # each variant first as often as the others: a round leaves the
+        # versions it rolled back for the next to step over
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            run = variants[name]
             tx = conn.transaction()
             await tx.start()
             started = time.perf_counter()
