@@ -21,6 +21,14 @@ its in-flight and finished deliveries holding its bucket (``rate_tat``, in
 the ``deliveries_rate`` index): what a round pays for the bucket of each
 rate-limited candidate, beside the same queue unlimited.
 
+``--versions`` times, beside ``reserve`` (hooklane_reserve_v7, no tenant
+ceiling) and in turn with it on the same candidates, the previous
+version's function (hooklane_reserve_v6, which old workers call during a
+rolling upgrade) and ``reserve`` with a tenant ceiling: above the tenant's
+calls in flight (every endpoint is one tenant's, so its count reads all
+of them, the ceiling's worst case) and below them (the tenant held: the
+count stops at the ceiling, nothing is granted).
+
 Then ``reserve`` is timed as one worker owning every partition runs it, for
 as many slots as a worker with the default concurrency has (64), inside a
 transaction that is rolled back so every repetition sees the same state.
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +76,7 @@ class Config:
     rate_limited: int = 0  # every endpoint's rateLimit.perSecond (0: none)
     limit: int = 64  # slots asked for: a default worker's concurrency
     lease_grace: float = 10.0
+    versions: bool = False  # also v6 and v7 with tenant ceilings, in turn
 
 
 # The name the reservations record in deliveries.attempted_by.
@@ -167,6 +177,13 @@ async def fill(conn: asyncpg.Connection, endpoints: int, cfg: Config) -> dict:
         await conn.execute(FINISHED, cfg.finished)
     if cfg.rate_limited:
         await conn.execute(RATE_LIMITED, cfg.rate_limited)
+    if cfg.versions:
+        # the calls in flight still live when the rounds count them (a
+        # large fill takes longer than their 15 s), as a ceiling counts
+        # live leases only
+        await conn.execute(
+            "UPDATE deliveries SET lease_expires_at = now() + interval '1 hour' WHERE state = 'sending'"
+        )
     await conn.execute("VACUUM ANALYZE")
     counts = await conn.fetchrow(
         """SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
@@ -183,7 +200,11 @@ async def _partitions(conn: asyncpg.Connection) -> list[int]:
 
 
 async def _reserve(
-    conn: asyncpg.Connection, candidates: list[Candidate], limit: int, cfg: Config
+    conn: asyncpg.Connection,
+    candidates: list[Candidate],
+    limit: int,
+    cfg: Config,
+    tenant_ceiling: int | None = None,
 ) -> store.Reservation:
     return await store.reserve(
         conn,
@@ -193,7 +214,27 @@ async def _reserve(
         limit,
         cfg.lease_grace,
         WORKER_ID,
+        tenant_ceiling=tenant_ceiling,
     )
+
+
+# The previous version's reservation, as its workers call it.
+RESERVE_V6 = """
+SELECT * FROM hooklane_reserve_v6($1::int[], $2::bigint[], $3::timestamptz[], $4, $5, $6, 1.0)
+"""
+
+
+async def _reserve_v6(conn: asyncpg.Connection, candidates: list[Candidate], limit: int, cfg: Config) -> int:
+    rows = await conn.fetch(
+        RESERVE_V6,
+        await _partitions(conn),
+        [c.endpoint_id for c in candidates],
+        [c.floor for c in candidates],
+        limit,
+        cfg.lease_grace,
+        WORKER_ID,
+    )
+    return sum(r["id"] is not None for r in rows)
 
 
 async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Candidate]:
@@ -221,24 +262,54 @@ async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Cand
 async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
     """Wall time of one reservation, client side, rolled back each time.
     Through store.reserve, the worker's own call, so that the
-    benchmark follows the core if reservation becomes several statements."""
+    benchmark follows the core if reservation becomes several statements.
+    With ``cfg.versions``, the other variants in turn with it, each
+    repetition running every one once, starting with each in turn."""
     candidates = await settled_candidates(conn, cfg)
-    times, reserved = [], 0
-    for _ in range(cfg.repeat + 1):
-        tx = conn.transaction()
-        await tx.start()
-        started = time.perf_counter()
-        reservation = await _reserve(conn, candidates, cfg.limit, cfg)
-        times.append(time.perf_counter() - started)
-        await tx.rollback()
-        reserved = len(reservation.deliveries)
-    times = times[1:]  # the first one plans and warms the cache
+    in_flight = await conn.fetchval(
+        "SELECT count(*) FROM deliveries WHERE state = 'sending' AND lease_expires_at > now()"
+    )
+
+    async def v7(ceiling: int | None = None) -> int:
+        return len((await _reserve(conn, candidates, cfg.limit, cfg, ceiling)).deliveries)
+
+    variants: dict[str, Callable[[], Awaitable[int]]] = {"reserve": v7}
+    if cfg.versions:
+        variants["v6"] = lambda: _reserve_v6(conn, candidates, cfg.limit, cfg)
+        variants["ceiling_above"] = lambda: v7(in_flight + cfg.limit)
+        variants["ceiling_held"] = lambda: v7(cfg.limit)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    reserved: dict[str, int] = {}
+    names = list(variants)
+    for rep in range(cfg.repeat + 1):
+        # each variant first as often as the others: a round leaves the
+        # versions it rolled back for the next to step over
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            run = variants[name]
+            tx = conn.transaction()
+            await tx.start()
+            started = time.perf_counter()
+            reserved[name] = await run()
+            times[name].append(time.perf_counter() - started)
+            await tx.rollback()
+    timed = {name: spent[1:] for name, spent in times.items()}  # the first plans and warms the cache
+    versions = {
+        name: {
+            "reserved": reserved[name],
+            "median_ms": statistics.median(spent) * 1000,
+            "min_ms": min(spent) * 1000,
+            "over_reserve": statistics.median(spent) / statistics.median(timed["reserve"]),
+        }
+        for name, spent in timed.items()
+        if name != "reserve"
+    }
     return {
         "candidates": len(candidates),
-        "reserved": reserved,
-        "median_ms": statistics.median(times) * 1000,
-        "min_ms": min(times) * 1000,
-        "max_ms": max(times) * 1000,
+        "reserved": reserved["reserve"],
+        "median_ms": statistics.median(timed["reserve"]) * 1000,
+        "min_ms": min(timed["reserve"]) * 1000,
+        "max_ms": max(timed["reserve"]) * 1000,
+        "versions": versions,
     }
 
 
@@ -287,6 +358,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, sizes=tuple(args.sizes))
     if args.pending:
         cfg = replace(cfg, pending=args.pending)
+    cfg = replace(cfg, versions=args.versions)
     # Each size as it is, with the finished rows, and rate-limited (beside them).
     variants = {
         "sizes": cfg,
@@ -308,6 +380,13 @@ async def main_async(args: argparse.Namespace) -> dict:
                     f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}), reserved {r['reserved']}",
                     flush=True,
                 )
+                for name, v in r["versions"].items():
+                    print(
+                        f"{'':7s} {name}: median {v['median_ms']:.2f} ms ({v['over_reserve']:.2f}x, "
+                        f"min {v['min_ms']:.2f}), "
+                        f"reserved {v['reserved']}",
+                        flush=True,
+                    )
                 timed[kind].append(r)
     results, with_finished = timed["sizes"], timed["with_finished"]
     small, large = results[0], results[-1]
@@ -348,6 +427,11 @@ def main() -> None:
         "--rate-limited",
         type=int,
         help="also time each size with every endpoint rate-limited at this many starts a second",
+    )
+    parser.add_argument(
+        "--versions",
+        action="store_true",
+        help="also time the previous version's function and reserve with tenant ceilings, in turn",
     )
     parser.add_argument("--plan-dir", help="write EXPLAIN ANALYZE of reserve per size here")
     parser.add_argument("--json", help="write the results here")

@@ -63,6 +63,8 @@ def test_values_are_read_and_typed():
         ("HOOKLANE_WORKER_CONCURRENCY", "2.5"),
         ("HOOKLANE_WORKER_CONCURRENCY", "9" * 5000),
         ("HOOKLANE_RESERVE_BATCH", "0"),
+        ("HOOKLANE_TENANT_MAX_IN_FLIGHT", "0"),
+        ("HOOKLANE_TENANT_MAX_IN_FLIGHT", "none"),
         ("HOOKLANE_POLL_SECONDS", "0"),
         ("HOOKLANE_POLL_SECONDS", "-1"),
         ("HOOKLANE_POLL_SECONDS", "nan"),

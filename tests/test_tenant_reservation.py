@@ -77,6 +77,18 @@ async def test_a_capped_candidate_gets_at_most_its_cap_and_the_limit_counts_the_
     assert len((await _round(db, [slow, narrow, *quick], limit=4)).deliveries) == 4
 
 
+async def test_a_tenants_capped_rows_take_nothing_of_its_place_among_the_uncapped(db):
+    b1, b2 = await _endpoints(db, "b", 2)
+    a1, a2 = await _endpoints(db, "a", 2)
+    await _publish(db, 2, "b")  # b's rows first: on a tie, they go first
+    await _publish(db, 2, "a")
+    # a1 is capped (its tenant's slow calls): a2 is still a's first
+    # uncapped row, level with b's first
+    round_ = await _round(db, [b1, b2, a1, a2], limit=2, caps=[None, None, 2, None])
+    got = Counter(r["endpoint_id"] for r in round_.deliveries)
+    assert (got[a1], got[a2], got[b1] + got[b2]) == (2, 1, 1)
+
+
 async def test_when_the_limit_binds_tenants_come_first_then_their_endpoints(db):
     crowd = await _endpoints(db, "crowd", 200)
     await _publish(db, 1, "crowd")

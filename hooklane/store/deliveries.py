@@ -40,7 +40,8 @@ class Reservation:
     """What a reservation round returns: the deliveries it reserved, each
     with its start on the server's clock (``start_at``), and one verdict per
     candidate endpoint (hooklane_reserve_v7: deliverable, paused_until,
-    head, at_limit, leases_end, max_concurrency). ``answered_at`` is the
+    head, at_limit, leases_end, max_concurrency, and tenant while its
+    tenant's ceiling holds it). ``answered_at`` is the
     server's clock as it answered (None without candidates) and
     ``received`` this process's ``time.monotonic()`` when the answer
     arrived: a start's wait counts from the one here as from the other

@@ -1323,12 +1323,18 @@ BEGIN
                                           WHERE t.endpoint_id = ep.id AND t.rate_tat IS NOT NULL
                                           ORDER BY t.rate_tat DESC LIMIT 1)) END AS tat
         FROM candidate c
-        JOIN endpoints ep ON ep.id = c.endpoint_id
-        WHERE ep.partition = ANY(owned)
-          AND hooklane_deliverable(ep)
-          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
-          AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
-          AND (tenant_ceiling IS NULL OR hashtext(ep.tenant) = ANY(locked))
+        -- Each candidate's row by its key, as the verdicts read it: the
+        -- conditions are kept out of the scan's reach (an outer join,
+        -- filtered above it through coalesce). Given to the scan, they
+        -- let a plan made on a new install's statistics read every active
+        -- endpoint (endpoints_tenant: the state is one of them) into a
+        -- hash to meet a hundred candidates, as hooklane_reserve_v6's does.
+        LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
+        WHERE coalesce(ep.partition = ANY(owned)
+                       AND hooklane_deliverable(ep)
+                       AND (ep.paused_until IS NULL OR ep.paused_until <= now())
+                       AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
+                       AND (tenant_ceiling IS NULL OR hashtext(ep.tenant) = ANY(locked)), false)
     ),
     -- What each tenant may still start: its ceiling less its live leases,
     -- counted in their index's order up to the ceiling, no further.
@@ -1368,13 +1374,18 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ) q
     ),
-    -- Each row's place within its tenant: its endpoint's first rows before
-    -- their seconds, as endpoints interleave. The ceiling keeps a tenant's
-    -- first rows, capped or not.
+    -- Each row's place within its tenant (its endpoint's first rows before
+    -- their seconds, as endpoints interleave), among all of the tenant's
+    -- rows and among its uncapped ones, in one pass. The ceiling keeps a
+    -- tenant's first rows, capped or not; it cuts a tenant's last ones, so
+    -- the places of those it keeps stand.
     kept AS (
         SELECT q.*
-        FROM (SELECT q.*, row_number() OVER (PARTITION BY q.tenant ORDER BY q.pos, q.id) AS place
-              FROM queued q) q
+        FROM (SELECT q.*,
+                     count(*) OVER w AS place,
+                     count(*) FILTER (WHERE q.cap IS NULL) OVER w AS uncapped_place
+              FROM queued q
+              WINDOW w AS (PARTITION BY q.tenant ORDER BY q.pos, q.id ROWS UNBOUNDED PRECEDING)) q
         LEFT JOIN room r ON r.tenant = q.tenant
         WHERE tenant_ceiling IS NULL OR q.place <= r.left_
     ),
@@ -1383,9 +1394,8 @@ BEGIN
     -- every capped row.
     taken AS (
         (SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos
-         FROM (SELECT k.*, row_number() OVER (PARTITION BY k.tenant ORDER BY k.pos, k.id) AS place_
-               FROM kept k WHERE k.cap IS NULL) k
-         ORDER BY k.place_, k.id LIMIT max_rows)
+         FROM kept k WHERE k.cap IS NULL
+         ORDER BY k.uncapped_place, k.id LIMIT max_rows)
         UNION ALL
         SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos FROM kept k WHERE k.cap IS NOT NULL
     ),
