@@ -94,6 +94,7 @@ def test_a_misspelt_or_missing_name_fails_loudly_at_the_call():
             candidates=[1],
             floors=[None],
             caps=None,
+            apart=None,
             limit=1,
             lease_grace_seconds=1.0,
             worker="w",

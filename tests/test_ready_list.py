@@ -235,6 +235,7 @@ def reserve_v3_verdict_row(**columns: object) -> dict[str, object]:
             "data",
             "event_created_at",
             "previous_secret",
+            "tenant",  # hooklane_reserve_v7's: set while the tenant's ceiling holds it
         ]
     )
     row.update(columns)
@@ -1104,6 +1105,28 @@ def test_a_quick_call_that_ends_brings_back_an_endpoint_at_its_share():
     assert ready.take(NOW, 10, share=1) == []
     ready.ended(1, long=False, took_long=False)
     assert ready.take(NOW, 10, share=1) == [Candidate(1, t(-1), cap=1)]
+
+
+def test_a_result_of_a_tenant_at_its_ceiling_brings_back_its_held_endpoints():
+    ready = ReadyList()
+    listed(ready, {1: t(-1), 2: t(-1), 3: t(-1)})
+    ready.take(NOW, 10)
+    # 1 got the tenant's last call; 2 and 3 are held by the ceiling until
+    # the first of its leases ends, an hour away
+    ready.settle(
+        [
+            Verdict(1, True, True, None, t(-1), True, t(3600), "big"),
+            Verdict(2, True, True, None, t(-1), True, t(3600), "big"),
+            Verdict(3, True, True, None, t(-1), True, t(3600), "other"),
+        ],
+        [(10, 1)],
+        NOW,
+    )
+    ready.started(1, "big", False)
+    assert ready.due(2) == t(3600)
+    assert ready.recorded([10], [recorded_row(1)], t(1))
+    assert ready.due(2) == t(1)
+    assert ready.due(3) == t(3600)  # another tenant's
 
 
 @dataclass

@@ -31,6 +31,7 @@ async def _round(
     *,
     partitions: list[int] = ALL,
     caps: list[int | None] | None = None,
+    apart: list[bool] | None = None,
     tenant_ceiling: int | None = None,
 ) -> store.Reservation:
     return await store.reserve(
@@ -42,6 +43,7 @@ async def _round(
         10.0,
         "w",
         caps=caps,
+        apart=apart,
         tenant_ceiling=tenant_ceiling,
     )
 
@@ -61,30 +63,40 @@ async def _endpoints(db: asyncpg.Connection, tenant: str, n: int, **spec: object
     ]
 
 
-async def test_a_capped_candidate_gets_at_most_its_cap_and_the_limit_counts_the_others_only(db):
+async def test_a_capped_candidate_gets_at_most_its_cap_and_the_limit_counts_those_not_apart(db):
     slow = await add_endpoint(db, "slow", "http://127.0.0.1:1/slow", tenant="slow", max_concurrency=10)
     narrow = await add_endpoint(db, "narrow", "http://127.0.0.1:1/narrow", tenant="narrow", max_concurrency=2)
     quick = await _endpoints(db, "quick", 3, max_concurrency=10)
     for tenant in ("slow", "narrow", "quick"):
         await _publish(db, 10, tenant)
-    # slow: a cap of 3 of its 10 free slots; narrow: its 2 free slots are
-    # fewer than its cap; the quick ones share the limit of 4 between them
-    round_ = await _round(db, [slow, narrow, *quick], limit=4, caps=[3, 5, None, None, None])
+    # slow and narrow apart: slow, a cap of 3 of its 10 free slots; narrow,
+    # its 2 free slots are fewer than its cap; the quick ones share the
+    # limit of 4 between them, the first two capped at 1
+    round_ = await _round(
+        db,
+        [slow, narrow, *quick],
+        limit=4,
+        caps=[3, 5, 1, 1, None],
+        apart=[True, True, False, False, False],
+    )
     got = Counter(r["endpoint_id"] for r in round_.deliveries)
     assert (got[slow], got[narrow]) == (3, 2)
-    assert sum(got[q] for q in quick) == 4
-    # none of them capped: the same limit holds for all, capped rows and all
-    assert len((await _round(db, [slow, narrow, *quick], limit=4)).deliveries) == 4
+    assert [got[q] for q in quick] == [1, 1, 2]
+    # capped but none apart: the same limit holds for all
+    round_ = await _round(db, [slow, narrow, *quick], limit=4, caps=[3, 5, 1, 1, None])
+    assert len(round_.deliveries) == 4
 
 
-async def test_a_tenants_capped_rows_take_nothing_of_its_place_among_the_uncapped(db):
+async def test_a_tenants_rows_apart_take_nothing_of_its_place_among_the_others(db):
     b1, b2 = await _endpoints(db, "b", 2)
     a1, a2 = await _endpoints(db, "a", 2)
     await _publish(db, 2, "b")  # b's rows first: on a tie, they go first
     await _publish(db, 2, "a")
-    # a1 is capped (its tenant's slow calls): a2 is still a's first
-    # uncapped row, level with b's first
-    round_ = await _round(db, [b1, b2, a1, a2], limit=2, caps=[None, None, 2, None])
+    # a1 is apart (its tenant's slow calls): a2 is still a's first row
+    # counted in the limit, level with b's first
+    round_ = await _round(
+        db, [b1, b2, a1, a2], limit=2, caps=[None, None, 2, None], apart=[False, False, True, False]
+    )
     got = Counter(r["endpoint_id"] for r in round_.deliveries)
     assert (got[a1], got[a2], got[b1] + got[b2]) == (2, 1, 1)
 
@@ -112,7 +124,7 @@ async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoint
     await _publish(db, 4, "big")
     await _publish(db, 4, "other")
     # one call of big's in flight from an earlier round: the first to end
-    (early,) = (await _round(db, big[:1], caps=[1], tenant_ceiling=6)).deliveries
+    (early,) = (await _round(db, big[:1], caps=[1], apart=[True], tenant_ceiling=6)).deliveries
     round_ = await _round(db, [*big, other], tenant_ceiling=6)
     assert Counter(r["tenant"] for r in round_.deliveries) == {"big": 5, "other": 4}
     assert len({r["endpoint_id"] for r in round_.deliveries if r["tenant"] == "big"}) == 5
@@ -259,5 +271,7 @@ async def test_the_previous_version_still_reserves(db):
 async def test_hostile_arguments_are_refused_before_any_sql(db):
     with pytest.raises(ValueError, match="2 caps for 1 candidates"):
         await _round(db, [1], caps=[1, 2])
+    with pytest.raises(ValueError, match="2 apart for 1 candidates"):
+        await _round(db, [1], apart=[True, False])
     with pytest.raises(ValueError, match="at least 1, not 0"):
         await _round(db, [1], tenant_ceiling=0)

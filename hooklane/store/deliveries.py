@@ -64,20 +64,25 @@ async def reserve(
     lookahead_seconds: float = RATE_LOOKAHEAD_SECONDS,
     *,
     caps: Sequence[int | None] | None = None,
+    apart: Sequence[bool] | None = None,
     tenant_ceiling: int | None = None,
 ) -> Reservation:
     """Reserve due deliveries of the ``candidates`` (endpoints of
     ``partitions``), reading each one's queue from its floor (None: from
     the start); each records ``worker_id`` as the worker that attempted it.
     A candidate with a cap (``caps``, one per candidate; None or a None
-    cap: none) gets at most that many; the others up to ``limit`` in all,
-    tenant first, then endpoint. A tenant's calls in flight, over every
+    cap: none) gets at most that many; those not ``apart`` (one per
+    candidate, None: none; the worker's slow candidates, which it counts
+    against its budget of long calls) up to ``limit`` in all, tenant
+    first, then endpoint. A tenant's calls in flight, over every
     worker, never exceed ``tenant_ceiling`` (None: no ceiling). A
     rate-limited endpoint's starts are granted ``lookahead_seconds`` ahead
     at most, each with its time (``start_at``).
     Call only while this session holds those partitions' advisory locks."""
     if caps is not None and len(caps) != len(candidates):
         raise ValueError(f"{len(caps)} caps for {len(candidates)} candidates")
+    if apart is not None and len(apart) != len(candidates):
+        raise ValueError(f"{len(apart)} apart for {len(candidates)} candidates")
     if tenant_ceiling is not None and tenant_ceiling < 1:
         raise ValueError(f"tenant_ceiling must be at least 1, not {tenant_ceiling}")
     rows = await conn.fetch(
@@ -86,6 +91,7 @@ async def reserve(
             candidates=list(candidates),
             floors=list(floors),
             caps=None if caps is None else list(caps),
+            apart=None if apart is None else list(apart),
             limit=limit,
             lease_grace_seconds=lease_grace_seconds,
             worker_id=worker_id,

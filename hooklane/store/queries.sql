@@ -413,7 +413,7 @@ FROM rescued r;
 -- next_attempt_at a pending delivery of it may have; NULL: from the
 -- start): the steps are in hooklane_reserve_v7 (migration 0020), one round
 -- trip. A candidate with a cap gets at most that many (and its free
--- slots); the others up to `limit` in all, taken tenant first, then
+-- slots); those not apart up to `limit` in all, taken tenant first, then
 -- endpoint: every tenant's first before any tenant's second, and within a
 -- tenant the first of each endpoint before the second of any. With a
 -- tenant ceiling, a tenant's live leases (whichever worker holds them) and
@@ -439,9 +439,10 @@ FROM rescued r;
 -- holds it), tenant (the endpoint's, while its tenant is at the ceiling;
 -- else NULL) and answered_at (the server's clock as it answered, which the
 -- worker's wait for `start_at` counts from).
--- Parameters: partitions (owned), candidates, floors and caps (arrays of
--- the same length; caps NULL, or a NULL cap: none), limit (how many
--- uncapped at most), lease_grace_seconds (beyond the endpoint's timeout),
+-- Parameters: partitions (owned), candidates, floors, caps and apart
+-- (arrays of the same length; caps NULL, or a NULL cap: none; apart NULL:
+-- none, true for the worker's slow candidates, served from its budget of
+-- long calls), limit (how many not apart at most), lease_grace_seconds (beyond the endpoint's timeout),
 -- worker_id, lookahead_seconds (how far ahead a rate-limited endpoint's
 -- starts are granted), tenant_ceiling (NULL: none).
 -- Index: primary key of endpoints, deliveries_leased,
@@ -450,7 +451,8 @@ FROM rescued r;
 -- statistics say: the worker's sessions plan without sequential or bitmap
 -- scans (WORKER_SESSION).
 SELECT * FROM hooklane_reserve_v7(%(partitions)s::int[], %(candidates)s::bigint[],
-                                  %(floors)s::timestamptz[], %(caps)s::int[], %(limit)s,
+                                  %(floors)s::timestamptz[], %(caps)s::int[],
+                                  %(apart)s::boolean[], %(limit)s,
                                   %(lease_grace_seconds)s, %(worker_id)s, %(lookahead_seconds)s,
                                   %(tenant_ceiling)s::int);
 

@@ -1256,13 +1256,13 @@ END;
 $$;
 
 -- The reservation from version 20 on: as hooklane_reserve_v6 (which
--- workers of the previous version call), with a cap of rows per candidate
--- (the worker's slow calls, which `max_rows` does not count), the uncapped
--- rows taken tenant first, then endpoint, and an optional ceiling on each
+-- workers of the previous version call), with a cap of rows per candidate,
+-- candidates apart (the worker's slow calls, which `max_rows` does not
+-- count), the other rows taken tenant first, then endpoint, and an optional ceiling on each
 -- tenant's calls in flight, kept exactly across workers by an advisory lock
 -- per tenant (migration 0020 says how).
 CREATE FUNCTION hooklane_reserve_v7(owned integer[], candidates bigint[], floors timestamptz[],
-                                    caps integer[], max_rows integer,
+                                    caps integer[], apart boolean[], max_rows integer,
                                     lease_grace double precision, worker text,
                                     lookahead double precision, tenant_ceiling integer)
 RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
@@ -1307,11 +1307,12 @@ BEGIN
     -- each floor; primary key of events.
     RETURN QUERY
     WITH candidate AS (
-        SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low, c.cap
-        FROM unnest(candidates, floors, caps) AS c(endpoint_id, low, cap)
+        SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low, c.cap,
+               coalesce(c.apart, false) AS apart
+        FROM unnest(candidates, floors, caps, apart) AS c(endpoint_id, low, cap, apart)
     ),
     slots AS MATERIALIZED (
-        SELECT ep.id, ep.tenant, c.low, c.cap, ep.rate_per_second::float8 AS rate,
+        SELECT ep.id, ep.tenant, c.low, c.cap, c.apart, ep.rate_per_second::float8 AS rate,
                (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
                hooklane_concurrency(ep) - (SELECT count(*)
                                            FROM (SELECT f.lease_expires_at FROM deliveries f
@@ -1349,7 +1350,7 @@ BEGIN
         WHERE tenant_ceiling IS NOT NULL
     ),
     granted AS (
-        SELECT s.id, s.tenant, s.low, s.cap, s.rate, s.tolerance, s.tat,
+        SELECT s.id, s.tenant, s.low, s.cap, s.apart, s.rate, s.tolerance, s.tat,
                least(CASE WHEN s.rate IS NULL THEN greatest(s.free, 0)
                           ELSE least(greatest(s.free, 0),
                                      greatest(floor((extract(epoch FROM now() - s.tat)::float8 + lookahead
@@ -1358,7 +1359,7 @@ BEGIN
         FROM slots s
     ),
     queued AS (
-        SELECT q.id, q.state, s.tenant, s.cap, s.rate, s.tolerance, s.tat,
+        SELECT q.id, q.state, s.tenant, s.apart, s.rate, s.tolerance, s.tat,
                row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
         FROM granted s
         CROSS JOIN LATERAL (
@@ -1376,28 +1377,28 @@ BEGIN
     ),
     -- Each row's place within its tenant (its endpoint's first rows before
     -- their seconds, as endpoints interleave), among all of the tenant's
-    -- rows and among its uncapped ones, in one pass. The ceiling keeps a
-    -- tenant's first rows, capped or not; it cuts a tenant's last ones, so
+    -- rows and among those counted in max_rows, in one pass. The ceiling keeps a
+    -- tenant's first rows, apart or not; it cuts a tenant's last ones, so
     -- the places of those it keeps stand.
     kept AS (
         SELECT q.*
         FROM (SELECT q.*,
                      count(*) OVER w AS place,
-                     count(*) FILTER (WHERE q.cap IS NULL) OVER w AS uncapped_place
+                     count(*) FILTER (WHERE NOT q.apart) OVER w AS counted_place
               FROM queued q
               WINDOW w AS (PARTITION BY q.tenant ORDER BY q.pos, q.id ROWS UNBOUNDED PRECEDING)) q
         LEFT JOIN room r ON r.tenant = q.tenant
         WHERE tenant_ceiling IS NULL OR q.place <= r.left_
     ),
-    -- The uncapped rows by their place among their tenant's uncapped ones
+    -- The rows counted in max_rows by their place among their tenant's
     -- (every tenant's first before any tenant's second), up to max_rows;
-    -- every capped row.
+    -- every row apart, which its cap bounds.
     taken AS (
         (SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos
-         FROM kept k WHERE k.cap IS NULL
-         ORDER BY k.uncapped_place, k.id LIMIT max_rows)
+         FROM kept k WHERE NOT k.apart
+         ORDER BY k.counted_place, k.id LIMIT max_rows)
         UNION ALL
-        SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos FROM kept k WHERE k.cap IS NOT NULL
+        SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos FROM kept k WHERE k.apart
     ),
     chosen AS (
         SELECT q.id, q.state,

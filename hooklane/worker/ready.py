@@ -123,8 +123,9 @@ class Verdict:
     # Retry-After, or a step at a limit of 1), its rate limit's next starts.
     paused_until: datetime | None
     head: datetime | None  # earliest pending from its floor on, after the round
-    at_limit: bool  # every slot held by a live lease
+    at_limit: bool  # every slot held by a live lease, or its tenant's at the ceiling
     leases_end: datetime | None  # when the first live lease ends
+    held_by: str | None = None  # its tenant, while at its ceiling of calls in flight
 
     @classmethod
     def of(cls, row: Row) -> Verdict:
@@ -136,6 +137,7 @@ class Verdict:
             row["head"],
             bool(row["at_limit"]),
             row["leases_end"],
+            row["tenant"],
         )
 
 
@@ -204,6 +206,9 @@ class ReadyList:
         # line holds (endpoint, stamp), current as the heaps' entries are.
         self._lines: OrderedDict[str, deque[tuple[int, int]]] = OrderedDict()
         self._in_lines = 0
+        # The endpoints a tenant's ceiling held back, by tenant: a result of
+        # that tenant recorded here brings them back before their leases_end.
+        self._held: dict[str, set[int]] = {}
         self._stamps = 0
         # This worker's reserved deliveries not yet recorded, to their endpoint.
         self._reserved: dict[int, int] = {}
@@ -342,8 +347,8 @@ class ReadyList:
             self._in_lines -= len(line)
             while line:
                 endpoint_id, stamp = line.popleft()
-                entry = self._entries.get(endpoint_id)
-                if entry is not None and entry.stamp == stamp and entry.deferred:
+                waiting = self._entries.get(endpoint_id)
+                if waiting is not None and waiting.stamp == stamp and waiting.deferred:
                     taken.append(self._hand(endpoint_id, slow=True, cap=1))
                     slow += 1
                     break
@@ -470,6 +475,8 @@ class ReadyList:
             if not v.exists and not entry.woken:
                 del self._entries[v.endpoint_id]
                 continue
+            if v.held_by is not None:
+                self._held.setdefault(v.held_by, set()).add(v.endpoint_id)
             if v.deliverable:
                 entry.floor = v.head if v.head is not None else NOTHING
             if entry.woken:
@@ -503,6 +510,8 @@ class ReadyList:
             if owner is not None and entry is not None:
                 entry.busy = max(entry.busy - 1, 0)
                 freed.add(owner)
+        for tenant in {self._entries[k].tenant for k in freed}:
+            freed |= self._held.pop(tenant, set())
         left = {r.endpoint_id: r for r in endpoints}
         for forgotten in left.values():
             r_id, r_partition = forgotten.endpoint_id, forgotten.partition

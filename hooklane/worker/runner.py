@@ -348,6 +348,7 @@ class Worker:
                         candidates=[c.endpoint_id for c in candidates],
                         floors=[c.floor for c in candidates],
                         caps=[c.cap for c in candidates],
+                        apart=[c.slow for c in candidates],
                         limit=limit,
                         tenant_ceiling=self.settings.tenant_max_in_flight,
                         lease_grace_seconds=self.settings.lease_grace_seconds,

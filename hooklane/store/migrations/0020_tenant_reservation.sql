@@ -4,15 +4,17 @@
 -- calls in flight.
 --
 -- hooklane_reserve_v7 is hooklane_reserve_v6 with:
--- - a cap of rows per candidate (`caps`, NULL: its free slots alone), for
---   the candidates a worker serves from its budget of long calls; the
---   round's `max_rows` limits the uncapped candidates only, as the capped
---   ones are counted against that other budget by their caps;
--- - the uncapped rows taken by their position within their endpoint's
---   tenant (every tenant's first before any tenant's second; within a
---   tenant, the first of each endpoint before the second of any), so that
---   when `max_rows` binds a tenant with 200 endpoints due gets a tenant's
---   share, not 200 endpoints' worth;
+-- - a cap of rows per candidate (`caps`, NULL: its free slots alone): the
+--   worker's share of its quick slots that one endpoint may hold, or one
+--   call for a slow endpoint;
+-- - candidates *apart* (`apart`), served from the worker's budget of long
+--   calls: the round's `max_rows` limits the others only, as those are
+--   counted against that other budget by their caps;
+-- - the rows counted in `max_rows` taken by their position within their
+--   endpoint's tenant (every tenant's first before any tenant's second;
+--   within a tenant, the first of each endpoint before the second of
+--   any), so that when `max_rows` binds a tenant with 200 endpoints due
+--   gets a tenant's share, not 200 endpoints' worth;
 -- - a ceiling on each tenant's calls in flight (`tenant_ceiling`, NULL:
 --   none): its live leases, whichever worker holds them, and what the
 --   round grants never exceed it. Workers reserve different partitions at
@@ -52,7 +54,7 @@ CREATE INDEX deliveries_tenant_leased
 -- Reserve (version 20): as hooklane_reserve_v6, with caps per candidate,
 -- tenant then endpoint, and a ceiling per tenant.
 CREATE FUNCTION hooklane_reserve_v7(owned integer[], candidates bigint[], floors timestamptz[],
-                                    caps integer[], max_rows integer,
+                                    caps integer[], apart boolean[], max_rows integer,
                                     lease_grace double precision, worker text,
                                     lookahead double precision, tenant_ceiling integer)
 RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
@@ -97,11 +99,12 @@ BEGIN
     -- each floor; primary key of events.
     RETURN QUERY
     WITH candidate AS (
-        SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low, c.cap
-        FROM unnest(candidates, floors, caps) AS c(endpoint_id, low, cap)
+        SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low, c.cap,
+               coalesce(c.apart, false) AS apart
+        FROM unnest(candidates, floors, caps, apart) AS c(endpoint_id, low, cap, apart)
     ),
     slots AS MATERIALIZED (
-        SELECT ep.id, ep.tenant, c.low, c.cap, ep.rate_per_second::float8 AS rate,
+        SELECT ep.id, ep.tenant, c.low, c.cap, c.apart, ep.rate_per_second::float8 AS rate,
                (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
                hooklane_concurrency(ep) - (SELECT count(*)
                                            FROM (SELECT f.lease_expires_at FROM deliveries f
@@ -139,7 +142,7 @@ BEGIN
         WHERE tenant_ceiling IS NOT NULL
     ),
     granted AS (
-        SELECT s.id, s.tenant, s.low, s.cap, s.rate, s.tolerance, s.tat,
+        SELECT s.id, s.tenant, s.low, s.cap, s.apart, s.rate, s.tolerance, s.tat,
                least(CASE WHEN s.rate IS NULL THEN greatest(s.free, 0)
                           ELSE least(greatest(s.free, 0),
                                      greatest(floor((extract(epoch FROM now() - s.tat)::float8 + lookahead
@@ -148,7 +151,7 @@ BEGIN
         FROM slots s
     ),
     queued AS (
-        SELECT q.id, q.state, s.tenant, s.cap, s.rate, s.tolerance, s.tat,
+        SELECT q.id, q.state, s.tenant, s.apart, s.rate, s.tolerance, s.tat,
                row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
         FROM granted s
         CROSS JOIN LATERAL (
@@ -166,28 +169,28 @@ BEGIN
     ),
     -- Each row's place within its tenant (its endpoint's first rows before
     -- their seconds, as endpoints interleave), among all of the tenant's
-    -- rows and among its uncapped ones, in one pass. The ceiling keeps a
-    -- tenant's first rows, capped or not; it cuts a tenant's last ones, so
+    -- rows and among those counted in max_rows, in one pass. The ceiling keeps a
+    -- tenant's first rows, apart or not; it cuts a tenant's last ones, so
     -- the places of those it keeps stand.
     kept AS (
         SELECT q.*
         FROM (SELECT q.*,
                      count(*) OVER w AS place,
-                     count(*) FILTER (WHERE q.cap IS NULL) OVER w AS uncapped_place
+                     count(*) FILTER (WHERE NOT q.apart) OVER w AS counted_place
               FROM queued q
               WINDOW w AS (PARTITION BY q.tenant ORDER BY q.pos, q.id ROWS UNBOUNDED PRECEDING)) q
         LEFT JOIN room r ON r.tenant = q.tenant
         WHERE tenant_ceiling IS NULL OR q.place <= r.left_
     ),
-    -- The uncapped rows by their place among their tenant's uncapped ones
+    -- The rows counted in max_rows by their place among their tenant's
     -- (every tenant's first before any tenant's second), up to max_rows;
-    -- every capped row.
+    -- every row apart, which its cap bounds.
     taken AS (
         (SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos
-         FROM kept k WHERE k.cap IS NULL
-         ORDER BY k.uncapped_place, k.id LIMIT max_rows)
+         FROM kept k WHERE NOT k.apart
+         ORDER BY k.counted_place, k.id LIMIT max_rows)
         UNION ALL
-        SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos FROM kept k WHERE k.cap IS NOT NULL
+        SELECT k.id, k.state, k.rate, k.tolerance, k.tat, k.pos FROM kept k WHERE k.apart
     ),
     chosen AS (
         SELECT q.id, q.state,
