@@ -79,6 +79,9 @@ BIG_TENANT = "big"
 # Targets of the issue: healthy p99 at most this, and at most this times the 0% phase's.
 P99_TARGET_S = 0.1
 P99_TARGET_RATIO = 2.0
+# RSS and fds per call in flight are reported where a phase holds at least
+# this many calls more than the 0% phase: below it, the noise is the figure.
+PER_CALL_MIN_CALLS = 50
 
 
 @dataclass(frozen=True)
@@ -480,13 +483,23 @@ def analyse(
     end: dict,
 ) -> dict:
     first_lag: dict[int, float] = {}
-    slow_calls: list[tuple[float, str]] = []  # (arrival, path) of calls to slow endpoints, 2xx
+    slow_calls: list[tuple[float, str]] = []  # (arrival, path) of calls to slow endpoints
+    # Calls that reached a receiver, by the phase and class of their event's publishing.
+    calls_by_class: dict[tuple[int, str], int] = defaultdict(int)
     for s in stats:
         for (t, lag, kind), n, path in zip(s["arrivals"], s["numbers"], s["paths"], strict=True):
-            if isinstance(n, int) and n < len(meta) and meta[n][1] == "healthy" and not math.isnan(lag):
+            if not isinstance(n, int) or not 0 <= n < len(meta):
+                continue
+            phase_index, cls, _i = meta[n]
+            calls_by_class[(phase_index, cls)] += 1
+            if cls == "healthy" and not math.isnan(lag):
                 first_lag[n] = min(lag, first_lag.get(n, math.inf))
             if kind == KIND_SLOW:
                 slow_calls.append((t, path))
+    offered: dict[int, int] = defaultdict(int)  # events published to the slow endpoints, by phase
+    for phase_index, cls, _i in meta:
+        if cls in ("slow", "self"):
+            offered[phase_index] += 1
     phases = []
     for index, (phase, w) in enumerate(zip(PHASES, windows, strict=True)):
         start, stop = w["start"], w["end"]
@@ -515,6 +528,7 @@ def analyse(
                 "healthy_published": len(healthy_n),
                 "healthy_delivered": len(lags),
                 "healthy_lag": summary(lags),
+                "calls_by_class": {cls: n for (p, cls), n in calls_by_class.items() if p == index},
                 "slow_endpoints": len(slow_paths),
                 "hanging_endpoints": len(hang),
                 "slots_asked": len(slow_paths)
@@ -526,13 +540,9 @@ def analyse(
                     "p10": percentile(per_endpoint, 10),
                     "min": min(per_endpoint, default=float("nan")),
                 },
-                "slow_offered_per_endpoint_per_s": (
-                    cfg.self_service_events / seconds
-                    if phase.self_service
-                    else cfg.slow_rate
-                    if slow
-                    else float("nan")
-                ),
+                "slow_offered_per_endpoint_per_s": offered[index] / len(slow_paths) / seconds
+                if slow_paths
+                else float("nan"),
                 "fair_share_per_endpoint_per_s": share,
                 "slow_in_flight": {"mean": mean(slow_open), "max": max(slow_open)},
                 "hang_in_flight": {"mean": mean(hang_open), "max": max(hang_open)},
@@ -552,9 +562,11 @@ def analyse(
         extra = in_flight - base["slow_in_flight"]["mean"] - base["hang_in_flight"]["mean"]
         grown = p["worker_rss_mb"]["mean"] - base["worker_rss_mb"]["mean"]
         p["in_flight_mean"] = in_flight
-        p["rss_kb_per_in_flight_call"] = grown * 1024 / extra if extra >= 10 else None
+        p["rss_kb_per_in_flight_call"] = grown * 1024 / extra if extra >= PER_CALL_MIN_CALLS else None
         p["fds_per_in_flight_call"] = (
-            (p["worker_fds"]["mean"] - base["worker_fds"]["mean"]) / extra if extra >= 10 else None
+            (p["worker_fds"]["mean"] - base["worker_fds"]["mean"]) / extra
+            if extra >= PER_CALL_MIN_CALLS
+            else None
         )
         p99, base_p99 = p["healthy_lag"]["p99"], base["healthy_lag"]["p99"]
         p["target_p99_under_100ms"] = p99 <= P99_TARGET_S
@@ -594,29 +606,42 @@ def mean(values: list[float]) -> float:
 
 
 def table(runs: list[dict]) -> str:
-    """A markdown table, one row per phase and worker."""
+    """A markdown table, one row per phase and worker, then a line per worker."""
     head = (
         "| phase | worker | slow / hanging endpoints (slots asked) | healthy p50 | p99 | max | p99 targets |"
-        " slow del/s (per endpoint mean / p10 / fair share) | slow / hanging in flight (mean) |"
-        " worker RSS MB / fds | RSS KB per call |"
+        " slow del/s | per slow endpoint: mean / p10 / fair share / sent | fair share |"
+        " slow / hanging in flight (mean) | worker RSS MB / fds | per call: RSS KB / fds |"
     )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for index in range(len(PHASES)):
         for r in runs:
             p = r["phases"][index]
             lag, each = p["healthy_lag"], p["slow_per_endpoint_per_s"]
-            per_call = p["rss_kb_per_in_flight_call"]
+            per_call, fds_per_call = p["rss_kb_per_in_flight_call"], p["fds_per_in_flight_call"]
+            fair = {None: "", True: "met", False: "MISSED"}[p["target_fair_share"]]
             lines.append(
-                f"| {p['phase']} | {r['worker']} | {p['slow_endpoints']} / {p['hanging_endpoints']} ({p['slots_asked']}) |"
-                f" {ms(lag['p50'])} | {ms(lag['p99'])} | {ms(lag['max'])} |"
-                f" {'ok' if p['target_p99_under_100ms'] and p['target_p99_within_2x_of_0pct'] else 'MISSED'} |"
-                f" {p['slow_deliveries_per_s']:.1f} ({each['mean']:.3f} / {each['p10']:.3f} /"
-                f" {p['fair_share_per_endpoint_per_s']:.3f}) |"
-                f" {p['slow_in_flight']['mean']:.0f} / {p['hang_in_flight']['mean']:.0f} |"
+                f"| {p['phase']} | {r['worker']} | {p['slow_endpoints']} / {p['hanging_endpoints']}"
+                f" ({p['slots_asked']}) | {ms(lag['p50'])} | {ms(lag['p99'])} | {ms(lag['max'])} |"
+                f" {'met' if p['target_p99_under_100ms'] and p['target_p99_within_2x_of_0pct'] else 'MISSED'} |"
+                f" {p['slow_deliveries_per_s']:.1f} | {rate(each['mean'])} / {rate(each['p10'])} /"
+                f" {rate(p['fair_share_per_endpoint_per_s'])} / {rate(p['slow_offered_per_endpoint_per_s'])} |"
+                f" {fair} | {p['slow_in_flight']['mean']:.0f} / {p['hang_in_flight']['mean']:.0f} |"
                 f" {p['worker_rss_mb']['mean']:.0f} / {p['worker_fds']['mean']:.0f} |"
-                f" {'' if per_call is None else f'{per_call:.0f}'} |"
+                f" {'' if per_call is None else f'{per_call:.0f} / {fds_per_call:.2f}'} |"
             )
+    for r in runs:
+        end = r["at_end"]
+        lines.append(
+            f"\n{r['worker']}: p99 targets {'met in every phase' if r['targets_met'] else 'MISSED'};"
+            f" {end['published']} events published, {end['delivered_or_queued']} delivered or queued"
+            f" ({'nothing lost' if end['nothing_lost'] else 'LOST'}), {end['dead']} dead,"
+            f" {end['discarded']} discarded; fair shares of {r['fair_budget']} calls."
+        )
     return "\n".join(lines)
+
+
+def rate(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def ms(seconds: float) -> str:
