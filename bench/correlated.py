@@ -97,8 +97,12 @@ class Config:
     big_tenant: int  # endpoints of the one big tenant
     self_service_events: int  # queued at once to the self-service endpoint
     self_service_delay: float  # seconds the self-service endpoint takes to answer
-    portal_max_concurrency: int = 256  # HOOKLANE_PORTAL_MAX_CONCURRENCY, the largest allowed
-    portal_max_timeout: int = 60  # HOOKLANE_PORTAL_MAX_TIMEOUT_SECONDS, the largest allowed
+    # The self-service endpoint's limit and deadline: the platform's bounds
+    # set to the largest HOOKLANE_PORTAL_MAX_CONCURRENCY and
+    # HOOKLANE_PORTAL_MAX_TIMEOUT_SECONDS allow, and the endpoint created at
+    # them, as the portal would write it.
+    portal_max_concurrency: int = 256
+    portal_max_timeout: int = 60
     timeout: int = 5  # every other endpoint's deadline (the default)
     max_concurrency: int = 4  # every other endpoint's limit (the default)
     worker_concurrency: int = Settings().worker_concurrency
@@ -149,6 +153,17 @@ PRESETS = {
         timeout=2,
     ),
 }
+
+
+@dataclass
+class Sent:
+    """An event the benchmark published: in which phase, of which class
+    (healthy, slow, hang, self), to which endpoint, and when."""
+
+    phase: int
+    cls: str
+    endpoint: int
+    at: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -276,8 +291,8 @@ def schedule(phase: Phase, cfg: Config) -> list[tuple[float, int, str]]:
 
 
 def behaviour(phase: Phase | None, cfg: Config) -> dict:
-    """The receivers' /_behave body for a phase (None: between phases). The
-    self-service endpoint is slow from its phase on."""
+    """The receivers' /_behave body for a phase (None: between phases, when
+    every endpoint answers at once)."""
     body: dict = {"slow": {}, "hang": []}
     if phase is not None:
         slow, hang, _ = phase_sets(phase, cfg)
@@ -296,16 +311,17 @@ async def publish_phase(
     cfg: Config,
     events: list[tuple[float, int, str]],
     first: int,
-    meta: list[tuple[int, str, int]],
+    meta: list[Sent],
     index: int,
 ) -> float:
     """Publish a phase's events on schedule from ``cfg.publishers``
     connections, those due together in one transaction; event ``n``
     (numbered from ``first``) carries its number and publish time in its
-    data. Returns how far behind schedule publishing fell at worst."""
+    data, and ``meta[n]`` says what it is and when it was published.
+    Returns how far behind schedule publishing fell at worst."""
     start = time.time()
     numbered = [(first + k, offset, i, cls) for k, (offset, i, cls) in enumerate(events)]
-    meta.extend((index, cls, i) for _n, _o, i, cls in numbered)
+    meta.extend(Sent(index, cls, i) for _n, _o, i, cls in numbered)
     queue = list(reversed(numbered))
     behind = 0.0
 
@@ -324,11 +340,9 @@ async def publish_phase(
                     batch.append(queue.pop())
                 async with conn.transaction():
                     for n, _offset, i, _cls in batch:
+                        meta[n].at = time.time()
                         await hooklane.publish(
-                            conn,
-                            tenant=tenant_of(i, cfg),
-                            type=f"bench.e{i}",
-                            data={"t": time.time(), "n": n},
+                            conn, tenant=tenant_of(i, cfg), type=f"bench.e{i}", data={"t": meta[n].at, "n": n}
                         )
         finally:
             await conn.close()
@@ -407,7 +421,7 @@ async def run_worker(
         worker = start_worker(dsn, tree=tree, worker_concurrency=str(cfg.worker_concurrency), **settings)
         try:
             await wait_workers_ready(dsn, 1)
-            meta: list[tuple[int, str, int]] = []
+            meta: list[Sent] = []
             windows, samples = [], []
             stop = asyncio.Event()
             sampler = asyncio.create_task(sample_worker(worker.pid, stop, samples))
@@ -434,6 +448,7 @@ async def run_worker(
                     print(f"  {label}: {phase.name} done {window}", flush=True)
                 stop.set()
                 await sampler
+                collected = time.time()
                 stats = [await (await http.get(f"{r}/_stats")).json() for r in receivers]
                 await behave(http, receivers, behaviour(None, cfg))
             conn = await asyncpg.connect(dsn)
@@ -444,7 +459,7 @@ async def run_worker(
         finally:
             stop_process(worker, grace=1.0)
     end["deliveries"] = json.loads(end["deliveries"] or "{}")
-    return {"worker": label, **analyse(cfg, settings, budget, windows, meta, stats, samples, end)}
+    return {"worker": label, **analyse(cfg, settings, budget, windows, meta, stats, collected, samples, end)}
 
 
 # --------------------------------------------------------------------------
@@ -477,8 +492,9 @@ def analyse(
     settings: dict[str, str],
     budget: int,
     windows: list[dict],
-    meta: list[tuple[int, str, int]],
+    meta: list[Sent],
     stats: list[dict],
+    collected: float,
     samples: list[tuple[float, float, int]],
     end: dict,
 ) -> dict:
@@ -490,22 +506,24 @@ def analyse(
         for (t, lag, kind), n, path in zip(s["arrivals"], s["numbers"], s["paths"], strict=True):
             if not isinstance(n, int) or not 0 <= n < len(meta):
                 continue
-            phase_index, cls, _i = meta[n]
-            calls_by_class[(phase_index, cls)] += 1
-            if cls == "healthy" and not math.isnan(lag):
+            calls_by_class[(meta[n].phase, meta[n].cls)] += 1
+            if meta[n].cls == "healthy" and not math.isnan(lag):
                 first_lag[n] = min(lag, first_lag.get(n, math.inf))
             if kind == KIND_SLOW:
                 slow_calls.append((t, path))
     offered: dict[int, int] = defaultdict(int)  # events published to the slow endpoints, by phase
-    for phase_index, cls, _i in meta:
-        if cls in ("slow", "self"):
-            offered[phase_index] += 1
+    for sent in meta:
+        if sent.cls in ("slow", "self"):
+            offered[sent.phase] += 1
     phases = []
     for index, (phase, w) in enumerate(zip(PHASES, windows, strict=True)):
         start, stop = w["start"], w["end"]
         seconds = stop - start
-        healthy_n = [n for n, (p, cls, _i) in enumerate(meta) if p == index and cls == "healthy"]
+        healthy_n = [n for n, sent in enumerate(meta) if sent.phase == index and sent.cls == "healthy"]
         lags = [first_lag[n] for n in healthy_n if n in first_lag]
+        # An event not delivered when the receivers were read has waited at
+        # least until then: it counts, with that lower bound.
+        waiting = [collected - meta[n].at for n in healthy_n if n not in first_lag]
         slow, hang, _ = phase_sets(phase, cfg)
         slow_paths = {path_of(i) for i in slow} | ({path_of(cfg.endpoints)} if phase.self_service else set())
         delay = cfg.self_service_delay if phase.self_service else cfg.slow_delay
@@ -527,7 +545,8 @@ def analyse(
                 "settle": w.get("settle"),
                 "healthy_published": len(healthy_n),
                 "healthy_delivered": len(lags),
-                "healthy_lag": summary(lags),
+                "healthy_lag": summary(lags + waiting),
+                "healthy_undelivered": len(waiting),
                 "calls_by_class": {cls: n for (p, cls), n in calls_by_class.items() if p == index},
                 "slow_endpoints": len(slow_paths),
                 "hanging_endpoints": len(hang),
@@ -608,7 +627,8 @@ def mean(values: list[float]) -> float:
 def table(runs: list[dict]) -> str:
     """A markdown table, one row per phase and worker, then a line per worker."""
     head = (
-        "| phase | worker | slow / hanging endpoints (slots asked) | healthy p50 | p99 | max | p99 targets |"
+        "| phase | worker | slow / hanging endpoints (slots asked) | healthy p50 | p99 | max | not delivered |"
+        " p99 targets |"
         " slow del/s | per slow endpoint: mean / p10 / fair share / sent | fair share |"
         " slow / hanging in flight (mean) | worker RSS MB / fds | per call: RSS KB / fds |"
     )
@@ -622,6 +642,7 @@ def table(runs: list[dict]) -> str:
             lines.append(
                 f"| {p['phase']} | {r['worker']} | {p['slow_endpoints']} / {p['hanging_endpoints']}"
                 f" ({p['slots_asked']}) | {ms(lag['p50'])} | {ms(lag['p99'])} | {ms(lag['max'])} |"
+                f" {p['healthy_undelivered']} of {p['healthy_published']} |"
                 f" {'met' if p['target_p99_under_100ms'] and p['target_p99_within_2x_of_0pct'] else 'MISSED'} |"
                 f" {p['slow_deliveries_per_s']:.1f} | {rate(each['mean'])} / {rate(each['p10'])} /"
                 f" {rate(p['fair_share_per_endpoint_per_s'])} / {rate(p['slow_offered_per_endpoint_per_s'])} |"
