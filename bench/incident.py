@@ -679,6 +679,17 @@ def main() -> None:
     parser.add_argument("--plot-dir", default=str(DOCS / "img"), help="'' for no plot")
     parser.add_argument("--json", help="write the full results here")
     args = parser.parse_args()
+    if args.correlated and (args.adaptive or args.slots or args.duration or args.slow_delay):
+        parser.error("--correlated has phases of its own: no --adaptive, --slots, --duration or --slow-delay")
+    correlated_only = (args.before_tree, args.worker_setting, args.phase_seconds, args.fair_budget)
+    if not args.correlated and any(v is not None for v in correlated_only):
+        parser.error(
+            "--before-tree, --worker-setting, --phase-seconds and --fair-budget go with --correlated"
+        )
+    if (args.fair_budget is not None and args.fair_budget < 1) or (
+        args.phase_seconds is not None and not args.phase_seconds > 0
+    ):
+        parser.error("--fair-budget and --phase-seconds must be positive")
     if args.before_tree is not None and not (args.before_tree / "hooklane").is_dir():
         parser.error(f"--before-tree {args.before_tree} holds no hooklane/ package")
     if args.correlated:
