@@ -724,7 +724,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     if args.phase_seconds:
         cfg = replace(cfg, phase_seconds=args.phase_seconds)
     settings = worker_settings(args.worker_setting or [])
-    budget = args.fair_budget or int(settings.get("WORKER_LONG_CALLS", cfg.worker_concurrency))
+    try:
+        budget = args.fair_budget or int(settings.get("WORKER_LONG_CALLS", cfg.worker_concurrency))
+    except ValueError:
+        raise SystemExit("--worker-setting WORKER_LONG_CALLS must be a whole number") from None
     workers = [("before", args.before_tree)] if args.before_tree else []
     workers.append(("after", None))
     procs, receivers = start_receivers(cfg.receivers, cfg.slow_delay)

@@ -692,6 +692,9 @@ def main() -> None:
         parser.error("--fair-budget and --phase-seconds must be positive")
     if args.before_tree is not None and not (args.before_tree / "hooklane").is_dir():
         parser.error(f"--before-tree {args.before_tree} holds no hooklane/ package")
+    if args.before_tree is not None:
+        # Its processes start in this repository, its migration where this runs.
+        args.before_tree = args.before_tree.resolve()
     if args.correlated:
         run_and_report(correlated.main_async, args)
     else:
