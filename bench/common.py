@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import asyncpg
 
 from hooklane import store
@@ -222,6 +223,28 @@ def start_module(module: str, *args: str, tree: Path | None = None, **popen: obj
     allowed, as for the workers: the baseline sends with Hooklane's Sender."""
     env = {**os.environ, "HOOKLANE_ALLOWED_NETWORKS": ALLOWED_NETWORKS}
     return subprocess.Popen(python_module(module, *args, tree=tree), cwd=REPO, env=env, **popen)
+
+
+def start_receivers(count: int, slow_delay: float) -> tuple[list[subprocess.Popen], list[str]]:
+    """``count`` bench/receiver.py processes on free ports: (processes, base URLs)."""
+    ports = free_ports(count)
+    procs = [start_module("bench.receiver", "--port", str(p), "--slow-delay", str(slow_delay)) for p in ports]
+    return procs, [f"http://127.0.0.1:{p}" for p in ports]
+
+
+async def wait_receivers(urls: list[str], timeout: float = 20.0) -> None:
+    """Wait until every receiver answers its /_stats."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            while True:
+                try:
+                    async with http.get(f"{url}/_stats"):
+                        break
+                except aiohttp.ClientError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 3.0) -> None:

@@ -25,7 +25,10 @@ concurrency limit in force over time (read from the database), its calls
 in flight, its 429s per minute and its delivered rate; for the others,
 their lag as above.
 
-Run: ``python -m bench.incident --preset quick [--adaptive]`` (full | quick | smoke)
+``--correlated`` runs issue 39's correlated incidents instead: many
+endpoints slow at once, before and after side by side (bench/correlated.py).
+
+Run: ``python -m bench.incident --preset quick [--adaptive | --correlated]`` (full | quick | smoke)
 """
 
 from __future__ import annotations
@@ -45,22 +48,23 @@ import aiohttp
 import asyncpg
 
 import hooklane
-from bench import baseline
+from bench import baseline, correlated
 from bench.common import (
     DOCS,
     SECRET,
     bench_parser,
     create_endpoints,
-    free_ports,
     fresh_database,
     machine,
     percentile,
     postgres_server,
     run_and_report,
     start_module,
+    start_receivers,
     start_worker,
     stop_process,
     summary,
+    wait_receivers,
     wait_workers_ready,
 )
 from bench.receiver import KIND_BUSY, KIND_HEALTHY, KIND_SLOW
@@ -590,14 +594,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     )
     if args.slots:
         cfg = replace(cfg, slots=tuple(args.slots))
-    ports = free_ports(cfg.receivers)
-    procs = [
-        start_module("bench.receiver", "--port", str(p), "--slow-delay", str(cfg.slow_delay)) for p in ports
-    ]
-    receivers = [f"http://127.0.0.1:{p}" for p in ports]
+    procs, receivers = start_receivers(cfg.receivers, cfg.slow_delay)
     results = []
     try:
-        await wait_http(receivers)
+        await wait_receivers(receivers)
         with postgres_server(args.dsn) as server:
             for run_cfg, system, slots in planned(cfg, args):
                 r = {**await run_once(server, system, slots, run_cfg, receivers), "config": asdict(run_cfg)}
@@ -638,20 +638,6 @@ async def main_async(args: argparse.Namespace) -> dict:
     }
 
 
-async def wait_http(urls: list[str], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        for url in urls:
-            while True:
-                try:
-                    async with http.get(f"{url}/_stats"):
-                        break
-                except aiohttp.ClientError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.1)
-
-
 def main() -> None:
     parser = bench_parser("seed 000's incident: Hooklane vs the naive FIFO", PRESETS)
     parser.add_argument("--slots", type=int, action="append", help="in-flight slots (repeatable)")
@@ -664,10 +650,55 @@ def main() -> None:
         action="store_true",
         help="Hooklane only, with an endpoint answering 429 beyond its open calls, adaptive and not",
     )
+    parser.add_argument(
+        "--correlated",
+        action="store_true",
+        help="issue 39: phases of many endpoints slow or hanging at once, a tenant's, a self-service one"
+        " (bench/correlated.py)",
+    )
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="--correlated: run the same load first against this source tree's worker (today's main)",
+    )
+    parser.add_argument(
+        "--worker-setting",
+        action="append",
+        metavar="NAME=VALUE",
+        help="--correlated: HOOKLANE_NAME=VALUE for both workers (repeatable)",
+    )
+    parser.add_argument(
+        "--phase-seconds", type=float, help="--correlated: seconds per phase, overriding the preset"
+    )
+    parser.add_argument(
+        "--fair-budget",
+        type=int,
+        help="--correlated: calls the slow endpoints share fairly (default: WORKER_LONG_CALLS if set, else the"
+        " worker's slots)",
+    )
     parser.add_argument("--plot-dir", default=str(DOCS / "img"), help="'' for no plot")
     parser.add_argument("--json", help="write the full results here")
     args = parser.parse_args()
-    run_and_report(main_async, args, _brief)
+    if args.correlated and (args.adaptive or args.slots or args.duration or args.slow_delay):
+        parser.error("--correlated has phases of its own: no --adaptive, --slots, --duration or --slow-delay")
+    correlated_only = (args.before_tree, args.worker_setting, args.phase_seconds, args.fair_budget)
+    if not args.correlated and any(v is not None for v in correlated_only):
+        parser.error(
+            "--before-tree, --worker-setting, --phase-seconds and --fair-budget go with --correlated"
+        )
+    if (args.fair_budget is not None and args.fair_budget < 1) or (
+        args.phase_seconds is not None and not args.phase_seconds > 0
+    ):
+        parser.error("--fair-budget and --phase-seconds must be positive")
+    if args.before_tree is not None and not (args.before_tree / "hooklane").is_dir():
+        parser.error(f"--before-tree {args.before_tree} holds no hooklane/ package")
+    if args.before_tree is not None:
+        # Its processes start in this repository, its migration where this runs.
+        args.before_tree = args.before_tree.resolve()
+    if args.correlated:
+        run_and_report(correlated.main_async, args)
+    else:
+        run_and_report(main_async, args, _brief)
 
 
 def _brief(result: dict) -> dict:

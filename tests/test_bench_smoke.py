@@ -79,6 +79,42 @@ def test_incident_adaptive_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+def test_incident_correlated_smoke(server_dsn: str, tmp_path: Path) -> None:
+    # --before-tree this same tree: the two-worker path (a tree's migrations,
+    # endpoints and worker) runs too; a setting no worker knows is passed
+    # through and ignored.
+    plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
+    result = run_bench(
+        "incident",
+        tmp_path,
+        *("--dsn", server_dsn, "--correlated", "--before-tree", str(REPO)),
+        *("--worker-setting", "WORKER_LONG_CALLS=64", "--plot-dir", plots),
+        timeout=150,
+    )
+    assert [r["worker"] for r in result["runs"]] == ["before", "after"]
+    names = [p["name"] for p in result["phases"]]
+    for run in result["runs"]:
+        assert run["settings"] == {"WORKER_LONG_CALLS": "64"} and run["fair_budget"] == 64
+        assert [p["phase"] for p in run["phases"]] == names
+        for phase in run["phases"]:
+            assert phase["healthy_delivered"] > 0
+            assert phase["healthy_delivered"] + phase["healthy_undelivered"] == phase["healthy_published"]
+            assert phase["healthy_lag"]["p99"] > 0
+            assert phase["worker_rss_mb"]["mean"] > 0 and phase["worker_fds"]["mean"] > 0
+        by_name = {p["phase"]: p for p in run["phases"]}
+        # Each phase's events reached the endpoints it made slow or hanging.
+        assert by_name["90% slow"]["calls_by_class"]["slow"] > 0
+        assert by_name["10% hanging"]["calls_by_class"]["hang"] > 0
+        assert by_name["one tenant's endpoints slow"]["slow_endpoints"] == result["config"]["big_tenant"]
+        assert by_name["self-service endpoint at the bounds"]["calls_by_class"]["self"] > 0
+        end = run["at_end"]
+        assert end["nothing_lost"] and end["dead"] == 0 and end["discarded"] == 0, end
+    assert "| 90% slow | after |" in result["table"]
+    if plots:
+        assert (tmp_path / "incident-correlated-smoke.png").stat().st_size > 0
+
+
+@pytest.mark.processes
 def test_rate_limit_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("rate_limit", tmp_path, "--dsn", server_dsn, timeout=120)
     for case in result["limits"]["cases"]:
