@@ -1,11 +1,17 @@
-"""A worker's two classes of slots (hooklane/worker/slots.py), pure."""
+"""A worker's two classes of slots (hooklane/worker/slots.py), pure, and
+the gauges that show them."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
+from hooklane import metrics
+from hooklane.settings import Settings
+from hooklane.worker.jobs import CallGauges
+from hooklane.worker.ready import ReadyList
 from hooklane.worker.slots import Slots
 
 pytestmark = pytest.mark.unit
@@ -67,3 +73,32 @@ def test_counts_match_the_calls_in_flight(steps):
     assert slots.quick_in_flight == sum(not c.long for c in calls)
     assert slots.long_in_flight == sum(c.long for c in calls)
     assert sum(n for _, n in slots.top_tenants(10)) == len(calls)
+
+
+async def test_the_call_gauges_show_the_capacity_and_the_busiest_tenants_only():
+    slots = Slots(quick=8, long=32)
+    gauges = CallGauges(Settings(), slots, ReadyList())
+    calls = [slots.start(i, f"tenant-{i % 12}", long=False) for i in range(12 + 10)]
+    await gauges.run_once()
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    assert sample("hooklane_worker_call_capacity", **{"class": "quick"}) == 8
+    assert sample("hooklane_worker_call_capacity", **{"class": "long"}) == 32
+    # tenants 0 to 9 have two calls each, 10 and 11 one: only the ten shown
+    shown = {
+        f"tenant-{i}": sample("hooklane_worker_tenant_calls_in_flight", tenant=f"tenant-{i}")
+        for i in range(12)
+    }
+    assert {t for t, v in shown.items() if v is not None} == {
+        f"tenant-{i}" for i in range(metrics.TOP_TENANTS)
+    }
+    assert shown["tenant-0"] == 2
+    for call in calls:
+        if call.tenant in ("tenant-0", "tenant-1"):
+            slots.done(call)
+    await gauges.run_once()
+    # their series go; the next busiest take their places
+    assert sample("hooklane_worker_tenant_calls_in_flight", tenant="tenant-0") is None
+    assert sample("hooklane_worker_tenant_calls_in_flight", tenant="tenant-11") == 1
