@@ -9,9 +9,11 @@ committed since its last probe, found by the transactions that stored them,
 so that one committing late, after later ones, is found when it commits.
 
 The probe runs at once when hinted (the API's group commit notifies once per
-group, from its own transaction), and otherwise on an interval that adapts
-(``next_interval``): short while events keep coming, doubling while none do,
-up to ``probe_max_seconds``. Once there, the worker probes sooner only when
+group, from its own transaction), and otherwise on an interval tied to the
+rate events were found at lately (``observed_rate``, ``next_interval``): a
+few probes per event at an everyday rate, every ``probe_min_seconds`` once
+events come faster, stretching as the rate decays when none come, up to
+``probe_max_seconds``. Once there, the worker probes sooner only when
 the snapshot the rebalancer reads every second anyway shows that a
 transaction ended since its last probe (``ended_since``): an idle worker's
 probe costs Postgres no statement of its own while nothing commits, and an
@@ -23,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable
 
 import asyncpg
@@ -34,13 +38,37 @@ from hooklane.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-def next_interval(current: float, found: bool, shortest: float, longest: float) -> float:
-    """How long after a probe the next one runs: ``shortest`` after one that
-    found events, as more are likely; otherwise twice ``current``, up to
-    ``longest``, so that an idle worker's probes cost Postgres little."""
-    if found:
-        return shortest
-    return min(longest, max(current, shortest) * 2)
+# A probe costs the worker and Postgres about 0.6 ms of CPU together,
+# whatever it finds, most of it two processes waking (docs/benchmarks.md,
+# section 15): what probing costs is how often it runs. Tied to the rate
+# events come at, the interval is a ``probes_per_event``-th of their
+# average gap: each event costs that many probes and waits about half an
+# interval, whatever the rate, down to ``probe_min_seconds``. Doubling after
+# each empty probe, as the probe first did, spent five probes per event at
+# 10 events/s and left most of them waiting for the longest of the five.
+# How soon the observed rate forgets: an event found this long ago counts
+# e^-1 of one found now. After events stop, the interval stretches e-fold a
+# second, reaching probe_max_seconds a few seconds on, having spent about
+# probes_per_event times the rate (events/s) in probes.
+RATE_MEMORY_SECONDS = 1.0
+
+
+def observed_rate(rate: float, elapsed: float, found: int) -> float:
+    """The rate events were found at lately, in events/s: ``rate`` (the
+    last probe's) decayed over the ``elapsed`` seconds since, and the
+    ``found`` events of this probe added; an exponentially decaying count,
+    so that no history is kept."""
+    return rate * math.exp(-elapsed / RATE_MEMORY_SECONDS) + found / RATE_MEMORY_SECONDS
+
+
+def next_interval(rate: float, per_event: float, shortest: float, longest: float) -> float:
+    """How long after a probe the next one runs, events being found at
+    ``rate`` per second: ``1 / (per_event * rate)``, no shorter than
+    ``shortest`` and no longer than ``longest`` (when none were found
+    lately)."""
+    if rate * per_event * longest <= 1.0:
+        return longest
+    return max(shortest, 1.0 / (per_event * rate))
 
 
 def _snapshot(text: str) -> tuple[int, frozenset[int]]:
@@ -74,11 +102,14 @@ class CommitProbe:
     ) -> None:
         self._shortest = settings.probe_min_seconds
         self._longest = max(settings.probe_max_seconds, self._shortest)
+        self._per_event = settings.probes_per_event
         self._pool = pool
         self._found = found
         self._hinted = asyncio.Event()
         self._since: str | None = None
         self._io = asyncio.Lock()
+        self._rate = 0.0
+        self._probed_at = time.monotonic()
         self.interval = self._shortest
 
     def hinted(self) -> None:
@@ -111,7 +142,7 @@ class CommitProbe:
                 await self.catch_up()
             except TransientStoreError as exc:
                 logger.warning("probe failed, retrying: %s", exc, extra={"action": "retry"})
-                self.interval = next_interval(self.interval, False, self._shortest, self._longest)
+                self.interval = min(self._longest, max(self.interval, self._shortest) * 2)
 
     async def catch_up(self) -> None:
         """Probe now: once it returns, ``found`` was told of everything
@@ -120,8 +151,11 @@ class CommitProbe:
         not published since the last probe."""
         async with self._io:
             committed = await self._probe()
+            now = time.monotonic()
+            self._rate = observed_rate(self._rate, now - self._probed_at, committed.events)
+            self._probed_at = now
             self._since = committed.snapshot
-            self.interval = next_interval(self.interval, committed.events > 0, self._shortest, self._longest)
+            self.interval = next_interval(self._rate, self._per_event, self._shortest, self._longest)
             if committed.endpoints:
                 self._found(committed)
 
