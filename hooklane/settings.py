@@ -188,15 +188,15 @@ class Settings:
     poll_seconds: Seconds = 1.0
     # The probe for published events (hooklane/worker/commits.py): publishes
     # send no notification, so a worker asks Postgres what committed since
-    # its last probe, probes_per_event times per gap between the events it
-    # found lately (a 10th of a second apart at 10 events/s: every 25 ms),
-    # no more often than every probe_min_seconds, stretching when none come
-    # up to probe_max_seconds; sooner, when the snapshot the rebalancer
-    # reads shows that a transaction ended since (every rebalance_seconds).
-    # The API's group commit has it probe at once.
+    # its last probe, sqrt(r * probe_pace) times a second while events come
+    # at r per second (32 at 10/s, 100 at 100/s), no more often than every
+    # probe_min_seconds, stretching when none come up to probe_max_seconds;
+    # sooner, when the snapshot the rebalancer reads shows that a
+    # transaction ended since (every rebalance_seconds). The API's group
+    # commit has it probe at once.
     probe_min_seconds: Seconds = 0.005
     probe_max_seconds: Seconds = 10.0
-    probes_per_event: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 4.0
+    probe_pace: Annotated[float, Field(gt=0, le=1_000_000, allow_inf_nan=False)] = 100.0
     # How often a worker re-checks the live workers and rebalances partitions.
     rebalance_seconds: Seconds = 1.0
     # How often per-endpoint gauges are refreshed from Postgres.

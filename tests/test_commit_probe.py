@@ -30,18 +30,20 @@ def _ids(received: list) -> list[str]:
 
 @pytest.mark.unit
 def test_the_probe_interval_follows_the_rate_events_come_at():
-    # a few probes per event: a quarter of the gap between events
-    assert next_interval(10.0, 4.0, 0.005, 10.0) == pytest.approx(0.025)
-    assert next_interval(1.0, 4.0, 0.005, 10.0) == pytest.approx(0.25)
+    # sqrt(rate * pace) probes a second: one per event at the pace, more
+    # below it, fewer above it
+    assert next_interval(100.0, 100.0, 0.005, 10.0) == pytest.approx(0.01)
+    assert next_interval(10.0, 100.0, 0.005, 10.0) == pytest.approx(1 / 1000**0.5)
+    assert next_interval(1.0, 100.0, 0.005, 10.0) == pytest.approx(0.1)
     # no shorter than the shortest, however fast events come
-    assert next_interval(500.0, 4.0, 0.005, 10.0) == 0.005
+    assert next_interval(5000.0, 100.0, 0.005, 10.0) == 0.005
     # none found lately: the longest
-    assert next_interval(0.0, 4.0, 0.005, 10.0) == 10.0
-    assert next_interval(0.01, 4.0, 0.005, 10.0) == 10.0
+    assert next_interval(0.0, 100.0, 0.005, 10.0) == 10.0
+    assert next_interval(1e-5, 100.0, 0.005, 10.0) == 10.0
     # a longest shorter than the rate asks (settings changed) wins
-    assert next_interval(0.1, 4.0, 0.005, 1.0) == 1.0
-    # fewer probes per event: longer intervals
-    assert next_interval(10.0, 1.0, 0.005, 10.0) == pytest.approx(0.1)
+    assert next_interval(0.001, 100.0, 0.005, 1.0) == 1.0
+    # a slower pace: longer intervals
+    assert next_interval(100.0, 25.0, 0.005, 10.0) == pytest.approx(0.02)
 
 
 @pytest.mark.unit
@@ -56,7 +58,8 @@ def test_the_observed_rate_counts_what_was_found_and_forgets_it():
     # backs off to its longest
     quiet = observed_rate(rate, 10 * RATE_MEMORY_SECONDS, 0)
     assert quiet < 0.001
-    assert next_interval(quiet, 4.0, 0.005, 10.0) == 10.0
+    assert next_interval(quiet, 100.0, 0.005, 10.0) > 1.0
+    assert next_interval(observed_rate(rate, 20 * RATE_MEMORY_SECONDS, 0), 100.0, 0.005, 10.0) == 10.0
 
 
 async def test_a_publish_sends_no_notification(db, dsn):

@@ -10,10 +10,10 @@ so that one committing late, after later ones, is found when it commits.
 
 The probe runs at once when hinted (the API's group commit notifies once per
 group, from its own transaction), and otherwise on an interval tied to the
-rate events were found at lately (``observed_rate``, ``next_interval``): a
-few probes per event at an everyday rate, every ``probe_min_seconds`` once
-events come faster, stretching as the rate decays when none come, up to
-``probe_max_seconds``. Once there, the worker probes sooner only when
+rate events were found at lately (``observed_rate``, ``next_interval``):
+more probes than events at a low rate, fewer at a high one, never more
+often than every ``probe_min_seconds``, stretching as the rate decays when
+none come, up to ``probe_max_seconds``. Once there, the worker probes sooner only when
 the snapshot the rebalancer reads every second anyway shows that a
 transaction ended since its last probe (``ended_since``): an idle worker's
 probe costs Postgres no statement of its own while nothing commits, and an
@@ -40,16 +40,20 @@ logger = logging.getLogger(__name__)
 
 # A probe costs the worker and Postgres about 0.6 ms of CPU together,
 # whatever it finds, most of it two processes waking (docs/benchmarks.md,
-# section 15): what probing costs is how often it runs. Tied to the rate
-# events come at, the interval is a ``probes_per_event``-th of their
-# average gap: each event costs that many probes and waits about half an
-# interval, whatever the rate, down to ``probe_min_seconds``. Doubling after
-# each empty probe, as the probe first did, spent five probes per event at
-# 10 events/s and left most of them waiting for the longest of the five.
+# section 15): what probing costs is how often it runs, and an event waits
+# for the next probe, half an interval on average. Against the events' rate
+# r, probing sqrt(r * probe_pace) times a second (``next_interval``) keeps
+# the sum of the two lowest, weighed as probe_pace says: at r = probe_pace
+# one probe per event, below it more, above it fewer. With probe_pace 100:
+# 32 probes/s at 10 events/s (an event waits ~16 ms), 100/s at 100 events/s
+# (~5 ms), every probe_min_seconds (5 ms) from 400 events/s. Doubling after
+# each empty probe, as the probe first did, spent 50 probes/s at 10
+# events/s, most of them just after an event, when none was coming, and
+# left events waiting ~27 ms.
 # How soon the observed rate forgets: an event found this long ago counts
-# e^-1 of one found now. After events stop, the interval stretches e-fold a
-# second, reaching probe_max_seconds a few seconds on, having spent about
-# probes_per_event times the rate (events/s) in probes.
+# e^-1 of one found now. After events stop, the interval stretches e-fold
+# every two seconds, reaching probe_max_seconds ten seconds or so on,
+# having spent about twice the last probes/s in probes.
 RATE_MEMORY_SECONDS = 1.0
 
 
@@ -61,14 +65,14 @@ def observed_rate(rate: float, elapsed: float, found: int) -> float:
     return rate * math.exp(-elapsed / RATE_MEMORY_SECONDS) + found / RATE_MEMORY_SECONDS
 
 
-def next_interval(rate: float, per_event: float, shortest: float, longest: float) -> float:
+def next_interval(rate: float, pace: float, shortest: float, longest: float) -> float:
     """How long after a probe the next one runs, events being found at
-    ``rate`` per second: ``1 / (per_event * rate)``, no shorter than
-    ``shortest`` and no longer than ``longest`` (when none were found
-    lately)."""
-    if rate * per_event * longest <= 1.0:
+    ``rate`` per second: one over ``sqrt(rate * pace)``, no shorter than
+    ``shortest`` and no longer than ``longest`` (none found lately)."""
+    probes = math.sqrt(rate * pace)
+    if probes * longest <= 1.0:
         return longest
-    return max(shortest, 1.0 / (per_event * rate))
+    return max(shortest, 1.0 / probes)
 
 
 def _snapshot(text: str) -> tuple[int, frozenset[int]]:
@@ -102,7 +106,7 @@ class CommitProbe:
     ) -> None:
         self._shortest = settings.probe_min_seconds
         self._longest = max(settings.probe_max_seconds, self._shortest)
-        self._per_event = settings.probes_per_event
+        self._pace = settings.probe_pace
         self._pool = pool
         self._found = found
         self._hinted = asyncio.Event()
@@ -155,7 +159,7 @@ class CommitProbe:
             self._rate = observed_rate(self._rate, now - self._probed_at, committed.events)
             self._probed_at = now
             self._since = committed.snapshot
-            self.interval = next_interval(self._rate, self._per_event, self._shortest, self._longest)
+            self.interval = next_interval(self._rate, self._pace, self._shortest, self._longest)
             if committed.endpoints:
                 self._found(committed)
 
