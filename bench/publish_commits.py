@@ -176,7 +176,9 @@ async def _wal_bytes(dsn: str, since: str) -> int:
     conn = await asyncpg.connect(dsn)
     try:
         return int(
-            await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)", since)
+            await conn.fetchval(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)", since
+            )
         )
     finally:
         await conn.close()
