@@ -18,9 +18,10 @@ the receiver, both on this machine's wall clock). Then it waits until every
 published event has arrived, and says if one never did.
 
 ``--tree DIR`` runs the worker, the publisher and the migrations from another
-source tree (a ``git worktree`` of an older commit); ``--compare DIR`` (repeatable) runs
-another tree interleaved with the first, per rate and repeat in alternating
-order, and reports both side by side with their ratios: the way to compare
+source tree (a ``git worktree`` of an older commit); ``--compare DIR``
+(repeatable) runs another tree interleaved with the first, per rate and
+repeat in alternating order, and reports them side by side with their
+ratios to the first: the way to compare
 before and after on a shared, noisy machine. ``--traced`` runs the last
 tree a second time with tracing on (every delivery a span, exported over
 OTLP/HTTP to the tests' collector, tests/otlp.py, run in this driver,
