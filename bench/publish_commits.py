@@ -19,7 +19,9 @@ waiting on a ``Lock:object`` (the notify queue's lock).
 
 Then an idle worker of each tree (its own code, on its own database with
 the same endpoints) is measured: the transactions its sessions commit per
-second and the CPU its backends use, over ``idle_seconds``.
+second and the CPU its backends and its process use, over
+``idle_seconds``. ``--probe-cost``: this tree's worker probing every 5 ms
+against one left idle, the difference per probe: what a probe costs.
 
 Run: ``python -m bench.publish_commits --tree /tmp/main --compare .``
 """
@@ -124,14 +126,21 @@ def statements(kind: str, tenant: str) -> str:
     return body
 
 
-async def _client(dsn: str, kind: str, tenant: str, until: float, commits: list[float]) -> None:
+async def _client(
+    dsn: str, kind: str, tenant: str, until: float, commits: list[float], cpu: list[float]
+) -> None:
+    """Loop over the application's transaction until ``until``; add the CPU
+    its backend used meanwhile to ``cpu``."""
     conn = await asyncpg.connect(dsn, server_settings={"application_name": APP})
     try:
+        backend = {await conn.fetchval("SELECT pg_backend_pid()")}
+        used = _cpu_seconds(backend)
         while time.monotonic() < until:
             await conn.execute(statements(kind, tenant))
             started = time.perf_counter()
             await conn.execute("COMMIT")
             commits.append(time.perf_counter() - started)
+        cpu.append(_cpu_seconds(backend) - used)
     finally:
         await conn.close()
 
@@ -155,16 +164,45 @@ async def _sample(dsn: str, stop: asyncio.Event) -> tuple[int, int, int]:
     return samples, active, waiting
 
 
+async def _wal_lsn(dsn: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+    finally:
+        await conn.close()
+
+
+async def _wal_bytes(dsn: str, since: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)", since
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def measure(dsn: str, kind: str, concurrency: int, seconds: float) -> dict:
+    """Also, per transaction: the CPU of the connections' backends (what
+    the throughput of a machine the benchmark saturates follows; /proc, 10
+    ms ticks over thousands of transactions) and the WAL written, by every
+    session of the server."""
     commits: list[float] = []
+    cpu: list[float] = []
     stop = asyncio.Event()
+    wal_since = await _wal_lsn(dsn)
     sampler = asyncio.create_task(_sample(dsn, stop))
     started = time.monotonic()
     until = started + seconds
-    await asyncio.gather(*(_client(dsn, kind, f"tenant-{i}", until, commits) for i in range(concurrency)))
+    await asyncio.gather(
+        *(_client(dsn, kind, f"tenant-{i}", until, commits, cpu) for i in range(concurrency))
+    )
     elapsed = time.monotonic() - started
     stop.set()
     samples, active, waiting = await sampler
+    wal = await _wal_bytes(dsn, wal_since)
     latency = summary(commits)
     return {
         "kind": kind,
@@ -174,6 +212,8 @@ async def measure(dsn: str, kind: str, concurrency: int, seconds: float) -> dict
         "commit_p99_ms": latency["p99"] * 1000,
         "samples": samples,
         "lock_object_waiting_share": waiting / active if active else 0.0,
+        "backend_cpu_ms_per_tx": sum(cpu) * 1000 / len(commits) if commits else 0.0,
+        "wal_bytes_per_tx": wal / len(commits) if commits else 0.0,
     }
 
 
@@ -200,11 +240,12 @@ def _cpu_seconds(pids: set[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def idle_worker(server: str, tree: Path | None, cfg: Config) -> dict:
-    """One worker with nothing to do: what it costs Postgres."""
+async def idle_worker(server: str, tree: Path | None, cfg: Config, **overrides: str) -> dict:
+    """One worker with nothing to do, with ``overrides`` of its settings:
+    what it costs Postgres, and itself."""
     async with fresh_database(server, "idle", durable=True, tree=tree) as dsn:
         await prepare(dsn, 16, cfg.endpoints)
-        worker = start_worker(dsn, tree=tree)
+        worker = start_worker(dsn, tree=tree, **overrides)
         try:
             await wait_workers_ready(dsn, 1)
             await asyncio.sleep(min(cfg.idle_seconds, 5.0))  # past its start's listings
@@ -215,9 +256,11 @@ async def idle_worker(server: str, tree: Path | None, cfg: Config) -> dict:
                 await conn.execute("SELECT pg_stat_clear_snapshot()")
                 before = await conn.fetchval(query, dbname)
                 cpu_before, pids_before = await _backend_cpu(conn, dbname)
+                worker_before = _cpu_seconds({worker.pid})
                 started = time.monotonic()
                 await asyncio.sleep(cfg.idle_seconds)
                 elapsed = time.monotonic() - started
+                worker_after = _cpu_seconds({worker.pid})
                 await conn.execute("SELECT pg_stat_clear_snapshot()")
                 # Statistics are flushed at most once a second.
                 await asyncio.sleep(1.1)
@@ -231,6 +274,7 @@ async def idle_worker(server: str, tree: Path | None, cfg: Config) -> dict:
     return {
         "transactions_per_second": (after - before - 5) / elapsed,
         "backend_cpu_ms_per_second": (cpu_after - cpu_before) * 1000 / elapsed,
+        "worker_cpu_ms_per_second": (worker_after - worker_before) * 1000 / elapsed,
         "backends_same": pids_before == pids_after,
     }
 
@@ -270,6 +314,12 @@ async def main_async(args: argparse.Namespace) -> dict:
         if not args.no_idle:
             for tree in trees:
                 idle[describe(tree)] = await idle_worker(server, tree, cfg)
+        if args.probe_cost:
+            idle["probing every 5 ms"] = await idle_worker(
+                server, None, cfg, probe_min_seconds="0.005", probe_max_seconds="0.005"
+            )
+            idle["idle"] = await idle_worker(server, None, cfg)
+            idle["per probe"] = probe_cost(idle["probing every 5 ms"], idle["idle"])
     return {
         "config": asdict(cfg),
         "commit_delay_us": args.commit_delay_us,
@@ -279,15 +329,32 @@ async def main_async(args: argparse.Namespace) -> dict:
     }
 
 
+def probe_cost(probing: dict, idle: dict) -> dict:
+    """What one probe costs: a worker probing every 5 ms against one left
+    idle, per transaction more (each probe is one)."""
+    probes = probing["transactions_per_second"] - idle["transactions_per_second"]
+    return {
+        "probes_per_second": probes,
+        "worker_cpu_us": (probing["worker_cpu_ms_per_second"] - idle["worker_cpu_ms_per_second"])
+        * 1000
+        / probes,
+        "backend_cpu_us": (probing["backend_cpu_ms_per_second"] - idle["backend_cpu_ms_per_second"])
+        * 1000
+        / probes,
+    }
+
+
 def table(result: dict) -> str:
     lines = [
-        "| tree | connections | kind | round | tx/s | commit p50 ms | p99 ms | Lock:object share |",
-        "|---|---|---|---|---|---|---|---|",
+        "| tree | connections | kind | round | tx/s | commit p50 ms | p99 ms | Lock:object share"
+        " | backend CPU ms/tx | WAL bytes/tx |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
         lines.append(
             f"| {r['tree']} | {r['concurrency']} | {r['kind']} | {r['round']} | {r['tx_per_second']:.0f}"
-            f" | {r['commit_p50_ms']:.2f} | {r['commit_p99_ms']:.2f} | {r['lock_object_waiting_share']:.0%} |"
+            f" | {r['commit_p50_ms']:.2f} | {r['commit_p99_ms']:.2f} | {r['lock_object_waiting_share']:.0%}"
+            f" | {r['backend_cpu_ms_per_tx']:.3f} | {r['wal_bytes_per_tx']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -299,6 +366,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="each measurement's length (the preset's if unset)")
     parser.add_argument("--no-idle", action="store_true", help="leave out the idle worker")
     parser.add_argument("--idle-only", action="store_true", help="measure the idle worker alone")
+    parser.add_argument(
+        "--probe-cost",
+        action="store_true",
+        help="also measure this tree's worker probing every 5 ms against one left idle: a probe's cost",
+    )
     parser.add_argument(
         "--commit-delay-us", type=int, default=0, help="slow every commit's flush by this much (commit_delay)"
     )

@@ -18,9 +18,10 @@ the receiver, both on this machine's wall clock). Then it waits until every
 published event has arrived, and says if one never did.
 
 ``--tree DIR`` runs the worker, the publisher and the migrations from another
-source tree (a ``git worktree`` of an older commit); ``--compare DIR`` runs a
-second tree interleaved with the first, per rate and repeat in alternating
-order, and reports both side by side with their ratios: the way to compare
+source tree (a ``git worktree`` of an older commit); ``--compare DIR``
+(repeatable) runs another tree interleaved with the first, per rate and
+repeat in alternating order, and reports them side by side with their
+ratios to the first: the way to compare
 before and after on a shared, noisy machine. ``--traced`` runs the last
 tree a second time with tracing on (every delivery a span, exported over
 OTLP/HTTP to the tests' collector, tests/otlp.py, run in this driver,
@@ -504,7 +505,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         cfg = replace(cfg, rates=tuple(args.rate))
     cfg = replace(cfg, **{k: v for k, v in (("seconds", args.seconds), ("repeat", args.repeat)) if v})
     durable = args.synchronous_commit == "on"
-    variants = [Variant(args.tree), *([Variant(args.compare)] if args.compare else [])]
+    variants = [Variant(args.tree), *(Variant(tree) for tree in args.compare or [])]
     if args.traced:
         variants.append(Variant(variants[-1].tree, traced=True))
     labels = {v: describe(v.tree) + (" traced" if v.traced else "") for v in variants}
@@ -567,7 +568,12 @@ def main() -> None:
     parser.add_argument(
         "--tree", type=Path, help="run worker, publisher and migrations from this source tree"
     )
-    parser.add_argument("--compare", type=Path, help="a second source tree, run interleaved with the first")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        action="append",
+        help="another source tree, run interleaved with the first (repeatable)",
+    )
     parser.add_argument(
         "--traced", action="store_true", help="also run the last tree with tracing on, exporting every span"
     )

@@ -2279,12 +2279,16 @@ $$;
 -- application transaction never holds a lock a worker waits on, nor one
 -- another publishing transaction does, but the rows of the same event id
 -- or coalesce key, which are the same event's.
--- `queued` turns every matched endpoint into one delivery row, inserted
--- or (a pending one of the same key) updated, as ON CONFLICT DO UPDATE
--- without a WHERE never skips a row, and reads `matched` alone: nothing
--- joins it to another CTE: a CTE's row estimate comes from the statistics of
--- `endpoints`, which may say 1 row for a tenant of 10,000 until the table
--- is analysed, and a nested loop over two CTE scans of 10,000 rows each
+-- `queued` (no coalesce key) and `coalesced` (a key) turn every matched
+-- endpoint into one delivery row: `queued` inserts it plainly (migration
+-- 0021), as a row without a key cannot conflict on deliveries_coalesce and
+-- ON CONFLICT would make each a speculative insertion (an index probe, a
+-- speculative-token lock, a second WAL record) for nothing; `coalesced`
+-- inserts it or (a pending one of the same key) updates it, as ON CONFLICT
+-- DO UPDATE without a WHERE never skips a row. Each reads `matched`
+-- alone: nothing joins it to another CTE: a CTE's row estimate comes from
+-- the statistics of `endpoints`, which may say 1 row for a tenant of
+-- 10,000 until the table is analysed, and a nested loop over two CTE scans of 10,000 rows each
 -- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once.
 -- An id the tenant stored already is not stored again; the stored event is
 -- compared (type, data as jsonb, coalesce key) so that a different event
@@ -2297,7 +2301,7 @@ $$;
 -- take a type) and writes nothing. session_user, the role the connection
 -- logged in as: inside this function current_user is the owner's.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for
--- the ON CONFLICT; publisher_scopes_role_tenant.
+-- the ON CONFLICT of a keyed publish; publisher_scopes_role_tenant.
 -- SECURITY DEFINER: it runs with its owner's (Hooklane's) privileges, so
 -- that an application's role needs EXECUTE on it and nothing on the
 -- tables; EXECUTE is revoked from PUBLIC below, so that only the roles
@@ -2351,10 +2355,16 @@ BEGIN
         ON CONFLICT (tenant, id) DO NOTHING
         RETURNING fanout
     ),
+    -- Without a key: no row of deliveries_coalesce to conflict with.
     queued AS (
         INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
+        SELECT m.id, p_tenant, hooklane_try_publish_v1.event_id, NULL FROM matched m
+        WHERE p_key IS NULL AND EXISTS (SELECT FROM event)
+    ),
+    coalesced AS (
+        INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
         SELECT m.id, p_tenant, hooklane_try_publish_v1.event_id, p_key FROM matched m
-        WHERE EXISTS (SELECT FROM event)
+        WHERE p_key IS NOT NULL AND EXISTS (SELECT FROM event)
         ON CONFLICT (endpoint_id, coalesce_key)
             WHERE state = 'pending' AND coalesce_key IS NOT NULL
         DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
