@@ -177,7 +177,7 @@ class Settings:
     # that turn slow together then share the long budget, and never take
     # the slots of those that answer (issue 39; docs/concepts.md).
     worker_long_calls: Count = 1024
-    long_call_seconds: Seconds = 0.5
+    long_call_seconds: Seconds = 0.25
     # Deliveries reserved per round trip at most.
     reserve_batch: Count = 256
     # A tenant's calls in flight at most, over every worker (its live
