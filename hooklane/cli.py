@@ -278,9 +278,10 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from hooklane.worker import probes
-    from hooklane.worker.runner import Worker
+    from hooklane.worker.runner import Worker, collect_less
 
     worker = Worker(settings)
+    collect_less()
     probe_server = None
     port = settings.metrics_port_of("worker")
     if port:

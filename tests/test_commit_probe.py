@@ -19,6 +19,7 @@ from hooklane import store
 from hooklane.settings import Settings
 from hooklane.worker.commits import (
     RATE_MEMORY_SECONDS,
+    WAIT_PAUSES,
     ended_since,
     next_interval,
     observed_rate,
@@ -72,7 +73,7 @@ def test_the_observed_rate_counts_what_was_found_and_forgets_it():
 
 @pytest.mark.unit
 def test_a_wait_pauses_longer_as_the_rate_decays_until_a_pause_would_reach_the_idle_gate():
-    pauses = wait_pauses(100.0, 200.0, 0.005, 1.0, 60.0)
+    pauses = wait_pauses(100.0, 200.0, 0.005, 1.0, 60.0, 10_000)
     assert pauses[0] == pytest.approx(next_interval(100.0, 200.0, 0.005, 1.0))
     assert pauses == sorted(pauses)
     assert all(p < 1.0 for p in pauses)
@@ -80,8 +81,10 @@ def test_a_wait_pauses_longer_as_the_rate_decays_until_a_pause_would_reach_the_i
     decayed = 100.0 * math.exp(-sum(pauses) / RATE_MEMORY_SECONDS)
     assert next_interval(decayed, 200.0, 0.005, 1.0) == 1.0
     # events faster than the shortest pause: every shortest, within the budget
-    fast = wait_pauses(1e6, 200.0, 0.005, 1.0, 0.5)
+    fast = wait_pauses(1e6, 200.0, 0.005, 1.0, 0.5, 10_000)
     assert set(fast) == {0.005} and 98 <= len(fast) <= 100
+    # and as many as a wait takes at most
+    assert len(wait_pauses(1e6, 200.0, 0.005, 1.0, 0.5)) == WAIT_PAUSES
     # nothing found lately: no wait, the rebalancer's snapshot decides
     assert wait_pauses(0.0, 200.0, 0.005, 1.0, 10.0) == []
 

@@ -80,3 +80,36 @@ async def test_a_slow_endpoint_that_answers_quickly_again_gets_quick_slots_back(
     await wait_for(lambda: db.fetchval("SELECT bool_and(state = 'delivered') FROM deliveries"))
     # Its last calls answered at once: quick again.
     await wait_for(lambda: not worker.worker.ready_list.slow(endpoint_id))
+
+
+async def test_receivers_turning_slow_all_at_once_give_their_quick_slots_back_before_the_threshold(
+    db, receiver, start_worker
+):
+    """As many receivers as the worker has quick slots turn slow at once:
+    with the slots all taken, their calls move to the long budget after a
+    tenth of the threshold, not at it (40 s here, past the waits below),
+    as long as the slots stay pressed."""
+    held = asyncio.Event()
+    slow = [f"turning-{i}" for i in range(QUICK)]
+    ids = [
+        await add_endpoint(
+            db, path, receiver.on(path, Answer(204, held=held)), tenant="region", timeout_seconds=60
+        )
+        for path in slow
+    ]
+    await add_endpoint(db, "fast", receiver.on("fast", Answer(204)), tenant="elsewhere")
+    worker = start_worker(worker_concurrency=QUICK, worker_long_calls=LONG, long_call_seconds=40)
+    try:
+        await publish(db, "region", 1)
+        await wait_for(lambda: arrivals(receiver, slow) == QUICK, 30)
+        await publish(db, "elsewhere", 1)
+        await wait_for(lambda: receiver.at("fast"), timeout=30)
+        # As many moved as the slots' pressure asked, and those endpoints
+        # are slow while their calls run: their next calls wait for the
+        # long budget.
+        moved = worker.worker.slots.long_in_flight
+        assert moved >= 1
+        assert sum(worker.worker.ready_list.slow(i) for i in ids) == moved
+    finally:
+        held.set()
+    await wait_for(lambda: db.fetchval("SELECT bool_and(state = 'delivered') FROM deliveries"), timeout=60)

@@ -11,6 +11,12 @@ of an endpoint known to be slow (the ready list's class) start in the long
 budget directly, and only while it has room; they wait rather than borrow
 quick slots.
 
+When the quick slots are nearly all taken (``pressed``), a call moves
+sooner, after a tenth of the threshold: many receivers turning slow at the
+same moment would otherwise hold every quick slot for the threshold's
+time, one call each, before any is known slow (1,620 endpoints at 0.25 s
+took the 256 slots for over a second and a half).
+
 Pure: no I/O, no clock. The worker says when a call starts, moves and ends.
 """
 
@@ -36,6 +42,11 @@ class Call:
 # round, before it is known slow.
 QUICK_SHARE = 4
 
+# The quick slots are pressed when fewer than this share of them is free.
+PRESSED_SHARE = 8
+# Pressed, a call moves after this share of the threshold.
+HURRIED_SHARE = 10
+
 
 class Slots:
     def __init__(self, quick: int, long: int) -> None:
@@ -46,6 +57,11 @@ class Slots:
         self.quick_in_flight = 0
         self.long_in_flight = 0
         self._tenants: dict[str, int] = {}
+
+    def pressed(self) -> bool:
+        """Whether the quick slots are nearly all taken: calls running for
+        a tenth of the threshold move then, not at the threshold."""
+        return self.quick_free() < max(self.quick // PRESSED_SHARE, 1)
 
     def quick_free(self) -> int:
         return max(self.quick - self.quick_in_flight, 0)
