@@ -13,6 +13,7 @@ from kopf._cogs.aiokits import aiotasks, aiotoggles
 from kopf._cogs.configs import diffbase
 from kopf._cogs.structs import bodies, dicts
 
+from hooklane.errors import InvalidInput
 from hooklane.operator import kopf_fixes
 
 pytestmark = pytest.mark.unit
@@ -167,3 +168,16 @@ async def test_once_every_index_is_filled_the_worker_limit_holds() -> None:
     finally:
         await scheduler.close()
     assert most == 2
+
+
+def test_the_fixes_refuse_a_kopf_whose_functions_changed(monkeypatch):
+    """Against kopf 1.45 (pinned) nothing differs; a function of another
+    kopf is named, and the operator does not start."""
+    assert kopf_fixes.changed(kopf_fixes._KOPF) == []
+
+    def make_toggle(self, __val=False, *, name=None):  # another kopf's
+        return None
+
+    monkeypatch.setitem(kopf_fixes._KOPF, "ToggleSet.make_toggle", make_toggle)
+    with pytest.raises(InvalidInput, match=r"^kopf: the installed kopf changed ToggleSet\.make_toggle,"):
+        kopf_fixes.apply()

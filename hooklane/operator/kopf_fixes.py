@@ -41,11 +41,16 @@ and when a new namespace's listing is indexed, as many workers as
 resources, as kopf does without a limit; otherwise at most the limit,
 the rest waiting as their raw events.
 
-All three are applied by :func:`apply`.
+All three are applied by :func:`apply`, which first checks that kopf's
+functions they replace, wrap or read the private state of are the ones
+they were written for, and refuses to start otherwise: a kopf release that
+changed them would fail in the middle of a burst, not at start.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -53,6 +58,30 @@ from typing import Any, cast
 from kopf._cogs.aiokits import aiotasks, aiotoggles
 from kopf._cogs.configs import diffbase
 from kopf._cogs.structs import bodies, dicts
+
+from hooklane.errors import InvalidInput
+
+# kopf's functions the fixes replace, wrap or read the private attributes
+# of, as imported (before ``apply``), and the sha256 of each one's source
+# in kopf 1.45.
+_KOPF: dict[str, Callable[..., Any]] = {
+    "ToggleSet.__init__": aiotoggles.ToggleSet.__init__,
+    "ToggleSet.make_toggle": aiotoggles.ToggleSet.make_toggle,
+    "ToggleSet.drop_toggle": aiotoggles.ToggleSet.drop_toggle,
+    "ToggleSet.drop_toggles": aiotoggles.ToggleSet.drop_toggles,
+    "Scheduler.__init__": aiotasks.Scheduler.__init__,
+    "Scheduler._can_spawn": aiotasks.Scheduler._can_spawn,
+    "DiffBaseStorage.build": diffbase.DiffBaseStorage.build,
+}
+WRITTEN_FOR = {
+    "ToggleSet.__init__": "e359f1392c56d4cee2e3ff3e2d0189e8cb731ade35b4a42269bde0ea00b38955",
+    "ToggleSet.make_toggle": "354b83ba5188615ff0e4fdebfafbbe18b60ba30335ba55c4bd54d5429519aaa0",
+    "ToggleSet.drop_toggle": "434b23b721ea2e78a2f8cf18816a369cc9d41767651b5c7260d2b872008b6e7c",
+    "ToggleSet.drop_toggles": "497f86cc1160dd771d125a53d3aa0057df73286019d60d93328403483f34bbd4",
+    "Scheduler.__init__": "d99e3d799446dfbeadb7ef04f1fd9270ad37a2d7a69bb98309f15e42ef0de025",
+    "Scheduler._can_spawn": "04fd18d2f0e7137cef3718edd7ca380ffb8386a3a5fb4e3fa93e63351adb6d99",
+    "DiffBaseStorage.build": "e018d8276c04d889f8bb5736b69a430437b2a904e16b09ae90567ac58225f103",
+}
 
 _kopf_build = diffbase.DiffBaseStorage.build
 _kopf_toggle_set_init = aiotoggles.ToggleSet.__init__
@@ -117,7 +146,27 @@ def _can_spawn(self: aiotasks.Scheduler) -> bool:
     return not all(gate.is_on() for gate in _gates)
 
 
+def changed(functions: dict[str, Callable[..., Any]]) -> list[str]:
+    """The names of ``functions`` whose source differs from what the fixes
+    were written for (``WRITTEN_FOR``), or cannot be read."""
+    return [name for name, fn in functions.items() if _digest(fn) != WRITTEN_FOR.get(name)]
+
+
+def _digest(fn: Callable[..., Any]) -> str | None:
+    try:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
 def apply() -> None:
+    if differ := changed(_KOPF):
+        raise InvalidInput(
+            "kopf",
+            f"the installed kopf changed {', '.join(differ)}, which hooklane/operator/kopf_fixes.py "
+            "replaces or reads the private state of, as kopf 1.45 wrote them: install kopf>=1.45,<1.46, "
+            "or review the fixes against this kopf",
+        )
     aiotoggles.ToggleSet.__init__ = _toggle_set_init  # type: ignore[method-assign]
     aiotasks.Scheduler._can_spawn = _can_spawn  # type: ignore[method-assign]
     diffbase.DiffBaseStorage.build = _build  # type: ignore[method-assign]
