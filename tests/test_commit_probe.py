@@ -6,10 +6,8 @@ workers of the previous version go on delivering beside these."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import math
 
 import asyncpg
 import pytest
@@ -17,14 +15,7 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.settings import Settings
-from hooklane.worker.commits import (
-    RATE_MEMORY_SECONDS,
-    WAIT_PAUSES,
-    ended_since,
-    next_interval,
-    observed_rate,
-    wait_pauses,
-)
+from hooklane.worker.commits import RATE_MEMORY_SECONDS, ended_since, next_interval, observed_rate
 from tests.conftest import add_endpoint, in_process_api, notified, wait_for
 
 INGEST = "ingest-token-0123456789"
@@ -69,53 +60,6 @@ def test_the_observed_rate_counts_what_was_found_and_forgets_it():
     assert quiet < 0.001
     assert next_interval(quiet, 100.0, 0.005, 10.0) > 1.0
     assert next_interval(observed_rate(rate, 20 * RATE_MEMORY_SECONDS, 0), 100.0, 0.005, 10.0) == 10.0
-
-
-@pytest.mark.unit
-def test_a_wait_pauses_longer_as_the_rate_decays_until_a_pause_would_reach_the_idle_gate():
-    pauses = wait_pauses(100.0, 200.0, 0.005, 1.0, 60.0, 10_000)
-    assert pauses[0] == pytest.approx(next_interval(100.0, 200.0, 0.005, 1.0))
-    assert pauses == sorted(pauses)
-    assert all(p < 1.0 for p in pauses)
-    # the next one, had nothing been found by then, would be the rebalancer's
-    decayed = 100.0 * math.exp(-sum(pauses) / RATE_MEMORY_SECONDS)
-    assert next_interval(decayed, 200.0, 0.005, 1.0) == 1.0
-    # events faster than the shortest pause: every shortest, within the budget
-    fast = wait_pauses(1e6, 200.0, 0.005, 1.0, 0.5, 10_000)
-    assert set(fast) == {0.005} and 98 <= len(fast) <= 100
-    # and as many as a wait takes at most
-    assert len(wait_pauses(1e6, 200.0, 0.005, 1.0, 0.5)) == WAIT_PAUSES
-    # nothing found lately: no wait, the rebalancer's snapshot decides
-    assert wait_pauses(0.0, 200.0, 0.005, 1.0, 10.0) == []
-
-
-async def test_a_wait_in_postgres_returns_at_the_first_event_and_holds_no_horizon_across_pauses(db, dsn):
-    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    worker = await asyncpg.connect(dsn, server_settings=store.WORKER_SESSION)
-    try:
-        since = (await store.published_since(worker, None)).snapshot
-        quiet = await store.await_published(worker, since, [0.01] * 5)
-        assert (quiet.events, quiet.endpoints, quiet.probes) == (0, [], 0)
-        pid = await worker.fetchval("SELECT pg_backend_pid()")
-        waiting = asyncio.ensure_future(store.await_published(worker, quiet.snapshot, [0.02] * 3000))
-        # A transaction that ends without publishing: the wait probes,
-        # finds nothing and goes on, its snapshots taken after that commit.
-        async with db.transaction():
-            ended = await db.fetchval("SELECT pg_current_xact_id()::text::bigint")
-        await wait_for(
-            lambda: db.fetchval(
-                "SELECT coalesce(backend_xmin::text::bigint > $2, false) FROM pg_stat_activity WHERE pid = $1",
-                pid,
-                ended,
-            )
-        )
-        assert not waiting.done()
-        await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="awaited")
-        found = await asyncio.wait_for(waiting, timeout=30)
-    finally:
-        await worker.close()
-    assert found.events == 1 and found.probes >= 2
-    assert [e for e, _, _ in found.endpoints] == [endpoint]
 
 
 async def test_a_publish_sends_no_notification(db, dsn):

@@ -290,9 +290,7 @@ def _statements() -> dict[str, str]:
 
 def _sql_functions() -> set[str]:
     text = "\n".join(_read(path) for path in sorted(MIGRATIONS.glob("*.sql")))
-    return set(
-        re.findall(r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)", text, flags=re.IGNORECASE)
-    )
+    return set(re.findall(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)", text, flags=re.IGNORECASE))
 
 
 def _linked_statements(text: str) -> set[str]:

@@ -42,8 +42,7 @@ CATALOG = {
         WHERE c.relnamespace = 'public'::regnamespace""",
     "functions": """
         SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') RETURNS '
-               || coalesce(pg_get_function_result(p.oid), 'nothing (a procedure)')
-               || ' LANGUAGE ' || l.lanname
+               || pg_get_function_result(p.oid) || ' LANGUAGE ' || l.lanname
                || ' VOLATILITY ' || p.provolatile::text
                || ' SET ' || coalesce(array_to_string(p.proconfig, ', '), '') || E'\\n' || p.prosrc
         FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang

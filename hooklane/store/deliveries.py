@@ -219,9 +219,6 @@ class Committed:
     snapshot: str
     events: int
     endpoints: list[tuple[int, int, datetime]]
-    # The probe's queries that gave this answer (``await_published`` runs
-    # one after each pause in which a transaction began or ended).
-    probes: int = 1
 
 
 async def published_since(conn: asyncpg.Connection, since: str | None) -> Committed:
@@ -234,21 +231,6 @@ async def published_since(conn: asyncpg.Connection, since: str | None) -> Commit
         row["snapshot"],
         row["events"],
         list(zip(row["endpoint_ids"], row["partitions"], row["dues"], strict=True)),
-    )
-
-
-async def await_published(conn: asyncpg.Connection, since: str, pauses: list[float]) -> Committed:
-    """As ``published_since``, probing in PostgreSQL after each of ``pauses``
-    (seconds) in turn until an event is found or the pauses are spent
-    (nothing found, ``snapshot`` the last one probed from). ``conn`` must
-    not be in a transaction: the call commits before each pause."""
-    row = await conn.fetchrow(*QUERIES["await_published"](since=since, pauses=pauses))
-    assert row is not None, "a CALL with output arguments returns one row"
-    return Committed(
-        row["since"],
-        row["events"],
-        list(zip(row["endpoint_ids"], row["partitions"], row["dues"], strict=True)),
-        row["probes"],
     )
 
 

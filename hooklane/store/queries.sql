@@ -324,17 +324,6 @@ WHERE ep.partition = ANY(%(partitions)s::int[])
 SELECT snapshot, events, endpoint_ids, partitions, dues
 FROM hooklane_published_since_v1(%(since)s::text);
 
--- name: await_published
--- The probe's loop, in PostgreSQL (migration 0022): sleeps each of
--- `pauses` (seconds) in turn, committing before each, and after each runs
--- published_since's query from `since` if a transaction began or ended
--- since; returns its answer at the first event found, or none once the
--- pauses are spent, `since` then the last snapshot probed from. `probes`
--- counts the queries run. A worker wakes once per call, not once per
--- probe. Outside a transaction block only. One row.
--- Parameters: since, pauses. Index: published_since's.
-CALL hooklane_await_published_v1(%(since)s::text, %(pauses)s::double precision[]);
-
 -- name: hint_published
 -- Tell the workers to probe now (published_since): the API's group commit
 -- sends it once per group, from its own transaction, so that what it

@@ -820,49 +820,6 @@ BEGIN
 END;
 $$;
 
--- The probe's loop, run where the data is (migration 0022; queries.sql:
--- await_published): sleeps each of `pauses` in turn, committing before
--- each so that no snapshot is held across them, and after each runs
--- hooklane_published_since_v1 only if the database's snapshot changed;
--- returns at the first event found, or with none once the pauses are spent.
--- Index: hooklane_published_since_v1's.
-CREATE PROCEDURE hooklane_await_published_v1(
-    INOUT since text,
-    pauses double precision[],
-    INOUT events bigint DEFAULT NULL,
-    INOUT endpoint_ids bigint[] DEFAULT NULL,
-    INOUT partitions integer[] DEFAULT NULL,
-    INOUT dues timestamptz[] DEFAULT NULL,
-    INOUT probes integer DEFAULT NULL
-)
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    pause double precision;
-BEGIN
-    probes := 0;
-    FOREACH pause IN ARRAY pauses LOOP
-        COMMIT;
-        PERFORM pg_sleep(pause);
-        -- The same text when no transaction began or ended: nothing can
-        -- have committed (pg_current_snapshot lists its running
-        -- transactions in order).
-        CONTINUE WHEN pg_current_snapshot()::text = since;
-        probes := probes + 1;
-        SELECT p.snapshot, p.events, p.endpoint_ids, p.partitions, p.dues
-        INTO since, events, endpoint_ids, partitions, dues
-        FROM hooklane_published_since_v1(since) p;
-        IF events > 0 THEN
-            RETURN;
-        END IF;
-    END LOOP;
-    events := 0;
-    endpoint_ids := '{}';
-    partitions := '{}';
-    dues := '{}';
-END;
-$$;
-
 -- From version 9 (migration 0009) on, the ready list lives in the worker
 -- (hooklane/worker/ready.py); these notify it and hand it verdicts.
 

@@ -198,8 +198,7 @@ class Worker:
                 self._pool = self._pool or await store.create_pool(
                     s.database_url,
                     min_size=0,
-                    # One of them held by the probe while it waits in PostgreSQL.
-                    max_size=5,
+                    max_size=4,
                     server_settings=store.WORKER_SESSION,
                     reset=_keep_session,
                 )
