@@ -1098,6 +1098,23 @@ def test_an_endpoint_holds_its_share_of_quick_slots_at_most():
     assert ready.take(NOW, 10, 1, share=3) == [Candidate(1, t(-1), slow=True, cap=1)]
 
 
+def test_a_call_past_the_threshold_that_keeps_its_quick_slot_makes_its_endpoint_slow_all_the_same():
+    """The long budget's overdraft was taken: the call stays in its quick
+    slot, its endpoint is slow, and after the call (which took the
+    threshold) it is still slow, its quick slot given back once."""
+    ready = ReadyList()
+    listed(ready, {1: t(-1)})
+    ready.take(NOW, 10, share=2)
+    ready.settle([verdict(1, head=t(-1))], [(10, 1)], NOW)
+    ready.started(1, "a", False)
+    ready.went_long(1, moved=False)
+    assert ready.slow(1)
+    assert ready.take(NOW, 10, share=2) == []  # slow: it waits for a long slot
+    ready.ended(1, long=False, took_long=True)
+    assert ready.slow(1)
+    assert ready.take(NOW, 10, 1, share=2) == [Candidate(1, t(-1), slow=True, cap=1)]
+
+
 def test_a_quick_call_that_ends_brings_back_an_endpoint_at_its_share():
     ready = ReadyList()
     listed(ready, {1: t(-1)})

@@ -12,7 +12,7 @@ from hooklane import metrics
 from hooklane.settings import Settings
 from hooklane.worker.jobs import CallGauges
 from hooklane.worker.ready import ReadyList
-from hooklane.worker.slots import Slots
+from hooklane.worker.slots import LONG_OVERDRAFT, Slots
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +26,19 @@ def test_a_call_that_runs_long_gives_its_quick_slot_back():
     assert not slots.went_long(call)  # once
     slots.done(call)
     assert (slots.quick_free(), slots.long_free()) == (2, 3)
+
+
+def test_past_its_overdraft_the_long_class_takes_no_more_calls():
+    """Calls past the threshold move even into a full long budget, up to
+    twice it; beyond, a call keeps its quick slot, so that a worker never
+    holds more sockets than its open-files limit was raised for."""
+    slots = Slots(quick=8, long=2)
+    calls = [slots.start(i, "a", long=False) for i in range(6)]
+    held = 2 * LONG_OVERDRAFT
+    assert [slots.went_long(c) for c in calls] == [True] * held + [False] * (6 - held)
+    assert (slots.long_in_flight, slots.quick_in_flight) == (held, 6 - held)
+    slots.done(calls[0])
+    assert slots.went_long(calls[-1])
 
 
 def test_a_slow_endpoints_call_starts_long():

@@ -414,12 +414,15 @@ class ReadyList:
             else:
                 entry.quick_calls += 1
 
-    def went_long(self, endpoint_id: int) -> None:
-        """A call of the endpoint ran past the threshold: it is slow."""
+    def went_long(self, endpoint_id: int, *, moved: bool = True) -> None:
+        """A call of the endpoint ran past the threshold: it is slow. The
+        call moved to the long budget, or (``moved`` False: the budget's
+        overdraft was taken) kept its quick slot."""
         entry = self._entries.get(endpoint_id)
         if entry is not None:
-            entry.long_calls += 1
-            self._left_quick(endpoint_id, entry)
+            if moved:
+                entry.long_calls += 1
+                self._left_quick(endpoint_id, entry)
             self._classify(endpoint_id, entry, slow=True)
 
     def ended(self, endpoint_id: int, long: bool, took_long: bool) -> None:

@@ -61,7 +61,7 @@ from hooklane.worker.rules import (
     result_of,
 )
 from hooklane.worker.sender import Sender, event_body
-from hooklane.worker.slots import HURRIED_SHARE, Call, Slots
+from hooklane.worker.slots import HURRIED_SHARE, LONG_OVERDRAFT, Call, Slots
 from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger
 
@@ -428,22 +428,27 @@ class Worker:
     def _hurried(self, call: Call, moving: list[asyncio.TimerHandle]) -> None:
         """A call still unanswered after a tenth of the threshold: it moves
         now if the quick slots are pressed, else at the threshold."""
-        if self.slots.pressed():
-            self._went_long(call)
-        else:
+        if not (self.slots.pressed() and self._moved(call)):
             rest = self.settings.long_call_seconds * (1 - 1 / HURRIED_SHARE)
             moving.append(asyncio.get_running_loop().call_later(rest, self._went_long, call))
 
     def _went_long(self, call: Call) -> None:
-        """A call still unanswered at the threshold, or sooner when the quick
-        slots are pressed: its quick slot is for the endpoints that answer,
-        and its endpoint is slow while the call runs, and from then on if it
-        takes the threshold's time."""
-        if self.slots.went_long(call):
-            metrics.CALLS_WENT_LONG.inc()
-            self.ready_list.went_long(call.endpoint_id)
-            self._counted()
-            self.trigger.slot_freed(self.slots.quick_in_flight)
+        """A call still unanswered at the threshold: its endpoint is slow
+        from now on, and its quick slot is for the endpoints that answer,
+        unless the long budget's overdraft is taken."""
+        if not call.long and not call.ended and not self._moved(call):
+            self.ready_list.went_long(call.endpoint_id, moved=False)
+
+    def _moved(self, call: Call) -> bool:
+        """Move the call to the long budget if it may: its endpoint is slow
+        while the call runs, and from then on if it takes the threshold."""
+        if not self.slots.went_long(call):
+            return False
+        metrics.CALLS_WENT_LONG.inc()
+        self.ready_list.went_long(call.endpoint_id)
+        self._counted()
+        self.trigger.slot_freed(self.slots.quick_in_flight)
+        return True
 
     async def _deliver(
         self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call
@@ -623,17 +628,19 @@ def collect_less() -> None:
 
 def _long_calls_allowed(settings: Settings) -> int:
     """The long budget the open-files limit allows: each call in flight
-    holds a socket. The soft limit is raised to the hard one if need be; a
-    budget beyond even that is lowered to fit, with a warning, rather than
-    have calls fail as connection errors when the incident comes."""
-    want = settings.worker_concurrency + settings.worker_long_calls + _SPARE_FILES
+    holds a socket, and a worker holds its quick slots' calls and up to
+    ``LONG_OVERDRAFT`` times the long budget. The soft limit is raised to
+    the hard one if need be; a budget beyond even that is lowered to fit,
+    with a warning, rather than have calls fail as connection errors when
+    the incident comes."""
+    want = settings.worker_concurrency + LONG_OVERDRAFT * settings.worker_long_calls + _SPARE_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < want:
         soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     if soft == resource.RLIM_INFINITY or soft >= want:
         return settings.worker_long_calls
-    allowed = max(soft - settings.worker_concurrency - _SPARE_FILES, 1)
+    allowed = max((soft - settings.worker_concurrency - _SPARE_FILES) // LONG_OVERDRAFT, 1)
     logger.warning(
         "HOOKLANE_WORKER_LONG_CALLS=%d needs %d open files and the limit is %d: %d long calls at most",
         settings.worker_long_calls,

@@ -42,6 +42,14 @@ class Call:
 # round, before it is known slow.
 QUICK_SHARE = 4
 
+# A call past the threshold moves to the long budget even when the budget
+# is full: it is running, and its quick slot is for the calls that answer.
+# Up to this many times the budget in all; beyond, it keeps its quick slot.
+# So a worker holds quick + LONG_OVERDRAFT x long calls at most, the sockets
+# its open-files limit is raised to (runner._long_calls_allowed): 1,620
+# receivers turning slow at once took the long class to 1,484 of 1,024.
+LONG_OVERDRAFT = 2
+
 # The quick slots are pressed when fewer than this share of them is free.
 PRESSED_SHARE = 8
 # Pressed, a call moves after this share of the threshold.
@@ -80,8 +88,9 @@ class Slots:
 
     def went_long(self, call: Call) -> bool:
         """The call ran past the threshold: its quick slot is free. True if
-        it moved (False: it was long already, or has ended)."""
-        if call.long or call.ended:
+        it moved (False: it was long already, has ended, or the long class
+        holds its overdraft already)."""
+        if call.long or call.ended or self.long_in_flight >= self.long * LONG_OVERDRAFT:
             return False
         call.long = True
         self.quick_in_flight -= 1
