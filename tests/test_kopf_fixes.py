@@ -5,14 +5,17 @@ a resource by, built without copying what it leaves out."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
+from importlib.util import module_from_spec, spec_from_file_location
+from pathlib import Path
 
+import kopf
 import pytest
 from kopf._cogs.aiokits import aiotasks, aiotoggles
-from kopf._cogs.configs import diffbase
-from kopf._cogs.structs import bodies, dicts
 
+import hooklane
 from hooklane.errors import InvalidInput
 from hooklane.operator import kopf_fixes
 
@@ -103,17 +106,19 @@ BODY = {
         [("metadata", "labels", "team"), ("status",)],
     ],
 )
-def test_the_essence_kopf_compares_is_the_one_kopf_builds(
-    extra_fields: list[dicts.FieldSpec] | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    storage = diffbase.AnnotationsDiffBaseStorage()
-    with monkeypatch.context() as kopf_as_released:
-        kopf_as_released.setattr(diffbase.DiffBaseStorage, "build", kopf_fixes._kopf_build)
-        expected = storage.build(body=bodies.Body(copy.deepcopy(BODY)), extra_fields=extra_fields)
-    kopf_fixes.apply()
+def test_the_essence_kopf_compares_is_the_one_kopf_builds(extra_fields: list[kopf.FieldSpec] | None) -> None:
+    expected = kopf.AnnotationsDiffBaseStorage().build(
+        body=kopf.Body(copy.deepcopy(BODY)), extra_fields=extra_fields
+    )
     body = copy.deepcopy(BODY)
-    assert storage.build(body=bodies.Body(body), extra_fields=extra_fields) == expected
+    assert kopf_fixes.Essence().build(body=kopf.Body(body), extra_fields=extra_fields) == expected
     assert body == BODY
+
+
+def test_the_essence_is_stored_where_kopf_stores_it_by_default() -> None:
+    default = kopf.OperatorSettings().persistence.diffbase_storage
+    assert isinstance(default, kopf.AnnotationsDiffBaseStorage)
+    assert vars(kopf_fixes.Essence()) == vars(default)
 
 
 async def test_while_the_first_listing_is_indexed_every_resource_gets_a_worker() -> None:
@@ -181,3 +186,29 @@ def test_the_fixes_refuse_a_kopf_whose_functions_changed(monkeypatch):
     monkeypatch.setitem(kopf_fixes._KOPF, "ToggleSet.make_toggle", make_toggle)
     with pytest.raises(InvalidInput, match=r"^kopf: the installed kopf changed ToggleSet\.make_toggle,"):
         kopf_fixes.apply()
+
+
+def test_a_kopf_that_moved_what_the_fixes_use_is_refused_at_import(monkeypatch):
+    monkeypatch.delattr(aiotasks.Scheduler, "_can_spawn")
+    spec = spec_from_file_location("kopf_fixes_elsewhere", kopf_fixes.__file__)
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(InvalidInput, match=r"^kopf: the installed kopf lacks what hooklane operator uses"):
+        spec.loader.exec_module(module_from_spec(spec))
+
+
+def test_only_kopf_fixes_imports_kopf_internals():
+    """kopf's private modules (``kopf._*``) are imported in one module,
+    whose digests check them at start; the others take them from it."""
+    package = Path(hooklane.__file__).parent
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(name.startswith("kopf._") for name in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"operator/kopf_fixes.py"}

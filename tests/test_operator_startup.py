@@ -8,7 +8,7 @@ from dataclasses import replace
 import kopf
 import pytest
 
-from hooklane.operator import handlers
+from hooklane.operator import handlers, kopf_fixes
 from hooklane.settings import Settings
 
 pytestmark = pytest.mark.db
@@ -25,5 +25,6 @@ async def test_startup_hands_kopf_the_worker_limit_and_the_watch_idle_timeout(se
         assert kopf_settings.queueing.worker_limit == 7
         assert kopf_settings.watching.inactivity_timeout == 12.5
         assert kopf_settings.persistence.finalizer == handlers.FINALIZER
+        assert isinstance(kopf_settings.persistence.diffbase_storage, kopf_fixes.Essence)
     finally:
         await handlers.cleanup(memo=memo)

@@ -189,6 +189,7 @@ async def startup(
 ) -> None:
     config: Settings = memo.config
     settings.persistence.finalizer = FINALIZER
+    settings.persistence.diffbase_storage = kopf_fixes.Essence()
     settings.queueing.worker_limit = config.operator_workers
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     settings.watching.inactivity_timeout = config.operator_watch_idle_seconds
@@ -221,10 +222,8 @@ def start_status_loop(memo: kopf.Memo) -> None:
     )
 
 
-def kopf_resource() -> Any:
-    from kopf._cogs.structs import references
-
-    return references.Resource(GROUP, VERSION, PLURAL, namespaced=True, subresources=frozenset({"status"}))
+def kopf_resource() -> kopf.Resource:
+    return kopf.Resource(GROUP, VERSION, PLURAL, namespaced=True, subresources=frozenset({"status"}))
 
 
 async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:

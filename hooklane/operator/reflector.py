@@ -26,21 +26,17 @@ from typing import Any, TypeVar
 
 import asyncpg
 import kopf
-from kopf._cogs.clients import api as kopf_api
-from kopf._cogs.clients import errors as kopf_errors
-from kopf._cogs.clients import events as kopf_events
-from kopf._cogs.structs import references
 
 from hooklane import store
 from hooklane.errors import StoreError
 from hooklane.health import EndpointHealth
-from hooklane.operator import reflect
+from hooklane.operator import kopf_fixes, reflect
 from hooklane.spec import KIND
 
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, str]
-EVENTS = references.Resource("", "v1", "events", namespaced=True)
+EVENTS = kopf.Resource("", "v1", "events", namespaced=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +84,7 @@ class Reflector:
         self,
         pool: asyncpg.Pool,
         settings: kopf.OperatorSettings,
-        resource: references.Resource,
+        resource: kopf.Resource,
         *,
         age_step: float,
         writes_per_second: float,
@@ -181,16 +177,16 @@ class Reflector:
         if write.reflection.patch:
             await self._pacer.slot()
             try:
-                await kopf_api.patch(
-                    url=self._resource.get_url(
-                        namespace=references.NamespaceName(namespace), name=name, subresource="status"
-                    ),
+                await kopf_fixes.patch(
+                    # kopf types the namespace as its NamespaceName, a str
+                    # it does not export.
+                    url=self._resource.get_url(namespace=namespace, name=name, subresource="status"),  # type: ignore[arg-type]
                     headers={"Content-Type": "application/merge-patch+json"},
                     payload={"status": write.reflection.patch},
                     settings=self._settings,
                     logger=logger,
                 )
-            except kopf_errors.APINotFoundError:
+            except kopf_fixes.APINotFoundError:
                 return
         self.reflected(write.key, write.endpoint_id, write.digest)
         await self.post(write.key, write.observed, write.reflection.events)
@@ -206,7 +202,7 @@ class Reflector:
         }
         for event in events:
             await self._pacer.slot()
-            await kopf_events.post_event(
+            await kopf_fixes.post_event(
                 ref=ref,  # type: ignore[arg-type]
                 type=event.type,
                 reason=event.reason,
@@ -266,6 +262,6 @@ async def run_forever(interval: float, one_pass: Callable[[], Awaitable[None]]) 
             logger.warning(
                 "status pass failed, retried in %.0f s: %s", interval, exc, extra={"action": "status"}
             )
-        except kopf_errors.APIError as exc:
+        except kopf_fixes.APIError as exc:
             logger.warning("status pass: the API server refused a write: %s", exc, extra={"action": "status"})
         await asyncio.sleep(interval)
