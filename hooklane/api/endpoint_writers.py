@@ -17,27 +17,21 @@ another's endpoints.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
 import logging
-import os
 import secrets
-import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-import aiohttp
 import asyncpg
-import kopf
 
-from hooklane import store
+from hooklane import kube, store
 from hooklane.api.errors import Refused
 from hooklane.api.shares import Connect
 from hooklane.checks import check_name
-from hooklane.crd import GROUP, PLURAL, VERSION
 from hooklane.delivery import RequestTerms
 from hooklane.errors import InvalidInput
 from hooklane.selfservice import (
@@ -65,10 +59,6 @@ TENANT_LABEL = "hooklane.io/tenant-key"
 # request waits on it.
 KUBE_TIMEOUT_SECONDS = 10.0
 _SECRET_BYTES = 32
-# A 429 is tried again this many times in all, waiting its Retry-After,
-# at most this long each time.
-_TRIES = 4
-_LONGEST_RETRY_AFTER = 2.0
 _T = TypeVar("_T")
 
 
@@ -106,7 +96,7 @@ def make_writer(settings: Settings, connect: Connect) -> EndpointWriter | None:
     if settings.portal_endpoints == "local":
         return LocalWriter(settings, connect)
     if settings.portal_endpoints == "kubernetes":
-        return KubernetesWriter(settings, connect, KubeApi())
+        return KubernetesWriter(settings, connect, kube.Client(KUBE_TIMEOUT_SECONDS, "portal", _unavailable))
     return None
 
 
@@ -260,107 +250,6 @@ class LocalWriter:
         )
 
 
-class KubeApi:
-    """The few calls the Kubernetes writer makes, over aiohttp, logged in
-    as the operator's kopf logs in without a client library: the Pod's
-    ServiceAccount, else KUBECONFIG. The image ships no Kubernetes client
-    (hooklane/operator/handlers.py: login). A 401 logs in again once: the
-    kubelet rotates a ServiceAccount token in its file."""
-
-    def __init__(self, timeout: float = KUBE_TIMEOUT_SECONDS) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._login: tuple[kopf.ConnectionInfo, ssl.SSLContext] | None = None
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        patch: bool = False,
-        query: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, Any]]:
-        """The status and the JSON answer of one call. ``patch``: ``body`` is
-        a JSON patch. A 401 logs in again, once; a 429 (an API server busy,
-        or still starting) is tried again after its Retry-After, a few
-        times. ``Refused`` 503 when the API server cannot be reached or
-        answers no JSON."""
-        relogged, tries = False, 0
-        while True:
-            if self._login is None:
-                self._login = await self._logged_in()
-            status, answer, retry_after = await self._send(self._login, method, path, body, patch, query)
-            tries += 1
-            if status == 401 and not relogged:
-                self._login, relogged = None, True
-            elif status == 429 and tries < _TRIES:
-                await asyncio.sleep(retry_after)
-            else:
-                return status, answer
-
-    async def _send(
-        self,
-        login: tuple[kopf.ConnectionInfo, ssl.SSLContext],
-        method: str,
-        path: str,
-        body: Any,
-        patch: bool,
-        query: dict[str, str] | None,
-    ) -> tuple[int, dict[str, Any], float]:
-        info, context = login
-        headers = {
-            **info.as_http_headers(),
-            "Content-Type": "application/json-patch+json" if patch else "application/json",
-        }
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=self._timeout) as http,
-                http.request(
-                    method,
-                    info.server.rstrip("/") + path,
-                    json=body,
-                    params=query,
-                    headers=headers,
-                    ssl=context,
-                ) as response,
-            ):
-                answer = await response.json(content_type=None)
-                if not isinstance(answer, dict):
-                    raise ValueError(f"answered {response.status} without a JSON object")
-                wait = response.headers.get("Retry-After", "")
-                retry_after = min(float(wait) if wait.isdigit() else 1.0, _LONGEST_RETRY_AFTER)
-                return response.status, answer, retry_after
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            logger.warning(
-                "Kubernetes API: %s %s: %s", method, path, exc or "timed out", extra={"action": "portal"}
-            )
-            raise _unavailable() from None
-
-    async def _logged_in(self) -> tuple[kopf.ConnectionInfo, ssl.SSLContext]:
-        try:
-            return await asyncio.to_thread(_login)
-        except Exception as exc:
-            # kopf reads a kubeconfig as it is: a malformed one raises
-            # whatever its shape makes it raise (a KeyError, a YAML error).
-            logger.error("Kubernetes API: cannot log in: %s", exc, extra={"action": "portal"})
-            raise _unavailable() from None
-
-
-def _login() -> tuple[kopf.ConnectionInfo, ssl.SSLContext]:
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise kopf.LoginError("neither a ServiceAccount token nor KUBECONFIG")
-    # As client-go does in a Pod: the address kubelet gives every container,
-    # rather than the kubernetes.default.svc kopf names, which needs DNS.
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-    if info.server == "https://kubernetes.default.svc" and host and port:
-        info = dataclasses.replace(
-            info, server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        )
-    return info, info.as_ssl_context()
-
-
 def _unavailable() -> Refused:
     return Refused(
         503,
@@ -377,10 +266,10 @@ class KubernetesWriter:
     the row, as for any resource: a change of spec (paused included) and a
     change of Secret (a rotation) each reach it."""
 
-    def __init__(self, settings: Settings, connect: Connect, kube: KubeApi) -> None:
+    def __init__(self, settings: Settings, connect: Connect, client: kube.Client) -> None:
         self._settings = settings
         self._connect = connect
-        self._kube = kube
+        self._client = client
         self._namespace = settings.portal_namespace
 
     async def create(self, tenant: str, form: EndpointForm) -> Created:
@@ -398,7 +287,7 @@ class KubernetesWriter:
             await store.lock_tenant_creates(conn, tenant)
             if await self._count(tenant) >= self._settings.portal_max_endpoints:
                 raise _limit(self._settings)
-            status, created = await self._kube.call("POST", _endpoints(self._namespace), doc)
+            status, created = await self._client.call("POST", kube.endpoints_path(self._namespace), doc)
             if status == 409:
                 raise _exists(form)
             _check(status, created, f"create webhookendpoint {spec.name}")
@@ -442,8 +331,8 @@ class KubernetesWriter:
             "value": found["metadata"]["uid"],
         }
         value = {"op": "add", "path": f"/data/{_pointer(ref['key'])}", "value": _b64(secret)}
-        status, answer = await self._kube.call(
-            "PATCH", _secrets(self._namespace, ref["name"]), [owner_uid, value], patch=True
+        status, answer = await self._client.call(
+            "PATCH", kube.secrets_path(self._namespace, ref["name"]), [owner_uid, value], patch=True
         )
         if status == 404:
             # Its create failed half-way: made now, as the create would have.
@@ -457,9 +346,9 @@ class KubernetesWriter:
         return secret
 
     async def _count(self, tenant: str) -> int:
-        status, listed = await self._kube.call(
+        status, listed = await self._client.call(
             "GET",
-            _endpoints(self._namespace),
+            kube.endpoints_path(self._namespace),
             query={"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY},{TENANT_LABEL}={tenant_key(tenant)}"},
         )
         _check(status, listed, "list webhookendpoints")
@@ -470,7 +359,7 @@ class KubernetesWriter:
         on its way out; None otherwise."""
         if _portal_name(self._settings, tenant, namespace, name) is None:
             return None
-        status, found = await self._kube.call("GET", _endpoints(self._namespace, name))
+        status, found = await self._client.call("GET", kube.endpoints_path(self._namespace, name))
         if status == 404:
             return None
         _check(status, found, f"get webhookendpoint {name}")
@@ -488,8 +377,8 @@ class KubernetesWriter:
         ]
         # add: replaces a field, or sets one the resource left out.
         changes = [{"op": "add", "path": f"/spec/{key}", "value": value} for key, value in fields.items()]
-        status, answer = await self._kube.call(
-            "PATCH", _endpoints(self._namespace, name), tests + changes, patch=True
+        status, answer = await self._client.call(
+            "PATCH", kube.endpoints_path(self._namespace, name), tests + changes, patch=True
         )
         if status in (404, 422):
             # Gone, or a test failed: no longer this tenant's.
@@ -505,7 +394,9 @@ class KubernetesWriter:
             "propagationPolicy": "Background",
             "preconditions": {"uid": uid},
         }
-        status, answer = await self._kube.call("DELETE", _endpoints(self._namespace, name), options)
+        status, answer = await self._client.call(
+            "DELETE", kube.endpoints_path(self._namespace, name), options
+        )
         if status in (404, 409):
             # Gone already, or another resource under this name.
             return False
@@ -529,7 +420,7 @@ class KubernetesWriter:
             },
             "data": {ref["key"]: _b64(secret)},
         }
-        status, answer = await self._kube.call("POST", _secrets(self._namespace), doc)
+        status, answer = await self._client.call("POST", kube.secrets_path(self._namespace), doc)
         if status == 409:
             raise Refused(409, "conflict", f"a Secret named {ref['name']!r} exists already: ask the platform")
         _check(status, answer, f"create secret {ref['name']}")
@@ -575,14 +466,6 @@ def _check(status: int, answer: dict[str, Any], what: str) -> None:
         raise Refused(409, "conflict", f"the endpoint changed meanwhile: {message}")
     logger.error("Kubernetes API: %s: %d %s", what, status, message, extra={"action": "portal"})
     raise _unavailable()
-
-
-def _endpoints(namespace: str, name: str = "") -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}" + (f"/{name}" if name else "")
-
-
-def _secrets(namespace: str, name: str = "") -> str:
-    return f"/api/v1/namespaces/{namespace}/secrets" + (f"/{name}" if name else "")
 
 
 def _pointer(key: str) -> str:

@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import importlib.util
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -42,7 +39,7 @@ from typing import Any, TypeVar
 
 import kopf
 
-from hooklane import store
+from hooklane import kube, store
 from hooklane.crd import GROUP, PLURAL, VERSION
 from hooklane.errors import InvalidInput, StoreError
 from hooklane.health import EndpointHealth
@@ -119,33 +116,13 @@ def stored(endpoint: EndpointSpec | EndpointHealth) -> tuple[Any, ...]:
     return (endpoint.tenant, endpoint.url, endpoint.paused, endpoint.max_concurrency)
 
 
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a Pod, the ServiceAccount; elsewhere KUBECONFIG. The image ships no
-    API client library (it would be a third of its size), so kopf's own
-    logins serve there; where the ``kubernetes`` package is installed, its
-    login also understands kubeconfig exec plugins (EKS, GKE) and is used."""
-    if importlib.util.find_spec("kubernetes") is not None:
-        return kopf.login_via_client(**kwargs)
-    in_cluster = kopf.login_with_service_account(**kwargs)
-    if in_cluster is None:
-        return kopf.login_with_kubeconfig(**kwargs)
-    # kopf names the API server kubernetes.default.svc; like client-go's
-    # in-cluster config, take the address kubelet puts in every container's
-    # environment, so the operator needs no cluster DNS to start.
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        return in_cluster
-    host = f"[{host}]" if ":" in host else host
-    return dataclasses.replace(in_cluster, server=f"https://{host}:{port}")
-
-
 def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     """Wire the handlers into ``registry``. Done here rather than with
     decorators at import so that each operator has a registry of its own."""
     kopf_fixes.apply()
     resource = (GROUP, VERSION, PLURAL)
     # An explicit registry starts without kopf's default logins.
-    kopf.on.login(registry=registry)(login)
+    kopf.on.login(registry=registry)(kube.login)
     kopf.on.startup(registry=registry)(startup)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.probe(id="database", registry=registry)(database)
@@ -203,7 +180,6 @@ async def startup(
     memo.reflector = reflector.Reflector(
         memo.pool,
         settings,
-        kopf_resource(),
         age_step=config.operator_status_seconds,
         writes_per_second=config.operator_status_writes_per_second,
     )
@@ -220,10 +196,6 @@ def start_status_loop(memo: kopf.Memo) -> None:
     memo.reflector.start(
         lambda: reflector.run_forever(config.operator_status_seconds, lambda: status_pass(memo))
     )
-
-
-def kopf_resource() -> kopf.Resource:
-    return kopf.Resource(GROUP, VERSION, PLURAL, namespaced=True, subresources=frozenset({"status"}))
 
 
 async def cleanup(*, memo: kopf.Memo, **_: Any) -> None:

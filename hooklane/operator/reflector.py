@@ -27,11 +27,11 @@ from typing import Any, TypeVar
 import asyncpg
 import kopf
 
-from hooklane import store
+from hooklane import kube, store
 from hooklane.errors import StoreError
 from hooklane.health import EndpointHealth
 from hooklane.operator import kopf_fixes, reflect
-from hooklane.spec import KIND
+from hooklane.spec import API_VERSION, KIND
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +84,12 @@ class Reflector:
         self,
         pool: asyncpg.Pool,
         settings: kopf.OperatorSettings,
-        resource: kopf.Resource,
         *,
         age_step: float,
         writes_per_second: float,
     ) -> None:
         self._pool = pool
         self._settings = settings
-        self._resource = resource
         self._age_step = age_step
         self._pacer = Pacer(writes_per_second)
         self._digests: dict[int, str] = {}
@@ -178,9 +176,7 @@ class Reflector:
             await self._pacer.slot()
             try:
                 await kopf_fixes.patch(
-                    # kopf types the namespace as its NamespaceName, a str
-                    # it does not export.
-                    url=self._resource.get_url(namespace=namespace, name=name, subresource="status"),  # type: ignore[arg-type]
+                    url=kube.endpoints_path(namespace, name, "status"),
                     headers={"Content-Type": "application/merge-patch+json"},
                     payload={"status": write.reflection.patch},
                     settings=self._settings,
@@ -194,7 +190,7 @@ class Reflector:
     async def post(self, key: Key, observed: Observed, events: list[reflect.KubeEvent]) -> None:
         namespace, name = key
         ref = {
-            "apiVersion": f"{self._resource.group}/{self._resource.version}",
+            "apiVersion": API_VERSION,
             "kind": KIND,
             "name": name,
             "namespace": namespace,
