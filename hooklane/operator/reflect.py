@@ -156,6 +156,36 @@ class Queue:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """What a condition says: whether it holds (its status, "True" or
+    "False"), why (its reason) and in words."""
+
+    holds: bool
+    reason: Reason
+    message: str
+
+    def status(
+        self, type_: str, old: Mapping[str, Any] | None, generation: int | None, now: datetime
+    ) -> dict[str, Any]:
+        """As the resource's status carries it, with the time it last
+        changed: ``old``'s while its status stays the same."""
+        status = "True" if self.holds else "False"
+        since = rfc3339_seconds(now)
+        if old is not None and old.get("status") == status:
+            since = old.get("lastTransitionTime", since)
+        condition: dict[str, Any] = {
+            "type": type_,
+            "status": status,
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": since,
+        }
+        if generation is not None:
+            condition["observedGeneration"] = generation
+        return condition
+
+
 @dataclass(frozen=True)
 class KubeEvent:
     """A Kubernetes Event to post on the resource (not a webhook event)."""
@@ -264,16 +294,12 @@ def reflect(
     old_conditions = {c.get("type"): c for c in previous.get("conditions") or []}
     new_conditions = dict(old_conditions)
     if synced is not None:
-        ready = (
-            ("True", Reason.SYNCED, synced.message)
-            if synced.signed
-            else ("False", synced.reason, synced.message)
-        )
-        new_conditions[READY] = _condition(READY, *ready, old_conditions.get(READY), generation, now)
+        ready = Condition(synced.signed, synced.reason, synced.message)
+        new_conditions[READY] = ready.status(READY, old_conditions.get(READY), generation, now)
     delivering = _delivering(queue, synced)
     if delivering is not None:
-        new_conditions[DELIVERING] = _condition(
-            DELIVERING, *delivering, old_conditions.get(DELIVERING), generation, now
+        new_conditions[DELIVERING] = delivering.status(
+            DELIVERING, old_conditions.get(DELIVERING), generation, now
         )
     if new_conditions != old_conditions:
         desired["conditions"] = list(new_conditions.values())
@@ -314,22 +340,22 @@ def _phase(queue: Queue | None, synced: Synced | None, now: datetime) -> Endpoin
     return endpoint_state(state="active", paused=synced.paused, paused_until=None, now=now).state
 
 
-def _delivering(queue: Queue | None, synced: Synced | None) -> tuple[str, Reason, str] | None:
+def _delivering(queue: Queue | None, synced: Synced | None) -> Condition | None:
     if queue is None:
         return None
     standing = queue.standing
     if standing.state == EndpointState.DEACTIVATED:
-        return (
-            "False",
+        return Condition(
+            False,
             Reason.DEACTIVATED,
             f"deactivated ({queue.last_error or 'failing for too long'}); pending deliveries are "
             f"kept: set the annotation {REACTIVATE_ANNOTATION} to a new value to deliver again",
         )
     if standing.paused_by == PauseReason.MANUAL:
-        return "False", Reason.MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept"
+        return Condition(False, Reason.MANUALLY_PAUSED, "spec.paused is true; pending deliveries are kept")
     if queue.consecutive_failures and is_refusal(queue.last_error):
-        return (
-            "False",
+        return Condition(
+            False,
             Reason.DESTINATION_DENIED,
             f"{queue.last_error}: change spec.url, or allow its network in "
             "HOOKLANE_ALLOWED_NETWORKS if the receiver is inside the cluster",
@@ -340,39 +366,15 @@ def _delivering(queue: Queue | None, synced: Synced | None) -> tuple[str, Reason
             if standing.state == EndpointState.PROBING
             else f"paused until {rfc3339_seconds(queue.paused_until)}"
         )
-        return (
-            "False",
+        return Condition(
+            False,
             Reason.CIRCUIT_OPEN,
             f"circuit open after {queue.consecutive_failures} consecutive failures, {when}; "
             f"last error: {queue.last_error or 'unknown'}",
         )
     if synced is not None and not synced.signed:
-        return "False", Reason.UNSIGNED, "no usable signing secret: see the Ready condition"
-    return "True", Reason.DELIVERING, "deliveries go out as they are due"
-
-
-def _condition(
-    type_: str,
-    status: str,
-    reason: Reason,
-    message: str,
-    old: Mapping[str, Any] | None,
-    generation: int | None,
-    now: datetime,
-) -> dict[str, Any]:
-    since = rfc3339_seconds(now)
-    if old is not None and old.get("status") == status:
-        since = old.get("lastTransitionTime", since)
-    condition: dict[str, Any] = {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-    }
-    if generation is not None:
-        condition["observedGeneration"] = generation
-    return condition
+        return Condition(False, Reason.UNSIGNED, "no usable signing secret: see the Ready condition")
+    return Condition(True, Reason.DELIVERING, "deliveries go out as they are due")
 
 
 def _events(
