@@ -1,23 +1,25 @@
 """hack/commit-msg: CONTRIBUTING's rule for commit messages, as a pure
-function of one message (`.ci/run` applies it to every commit since the
-recorded base)."""
+function of one message, and over a range of commits, as `.ci/run`
+checks every commit since the recorded base."""
 
+import subprocess
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+import hooklane
 
 # A script without a .py suffix, so loaded by path rather than imported.
-_loader = SourceFileLoader("commit_msg", str(Path(__file__).resolve().parents[1] / "hack" / "commit-msg"))
+_loader = SourceFileLoader("commit_msg", str(Path(hooklane.__file__).parents[1] / "hack" / "commit-msg"))
 commit_msg = module_from_spec(spec_from_loader("commit_msg", _loader))
 _loader.exec_module(commit_msg)
 
 BODY = "Why it changed, wrapped at 72.\n"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "message",
     [
@@ -36,6 +38,7 @@ def test_messages_that_keep_the_rule(message: str) -> None:
     assert commit_msg.problems(message) == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("message", "problem"),
     [
@@ -57,10 +60,12 @@ def test_messages_that_break_it_are_told_why(message: str, problem: str) -> None
     assert found.startswith(problem)
 
 
+@pytest.mark.unit
 def test_a_subject_may_break_both_parts_of_its_rule() -> None:
     assert len(commit_msg.problems("A sentence for a subject, " + "w" * 40)) == 2
 
 
+@pytest.mark.unit
 def test_the_hook_reads_the_message_git_keeps() -> None:
     edited = (
         "Worker: one reservation\n\n"
@@ -71,3 +76,27 @@ def test_the_hook_reads_the_message_git_keeps() -> None:
     )
     assert commit_msg.edited(edited) == f"Worker: one reservation\n\n{BODY}".rstrip("\n")
     assert commit_msg.problems(commit_msg.edited(edited)) == []
+
+
+@pytest.mark.processes
+def test_a_range_is_checked_commit_by_commit_without_its_merges(tmp_path, monkeypatch, capsys) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@example.com")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@example.com")
+    git("init", "-q", "-b", "main")
+    git("commit", "-q", "--allow-empty", "-m", "the base, before the rule")
+    base = git("rev-parse", "HEAD")
+    git("checkout", "-q", "-b", "side")
+    git("commit", "-q", "--allow-empty", "-m", f"Side: a change\n\n{BODY}")
+    git("checkout", "-q", "main")
+    git("commit", "-q", "--allow-empty", "-m", "Main: another change")
+    git("merge", "-q", "--no-ff", "--no-edit", "side")
+    assert commit_msg.check_range(f"{base}..HEAD") == 0
+    git("commit", "-q", "--allow-empty", "-m", "a subject without its area")
+    assert commit_msg.check_range(f"{base}..HEAD") == 1
+    assert "a subject without its area" in capsys.readouterr().out
