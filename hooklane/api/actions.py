@@ -100,12 +100,10 @@ async def with_health(
 async def endpoint(
     conn: asyncpg.Connection, scope: Scope, namespace: str, name: str
 ) -> EndpointHealth | None:
-    found = await with_health(conn, scope, namespace, name, _nothing)
-    return None if found is None else found[0]
-
-
-async def _nothing(_conn: asyncpg.Connection) -> None:
-    return None
+    healths = await scoped(
+        conn, scope, namespace, name, lambda c: store.endpoint_health(c, endpoint=(namespace, name))
+    )
+    return healths[0] if healths else None
 
 
 async def endpoint_over_bounds(

@@ -11,8 +11,8 @@ exist.
 from __future__ import annotations
 
 import functools
-from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -30,40 +30,24 @@ from hooklane.store.grants import Access
 ENDPOINTS_PER_PAGE = 50
 
 
-class Face(ABC):
-    """One face's own ways with its pages."""
+@dataclass(frozen=True)
+class Face:
+    """One face's own ways with its pages: where they live, how it renders
+    them (``render(request, template, status=, **values)``) and its
+    problems (``problem_page``; ``problem(request, status, title,
+    detail)``), the headers of every answer, how it sets its one-shot
+    message (``set_flash``; None drops it) and reads it
+    (``flash_message``), and the page a button was on (``back``)."""
 
     home: str
     flash_cookie: str
-
-    @abstractmethod
-    def render(
-        self, request: web.Request, template: str, *, status: int = 200, **values: Any
-    ) -> web.Response: ...
-
-    @abstractmethod
-    def problem_page(self, request: web.Request, found: Problem) -> web.Response:
-        """A problem (:mod:`.errors`) as one of the face's pages."""
-
-    @abstractmethod
-    def problem(self, request: web.Request, status: int, title: str, detail: str) -> web.Response:
-        """A page saying what went wrong."""
-
-    @abstractmethod
-    def headers(self, request: web.Request) -> dict[str, str]:
-        """The headers of every answer of the face's pages."""
-
-    @abstractmethod
-    def set_flash(self, request: web.Request, response: web.Response, flash: str | None) -> None:
-        """Set the one-shot message for the next page; None drops it."""
-
-    @abstractmethod
-    def flash_message(self, value: str | None) -> str | None:
-        """The sentence of a one-shot message (:class:`.pages.Flashes`)."""
-
-    @abstractmethod
-    def back(self, request: web.Request, namespace: str, name: str) -> str:
-        """The page a button was on, as its form's query string says."""
+    render: Callable[..., web.Response]
+    problem_page: Callable[[web.Request, Problem], web.Response]
+    problem: Callable[[web.Request, int, str, str], web.Response]
+    headers: Callable[[web.Request], Mapping[str, str]]
+    set_flash: Callable[[web.Request, web.Response, str | None], None]
+    flash_message: Callable[[str | None], str | None]
+    back: Callable[[web.Request, str, str], str]
 
     def endpoint_path(self, namespace: str, name: str) -> str:
         # Names are DNS labels and subdomains: nothing in them needs quoting.

@@ -357,35 +357,23 @@ def _back(request: web.Request, namespace: str, name: str) -> str:
     return f"{path}?{urlencode(query)}" if query else path
 
 
-class _Dashboard(browser.Face):
-    home = HOME
-    flash_cookie = FLASH_COOKIE
-
-    def render(
-        self, request: web.Request, template: str, *, status: int = 200, **values: Any
-    ) -> web.Response:
-        return render(template, status, **values)
-
-    def problem_page(self, request: web.Request, found: Problem) -> web.Response:
-        return problem_page(request, found)
-
-    def problem(self, request: web.Request, status: int, title: str, detail: str) -> web.Response:
-        return render("problem.html", status, title=title, detail=detail)
-
-    def headers(self, request: web.Request) -> dict[str, str]:
-        return _SECURITY_HEADERS
-
-    def set_flash(self, request: web.Request, response: web.Response, flash: str | None) -> None:
-        if flash is None:
-            response.del_cookie(FLASH_COOKIE, path=HOME)
-        else:
-            response.set_cookie(FLASH_COOKIE, flash, path=HOME, httponly=True, samesite="Strict")
-
-    def flash_message(self, value: str | None) -> str | None:
-        return flash_message(value)
-
-    def back(self, request: web.Request, namespace: str, name: str) -> str:
-        return _back(request, namespace, name)
+def _set_flash(_request: web.Request, response: web.Response, flash: str | None) -> None:
+    if flash is None:
+        response.del_cookie(FLASH_COOKIE, path=HOME)
+    else:
+        response.set_cookie(FLASH_COOKIE, flash, path=HOME, httponly=True, samesite="Strict")
 
 
-FACE = _Dashboard()
+FACE = browser.Face(
+    HOME,
+    FLASH_COOKIE,
+    render=lambda _request, template, status=200, **values: render(template, status, **values),
+    problem_page=problem_page,
+    problem=lambda _request, status, title, detail: render(
+        "problem.html", status, title=title, detail=detail
+    ),
+    headers=lambda _request: _SECURITY_HEADERS,
+    set_flash=_set_flash,
+    flash_message=flash_message,
+    back=_back,
+)

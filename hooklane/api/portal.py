@@ -782,34 +782,22 @@ async def brand_stylesheet(request: web.Request) -> web.Response:
     )
 
 
-class _Portal(browser.Face):
-    home = HOME
-    flash_cookie = FLASH_COOKIE
-
-    def render(
-        self, request: web.Request, template: str, *, status: int = 200, **values: Any
-    ) -> web.Response:
-        return render(request, template, status=status, **values)
-
-    def problem_page(self, request: web.Request, found: Problem) -> web.Response:
-        return problem_page(request, found)
-
-    def problem(self, request: web.Request, status: int, title: str, detail: str) -> web.Response:
-        return _problem(request, status, title, detail)
-
-    def headers(self, request: web.Request) -> dict[str, str]:
-        return _headers(request.app[SETTINGS])
-
-    def set_flash(self, request: web.Request, response: web.Response, flash: str | None) -> None:
-        # Long enough to reach the next page, however slowly it loads; a
-        # partitioned cookie is only dropped by a Set-Cookie that says so too.
-        _set_cookie(request, response, FLASH_COOKIE, flash or "", 0 if flash is None else 60)
-
-    def flash_message(self, value: str | None) -> str | None:
-        return flash_message(value)
-
-    def back(self, request: web.Request, namespace: str, name: str) -> str:
-        return _back(request.query, namespace, name)
+def _set_flash(request: web.Request, response: web.Response, flash: str | None) -> None:
+    if flash is None:
+        _drop_cookie(request, response, FLASH_COOKIE)
+    else:
+        # Long enough to reach the next page, however slowly it loads.
+        _set_cookie(request, response, FLASH_COOKIE, flash, 60)
 
 
-FACE = _Portal()
+FACE = browser.Face(
+    HOME,
+    FLASH_COOKIE,
+    render=render,
+    problem_page=problem_page,
+    problem=_problem,
+    headers=lambda request: _headers(request.app[SETTINGS]),
+    set_flash=_set_flash,
+    flash_message=flash_message,
+    back=lambda request, namespace, name: _back(request.query, namespace, name),
+)
