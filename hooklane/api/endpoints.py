@@ -94,23 +94,20 @@ async def get_endpoint(request: web.Request) -> web.Response:
 
 @audience(*_BOTH)
 async def list_deliveries(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
+    endpoint = inputs.endpoint_key(request)
     query = request.query
     states = store.check_states(inputs.values(query, "state"))
     since, until = inputs.time(query, "since"), inputs.time(query, "until")
     status, failure = inputs.answer_filter(query)
-    chosen = {
+    chosen: dict[str, Any] = {
         "states": states,
         "since": since,
         "until": until,
         "status": status,
         "failure": failure,
-        "limit": inputs.limit(query, _DEFAULT_DELIVERIES),
-        "cursor": inputs.delivery_cursor(query),
     }
-    return await _listing(
-        request, namespace, name, store.endpoint_deliveries, chosen, "deliveries", delivery_json
-    )
+    chosen |= {"limit": inputs.limit(query, _DEFAULT_DELIVERIES), "cursor": inputs.delivery_cursor(query)}
+    return await _listing(request, endpoint, store.endpoint_deliveries, chosen, "deliveries", delivery_json)
 
 
 @audience(*_BOTH)
@@ -128,29 +125,25 @@ async def get_delivery(request: web.Request) -> web.Response:
 
 @audience(*_BOTH)
 async def list_attempts(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
+    endpoint = inputs.endpoint_key(request)
     query = request.query
     since, until = inputs.time_range(query)
     outcomes = store.check_outcomes(inputs.values(query, "outcome"))
     status, failure = inputs.answer_filter(query)
-    chosen = {
+    chosen: dict[str, Any] = {
         "since": since,
         "until": until,
         "outcomes": outcomes,
         "status": status,
         "failure": failure,
-        "limit": inputs.limit(query, _DEFAULT_ATTEMPTS),
-        "cursor": inputs.attempt_cursor(query),
     }
-    return await _listing(
-        request, namespace, name, store.endpoint_attempts, chosen, "attempts", listed_attempt_json
-    )
+    chosen |= {"limit": inputs.limit(query, _DEFAULT_ATTEMPTS), "cursor": inputs.attempt_cursor(query)}
+    return await _listing(request, endpoint, store.endpoint_attempts, chosen, "attempts", listed_attempt_json)
 
 
 async def _listing(
     request: web.Request,
-    namespace: str,
-    name: str,
+    endpoint: tuple[str, str],
     read: Callable[..., Awaitable[Any]],
     chosen: dict[str, Any],
     key: str,
@@ -159,6 +152,7 @@ async def _listing(
     """A page of one endpoint's records (``key``) that ``read`` reads by
     the query's choices (checked before any database is reached), in the
     snapshot that found the endpoint in scope."""
+    namespace, name = endpoint
     async with connection(request) as conn:
         page = await actions.scoped(
             conn, scope(request), namespace, name, lambda c: read(c, namespace, name, **chosen)
