@@ -106,7 +106,7 @@ def _route(who: Audience, face: Face, page: Page, access: Access = Access.READ) 
 async def endpoints_page(request: web.Request, face: Face) -> web.Response:
     tenant = scope(request).tenant
     query = request.query
-    chosen = inputs.endpoint_filter(query) if tenant is None else inputs.tenant_filter(query, tenant)
+    chosen = inputs.tenant_filter(query, tenant)
     after = inputs.endpoint_cursor(query, "after")
     async with connection(request) as conn:
         page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)

@@ -69,8 +69,7 @@ _BOTH = (Audience.ADMIN, Audience.TENANT)
 @audience(*_BOTH)
 async def list_endpoints(request: web.Request) -> web.Response:
     query = request.query
-    tenant = scope(request).tenant
-    chosen = inputs.endpoint_filter(query) if tenant is None else inputs.tenant_filter(query, tenant)
+    chosen = inputs.tenant_filter(query, scope(request).tenant)
     limit = inputs.limit(query, _DEFAULT_ENDPOINTS)
     cursor = inputs.endpoint_cursor(query)
     async with connection(request) as conn:
