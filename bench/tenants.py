@@ -81,7 +81,7 @@ from bench.steady import cpu_seconds
 from hooklane import store
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
-from hooklane.store import portal
+from hooklane.store import grants
 from hooklane.store.queries import QUERIES
 from hooklane.worker.notifications import (
     BATCH,
@@ -305,8 +305,8 @@ class Database:
 async def tokens(db: Database) -> None:
     conn = await asyncpg.connect(db.dsn)
     try:
-        db.tenant_token = (await portal.issue(conn, TENANT, portal.Access.READ, 7200, link=False)).token
-        db.big_token = (await portal.issue(conn, BIG, portal.Access.READ, 7200, link=False)).token
+        db.tenant_token = (await grants.issue(conn, TENANT, grants.Access.READ, 7200, link=False)).token
+        db.big_token = (await grants.issue(conn, BIG, grants.Access.READ, 7200, link=False)).token
         row = await conn.fetchrow("SELECT namespace, name, tenant FROM endpoints WHERE name = 'ep-1'")
         assert row["tenant"] == TENANT, row
         db.listed = (row["namespace"], row["name"])

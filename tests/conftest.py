@@ -35,7 +35,7 @@ from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
 from hooklane.worker.ready import ReadyList, Verdict, Wakeup, parse_wakeup
 from hooklane.worker.runner import Worker
-from tests import timings
+from tests import recording, timings
 from tests.receivers import Answer, Receiver
 from tests.tiers import TIERS, tier_problems
 
@@ -68,6 +68,8 @@ def pytest_configure(config: pytest.Config) -> None:
     missing = [t for t in TIERS if t not in declared]
     if missing:
         raise pytest.UsageError(f"tiers not declared as markers in pyproject.toml: {', '.join(missing)}")
+    if os.environ.get(recording.ENV):
+        recording.install(os.environ[recording.ENV])
 
 
 @dataclass(frozen=True)

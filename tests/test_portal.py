@@ -18,14 +18,14 @@ from aiohttp.test_utils import TestClient
 
 import hooklane
 from hooklane import store
-from hooklane.api import inputs
+from hooklane.api import browser, inputs
 from hooklane.api import portal as pages
 from hooklane.api.auth import PORTAL_COOKIE, Audience
 from hooklane.api.pages import security_headers
 from hooklane.errors import InvalidInput
 from hooklane.selfservice import EndpointForm, resource_name
 from hooklane.settings import Settings
-from hooklane.store import portal
+from hooklane.store import grants
 from hooklane.times import rfc3339
 from tests.conftest import add_endpoint, in_process_api
 from tests.test_tenant_api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, filled, grant
@@ -124,7 +124,7 @@ async def test_a_get_of_the_link_uses_nothing_and_the_form_redeems_it_once(api, 
     assert response.headers["Referrer-Policy"] == "no-referrer"
     cookie = set_cookies(response)[PORTAL_COOKIE]
     session = cookie.split(";")[0].split("=", 1)[1]
-    assert session.startswith(portal.SESSION_PREFIX)
+    assert session.startswith(grants.SESSION_PREFIX)
     assert await db.fetchval("SELECT count(*) FROM portal_grants WHERE kind = 'link'") == 0
 
     response, body = await call(api, "GET", "/portal", session)
@@ -133,7 +133,7 @@ async def test_a_get_of_the_link_uses_nothing_and_the_form_redeems_it_once(api, 
 
     # The same link again, an unknown one and an expired one: one page.
     used, used_body = await enter(api, path)
-    unknown, unknown_body = await enter(api, "/portal/enter/" + portal.LINK_PREFIX + "x" * 43)
+    unknown, unknown_body = await enter(api, "/portal/enter/" + grants.LINK_PREFIX + "x" * 43)
     expired = await link_of(api, "acme")
     await db.execute("UPDATE portal_grants SET expires_at = now() - interval '1 s' WHERE kind = 'link'")
     late, late_body = await enter(api, expired)
@@ -144,7 +144,7 @@ async def test_a_get_of_the_link_uses_nothing_and_the_form_redeems_it_once(api, 
 
 
 async def test_a_malformed_link_is_refused_on_sight(api):
-    for token in ("x", portal.LINK_PREFIX, portal.LINK_PREFIX + "<script>" * 3, "hlps_" + "a" * 43):
+    for token in ("x", grants.LINK_PREFIX, grants.LINK_PREFIX + "<script>" * 3, "hlps_" + "a" * 43):
         response, body = await call(api, "GET", "/portal/enter/" + token)
         assert response.status == 404, token
         assert "This link cannot be used" in body and "<script>" not in body
@@ -171,7 +171,7 @@ async def test_entering_again_ends_the_session_the_browser_had(api, db):
         api, "POST", pages.ENTER, first, data={"token": token_of(await link_of(api, "globex"))}
     )
     assert response.status == 303
-    assert await portal.session_grant(db, first) is None
+    assert await grants.session_grant(db, first) is None
 
 
 @pytest.mark.parametrize(
@@ -193,7 +193,7 @@ async def test_the_session_cookie(dsn, settings, ancestors, forwarded, attribute
         response, _ = await enter(api, await link_of(api, "acme"), headers)
     assert response.status == 303
     name, *rest = [part.strip() for part in set_cookies(response)[PORTAL_COOKIE].split(";")]
-    assert name.startswith(PORTAL_COOKIE + "=" + portal.SESSION_PREFIX)
+    assert name.startswith(PORTAL_COOKIE + "=" + grants.SESSION_PREFIX)
     assert sorted(rest) == sorted(["Path=/portal", "Max-Age=900", *attributes])
 
 
@@ -202,7 +202,7 @@ async def test_log_out_ends_the_session_in_postgres(api, db):
     response, body = await call(api, "POST", "/portal/logout", session)
     assert response.status == 200 and "Logged out" in body
     assert "Max-Age=0" in set_cookies(response)[PORTAL_COOKIE]
-    assert await portal.session_grant(db, session) is None
+    assert await grants.session_grant(db, session) is None
     response, body = await call(api, "GET", "/portal", session)
     assert response.status == 401
     assert "open the portal from your platform again" in body
@@ -452,12 +452,12 @@ async def test_a_tenant_lists_its_own_endpoints_only_and_a_page_is_bounded(api, 
         assert response.status == 200
         assert len(body) < 100_000
         rows = re.findall(r'data-endpoint="default/([^"]+)"', body)
-        assert len(rows) == pages.ENDPOINTS_PER_PAGE
+        assert len(rows) == browser.ENDPOINTS_PER_PAGE
         seen += rows
         assert "<b>10001</b>" in body
         found = re.search(r'href="([^"]+)" class="next"', body)
         path = None if found is None else found[1].replace("&amp;", "&")
-    assert len(set(seen)) == 3 * pages.ENDPOINTS_PER_PAGE
+    assert len(set(seen)) == 3 * browser.ENDPOINTS_PER_PAGE
     assert "theirs" not in seen
     _, body = await call(api, "GET", "/portal?name_prefix=ep-0999", session)
     assert len(re.findall(r'data-endpoint="default/([^"]+)"', body)) == 10
@@ -663,7 +663,7 @@ async def test_without_self_service_no_page_changes_endpoints(dsn, settings, db)
     async with in_process_api(dsn, settings, INGEST, ADMIN) as api:
         await add_endpoint(db, resource_name("acme", "mine"), NOWHERE, tenant="acme")
         # A manage grant issued while self-service was on outlives it.
-        session = (await portal.issue(db, "acme", portal.Access.MANAGE, 60, link=False)).token
+        session = (await grants.issue(db, "acme", grants.Access.MANAGE, 60, link=False)).token
         _, body = await call(
             api, "GET", f"/portal/endpoints/default/{resource_name('acme', 'mine')}", session
         )

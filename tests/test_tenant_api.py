@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 import hooklane
 from hooklane.api.auth import Audience
 from hooklane.settings import Settings
-from hooklane.store import portal
+from hooklane.store import grants
 from tests.conftest import add_endpoint, in_process_api
 
 ADMIN = "admin-token-0123456789"
@@ -118,26 +118,26 @@ async def test_manage_is_refused_without_self_service(dsn, settings):
 async def test_a_link_is_good_once_and_only_its_digest_is_kept(api, db):
     link = await grant(api, "acme", "resend", kind="link")
     token = link["path"].rsplit("/", 1)[1]
-    assert link["url"].endswith(link["path"]) and token.startswith(portal.LINK_PREFIX)
+    assert link["url"].endswith(link["path"]) and token.startswith(grants.LINK_PREFIX)
     assert await db.fetchval(
         "SELECT count(*) FROM portal_grants WHERE digest = sha256($1::bytea)", token.encode()
     )
     assert not await db.fetchval(
         "SELECT count(*) FROM portal_grants WHERE position($1::bytea IN digest) > 0", token.encode()
     )
-    first = await portal.redeem(db, token, 60)
+    first = await grants.redeem(db, token, 60)
     assert first is not None
     session, found = first
     assert (found.tenant, str(found.access)) == ("acme", "resend")
-    assert await portal.redeem(db, token, 60) is None
-    assert (await portal.session_grant(db, session.token)) == found
+    assert await grants.redeem(db, token, 60) is None
+    assert (await grants.session_grant(db, session.token)) == found
 
 
 async def test_an_expired_link_or_token_opens_nothing(api, db):
     link = (await grant(api, "acme", kind="link"))["path"].rsplit("/", 1)[1]
     token = (await grant(api, "acme"))["token"]
     await db.execute("UPDATE portal_grants SET expires_at = now() - interval '1 s'")
-    assert await portal.redeem(db, link, 60) is None
+    assert await grants.redeem(db, link, 60) is None
     response = await api.get("/v1/tenant/session", headers=bearer(token))
     assert response.status == 401
 
@@ -152,7 +152,7 @@ async def test_a_token_says_its_grant_and_ends_when_asked(api):
 
 
 async def test_other_credentials_are_no_tenant_token(api):
-    for headers in ({}, ADMIN_AUTH, bearer(INGEST), bearer(portal.SESSION_PREFIX + "x" * 43)):
+    for headers in ({}, ADMIN_AUTH, bearer(INGEST), bearer(grants.SESSION_PREFIX + "x" * 43)):
         response = await api.get("/v1/tenant/endpoints", headers=headers)
         assert response.status == 401, headers
 

@@ -2,8 +2,10 @@
 
 Two middlewares wrap every route: the outer one gives the request its
 deadline, turns every refusal into the answer of :mod:`.errors` and counts
-the request; the inner one (:mod:`.auth`) checks credentials. The routes of each audience live in
-their own module (``ingest``, ``admin``, ``dashboard``).
+the request; the inner one (:mod:`.auth`) checks credentials and resolves
+the request's scope. The routes of each audience are added by their own
+module (``ingest``, ``admin``, ``tenant``, ``dashboard``, ``portal``); a
+handler several audiences share is added once for each.
 """
 
 from __future__ import annotations

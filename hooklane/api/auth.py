@@ -5,6 +5,7 @@ the comparison)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from enum import Enum
@@ -13,16 +14,17 @@ from typing import TypeVar
 from aiohttp import HttpVersion11, web
 
 from hooklane import metrics
-from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, SHARES, set_grant, set_tenant_grant
+from hooklane.api.actions import Scope
+from hooklane.api.context import ADMIN_TOKENS, INGEST_TOKENS, SETTINGS, SHARES, set_grant, set_scope
 from hooklane.api.errors import Problem, Refused, problem, renderer
 from hooklane.api.inputs import ADMIN_MAX_BODY_BYTES, check_length
 from hooklane.api.shares import Share
 from hooklane.api.tokens import TokenSource, bearer
 from hooklane.errors import InvalidInput, printable
 from hooklane.settings import Settings
-from hooklane.store import portal
+from hooklane.store import grants
 from hooklane.store.connection import StoreConnection
-from hooklane.store.portal import Access
+from hooklane.store.grants import Access
 from hooklane.tokens import Grant
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -45,7 +47,7 @@ class Audience(Enum):
     ADMIN = "admin"
     # People, in a browser: the admin token from the login cookie.
     DASHBOARD = "dashboard"
-    # Programs acting for one tenant, with a tenant token (hooklane/store/portal.py).
+    # Programs acting for one tenant, with a tenant token (hooklane/store/grants.py).
     TENANT = "tenant"
     # One tenant's people, in a browser: a session from a signed link.
     PORTAL = "portal"
@@ -54,17 +56,32 @@ class Audience(Enum):
 _TENANT_AUDIENCES = (Audience.TENANT, Audience.PORTAL)
 
 
-def audience(who: Audience, access: Access = Access.READ) -> Callable[[H], H]:
+def audience(*who: Audience, access: Access = Access.READ) -> Callable[[H], H]:
     """Mark a handler as serving ``who``; a tenant's route also says what
     its grant must allow. A route whose handler has no mark is refused, so
-    that a forgotten mark cannot open a route."""
+    that a forgotten mark cannot open a route. A handler of one audience is
+    its route; one of several is added once for each (:func:`route`)."""
 
     def mark(handler: H) -> H:
-        handler.audience = who  # type: ignore[attr-defined]
+        handler.audiences = who  # type: ignore[attr-defined]
         handler.access = access  # type: ignore[attr-defined]
+        if len(who) == 1:
+            handler.audience = who[0]  # type: ignore[attr-defined]
         return handler
 
     return mark
+
+
+def route(who: Audience, handler: Handler) -> Handler:
+    """The route of ``handler`` for one of the audiences it serves."""
+    assert who in getattr(handler, "audiences", ()), f"{handler.__name__} does not serve {who}"
+
+    @functools.wraps(handler)
+    async def routed(request: web.Request) -> web.StreamResponse:
+        return await handler(request)
+
+    routed.audience = who  # type: ignore[attr-defined]
+    return routed
 
 
 def audience_of(request: web.Request) -> Audience | None:
@@ -91,13 +108,25 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     found = credentials(request)
     if isinstance(found, web.StreamResponse):
         return found
+    who = audience_of(request)
     if found is not None:
         set_grant(request, found)
-    elif audience_of(request) in _TENANT_AUDIENCES:
+        if who in _ACTORS:
+            set_scope(request, Scope(_ACTORS[who]))
+    elif who in _TENANT_AUDIENCES:
         refused = await _tenant_session(request)
         if refused is not None:
             return refused
     return await handler(request)
+
+
+# Who acts, as the audit log and a discarded delivery name the face.
+_ACTORS: dict[Audience | None, str] = {
+    Audience.ADMIN: "the admin API",
+    Audience.DASHBOARD: "the dashboard",
+    Audience.TENANT: "the tenant API",
+    Audience.PORTAL: "the portal",
+}
 
 
 def credentials(request: web.Request) -> Grant | web.Response | None:
@@ -172,7 +201,7 @@ async def _tenant_session(request: web.Request) -> web.Response | None:
     token = tenant_token(request)
     assert token is not None, "credentials() checked it is there"
     async with connection(request) as conn:
-        found = await portal.session_grant(conn, token)
+        found = await grants.session_grant(conn, token)
     if found is None:
         if audience_of(request) is Audience.PORTAL:
             return _refusal(
@@ -184,7 +213,7 @@ async def _tenant_session(request: web.Request) -> web.Response | None:
         return _refusal(
             request, 403, "forbidden", f"this session may {found.access} only; this needs {wanted}"
         )
-    set_tenant_grant(request, found)
+    set_scope(request, Scope(_ACTORS[audience_of(request)], found))
     return None
 
 

@@ -6,11 +6,12 @@ import asyncio
 
 from aiohttp import web
 
+from hooklane.api.actions import Scope
 from hooklane.api.endpoint_writers import EndpointWriter
 from hooklane.api.shares import PoolShares
 from hooklane.api.tokens import TokenSource
 from hooklane.settings import Settings
-from hooklane.store.portal import TenantGrant
+from hooklane.store.grants import TenantGrant
 from hooklane.tokens import Grant
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -26,7 +27,7 @@ DRAINING = web.AppKey("draining", asyncio.Event)
 
 _GRANT = web.RequestKey("grant", Grant)
 _STARTED = web.RequestKey("started", float)
-_TENANT_GRANT = web.RequestKey("tenant_grant", TenantGrant)
+_SCOPE = web.RequestKey("scope", Scope)
 
 
 def grant(request: web.Request) -> Grant:
@@ -38,13 +39,20 @@ def set_grant(request: web.Request, value: Grant) -> None:
     request[_GRANT] = value
 
 
+def scope(request: web.Request) -> Scope:
+    """Whom the request acts for, as its credentials said (:mod:`.auth`)."""
+    return request[_SCOPE]
+
+
+def set_scope(request: web.Request, value: Scope) -> None:
+    request[_SCOPE] = value
+
+
 def tenant_grant(request: web.Request) -> TenantGrant:
     """The tenant session the request was authenticated with."""
-    return request[_TENANT_GRANT]
-
-
-def set_tenant_grant(request: web.Request, value: TenantGrant) -> None:
-    request[_TENANT_GRANT] = value
+    grant = scope(request).grant
+    assert grant is not None, "a tenant's route"
+    return grant
 
 
 def started(request: web.Request) -> float:

@@ -13,7 +13,6 @@ reloading the page never repeats it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,7 +23,7 @@ import asyncpg
 from aiohttp import web
 
 from hooklane import store
-from hooklane.api import inputs, pages
+from hooklane.api import actions, browser, inputs, pages
 from hooklane.api.auth import (
     LOGIN_PATH,
     SESSION_COOKIE,
@@ -34,23 +33,17 @@ from hooklane.api.auth import (
     expect_continue,
     same_origin,
 )
-from hooklane.api.context import ADMIN_TOKENS, repair_stop
+from hooklane.api.context import ADMIN_TOKENS, scope
 from hooklane.api.errors import Problem, answers_in
 from hooklane.errors import InvalidInput
 from hooklane.health import EndpointHealth
 from hooklane.times import rfc3339
-
-logger = logging.getLogger(__name__)
 
 HOME = "/dashboard"
 # What happened, for the page the POST redirects to; read once, then dropped.
 FLASH_COOKIE = "hooklane_flash"
 # Enough for the recent past at a glance; older ones are a click ("older") away.
 DELIVERIES_PER_PAGE = 50
-# The most delayed endpoints are what a glance needs; the rest are a click
-# ("next") or a search away. 50 rows keep the page a few tens of kB however
-# many endpoints there are.
-ENDPOINTS_PER_PAGE = 50
 ATTEMPTS_PER_PAGE = 50
 
 _SECURITY_HEADERS = pages.security_headers()
@@ -58,17 +51,15 @@ _SECURITY_HEADERS = pages.security_headers()
 
 def add_routes(app: web.Application) -> None:
     """Add the dashboard's pages to ``app``."""
+    browser.add_routes(app, FACE, Audience.DASHBOARD)
     router = app.router
-    router.add_get(HOME, endpoints_page)
     router.add_get(LOGIN_PATH, login_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
-    router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/deliveries/{{id}}", delivery_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/attempts", attempts_page)
     router.add_get(f"{HOME}/static/{{file}}", pages.static)
     for path, handler in (
         (LOGIN_PATH, log_in),
         (f"{HOME}/logout", log_out),
-        (f"{HOME}/endpoints/{{namespace}}/{{name}}/resend", resend),
         (f"{HOME}/endpoints/{{namespace}}/{{name}}/reactivate", reactivate),
     ):
         router.add_post(path, handler, expect_handler=expect_continue)
@@ -170,22 +161,6 @@ def render(
     return pages.render(_TEMPLATES, template, status, {**_SECURITY_HEADERS, **(headers or {})}, **values)
 
 
-def _redirect(location: str, flash: str | None = None) -> web.Response:
-    response = web.Response(status=303, headers={"Location": location, **_SECURITY_HEADERS})
-    if flash is not None:
-        response.set_cookie(FLASH_COOKIE, flash, path=HOME, httponly=True, samesite="Strict")
-    return response
-
-
-def _shown_once(request: web.Request, template: str, **values: Any) -> web.Response:
-    """A page with the message the previous POST left, which the browser
-    then drops: a reload does not show it again."""
-    response = render(template, flash=flash_message(request.cookies.get(FLASH_COOKIE)), **values)
-    if FLASH_COOKIE in request.cookies:
-        response.del_cookie(FLASH_COOKIE, path=HOME)
-    return response
-
-
 _TITLES = {408: "Too slow", 422: "Not understood", 503: "Database unavailable"}
 
 
@@ -213,17 +188,6 @@ def problem_page(request: web.Request, found: Problem) -> web.Response:
 browser_page = answers_in(problem_page)
 
 
-def _not_found(namespace: str, name: str) -> web.Response:
-    return render(
-        "problem.html", 404, title="No such endpoint", detail=pages.no_endpoint_text(namespace, name)
-    )
-
-
-def _endpoint_path(namespace: str, name: str) -> str:
-    # Names are DNS labels and subdomains: nothing in them needs quoting.
-    return f"{HOME}/endpoints/{namespace}/{name}"
-
-
 # Pages.
 
 
@@ -231,7 +195,7 @@ def _endpoint_path(namespace: str, name: str) -> str:
 async def login_page(request: web.Request) -> web.Response:
     if not request.app[ADMIN_TOKENS].configured:
         raise web.HTTPNotFound()
-    return _shown_once(request, "login.html", refused=False)
+    return FACE.shown_once(request, "login.html", refused=False)
 
 
 @audience(Audience.OPEN)
@@ -247,7 +211,7 @@ async def log_in(request: web.Request) -> web.Response:
     token = form.get("token")
     if not isinstance(token, str) or tokens.current().check(token.strip()) is None:
         return render("login.html", 401, refused=True, flash=None)
-    response = _redirect(HOME)
+    response = FACE.redirect(request, HOME)
     response.set_cookie(
         SESSION_COOKIE,
         token.strip(),
@@ -260,26 +224,10 @@ async def log_in(request: web.Request) -> web.Response:
 
 
 @audience(Audience.DASHBOARD)
-async def log_out(_request: web.Request) -> web.Response:
-    response = _redirect(LOGIN_PATH, pages.flash_value("logged-out"))
+async def log_out(request: web.Request) -> web.Response:
+    response = FACE.redirect(request, LOGIN_PATH, pages.flash_value("logged-out"))
     response.del_cookie(SESSION_COOKIE, path=HOME)
     return response
-
-
-@audience(Audience.DASHBOARD)
-@browser_page
-async def endpoints_page(request: web.Request) -> web.Response:
-    chosen = inputs.endpoint_filter(request.query)
-    after = inputs.endpoint_cursor(request.query, "after")
-    async with connection(request) as conn:
-        page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
-        totals = await store.endpoint_totals(conn, chosen)
-    search = pages.search_query(chosen)
-    return _shown_once(
-        request,
-        "endpoints.html",
-        **pages.endpoint_list(HOME, chosen, search, page, totals, later=after is not None),
-    )
 
 
 @audience(Audience.DASHBOARD)
@@ -302,32 +250,6 @@ async def endpoint_page(request: web.Request) -> web.Response:
         )
 
     return await _filtered(request, "endpoint.html", read)
-
-
-@audience(Audience.DASHBOARD)
-@browser_page
-async def delivery_page(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
-    try:
-        delivery_id = inputs.delivery_id(request.match_info["id"])
-    except InvalidInput:
-        return _no_delivery(namespace, name, request.match_info["id"])
-    async with connection(request) as conn:
-        health = await _health(conn, namespace, name)
-        detail = None if health is None else await store.delivery_detail(conn, delivery_id, (namespace, name))
-    if health is None:
-        return _not_found(namespace, name)
-    if detail is None:
-        return _no_delivery(namespace, name, str(delivery_id))
-    return _shown_once(
-        request,
-        "delivery.html",
-        health=health,
-        detail=detail,
-        delivery=detail.delivery,
-        shown_at_most=store.MAX_ATTEMPTS_SHOWN,
-        **_endpoint_links(namespace, name, [("delivery", str(delivery_id))]),
-    )
 
 
 @audience(Audience.DASHBOARD)
@@ -371,21 +293,16 @@ async def _filtered(request: web.Request, template: str, read: Read) -> web.Resp
     endpoint went meanwhile). A filter refused is said on the page."""
     namespace, name = inputs.endpoint_key(request)
     async with connection(request) as conn:
-        health = await _health(conn, namespace, name)
+        health = await actions.endpoint(conn, scope(request), namespace, name)
         if health is None:
-            return _not_found(namespace, name)
+            return FACE.no_endpoint(request, namespace, name)
         try:
             values = await read(conn, health)
         except InvalidInput as refused:
             return _refused(request, template, refused, health)
     if values is None:
-        return _not_found(namespace, name)
-    return _shown_once(request, template, health=health, query=request.query, **values)
-
-
-async def _health(conn: asyncpg.Connection, namespace: str, name: str) -> EndpointHealth | None:
-    healths = await store.endpoint_health(conn, endpoint=(namespace, name))
-    return healths[0] if healths else None
+        return FACE.no_endpoint(request, namespace, name)
+    return FACE.shown_once(request, template, health=health, query=request.query, **values)
 
 
 def _refused(
@@ -411,28 +328,7 @@ def _endpoint_links(namespace: str, name: str, back: list[tuple[str, str]]) -> d
     """Where a page's links and forms go: the endpoint's page (``path``),
     and ``back``, the query string its buttons post with so that the
     redirect comes back to the page they were on."""
-    return {"path": _endpoint_path(namespace, name), "back": f"?{urlencode(back)}" if back else ""}
-
-
-@audience(Audience.DASHBOARD)
-@browser_page
-async def resend(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
-    form = await request.post()
-    one = form.get("id")
-    ids = None if one is None else [inputs.delivery_id(str(one))]
-    async with connection(request) as conn:
-        done = await store.resend_dead_pages(conn, namespace, name, ids, stop_at=repair_stop(request))
-    if done is None:
-        return _not_found(namespace, name)
-    logger.info(
-        "dashboard: %d dead deliveries of %s/%s queued again",
-        done.count,
-        namespace,
-        name,
-        extra={"action": "resend", "endpoint": f"{namespace}/{name}", "deliveries": ids},
-    )
-    return _redirect(_back(request, namespace, name), pages.resend_flash(ids, done))
+    return {"path": FACE.endpoint_path(namespace, name), "back": f"?{urlencode(back)}" if back else ""}
 
 
 @audience(Audience.DASHBOARD)
@@ -440,24 +336,18 @@ async def resend(request: web.Request) -> web.Response:
 async def reactivate(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     async with connection(request) as conn:
-        done = await store.reactivate_endpoint(conn, namespace, name)
+        done = await actions.reactivate(conn, scope(request), namespace, name)
     if done is store.Reactivation.NO_ENDPOINT:
-        return _not_found(namespace, name)
+        return FACE.no_endpoint(request, namespace, name)
     if done is store.Reactivation.NOT_DEACTIVATED:
-        return _redirect(_back(request, namespace, name), pages.flash_value("not-deactivated"))
-    logger.info(
-        "dashboard: endpoint %s/%s reactivated",
-        namespace,
-        name,
-        extra={"action": "reactivate", "endpoint": f"{namespace}/{name}"},
-    )
-    return _redirect(_back(request, namespace, name), pages.flash_value("reactivated"))
+        return FACE.redirect(request, _back(request, namespace, name), pages.flash_value("not-deactivated"))
+    return FACE.redirect(request, _back(request, namespace, name), pages.flash_value("reactivated"))
 
 
 def _back(request: web.Request, namespace: str, name: str) -> str:
     """The page the form was posted from: a delivery's, or the endpoint's
     with its filter; the endpoint's whole list if that is not understood."""
-    path = _endpoint_path(namespace, name)
+    path = FACE.endpoint_path(namespace, name)
     try:
         if "delivery" in request.query:
             return f"{path}/deliveries/{inputs.delivery_id(request.query['delivery'], 'delivery')}"
@@ -467,10 +357,23 @@ def _back(request: web.Request, namespace: str, name: str) -> str:
     return f"{path}?{urlencode(query)}" if query else path
 
 
-def _no_delivery(namespace: str, name: str, delivery: str) -> web.Response:
-    return render(
-        "problem.html",
-        404,
-        title="No such delivery",
-        detail=pages.no_delivery_text(namespace, name, delivery),
-    )
+def _set_flash(_request: web.Request, response: web.Response, flash: str | None) -> None:
+    if flash is None:
+        response.del_cookie(FLASH_COOKIE, path=HOME)
+    else:
+        response.set_cookie(FLASH_COOKIE, flash, path=HOME, httponly=True, samesite="Strict")
+
+
+FACE = browser.Face(
+    HOME,
+    FLASH_COOKIE,
+    render=lambda _request, template, status=200, **values: render(template, status, **values),
+    problem_page=problem_page,
+    problem=lambda _request, status, title, detail: render(
+        "problem.html", status, title=title, detail=detail
+    ),
+    headers=lambda _request: _SECURITY_HEADERS,
+    set_flash=_set_flash,
+    flash_message=flash_message,
+    back=_back,
+)

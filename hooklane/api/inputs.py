@@ -165,9 +165,12 @@ def endpoint_filter(query: Mapping[str, str]) -> store.EndpointFilter:
     )
 
 
-def tenant_filter(query: Mapping[str, str], tenant: str) -> store.EndpointFilter:
+def tenant_filter(query: Mapping[str, str], tenant: str | None) -> store.EndpointFilter:
     """:func:`endpoint_filter` within one tenant's endpoints, whatever the
-    query says: a tenant's listing."""
+    query says: a tenant's listing; as the query says for the platform's
+    (``tenant`` None)."""
+    if tenant is None:
+        return endpoint_filter(query)
     return replace(endpoint_filter({k: v for k, v in query.items() if k != "tenant"}), tenant=tenant)
 
 

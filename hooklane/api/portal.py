@@ -8,15 +8,16 @@ a form that posts the token back: a link prefetcher or a mail scanner that
 fetches the page leaves the link unused, a browser (portal.js, or a click)
 redeems it for a session cookie of the tenant and its rights.
 
-The pages are built as the dashboard's are, of the same pieces
-(:mod:`.pages`, templates/macros.html): rendered on the server with every
-value escaped, its strict CSP, each change a form POST answered by a
-redirect (303) and a one-shot message. Two things differ: the platform
-may frame them (``portal_frame_ancestors``) and brand them
-(``portal_name``, ``portal_colour``). Every read and change is scoped to
-the session's tenant (:mod:`.tenant_actions`,
-:func:`hooklane.store.portal.tenant_endpoint`), so that another tenant's
-endpoint or delivery renders exactly as one that does not exist.
+The pages it shares with the dashboard are one handler each
+(:mod:`.browser`), the rest built of the same pieces (:mod:`.pages`,
+templates/macros.html): rendered on the server with every value escaped,
+its strict CSP, each change a form POST answered by a redirect (303) and a
+one-shot message. What is the portal's own: entry by link, its cookies,
+the platform's frame and brand (``portal_frame_ancestors``,
+``portal_name``, ``portal_colour``), the replay and test event, and the
+self-service form. Every read and change is in the session's tenant's
+scope (:mod:`.actions`), so that another tenant's endpoint or delivery
+renders exactly as one that does not exist.
 """
 
 from __future__ import annotations
@@ -24,17 +25,17 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
 import asyncpg
 from aiohttp import web
 
 from hooklane import store
-from hooklane.api import admin, inputs, pages, tenant, tenant_actions
+from hooklane.api import actions, browser, inputs, pages, tenant
 from hooklane.api.admin import PORTAL_ENTRY
 from hooklane.api.auth import (
     PORTAL_COOKIE,
@@ -45,10 +46,10 @@ from hooklane.api.auth import (
     same_origin,
     tenant_token,
 )
-from hooklane.api.context import SETTINGS, WRITER, repair_stop, tenant_grant
+from hooklane.api.context import SETTINGS, WRITER, scope, tenant_grant
+from hooklane.api.endpoints import replay_fields, replay_of, replayed
 from hooklane.api.errors import Problem, Refused, answers_in
 from hooklane.errors import InvalidInput
-from hooklane.health import EndpointHealth
 from hooklane.selfservice import (
     EndpointForm,
     Limits,
@@ -58,8 +59,8 @@ from hooklane.selfservice import (
     self_service_name,
 )
 from hooklane.settings import Settings
-from hooklane.store import portal
-from hooklane.store.portal import Access, TenantGrant
+from hooklane.store import grants
+from hooklane.store.grants import Access, TenantGrant
 from hooklane.times import rfc3339, rfc3339_seconds
 
 logger = logging.getLogger(__name__)
@@ -69,34 +70,28 @@ ENTER = HOME + "/enter"
 ENDPOINT = HOME + "/endpoints/{namespace}/{name}"
 # What happened, for the page the POST redirects to; read once, then dropped.
 FLASH_COOKIE = "hooklane_portal_flash"
-# A page of the most delayed endpoints: a few tens of kB however many
-# endpoints the tenant has; the rest are a click ("next") or a search away.
-ENDPOINTS_PER_PAGE = 50
 DELIVERIES_PER_PAGE = 50
 # Where the replay form starts: a receiver that was down for about an hour.
 REPLAY_BACK = timedelta(hours=1)
 # A link as the admin API makes them (a prefix and 32 random bytes in
 # base64url): anything else is refused on sight, without a database call.
-_LINK = re.compile(re.escape(portal.LINK_PREFIX) + r"[A-Za-z0-9_-]{16,64}")
+_LINK = re.compile(re.escape(grants.LINK_PREFIX) + r"[A-Za-z0-9_-]{16,64}")
 _NO_REFERRER = {"Referrer-Policy": "no-referrer"}
-T = TypeVar("T")
 
 
 def add_routes(app: web.Application) -> None:
     """Add the portal's pages to ``app``."""
+    browser.add_routes(app, FACE, Audience.PORTAL)
     router = app.router
     router.add_get(PORTAL_ENTRY + "{token}", entry_page)
-    router.add_get(HOME, endpoints_page)
     router.add_get(HOME + "/new", new_endpoint_page)
     router.add_get(ENDPOINT, endpoint_page)
     router.add_get(ENDPOINT + "/edit", edit_page)
-    router.add_get(ENDPOINT + "/deliveries/{id}", delivery_page)
     router.add_get(HOME + "/brand.css", brand_stylesheet)
     router.add_get(HOME + "/static/{file}", pages.static)
     for path, handler in (
         (ENTER, enter),
         (HOME + "/logout", log_out),
-        (ENDPOINT + "/resend", resend),
         (ENDPOINT + "/replay", replay),
         (ENDPOINT + "/test-event", test_event),
         (HOME + "/endpoints", create),
@@ -289,23 +284,6 @@ def _drop_cookie(request: web.Request, response: web.Response, name: str) -> Non
     _set_cookie(request, response, name, "", 0)
 
 
-def _redirect(request: web.Request, location: str, flash: str | None = None) -> web.Response:
-    response = web.Response(status=303, headers=_headers(request.app[SETTINGS], {"Location": location}))
-    if flash is not None:
-        # Long enough to reach the next page, however slowly it loads.
-        _set_cookie(request, response, FLASH_COOKIE, flash, 60)
-    return response
-
-
-def _shown_once(request: web.Request, template: str, **values: Any) -> web.Response:
-    """A page with the message the previous POST left, which the browser
-    then drops: a reload does not show it again."""
-    response = render(request, template, flash=flash_message(request.cookies.get(FLASH_COOKIE)), **values)
-    if FLASH_COOKIE in request.cookies:
-        _drop_cookie(request, response, FLASH_COOKIE)
-    return response
-
-
 _TITLES = {
     401: "Session ended",
     403: "Not allowed",
@@ -366,14 +344,6 @@ def _problem(
     )
 
 
-def _no_endpoint(request: web.Request, namespace: str, name: str) -> web.Response:
-    return _problem(request, 404, "No such endpoint", pages.no_endpoint_text(namespace, name))
-
-
-def _no_delivery(request: web.Request, namespace: str, name: str, delivery: str) -> web.Response:
-    return _problem(request, 404, "No such delivery", pages.no_delivery_text(namespace, name, delivery))
-
-
 def _link_refused(request: web.Request) -> web.Response:
     # Unknown, used and expired read the same: nothing tells a guesser
     # which links exist.
@@ -386,11 +356,6 @@ def _link_refused(request: web.Request) -> web.Response:
         back=False,
         headers=_NO_REFERRER,
     )
-
-
-def endpoint_path(namespace: str, name: str) -> str:
-    # Names are DNS labels and subdomains: nothing in them needs quoting.
-    return f"{HOME}/endpoints/{namespace}/{name}"
 
 
 # Entering and leaving.
@@ -428,15 +393,15 @@ async def enter(request: web.Request) -> web.Response:
         return _link_refused(request)
     settings = request.app[SETTINGS]
     async with connection(request) as conn:
-        found = await portal.redeem(conn, token, settings.portal_session_seconds)
+        found = await grants.redeem(conn, token, settings.portal_session_seconds)
         previous = request.cookies.get(PORTAL_COOKIE)
         if found is not None and previous:
             # One session a browser: the one this cookie replaces ends.
-            await portal.end_session(conn, previous)
+            await grants.end_session(conn, previous)
     if found is None:
         return _link_refused(request)
     session, grant = found
-    response = _redirect(request, HOME)
+    response = FACE.redirect(request, HOME)
     response.headers.update(_NO_REFERRER)
     _set_cookie(request, response, PORTAL_COOKIE, session.token, math.ceil(settings.portal_session_seconds))
     logger.info(
@@ -454,7 +419,7 @@ async def log_out(request: web.Request) -> web.Response:
     token = tenant_token(request)
     assert token is not None, "the middleware checked it"
     async with connection(request) as conn:
-        await portal.end_session(conn, token)
+        await grants.end_session(conn, token)
     response = render(request, "left.html")
     _drop_cookie(request, response, PORTAL_COOKIE)
     return response
@@ -465,48 +430,32 @@ async def log_out(request: web.Request) -> web.Response:
 
 @audience(Audience.PORTAL)
 @portal_page
-async def endpoints_page(request: web.Request) -> web.Response:
-    grant = tenant_grant(request)
-    chosen = inputs.tenant_filter(request.query, grant.tenant)
-    after = inputs.endpoint_cursor(request.query, "after")
-    async with connection(request) as conn:
-        page = await store.endpoint_page(conn, chosen, cursor=after, limit=ENDPOINTS_PER_PAGE)
-        totals = await store.endpoint_totals(conn, chosen)
-    search = [(k, v) for k, v in pages.search_query(chosen) if k != "tenant"]
-    return _shown_once(
-        request,
-        "endpoints.html",
-        grant=grant,
-        **pages.endpoint_list(HOME, chosen, search, page, totals, later=after is not None),
-    )
-
-
-@audience(Audience.PORTAL)
-@portal_page
 async def endpoint_page(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     state = pages.state_filter(request.query.get("state"))
     before = inputs.delivery_cursor(request.query, "before")
     grant = tenant_grant(request)
-    found = await _tenant_read(
-        request,
-        namespace,
-        name,
-        lambda conn: store.endpoint_deliveries(
+    async with connection(request) as conn:
+        found = await actions.with_health(
             conn,
+            scope(request),
             namespace,
             name,
-            states=None if state is None else [state],
-            cursor=before,
-            limit=DELIVERIES_PER_PAGE,
-        ),
-    )
+            lambda c: store.endpoint_deliveries(
+                c,
+                namespace,
+                name,
+                states=None if state is None else [state],
+                cursor=before,
+                limit=DELIVERIES_PER_PAGE,
+            ),
+        )
     if found is None:
-        return _no_endpoint(request, namespace, name)
+        return FACE.no_endpoint(request, namespace, name)
     health, page = found
-    path = endpoint_path(namespace, name)
+    path = FACE.endpoint_path(namespace, name)
     kept = [("state", state)] if state else []
-    return _shown_once(
+    return FACE.shown_once(
         request,
         "endpoint.html",
         grant=grant,
@@ -529,82 +478,18 @@ def _replay_continued(query: Mapping[str, str]) -> dict[str, str | None]:
     there is none, or what the address says is not one."""
     since, cursor = query.get("replay_since"), query.get("replay_cursor")
     try:
-        admin.replay_fields(since, cursor)
+        replay_fields(since, cursor)
     except InvalidInput:
         since = None
     if since is None or cursor is None:
         return {"replay_since": None, "replay_cursor": None}
     return {"replay_since": since, "replay_cursor": cursor}
-    try:
-        return admin.replay_fields(since, cursor)
-    except InvalidInput:
-        return None
 
 
-@audience(Audience.PORTAL)
-@portal_page
-async def delivery_page(request: web.Request) -> web.Response:
-    namespace, name = inputs.endpoint_key(request)
-    try:
-        delivery_id = inputs.delivery_id(request.match_info["id"])
-    except InvalidInput:
-        return _no_delivery(request, namespace, name, request.match_info["id"])
-    found = await _tenant_read(
-        request, namespace, name, lambda conn: store.delivery_detail(conn, delivery_id, (namespace, name))
-    )
-    if found is None:
-        return _no_endpoint(request, namespace, name)
-    health, detail = found
-    if detail is None:
-        return _no_delivery(request, namespace, name, str(delivery_id))
-    return _shown_once(
-        request,
-        "delivery.html",
-        grant=tenant_grant(request),
-        health=health,
-        detail=detail,
-        delivery=detail.delivery,
-        path=endpoint_path(namespace, name),
-        shown_at_most=store.MAX_ATTEMPTS_SHOWN,
-    )
+# Repairs (replay, test event).
 
 
-async def _tenant_read(
-    request: web.Request, namespace: str, name: str, read: Callable[[asyncpg.Connection], Awaitable[T]]
-) -> tuple[EndpointHealth, T] | None:
-    """The endpoint's health and what ``read`` reads of it, in the one
-    snapshot that found the endpoint the session's tenant's; None when it
-    is not (another tenant's reads as none at all)."""
-    async with (
-        connection(request) as conn,
-        portal.tenant_endpoint(conn, tenant_grant(request).tenant, namespace, name) as found,
-    ):
-        if found is None:
-            return None
-        health = (await store.endpoint_health(conn, endpoint=(namespace, name)))[0]
-        return health, await read(conn)
-
-
-# Repairs (resend).
-
-
-@audience(Audience.PORTAL, Access.RESEND)
-@portal_page
-async def resend(request: web.Request) -> web.Response:
-    """Resend one dead delivery (``id``) or all of them."""
-    namespace, name = inputs.endpoint_key(request)
-    one = (await request.post()).get("id")
-    ids = None if one is None else [inputs.delivery_id(str(one))]
-    async with connection(request) as conn:
-        done = await tenant_actions.resend(
-            conn, tenant_grant(request).tenant, namespace, name, ids, repair_stop(request)
-        )
-    if done is None:
-        return _no_endpoint(request, namespace, name)
-    return _redirect(request, _back(request.query, namespace, name), pages.resend_flash(ids, done))
-
-
-@audience(Audience.PORTAL, Access.RESEND)
+@audience(Audience.PORTAL, access=Access.RESEND)
 @portal_page
 async def replay(request: web.Request) -> web.Response:
     """Send the tenant's events since a time to the endpoint again. One
@@ -612,32 +497,32 @@ async def replay(request: web.Request) -> web.Response:
     set to continue where it stopped."""
     namespace, name = inputs.endpoint_key(request)
     form = await request.post()
-    asked = admin.replay_fields(form.get("since"), form.get("cursor"))
-    done = await tenant.replay_of(request, namespace, name, asked)
+    asked = replay_fields(form.get("since"), form.get("cursor"))
+    done = await replay_of(request, namespace, name, asked)
     if done is None:
-        return _no_endpoint(request, namespace, name)
-    path = endpoint_path(namespace, name)
-    cursor = admin.replayed(done)["next_cursor"]
+        return FACE.no_endpoint(request, namespace, name)
+    path = FACE.endpoint_path(namespace, name)
+    cursor = replayed(done)["next_cursor"]
     if cursor is None:
-        return _redirect(request, path, pages.flash_value("replayed", done.count))
+        return FACE.redirect(request, path, pages.flash_value("replayed", done.count))
     # The replay's own words for its time, not the form's: what the
     # continuation sends is what this one read.
     query = urlencode([("replay_since", rfc3339(asked.since)), ("replay_cursor", cursor)])
-    return _redirect(request, f"{path}?{query}", pages.flash_value("replayed-partly", done.count))
+    return FACE.redirect(request, f"{path}?{query}", pages.flash_value("replayed-partly", done.count))
 
 
-@audience(Audience.PORTAL, Access.RESEND)
+@audience(Audience.PORTAL, access=Access.RESEND)
 @portal_page
 async def test_event(request: web.Request) -> web.Response:
     """Queue a test event to the endpoint alone, and show its delivery."""
     namespace, name = inputs.endpoint_key(request)
     async with connection(request) as conn:
-        delivery = await tenant_actions.test_event(conn, tenant_grant(request).tenant, namespace, name)
+        delivery = await actions.test_event(conn, scope(request), namespace, name)
     if delivery is None:
-        return _no_endpoint(request, namespace, name)
-    return _redirect(
+        return FACE.no_endpoint(request, namespace, name)
+    return FACE.redirect(
         request,
-        f"{endpoint_path(namespace, name)}/deliveries/{delivery}",
+        f"{FACE.endpoint_path(namespace, name)}/deliveries/{delivery}",
         pages.flash_value("test-event"),
     )
 
@@ -645,7 +530,7 @@ async def test_event(request: web.Request) -> web.Response:
 def _back(query: Mapping[str, str], namespace: str, name: str) -> str:
     """The page a button was on: a delivery's (``?delivery=``), else the
     endpoint's."""
-    path = endpoint_path(namespace, name)
+    path = FACE.endpoint_path(namespace, name)
     try:
         delivery = inputs.delivery_id(query.get("delivery", ""), "delivery")
     except InvalidInput:
@@ -658,7 +543,7 @@ def _back(query: Mapping[str, str], namespace: str, name: str) -> str:
 # are changed here; the writer answers any other as none at all.
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def new_endpoint_page(request: web.Request) -> web.Response:
     # Self-service off: refused (409) here already, as the form's POST would be.
@@ -666,7 +551,7 @@ async def new_endpoint_page(request: web.Request) -> web.Response:
     return _form_page(request, form_values({}), action=HOME + "/endpoints")
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def create(request: web.Request) -> web.Response:
     posted = await _posted(request)
@@ -689,7 +574,7 @@ async def create(request: web.Request) -> web.Response:
     return _secret_page(request, created.namespace, created.name, created.secret, created=True)
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def edit_page(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
@@ -699,13 +584,12 @@ async def edit_page(request: web.Request) -> web.Response:
     tenant.writer(request)
     # The stored spec (the health leaves out the event types and timeout),
     # in the snapshot that found the endpoint the tenant's.
-    async with (
-        connection(request) as conn,
-        portal.tenant_endpoint(conn, grant.tenant, namespace, name) as found,
-    ):
-        stored = None if found is None else await _stored(request, conn, namespace, name)
+    async with connection(request) as conn:
+        stored = await actions.scoped(
+            conn, scope(request), namespace, name, lambda c: _stored(request, c, namespace, name)
+        )
     if stored is None:
-        return _no_endpoint(request, namespace, name)
+        return FACE.no_endpoint(request, namespace, name)
     if chosen is None:
         return _platforms(request, namespace, name)
     form = EndpointForm(
@@ -714,19 +598,19 @@ async def edit_page(request: web.Request) -> web.Response:
     return _form_page(
         request,
         form_values(form),
-        action=f"{endpoint_path(namespace, name)}/edit",
-        path=endpoint_path(namespace, name),
+        action=f"{FACE.endpoint_path(namespace, name)}/edit",
+        path=FACE.endpoint_path(namespace, name),
         over=over_bounds(Limits(stored.max_concurrency, stored.timeout_seconds), request.app[SETTINGS]),
     )
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def edit(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     posted = await _posted(request)
     grant = tenant_grant(request)
-    path = endpoint_path(namespace, name)
+    path = FACE.endpoint_path(namespace, name)
     chosen = self_service_name(request.app[SETTINGS], grant.tenant, namespace, name)
     if chosen is None:
         return await _unchanged(request, namespace, name)
@@ -738,10 +622,10 @@ async def edit(request: web.Request) -> web.Response:
         return _form_refused(request, refused, {**posted, "name": chosen}, action=f"{path}/edit", path=path)
     if not saved:
         return await _unchanged(request, namespace, name)
-    return _redirect(request, path, pages.flash_value("saved"))
+    return FACE.redirect(request, path, pages.flash_value("saved"))
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def delete(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
@@ -749,16 +633,16 @@ async def delete(request: web.Request) -> web.Response:
         raise InvalidInput("confirm", "must be ticked: a deleted endpoint cannot be brought back")
     if not await tenant.writer(request).delete(tenant_grant(request).tenant, namespace, name):
         return await _unchanged(request, namespace, name)
-    return _redirect(request, HOME, pages.flash_value("deleted"))
+    return FACE.redirect(request, HOME, pages.flash_value("deleted"))
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def pause(request: web.Request) -> web.Response:
     return await _set_paused(request, True)
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def resume(request: web.Request) -> web.Response:
     return await _set_paused(request, False)
@@ -768,12 +652,12 @@ async def _set_paused(request: web.Request, paused: bool) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     if not await tenant.writer(request).set_paused(tenant_grant(request).tenant, namespace, name, paused):
         return await _unchanged(request, namespace, name)
-    return _redirect(
-        request, endpoint_path(namespace, name), pages.flash_value("paused" if paused else "resumed")
+    return FACE.redirect(
+        request, FACE.endpoint_path(namespace, name), pages.flash_value("paused" if paused else "resumed")
     )
 
 
-@audience(Audience.PORTAL, Access.MANAGE)
+@audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def rotate_secret(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
@@ -805,9 +689,9 @@ async def _unchanged(request: web.Request, namespace: str, name: str) -> web.Res
     endpoints that the platform set up is the platform's to change; any
     other (another tenant's too) is none at all."""
     async with connection(request) as conn:
-        found = await tenant_actions.endpoint(conn, tenant_grant(request).tenant, namespace, name)
+        found = await actions.endpoint(conn, scope(request), namespace, name)
     if found is None:
-        return _no_endpoint(request, namespace, name)
+        return FACE.no_endpoint(request, namespace, name)
     return _platforms(request, namespace, name)
 
 
@@ -879,7 +763,7 @@ def _secret_page(
         grant=tenant_grant(request),
         namespace=namespace,
         name=name,
-        path=endpoint_path(namespace, name),
+        path=FACE.endpoint_path(namespace, name),
         secret=secret,
         created=created,
         grace=pages.age_text(settings.secret_grace_seconds),
@@ -896,3 +780,24 @@ async def brand_stylesheet(request: web.Request) -> web.Response:
         content_type="text/css",
         headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
     )
+
+
+def _set_flash(request: web.Request, response: web.Response, flash: str | None) -> None:
+    if flash is None:
+        _drop_cookie(request, response, FLASH_COOKIE)
+    else:
+        # Long enough to reach the next page, however slowly it loads.
+        _set_cookie(request, response, FLASH_COOKIE, flash, 60)
+
+
+FACE = browser.Face(
+    HOME,
+    FLASH_COOKIE,
+    render=render,
+    problem_page=problem_page,
+    problem=_problem,
+    headers=lambda request: _headers(request.app[SETTINGS]),
+    set_flash=_set_flash,
+    flash_message=flash_message,
+    back=lambda request, namespace, name: _back(request.query, namespace, name),
+)

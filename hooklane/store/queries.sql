@@ -1328,7 +1328,7 @@ FROM digested d
 FULL JOIN unnest(%(ids)s::bigint[], %(digests)s::text[]) AS known(id, digest) ON known.id = d.id
 WHERE d.id IS NULL OR known.digest IS DISTINCT FROM d.digest;
 
--- Tenant portal (hooklane/store/portal.py; migration 0013).
+-- Tenant portal (hooklane/store/grants.py; migration 0013).
 
 -- name: create_portal_grant
 -- Keep a new link or session by its token's digest, and purge up to a

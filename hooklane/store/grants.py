@@ -1,4 +1,4 @@
-"""Tenant portal grants: the single-use links the admin API hands out, the
+"""Tenant grants: the single-use links the admin API hands out, the
 sessions and tenant tokens they become, and the check every tenant route
 starts with (the endpoint is the tenant's, or it does not exist).
 
