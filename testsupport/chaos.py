@@ -1,7 +1,7 @@
 """Chaos harness (issue 7): a running system, faults injected into it, and the
 two invariants checked over the whole run.
 
-Shared by tests/test_chaos.py (short runs) and bench/chaos.py (long runs).
+Shared by tests/processes/test_chaos.py (short runs) and bench/chaos.py (long runs).
 Everything is real: a PostgreSQL server this harness restarts, ``hooklane
 worker`` processes, an aiohttp receiver on loopback, and a publisher that
 commits events at a steady rate on a connection of its own.
@@ -40,14 +40,14 @@ import asyncpg
 import psutil
 
 import hooklane
-from bench.common import create_database, drop_database
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.spec import EndpointSpec
 from hooklane.store.connection import TRANSIENT
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
-from tests import timings
-from tests.receivers import Answer, Receiver
+from testsupport import timings
+from testsupport.databases import create_database, drop_database
+from testsupport.receivers import Answer, Receiver
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -256,7 +256,7 @@ async def create_endpoints(
 
 
 def worker_env(dsn: str, **overrides: str) -> dict[str, str]:
-    """The tests' short timers (tests/timings.py), so that a run notices and
+    """The tests' short timers (testsupport/timings.py), so that a run notices and
     repairs faults in seconds; quick retries and a short circuit pause so
     that a failing endpoint's deliveries reach their end (dead) within a
     run; and loopback allowed, where every receiver of a run listens."""
@@ -757,12 +757,12 @@ async def _receivers(
     stack: AsyncExitStack, scenario: Scenario, receiver: Receiver
 ) -> tuple[dict[str, str], list[Endpoint], Any]:
     """Endpoint URLs: the healthy receiver's paths, and a HostileServer (from
-    tests/hostile.py) for hostile modes, one endpoint per mode and tenant."""
+    testsupport/hostile.py) for hostile modes, one endpoint per mode and tenant."""
     endpoints = list(scenario.endpoints)
     urls = {ep.name: receiver.on(ep.name, Answer(204, delay=ep.delay)) for ep in endpoints}
     if not scenario.hostile_modes:
         return urls, endpoints, None
-    from tests.hostile import (
+    from testsupport.hostile import (
         HostileServer,  # written alongside; only this scenario needs it
     )
 

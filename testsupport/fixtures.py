@@ -1,6 +1,7 @@
-"""Shared fixtures: a real PostgreSQL (one server per session, a fresh
-database per test cloned from a migrated template by pytest-postgresql), real
-HTTP receivers on loopback, and workers in-process or as real processes."""
+"""The fixtures and helpers tests share: a real PostgreSQL (one server per
+session, a fresh database per test cloned from a migrated template by
+pytest-postgresql), real HTTP receivers on loopback, and workers
+in-process or as real processes."""
 
 from __future__ import annotations
 
@@ -35,39 +36,13 @@ from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
 from hooklane.worker.ready import ReadyList, Verdict, Wakeup, parse_wakeup
 from hooklane.worker.runner import Worker
-from tests import timings
-from tests.receivers import Answer, Receiver
-from tests.tiers import TIERS, tier_problems
-
-pytest_plugins = ["tests.kube_fixtures"]
+from testsupport import timings
+from testsupport.receivers import Answer, Receiver
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 # Every receiver a test starts listens on loopback, which the destination
 # guard refuses unless allowed: each worker a test starts allows it, explicitly.
 LOOPBACK = "127.0.0.0/8,::1/128"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test in one tier, using no fixture of a heavier one
-    (tests/tiers.py). First, before -m selects by marker: a test without a
-    tier marker is given ``db``'s."""
-    problems = []
-    for item in items:
-        markers = {m.name for m in item.iter_markers()}
-        tier, wrong = tier_problems(markers, getattr(item, "fixturenames", ()))
-        if tier not in markers:
-            item.add_marker(tier)
-        problems += [f"{item.nodeid} {why}" for why in wrong]
-    if problems:
-        raise pytest.UsageError("test tiers (tests/tiers.py):\n" + "\n".join(problems))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    declared = {line.split(":")[0].strip() for line in config.getini("markers")}
-    missing = [t for t in TIERS if t not in declared]
-    if missing:
-        raise pytest.UsageError(f"tiers not declared as markers in pyproject.toml: {', '.join(missing)}")
 
 
 @dataclass(frozen=True)

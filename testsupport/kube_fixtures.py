@@ -1,6 +1,6 @@
 """pytest fixtures for tests against a real kube-apiserver.
 
-Load with ``pytest_plugins = ["tests.kube_fixtures"]`` and mark such tests
+Load with ``pytest_plugins = ["testsupport.kube_fixtures"]`` and mark such tests
 ``@pytest.mark.kube``. One control plane (etcd + kube-apiserver, CRDs
 installed) serves the whole session; the first run on a machine builds the
 binaries, which takes minutes (see hack/envtest/README.md).
@@ -8,21 +8,28 @@ binaries, which takes minutes (see hack/envtest/README.md).
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import ctypes
+import json
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+import yaml
 
 from hooklane.crd import PRINTER_COLUMNS
 from hooklane.dev.controlplane import ControlPlane, ControlPlaneError
+from testsupport import timings
 
 # What `kubectl get whe` shows: the name, then the CRD's printer columns,
 # which kubectl heads in capitals.
@@ -191,3 +198,100 @@ class Operator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+ROTATED = "whsec_" + base64.b64encode(b"rotated-signing-key-32-bytes-xx!").decode()
+
+
+@pytest.fixture
+def start_operator(
+    kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., Operator]]:
+    running: list[Operator] = []
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "HOOKLANE_DATABASE_URL": dsn,
+        **timings.environment(timings.OPERATOR),
+    }
+
+    def start(*argv: str, kubeconfig: Path | None = None) -> Operator:
+        run_env = {**env, "KUBECONFIG": str(kubeconfig)} if kubeconfig else env
+        op = Operator(
+            tmp_path / f"operator-{len(running)}.log",
+            [*(argv or ("--standalone",)), "--namespace", kube_namespace],
+            run_env,
+        )
+        running.append(op)
+        return op
+
+    yield start
+    for op in running:
+        op.stop()
+        # Shown by pytest only when the test failed.
+        print(f"--- {op.log.name} (exit {op.proc.returncode}) ---\n{op.output()[-6000:]}")
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane, kube_namespace: str) -> Kube:
+    return Kube(control_plane, kube_namespace)
+
+
+class Kube:
+    """kubectl in the test's namespace, off the event loop so that the
+    receivers and the in-process worker keep running meanwhile."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp = cp
+        self.namespace = namespace
+
+    async def run(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        done = await asyncio.to_thread(self.cp.kubectl, "-n", self.namespace, *args, stdin=stdin, check=check)
+        return done.stdout
+
+    async def apply(self, doc: dict[str, Any]) -> None:
+        await self.run("apply", "-f", "-", stdin=json.dumps(doc))
+
+    async def get(self, name: str = "orders-acme") -> dict[str, Any] | None:
+        out = await self.run("get", "whe", name, "-o", "json", "--ignore-not-found")
+        return json.loads(out) if out.strip() else None
+
+    async def condition(self, type_: str, name: str = "orders-acme") -> dict[str, Any] | None:
+        body = await self.get(name)
+        conditions = (body or {}).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == type_), None)
+
+    async def events(self, name: str = "orders-acme") -> list[str]:
+        out = await self.run("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")
+        return [e["reason"] for e in json.loads(out)["items"]]
+
+    async def columns(self, name: str = "orders-acme") -> dict[str, str]:
+        lines = (await self.run("get", "webhookendpoints", name)).splitlines()
+        return dict(zip(lines[0].split(), lines[1].split(), strict=True))
+
+
+def endpoint(url: str, **spec: Any) -> dict[str, Any]:
+    doc = example("endpoint.yaml")
+    doc["spec"].update(url=url, **spec)
+    return doc
+
+
+def secret(value: str, name: str = "acme-webhook-secret") -> dict[str, Any]:
+    doc = example("secret.yaml")
+    doc["metadata"]["name"] = name
+    doc["stringData"]["secret"] = value
+    return doc
+
+
+async def row(db: asyncpg.Connection, name: str = "orders-acme") -> asyncpg.Record | None:
+    return await db.fetchrow("SELECT * FROM endpoints WHERE name = $1", name)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+EXAMPLES = ROOT / "examples"
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())

@@ -1,7 +1,7 @@
 """The short timers tests run Hooklane with, defined once: the in-process
-worker's settings (tests/conftest.py: ``settings``) and the environment of
+worker's settings (testsupport/fixtures.py: ``settings``) and the environment of
 the worker and operator processes the tests start (conftest.worker_process,
-tests/chaos.py, tests/test_operator.py) are made from these, so that a
+testsupport/chaos.py, tests/kube/test_operator.py) are made from these, so that a
 worker in a test and one in a process keep the same pace."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ endpoint page statement, when the tree has it, shows which indexes it used.
 b6e5578 | tar -x -C /tmp/before``), on the same database: its statements
 need nothing this tree's migrations lack.
 
-Run: ``python -m bench.listings --preset full --before /tmp/before``.
+Run: ``python -m bench.experiments.listings --preset full --before /tmp/before``.
 """
 
 from __future__ import annotations

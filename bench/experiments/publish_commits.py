@@ -23,7 +23,7 @@ second and the CPU its backends and its process use, over
 ``idle_seconds``. ``--probe-cost``: this tree's worker probing every 5 ms
 against one left idle, the difference per probe: what a probe costs.
 
-Run: ``python -m bench.publish_commits --tree /tmp/main --compare .``
+Run: ``python -m bench.experiments.publish_commits --tree /tmp/main --compare .``
 """
 
 from __future__ import annotations

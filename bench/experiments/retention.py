@@ -22,7 +22,7 @@ are the records alone, and a production server writes more for a
 row-by-row delete (a full-page image of each page it first touches after a
 checkpoint), nothing more for a drop.
 
-Run: ``python -m bench.retention --preset full``
+Run: ``python -m bench.experiments.retention --preset full``
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ growth of the process's resident memory over ``n``. ``SSL_CERT_FILE`` is
 unset in those processes (set, it makes ``hooklane.tls`` load the file, as
 the operator who set it asked).
 
-Run: ``python -m bench.tls_contexts --preset full`` (full | quick | smoke)
+Run: ``python -m bench.experiments.tls_contexts --preset full`` (full | quick | smoke)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from asyncio.subprocess import PIPE
 
 from bench.common import bench_parser, machine, run_and_report
 from hooklane import tls
-from tests import certs
+from testsupport import certs
 
 PRESETS = {"smoke": (20,), "quick": (100, 500), "full": (100, 1000, 2000)}
 WAYS = ("loaded", "looked up")
@@ -77,7 +77,14 @@ async def main_async(args: argparse.Namespace) -> dict:
     for n in PRESETS[args.preset]:
         for way in WAYS:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.tls_contexts", "--measure", way, str(n), env=env, stdout=PIPE
+                sys.executable,
+                "-m",
+                "bench.experiments.tls_contexts",
+                "--measure",
+                way,
+                str(n),
+                env=env,
+                stdout=PIPE,
             )
             out, _ = await proc.communicate()
             assert proc.returncode == 0, f"{way} x {n}: exit {proc.returncode}"

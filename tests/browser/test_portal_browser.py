@@ -5,7 +5,7 @@ real Postgres, a real worker and real receivers.
 With ``HOOKLANE_SCREENSHOTS`` set to a directory, the tests also write the
 README's pictures there (``portal-*.png``):
 
-    HOOKLANE_SCREENSHOTS=docs/img hack/test tests/test_portal_browser.py
+    HOOKLANE_SCREENSHOTS=docs/img hack/test tests/browser/test_portal_browser.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from urllib.parse import urlencode
 
 import aiohttp
 import asyncpg
-import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from playwright.async_api import Page
@@ -28,17 +27,12 @@ import hooklane
 from hooklane.api.auth import PORTAL_COOKIE
 from hooklane.policies import CircuitPolicy
 from hooklane.selfservice import resource_name
-from tests import test_dashboard as dashboard_tests
-from tests.conftest import add_endpoint, flaky_history, wait_for
-from tests.receivers import Answer, Receiver
-from tests.test_dashboard import ADMIN_TOKEN, StartServer, cells, dead_ids, dead_until_fixed, webhook_ids
-
-pytestmark = pytest.mark.browser
+from testsupport import dashboard
+from testsupport.dashboard import ADMIN_TOKEN, StartServer, cells, dead_ids, dead_until_fixed, webhook_ids
+from testsupport.fixtures import add_endpoint, flaky_history, wait_for
+from testsupport.receivers import Answer, Receiver
 
 # The dashboard's fixtures: chromium, a fresh context's page, the real API.
-browser = dashboard_tests.browser
-page = dashboard_tests.page
-start_dashboard = dashboard_tests.start_dashboard
 
 SCREENSHOTS = os.environ.get("HOOKLANE_SCREENSHOTS")
 
@@ -82,8 +76,6 @@ async def rows(page: Page, table: str) -> list[str]:
 
 # --------------------------------------------------------------------------
 # Entering, reading, leaving
-
-
 async def test_enter_by_link_then_see_the_endpoints_a_delivery_and_its_attempts(
     start_dashboard: StartServer, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
@@ -128,8 +120,6 @@ async def test_enter_by_link_then_see_the_endpoints_a_delivery_and_its_attempts(
 
 # --------------------------------------------------------------------------
 # Repairs, with a worker delivering for real
-
-
 async def test_resend_one_dead_delivery_then_all_of_them(
     start_dashboard: StartServer, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
 ) -> None:
@@ -351,7 +341,7 @@ async def test_at_phone_width_tables_scroll_in_their_box_and_the_header_spans_th
     delivery = await flaky_history(db, receiver, start_worker)
     base = await start(start_dashboard)
     await page.set_viewport_size(PHONE)
-    await dashboard_tests.log_in(page, base)
+    await dashboard.log_in(page, base)
     await enter(page, base, "acme")
     endpoint = "endpoints/default/flaky"
     pages = [

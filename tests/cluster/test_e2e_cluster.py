@@ -33,13 +33,11 @@ from standardwebhooks.webhooks import Webhook
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
-from tests.conftest import wait_for
-from tests.kube_fixtures import WHE_COLUMNS
-from tests.receivers import Answer, Receiver
+from testsupport.fixtures import wait_for
+from testsupport.kube_fixtures import WHE_COLUMNS
+from testsupport.receivers import Answer, Receiver
 
-pytestmark = pytest.mark.cluster
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "hooklane"
 SYSTEM = "hooklane-system"  # where the chart goes
 SHOP = "shop"  # where a user keeps their endpoints

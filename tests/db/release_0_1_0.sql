@@ -1,5 +1,5 @@
 -- The `reserve`, `complete` and `sweep_ready` statements of the 0.1.0
--- release, frozen as that release's workers run them, for tests/test_migrations.py to check
+-- release, frozen as that release's workers run them, for tests/db/test_migrations.py to check
 -- that such a worker keeps working while a rolling upgrade replaces it.
 -- Not a second source of Hooklane's SQL: the statements in use are in
 -- hooklane/store/queries.sql. Never edit this file to follow a change there;

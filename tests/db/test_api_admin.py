@@ -26,8 +26,8 @@ from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.times import rfc3339
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, add_endpoint, flaky_history, in_process_api, notified, wait_for
-from tests.test_cli import hooklane as run_cli
+from testsupport.cli import hooklane as run_cli
+from testsupport.fixtures import SECRET, add_endpoint, flaky_history, in_process_api, notified, wait_for
 
 ADMIN = "admin-token-0123456789"
 INGEST = "ingest-token-0123456789"

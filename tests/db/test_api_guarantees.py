@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY
 
 from hooklane import store
 from hooklane.settings import Settings
-from tests.conftest import add_endpoint, in_process_api
-from tests.test_cli import hooklane as run_cli
+from testsupport.cli import hooklane as run_cli
+from testsupport.fixtures import add_endpoint, in_process_api
 
 ADMIN = "admin-token-0123456789"
 INGEST = "ingest-token-0123456789"

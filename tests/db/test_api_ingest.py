@@ -41,7 +41,7 @@ from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput, OutcomeUnknown, TransientStoreError
 from hooklane.settings import Settings
 from hooklane.tokens import Tokens
-from tests.conftest import LOOPBACK, add_endpoint, api_process, wait_api_up, wait_for, worker_process
+from testsupport.fixtures import LOOPBACK, add_endpoint, api_process, wait_api_up, wait_for, worker_process
 
 TOKEN = "ingest-token-0123456789"
 ACME_ONLY = "acme-only-token-0123456789"

@@ -15,11 +15,9 @@ from hooklane import store
 from hooklane.errors import InvalidInput
 from hooklane.policies import CircuitPolicy, RetryPolicy
 from hooklane.store.cursor import AttemptPosition, attempt_cursor
-from tests.conftest import ALL_PARTITIONS as ALL
-from tests.conftest import add_endpoint, flaky_history, reserve_round, wait_for
-from tests.receivers import Answer
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import ALL_PARTITIONS as ALL
+from testsupport.fixtures import add_endpoint, flaky_history, reserve_round, wait_for
+from testsupport.receivers import Answer
 
 _ATTEMPTS = "SELECT * FROM delivery_attempts ORDER BY recorded_at, attempt"
 

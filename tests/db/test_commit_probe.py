@@ -16,7 +16,7 @@ import hooklane
 from hooklane import store
 from hooklane.settings import Settings
 from hooklane.worker.commits import RATE_MEMORY_SECONDS, ended_since, next_interval, observed_rate
-from tests.conftest import add_endpoint, in_process_api, notified, wait_for
+from testsupport.fixtures import add_endpoint, in_process_api, notified, wait_for
 
 INGEST = "ingest-token-0123456789"
 ADMIN = "admin-token-0123456789"

@@ -6,15 +6,11 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-import pytest
-
 import hooklane
 from hooklane import metrics
 from hooklane.policies import CircuitPolicy
-from tests.conftest import add_endpoint, wait_for
-from tests.receivers import Answer
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import add_endpoint, wait_for
+from testsupport.receivers import Answer
 
 
 async def _publish(db, n=1, tenant="acme"):

@@ -16,7 +16,7 @@ import hooklane
 from hooklane import metrics
 from hooklane.guard import DestinationNotAllowed, parse_networks
 from hooklane.worker.sender import Sender, guarded_socket
-from tests.conftest import LOOPBACK, add_endpoint, wait_for, worker_process
+from testsupport.fixtures import LOOPBACK, add_endpoint, wait_for, worker_process
 
 ALLOWED = parse_networks(LOOPBACK)
 

@@ -14,14 +14,12 @@ from typing import TypeVar
 
 import pytest
 
-from bench.common import nested_plans
 from hooklane import store
 from hooklane.policies import CircuitPolicy
 from hooklane.worker.ready import ReadyList
-from tests.conftest import ALL_PARTITIONS as ALL
-from tests.conftest import SECRET, reserve_round
-
-pytestmark = pytest.mark.db
+from testsupport.databases import nested_plans
+from testsupport.fixtures import ALL_PARTITIONS as ALL
+from testsupport.fixtures import SECRET, reserve_round
 
 T = TypeVar("T")
 

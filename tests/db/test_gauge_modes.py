@@ -10,9 +10,7 @@ from prometheus_client import REGISTRY
 
 import hooklane
 from hooklane.settings import Settings
-from tests.conftest import add_endpoint, wait_for
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import add_endpoint, wait_for
 
 
 def _series(name: str) -> dict[tuple[str, ...], float]:

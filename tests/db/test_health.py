@@ -20,7 +20,7 @@ from hooklane.store.queries import QUERIES
 from hooklane.worker.jobs import Gauges
 from hooklane.worker.partitions import PartitionOwner
 from hooklane.worker.ready import ReadyList
-from tests.conftest import add_endpoint
+from testsupport.fixtures import add_endpoint
 
 OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -1,5 +1,5 @@
 """Whatever a receiver sends ends as a recorded attempt (issue 7): each mode
-of tests/hostile.py against a real worker, real Postgres and raw sockets on
+of testsupport/hostile.py against a real worker, real Postgres and raw sockets on
 loopback."""
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from aiohttp.client_reqrep import ConnectionKey
 import hooklane
 from hooklane.worker.rules import RetryPolicy
 from hooklane.worker.sender import failure_class
-from tests.conftest import add_endpoint, wait_for
-from tests.hostile import (
+from testsupport.fixtures import add_endpoint, wait_for
+from testsupport.hostile import (
     GARBAGE_HEADER_ANSWERS,
     GARBAGE_STATUS_LINES,
     RETRY_AFTER_VALUES,
     HostileServer,
 )
-from tests.receivers import Answer
+from testsupport.receivers import Answer
 
-pytestmark = [pytest.mark.db, pytest.mark.chaos]
+pytestmark = pytest.mark.chaos
 
 TIMEOUT = 1
 TIMED_OUT = f"timeout: no response within {TIMEOUT} s"

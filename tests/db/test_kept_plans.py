@@ -11,15 +11,12 @@ import re
 from datetime import UTC, datetime
 
 import asyncpg
-import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
 from hooklane.worker.ready import ReadyList, Recorded, Verdict
-from tests.conftest import add_endpoint
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import add_endpoint
 
 ALL = list(range(32))
 WORKER = "test-worker"

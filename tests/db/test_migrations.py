@@ -18,7 +18,7 @@ from standardwebhooks.webhooks import Webhook
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from tests.conftest import SECRET, RunningWorker, add_endpoint, reserve_round, wait_for
+from testsupport.fixtures import SECRET, RunningWorker, add_endpoint, reserve_round, wait_for
 
 ALL = list(range(32))
 
@@ -190,7 +190,7 @@ async def test_concurrent_migrate_runs_apply_each_migration_once(fresh_dsn):
         await conn.close()
 
 
-# The statements a worker of the 0.1.0 release runs (tests/release_0_1_0.sql).
+# The statements a worker of the 0.1.0 release runs (tests/db/release_0_1_0.sql).
 RELEASE_0_1_0 = store.parse_queries((Path(__file__).parent / "release_0_1_0.sql").read_text())
 
 

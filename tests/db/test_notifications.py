@@ -29,8 +29,8 @@ from hooklane.publish import check_event
 from hooklane.settings import Settings
 from hooklane.worker import notifications
 from hooklane.worker.notifications import Notifications, Notified, notice_event, notice_id
-from tests.conftest import ALL_PARTITIONS, SECRET, add_endpoint, reserve_round, wait_for
-from tests.receivers import Answer, Receiver
+from testsupport.fixtures import ALL_PARTITIONS, SECRET, add_endpoint, reserve_round, wait_for
+from testsupport.receivers import Answer, Receiver
 
 OPS = "ops"
 # Retries at once, and a circuit that opens at the second failure and stays

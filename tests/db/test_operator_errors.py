@@ -12,8 +12,6 @@ from hooklane import store
 from hooklane.operator import handlers, reflect
 from hooklane.settings import Settings
 
-pytestmark = pytest.mark.db
-
 NAMESPACE, NAME = "shop", "orders"
 SPEC = {
     "tenant": "acme",

@@ -6,12 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import kopf
-import pytest
 
 from hooklane.operator import handlers
 from hooklane.settings import Settings
-
-pytestmark = pytest.mark.db
 
 
 async def test_startup_hands_kopf_the_worker_limit_and_the_watch_idle_timeout(settings: Settings):

@@ -27,8 +27,8 @@ from hooklane.selfservice import EndpointForm, resource_name
 from hooklane.settings import Settings
 from hooklane.store import portal
 from hooklane.times import rfc3339
-from tests.conftest import add_endpoint, in_process_api
-from tests.test_tenant_api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, filled, grant
+from testsupport.api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, filled, grant
+from testsupport.fixtures import add_endpoint, in_process_api
 
 PLATFORM = "https://app.example.com"
 # A host the destination guard lets through in these tests (loopback).

@@ -14,13 +14,13 @@ import asyncpg
 import pytest
 
 import hooklane
-from bench.common import nested_plans
 from hooklane import store
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.publish import MAX_DATA_BYTES, check_event
 from hooklane.store.endpoints import statistics_stale
-from tests.conftest import SECRET, add_endpoint, api_process, wait_api_up, wait_for
+from testsupport.databases import nested_plans
+from testsupport.fixtures import SECRET, add_endpoint, api_process, wait_api_up, wait_for
 
 API_TOKEN = "publish-token-0123456789"
 
@@ -92,7 +92,7 @@ async def test_unmatched_event_is_kept_and_counted(db):
 
 
 async def test_same_id_twice_is_stored_once(db):
-    # With other content it is refused: tests/test_tenancy.py.
+    # With other content it is refused: tests/db/test_tenancy.py.
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     first = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 1}, id="evt-42")
     again = await hooklane.publish(db, tenant="acme", type="order.created", data={"v": 1}, id="evt-42")

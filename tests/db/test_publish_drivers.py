@@ -28,8 +28,8 @@ import hooklane
 from hooklane.errors import EventConflict, InvalidInput
 from hooklane.publish import psycopg as with_psycopg
 from hooklane.publish import sqlalchemy as with_sqlalchemy
-from tests.conftest import SECRET, add_endpoint, wait_for
-from tests.receivers import Answer
+from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.receivers import Answer
 
 ORDER = "INSERT INTO orders (id) VALUES ('{}')"
 

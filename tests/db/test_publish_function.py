@@ -21,8 +21,8 @@ from hooklane import store
 from hooklane.checks import MAX_DEPTH
 from hooklane.errors import InvalidInput
 from hooklane.publish import MAX_DATA_BYTES, arguments
-from tests.conftest import add_endpoint
-from tests.receivers import Answer
+from testsupport.fixtures import add_endpoint
+from testsupport.receivers import Answer
 
 REFUSAL = "SELECT field FROM hooklane_publish_refusal_v1(%s, %s, %s::jsonb, %s, %s, %s)"
 TRY = "SELECT * FROM hooklane_try_publish_v1($1, $2, $3::jsonb, $4, $5, $6)"

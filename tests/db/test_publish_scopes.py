@@ -13,9 +13,9 @@ import asyncpg
 import pytest
 
 from hooklane import store
-from tests.conftest import add_endpoint
-from tests.receivers import Answer
-from tests.test_cli import hooklane
+from testsupport.cli import hooklane
+from testsupport.fixtures import add_endpoint
+from testsupport.receivers import Answer
 
 TRY = "SELECT * FROM hooklane_try_publish_v1($1, $2, $3::jsonb, $4, $5, $6)"
 TRY_TEXT = "SELECT * FROM hooklane_try_publish_v2($1, $2, $3, $4, $5, $6)"

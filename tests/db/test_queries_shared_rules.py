@@ -4,7 +4,7 @@ the released functions that still spell them out (CONTRIBUTING.md,
 they must agree on every case.
 
 The tenant-change discard is covered by behaviour as well:
-tests/test_tenancy.py expects one message from upsert_endpoint (which calls
+tests/db/test_tenancy.py expects one message from upsert_endpoint (which calls
 hooklane_tenant_discard) and from the reservation (hooklane_reserve_v2,
 which spells it out)."""
 

@@ -18,8 +18,8 @@ import hooklane
 from hooklane import store
 from hooklane.delivery import DeliverySpec
 from hooklane.policies import CircuitPolicy
-from tests.conftest import add_endpoint, wait_for, worker_process
-from tests.receivers import Answer, Receiver
+from testsupport.fixtures import add_endpoint, wait_for, worker_process
+from testsupport.receivers import Answer, Receiver
 
 PARTITION_CLASS = 0x686C70
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import hooklane
-from tests.conftest import SECRET, add_endpoint, wait_for
-from tests.receivers import Answer
+from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.receivers import Answer
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "receivers.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "receivers.md"
 
 
 def _block(language: str, holding: str) -> str:

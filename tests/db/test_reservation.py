@@ -14,8 +14,8 @@ from hooklane.delivery import DeliverySpec
 from hooklane.policies import CircuitPolicy
 from hooklane.store.queries import QUERIES
 from hooklane.worker.ready import Wakeup
-from tests.conftest import ALL_PARTITIONS as ALL
-from tests.conftest import add_endpoint, notified, queue_unannounced, reserve_round
+from testsupport.fixtures import ALL_PARTITIONS as ALL
+from testsupport.fixtures import add_endpoint, notified, queue_unannounced, reserve_round
 
 
 async def _reserve(db, limit=100):

@@ -12,8 +12,6 @@ import pytest
 
 from hooklane import store
 
-pytestmark = pytest.mark.db
-
 # Each part of the catalog as sorted lines of text, so that a difference
 # reads as a diff. Columns are compared by name, not position: a column a
 # migration added goes last in the table, and schema.sql may group it with

@@ -24,8 +24,8 @@ from hooklane.errors import InvalidInput
 from hooklane.secrets import Keyring, seal, terms_owner, unseal
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
-from tests.conftest import LOOPBACK, wait_for
-from tests.receivers import Answer
+from testsupport.fixtures import LOOPBACK, wait_for
+from testsupport.receivers import Answer
 
 
 def _whsec() -> str:

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 import hooklane
-from tests.conftest import add_endpoint, wait_for
-from tests.receivers import Answer
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import add_endpoint, wait_for
+from testsupport.receivers import Answer
 
 QUICK = 4
 # Twice the long budget (the most the long class holds, calls that ran long

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from standardwebhooks.webhooks import Webhook
 
 import hooklane
-from tests.conftest import SECRET, add_endpoint, wait_for
-from tests.receivers import Answer
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.receivers import Answer
 
 
 async def test_publish_is_delivered_signed(db, receiver, start_worker):

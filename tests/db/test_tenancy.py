@@ -21,7 +21,7 @@ from hooklane import store
 from hooklane.errors import EventConflict, InvalidInput
 from hooklane.policies import CircuitPolicy
 from hooklane.spec import EndpointSpec
-from tests.conftest import LOOPBACK, SECRET, add_endpoint, reserve_round, wait_for
+from testsupport.fixtures import LOOPBACK, SECRET, add_endpoint, reserve_round, wait_for
 
 ALL = list(range(32))
 DISCARDED = "discarded: the endpoint's tenant changed from acme to globex"

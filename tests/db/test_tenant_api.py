@@ -15,17 +15,11 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient
 
-import hooklane
 from hooklane.api.auth import Audience
 from hooklane.settings import Settings
 from hooklane.store import portal
-from tests.conftest import add_endpoint, in_process_api
-
-ADMIN = "admin-token-0123456789"
-INGEST = "ingest-token-0123456789"
-ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN}"}
-# An address nothing listens on: deliveries stay pending or die, never sent.
-NOWHERE = "http://127.0.0.1:9/hook"
+from testsupport.api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, filled, grant
+from testsupport.fixtures import add_endpoint, in_process_api
 
 
 @pytest.fixture
@@ -33,18 +27,6 @@ async def api(dsn: str, settings: Settings) -> AsyncIterator[TestClient]:  # typ
     configured = replace(settings, portal_endpoints="local", portal_https_only=False)
     async with in_process_api(dsn, configured, INGEST, ADMIN) as client:
         yield client
-
-
-async def grant(api: TestClient, tenant: str, access: str = "read", kind: str = "token") -> dict[str, Any]:
-    response = await api.post(
-        "/v1/admin/portal-sessions",
-        headers=ADMIN_AUTH,
-        json={"tenant": tenant, "access": access, "kind": kind},
-    )
-    body = await response.json()
-    assert response.status == 201, body
-    assert response.headers["Cache-Control"] == "no-store"
-    return body
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -65,18 +47,6 @@ async def two_tenants(api: TestClient, db: asyncpg.Connection) -> dict[str, dict
         delivery = await dead_delivery(db, tenant, created["name"])
         found[tenant] = {"namespace": created["namespace"], "name": created["name"], "id": delivery}
     return found
-
-
-async def dead_delivery(db: asyncpg.Connection, tenant: str, name: str) -> str:
-    """Publish an event of ``tenant`` and make its delivery to endpoint
-    ``name`` dead, as a receiver answering 500 would: its id."""
-    await hooklane.publish(db, tenant=tenant, type="order.paid", data={"t": tenant}, id=f"{tenant}-1")
-    delivery = await db.fetchval(
-        "UPDATE deliveries d SET state = 'dead', last_status = 500, last_error = 'HTTP 500' "
-        "FROM endpoints ep WHERE ep.id = d.endpoint_id AND ep.name = $1 RETURNING d.id",
-        name,
-    )
-    return str(delivery)
 
 
 # --- grants --------------------------------------------------------------------
@@ -181,13 +151,6 @@ def tenant_routes(api: TestClient) -> list[tuple[str, str]]:
             and getattr(route.handler, "audience", None) is Audience.TENANT
         }
     )
-
-
-_PARAMETER = re.compile(r"\{(\w+)\}")
-
-
-def filled(template: str, values: dict[str, str]) -> str:
-    return _PARAMETER.sub(lambda m: values[m[1]], template)
 
 
 # A body each kind of route takes: a replay's time, an endpoint's form.
@@ -387,7 +350,7 @@ PLATFORMS_ANSWER = re.compile(r"the tenant\s+API's manage routes answer `(\d{3})
 
 
 async def test_manage_routes_answer_a_platform_made_endpoint_as_documented_and_as_none_at_all(api, db):
-    portal_doc = (Path(__file__).resolve().parent.parent / "docs" / "portal.md").read_text()
+    portal_doc = (Path(__file__).resolve().parents[2] / "docs" / "portal.md").read_text()
     (documented,) = PLATFORMS_ANSWER.findall(portal_doc)
     await add_endpoint(db, "orders", NOWHERE, tenant="acme")
     before = await db.fetchrow("SELECT url, paused, secret, updated_at FROM endpoints")

@@ -13,10 +13,8 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from tests.conftest import ALL_PARTITIONS as ALL
-from tests.conftest import add_endpoint, wait_for
-
-pytestmark = pytest.mark.db
+from testsupport.fixtures import ALL_PARTITIONS as ALL
+from testsupport.fixtures import add_endpoint, wait_for
 
 
 async def _publish(db: asyncpg.Connection, n: int, tenant: str) -> None:

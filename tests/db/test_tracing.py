@@ -20,10 +20,10 @@ from hooklane.errors import InvalidInput, StoreError
 from hooklane.policies import RetryPolicy
 from hooklane.traceparent import format_traceparent, parse_traceparent
 from hooklane.worker import probes
-from tests.conftest import add_endpoint, in_process_api, wait_for, worker_process
-from tests.otlp import Collector
-from tests.receivers import Answer
-from tests.test_cli import hooklane as hooklane_command
+from testsupport.cli import hooklane as hooklane_command
+from testsupport.fixtures import add_endpoint, in_process_api, wait_for, worker_process
+from testsupport.otlp import Collector
+from testsupport.receivers import Answer
 
 INGEST = "ingest-token-tracing-0123456789"
 ADMIN = "admin-token-tracing-0123456789"

@@ -37,7 +37,7 @@ from hooklane.worker.partitions import PartitionOwner
 from hooklane.worker.ready import ReadyList
 from hooklane.worker.runner import Worker
 from hooklane.worker.trigger import Trigger, Wake
-from tests.conftest import add_endpoint, queue_unannounced, reserve_round, wait_for
+from testsupport.fixtures import add_endpoint, queue_unannounced, reserve_round, wait_for
 
 ALL = list(range(32))
 

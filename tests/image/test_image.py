@@ -26,13 +26,11 @@ import asyncpg
 import pytest
 
 from hooklane import store
-from tests import timings
-from tests.conftest import LOOPBACK, add_endpoint, wait_for
-from tests.receivers import Answer
+from testsupport import timings
+from testsupport.fixtures import LOOPBACK, add_endpoint, wait_for
+from testsupport.receivers import Answer
 
-pytestmark = pytest.mark.image
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Debian's runc (crun refuses hybrid cgroups), and ulimits within the hard
 # nofile limit of machines where podman's default is out of reach.
 PODMAN = ["podman", "--runtime", "/usr/sbin/runc"]

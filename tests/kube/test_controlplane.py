@@ -14,11 +14,9 @@ import yaml
 
 from hooklane.crd import CRD_NAME
 from hooklane.dev.controlplane import ControlPlane
-from tests.kube_fixtures import WHE_COLUMNS
+from testsupport.kube_fixtures import WHE_COLUMNS
 
-pytestmark = pytest.mark.kube
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 SpecEdit = Callable[[dict[str, Any]], None]
 

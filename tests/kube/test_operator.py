@@ -3,19 +3,15 @@ receivers: ``hooklane operator`` runs as a process, exactly as deployed."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import os
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -25,110 +21,15 @@ from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from hooklane.delivery import RequestTerms
-from hooklane.dev.controlplane import ControlPlane
 from hooklane.policies import CircuitPolicy, RetryPolicy
 from hooklane.secrets import terms_owner, unseal
-from tests import timings
-from tests.conftest import SECRET, add_endpoint, wait_for
-from tests.kube_fixtures import Operator
-from tests.receivers import Answer, Received
-from tests.test_chart import CHART, tools  # noqa: F401 (tools: the fixture that builds helm)
+from testsupport.chart import CHART
+from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.kube_fixtures import EXAMPLES, ROTATED, Kube, Operator, endpoint, row, secret
+from testsupport.receivers import Answer, Received
 
-pytestmark = pytest.mark.kube
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-ROTATED = "whsec_" + base64.b64encode(b"rotated-signing-key-32-bytes-xx!").decode()
 # Retries within a second, so that recovery does not wait on the contract's 30 s.
 FAST_RETRY = RetryPolicy(base_seconds=0.2, cap_seconds=0.5)
-
-
-@pytest.fixture
-def start_operator(
-    kubeconfig: Path, dsn: str, kube_namespace: str, tmp_path: Path
-) -> Iterator[Callable[..., Operator]]:
-    running: list[Operator] = []
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "HOOKLANE_DATABASE_URL": dsn,
-        **timings.environment(timings.OPERATOR),
-    }
-
-    def start(*argv: str, kubeconfig: Path | None = None) -> Operator:
-        run_env = {**env, "KUBECONFIG": str(kubeconfig)} if kubeconfig else env
-        op = Operator(
-            tmp_path / f"operator-{len(running)}.log",
-            [*(argv or ("--standalone",)), "--namespace", kube_namespace],
-            run_env,
-        )
-        running.append(op)
-        return op
-
-    yield start
-    for op in running:
-        op.stop()
-        # Shown by pytest only when the test failed.
-        print(f"--- {op.log.name} (exit {op.proc.returncode}) ---\n{op.output()[-6000:]}")
-
-
-@pytest.fixture
-def kube(control_plane: ControlPlane, kube_namespace: str) -> Kube:
-    return Kube(control_plane, kube_namespace)
-
-
-class Kube:
-    """kubectl in the test's namespace, off the event loop so that the
-    receivers and the in-process worker keep running meanwhile."""
-
-    def __init__(self, cp: ControlPlane, namespace: str) -> None:
-        self.cp = cp
-        self.namespace = namespace
-
-    async def run(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        done = await asyncio.to_thread(self.cp.kubectl, "-n", self.namespace, *args, stdin=stdin, check=check)
-        return done.stdout
-
-    async def apply(self, doc: dict[str, Any]) -> None:
-        await self.run("apply", "-f", "-", stdin=json.dumps(doc))
-
-    async def get(self, name: str = "orders-acme") -> dict[str, Any] | None:
-        out = await self.run("get", "whe", name, "-o", "json", "--ignore-not-found")
-        return json.loads(out) if out.strip() else None
-
-    async def condition(self, type_: str, name: str = "orders-acme") -> dict[str, Any] | None:
-        body = await self.get(name)
-        conditions = (body or {}).get("status", {}).get("conditions", [])
-        return next((c for c in conditions if c["type"] == type_), None)
-
-    async def events(self, name: str = "orders-acme") -> list[str]:
-        out = await self.run("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")
-        return [e["reason"] for e in json.loads(out)["items"]]
-
-    async def columns(self, name: str = "orders-acme") -> dict[str, str]:
-        lines = (await self.run("get", "webhookendpoints", name)).splitlines()
-        return dict(zip(lines[0].split(), lines[1].split(), strict=True))
-
-
-def example(name: str) -> dict[str, Any]:
-    return yaml.safe_load((EXAMPLES / name).read_text())
-
-
-def endpoint(url: str, **spec: Any) -> dict[str, Any]:
-    doc = example("endpoint.yaml")
-    doc["spec"].update(url=url, **spec)
-    return doc
-
-
-def secret(value: str, name: str = "acme-webhook-secret") -> dict[str, Any]:
-    doc = example("secret.yaml")
-    doc["metadata"]["name"] = name
-    doc["stringData"]["secret"] = value
-    return doc
-
-
-async def row(db: asyncpg.Connection, name: str = "orders-acme") -> asyncpg.Record | None:
-    return await db.fetchrow("SELECT * FROM endpoints WHERE name = $1", name)
 
 
 async def publish(db: asyncpg.Connection, type_: str = "order.created", **data: Any) -> str:
@@ -640,7 +541,7 @@ async def _secret_is(db: asyncpg.Connection, value: str) -> bool:
     return (await row(db))["secret"] == value
 
 
-async def test_the_chart_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path, tools):  # noqa: F811 (the fixture)
+async def test_the_chart_rbac_is_enough(kube, control_plane, db, start_operator, tmp_path, tools):
     """The operator, logged in as the chart's ServiceAccount with the chart's
     RBAC for a watched namespace, syncs, reports, posts Events, deletes, and
     stays active through the chart's KopfPeering."""

@@ -47,10 +47,10 @@ from hooklane.dev.controlplane import ControlPlaneError
 from hooklane.dev.postgres import LocalPostgres
 from hooklane.operator.handlers import FINALIZER
 from hooklane.spec import API_VERSION, KIND
-from tests.conftest import SECRET
-from tests.kube_fixtures import Operator, RestartableControlPlane
+from testsupport.fixtures import SECRET
+from testsupport.kube_fixtures import Operator, RestartableControlPlane
 
-pytestmark = [pytest.mark.kube, pytest.mark.chaos]
+pytestmark = pytest.mark.chaos
 
 GROUP_PATH = f"/apis/{GROUP}/{VERSION}"
 SECRET_NAME = "chaos-signing"
@@ -825,8 +825,6 @@ async def test_postgres_restarted_under_the_operator(
 
 # Two defects the chaos runs found, each pinned by a deterministic
 # reproduction.
-
-
 async def test_a_deletion_during_a_database_stall_is_not_held_for_a_minute(
     api: Api,
     namespace: str,

@@ -15,13 +15,10 @@ from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from hooklane.secrets import Keyring, unseal
-from tests import timings
-from tests.conftest import SECRET, wait_for
-from tests.kube_fixtures import Operator
-from tests.receivers import Answer
-from tests.test_operator import ROTATED, Kube, endpoint, row, secret
-
-pytestmark = pytest.mark.kube
+from testsupport import timings
+from testsupport.fixtures import SECRET, wait_for
+from testsupport.kube_fixtures import ROTATED, Kube, Operator, endpoint, row, secret
+from testsupport.receivers import Answer
 
 KEY = base64.b64encode(b"operator-test-encryption-key-32b").decode()
 KEYRING = Keyring.parse(f"k1:{KEY}")

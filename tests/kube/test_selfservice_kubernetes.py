@@ -5,7 +5,6 @@ bound to the chart's portal Role only: what it does here is what the chart
 grants."""
 
 # The fixtures imported from other test modules are the tests' parameters.
-# ruff: noqa: F811
 
 from __future__ import annotations
 
@@ -32,13 +31,10 @@ from hooklane.api.errors import Refused
 from hooklane.errors import InvalidInput
 from hooklane.selfservice import SECRET_KEY, EndpointForm, resource_name, tenant_key
 from hooklane.spec import API_VERSION, KIND
-from tests.conftest import in_process_api, wait_for
-from tests.receivers import Answer
-from tests.test_chart import INGEST_TOKEN, tools  # noqa: F401 (tools: the fixture that builds helm)
-from tests.test_operator import Kube, kube, row, start_operator  # noqa: F401 (fixtures)
-from tests.test_selfservice import connect  # noqa: F401 (the fixture)
-
-pytestmark = pytest.mark.kube
+from testsupport.chart import INGEST_TOKEN
+from testsupport.fixtures import in_process_api, wait_for
+from testsupport.kube_fixtures import Kube, row
+from testsupport.receivers import Answer
 
 
 async def publish(db, tenant: str = "acme", **data) -> None:

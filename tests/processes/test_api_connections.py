@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hooklane.api import server
 from hooklane.dev.postgres import free_port
-from tests.conftest import api_process, wait_for
+from testsupport.fixtures import api_process, wait_for
 
 TOKEN = "9tq0oZ7qkY8v1H5XyV4m2sT3bQ0cR6eJ"
 # Long enough for the waits of a loaded machine; a test never waits for it

@@ -31,9 +31,7 @@ from hooklane.dev.postgres import free_port
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, api_process
-
-pytestmark = pytest.mark.processes
+from testsupport.fixtures import SECRET, api_process
 
 # One token in both lists, so that every operation is reachable with one header.
 TOKEN = "schemathesis-token-0123456789"

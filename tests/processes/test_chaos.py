@@ -1,7 +1,7 @@
 """The chaos suite of issue 7, short enough for CI: each scenario injects its
 faults into real workers, a real Postgres and real receivers, and checks for
 the whole run that nothing was lost and no endpoint went over its limit
-(tests/chaos.py). bench/chaos.py runs the same scenarios for longer."""
+(testsupport/chaos.py). bench/chaos.py runs the same scenarios for longer."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ import asyncpg
 import pytest
 
 import hooklane
-from bench.common import create_database, drop_database
 from hooklane.dev.postgres import LocalPostgres, free_port
 from hooklane.worker.partitions import PARTITION_CLASS
-from tests.chaos import (
+from testsupport.chaos import (
     HOSTILE_WORKER_ENV,
     Control,
     Endpoint,
@@ -35,11 +34,12 @@ from tests.chaos import (
     run_scenario,
     wait_workers_ready,
 )
-from tests.conftest import wait_for
-from tests.hostile import HostileServer
-from tests.receivers import Answer, Receiver
+from testsupport.databases import create_database, drop_database
+from testsupport.fixtures import wait_for
+from testsupport.hostile import HostileServer
+from testsupport.receivers import Answer, Receiver
 
-pytestmark = [pytest.mark.processes, pytest.mark.chaos]
+pytestmark = pytest.mark.chaos
 
 
 @pytest.fixture(scope="module")

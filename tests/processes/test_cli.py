@@ -20,8 +20,9 @@ from hooklane import publish as publish_event
 from hooklane.selfservice import resource_name
 from hooklane.times import rfc3339, rfc3339_seconds
 from hooklane.views import detail_json
-from tests.conftest import LOOPBACK, SECRET, add_endpoint, flaky_history
-from tests.test_manifest import LAUGHS
+from testsupport.cli import hooklane
+from testsupport.fixtures import SECRET, add_endpoint, flaky_history
+from testsupport.manifests import LAUGHS
 
 MANIFEST = textwrap.dedent(
     """\
@@ -38,17 +39,6 @@ MANIFEST = textwrap.dedent(
       eventTypes: ["order.*"]
     """
 )
-
-
-def hooklane(dsn: str, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hooklane.cli", *args],
-        env={**os.environ, "HOOKLANE_DATABASE_URL": dsn, "HOOKLANE_ALLOWED_NETWORKS": LOOPBACK, **env},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture
@@ -196,7 +186,7 @@ def test_publish_refuses_bad_input_and_stores_nothing(dsn, db_sync, args, messag
 
 @pytest.mark.unit
 def test_the_version_is_read_from_pyproject():
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert __version__ == pyproject["project"]["version"]
 
 

@@ -10,8 +10,8 @@ import pytest
 
 import hooklane
 from hooklane import store
-from tests.conftest import add_endpoint, wait_for
-from tests.test_cli import hooklane as run_cli
+from testsupport.cli import hooklane as run_cli
+from testsupport.fixtures import add_endpoint, wait_for
 
 
 @pytest.mark.processes
@@ -114,6 +114,7 @@ async def test_replay_catches_up_events_published_while_the_endpoint_was_deactiv
     assert len(receiver.at("/a")) == 2
 
 
+@pytest.mark.db
 async def test_replay_pages_through_the_range(db):
     since = datetime.fromisoformat(await _published_while_a_was_deactivated(db, "http://127.0.0.1:9/a"))
     for n in range(5):

@@ -15,14 +15,11 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
-import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres
-from tests.conftest import add_endpoint, wait_for
-
-pytestmark = pytest.mark.processes
+from testsupport.fixtures import add_endpoint, wait_for
 
 STANDBY = "hooklane_standby_that_never_connects"
 

@@ -18,12 +18,10 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from tests.conftest import SECRET, add_endpoint, wait_for
-from tests.receivers import Answer, Receiver
+from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.receivers import Answer, Receiver
 
-pytestmark = pytest.mark.processes
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "hack" / "examples" / "build"
 EXAMPLES = ROOT / "examples" / "publishing"
 LANGUAGES = ("go", "node", "psql")

@@ -28,19 +28,16 @@ from typing import IO
 import aiohttp
 import asyncpg
 import psutil
-import pytest
 from standardwebhooks.webhooks import Webhook
 
 from hooklane.dev.postgres import free_port
 from hooklane.settings import METRICS_PORTS, Settings
-from tests.conftest import wait_for
-from tests.receivers import Answer
+from testsupport.fixtures import wait_for
+from testsupport.receivers import Answer
 
-pytestmark = pytest.mark.processes
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-MARK = "<!-- tests/test_readme.py runs this block line by line, as written -->"
+MARK = "<!-- tests/processes/test_readme.py runs this block line by line, as written -->"
 MANIFEST = ROOT / "examples" / "endpoint.yaml"
 RECEIVER_PORT = 9000
 DONE = "__readme_line_done__"

@@ -23,12 +23,10 @@ from aiohttp.test_utils import TestServer
 
 import hooklane
 from hooklane.dev.postgres import free_port
-from tests.conftest import add_endpoint, api_process, wait_api_up, wait_for
-from tests.receivers import Answer
+from testsupport.fixtures import add_endpoint, api_process, wait_api_up, wait_for
+from testsupport.receivers import Answer
 
-pytestmark = pytest.mark.processes
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "receivers" / "catch_up.py"
 ADMIN = "admin-token-0123456789"
 # The API starts only with an ingest token too; the tests publish directly.
@@ -131,8 +129,6 @@ def state_of(path: Path) -> dict[str, Any]:
 
 
 # --- against the real API ----------------------------------------------------------
-
-
 async def test_runs_from_a_saved_position_hand_over_each_event_once_in_order(dsn, db, tmp_path):
     # Deliveries to nowhere: the receiver missed all of them.
     await add_endpoint(db, "acme-orders", NOWHERE, tenant="acme")

@@ -11,15 +11,12 @@ import urllib.request
 from typing import IO
 
 import asyncpg
-import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import free_port
-from tests.conftest import add_endpoint, wait_for, worker_process
-from tests.receivers import Answer
-
-pytestmark = pytest.mark.processes
+from testsupport.fixtures import add_endpoint, wait_for, worker_process
+from testsupport.receivers import Answer
 
 
 async def _get(port: int, path: str) -> int:

@@ -8,16 +8,13 @@ import signal
 import urllib.request
 
 import psutil
-import pytest
 
 import hooklane
 from hooklane import store
 from hooklane.dev.postgres import LocalPostgres, free_port
 from hooklane.errors import StoreError
-from tests.conftest import add_endpoint, wait_for, worker_process
-from tests.receivers import Answer
-
-pytestmark = pytest.mark.processes
+from testsupport.fixtures import add_endpoint, wait_for, worker_process
+from testsupport.receivers import Answer
 
 PARTITION_CLASS = 0x686C70
 

@@ -5,13 +5,12 @@ under promtool, and installs against a real kube-apiserver.
 ``hack/tools/build`` builds helm, the helm-unittest plugin and promtool from
 their Go modules the first time (minutes), then reuses them; a failed build
 fails these tests rather than skipping them. The operator running with the
-chart's RBAC is tests/test_operator.py::test_the_chart_rbac_is_enough.
+chart's RBAC is tests/kube/test_operator.py::test_the_chart_rbac_is_enough.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,7 +19,6 @@ import tomllib
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,59 +29,12 @@ from hooklane.dev.controlplane import ControlPlane
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.tokens import Grant, Tokens
+from testsupport.chart import CHART, INGEST_TOKEN, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "charts" / "hooklane"
 EVERYTHING = CHART / "tests" / "values" / "everything.yaml"
 PROMTOOL_TESTS = CHART / "tests" / "prometheus"
-# The release the promtool tests' series are labelled for.
-RELEASE = ("hooklane", "hooklane")
-# A token for the API, which the chart refuses to run without.
-INGEST_TOKEN = "chart-test-token-0123456789"
 REQUIRED = ["--set", "database.existingSecret=pg", "--set", f"api.tokens.ingest[0]={INGEST_TOKEN}"]
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
-
-
-@dataclass(frozen=True)
-class Tools:
-    folder: Path
-    env: dict[str, str]
-
-    def run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [str(self.folder / tool), *args], env=self.env, capture_output=True, text=True, timeout=300
-        )
-        if check and done.returncode != 0:
-            pytest.fail(f"{tool} {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-        return done
-
-    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run("helm", *args, check=check)
-
-    def render(self, *args: str, release: tuple[str, str] = RELEASE) -> list[dict[str, Any]]:
-        name, namespace = release
-        out = self.helm("template", name, str(CHART), "--namespace", namespace, *args).stdout
-        return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-@pytest.fixture(scope="session")
-def tools(tmp_path_factory: pytest.TempPathFactory) -> Tools:
-    build = subprocess.run([str(ROOT / "hack" / "tools" / "build")], capture_output=True, text=True)
-    if build.returncode != 0:
-        pytest.fail(f"hack/tools/build exited {build.returncode}:\n{build.stderr[-4000:]}")
-    folder = Path(build.stdout.strip().splitlines()[-1])
-    # Helm's own folders in a temporary home, so that neither the user's
-    # repositories and plugins nor their kubeconfig take part.
-    home = tmp_path_factory.mktemp("helm-home")
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-        "HELM_PLUGINS": str(folder / "helm-plugins"),
-        "KUBECONFIG": str(home / "no-kubeconfig"),
-    }
-    return Tools(folder, env)
 
 
 def by_kind(docs: list[dict[str, Any]]) -> Counter[str]:

@@ -165,6 +165,7 @@ def refused_unauthorized() -> float:
     return REGISTRY.get_sample_value("hooklane_api_events_refused_total", {"reason": "unauthorized"}) or 0.0
 
 
+@pytest.mark.db
 @pytest.mark.parametrize(
     "authorization",
     [None, "Bearer wrong-token-0123456789", f"Basic {TOKEN}", f"Bearer {ADMIN}", f"Bearer {TOKEN}x"],
@@ -183,6 +184,7 @@ async def test_publishing_without_a_valid_ingest_token_is_401(
     assert refused_unauthorized() == before + 1
 
 
+@pytest.mark.db
 async def test_a_valid_token_gets_past_the_check(client: TestClient) -> None:  # type: ignore[type-arg]
     # The control of the test above: past the check, the database is needed.
     async with client.post(
@@ -203,6 +205,7 @@ async def raw_request(client: TestClient, headers: str) -> bytes:  # type: ignor
         writer.close()
 
 
+@pytest.mark.db
 @pytest.mark.parametrize("path", ["/v1/events", "/v1/events/batch"])
 async def test_a_wrong_token_is_refused_before_the_body_is_read(
     client: TestClient,  # type: ignore[type-arg]
@@ -216,6 +219,7 @@ async def test_a_wrong_token_is_refused_before_the_body_is_read(
     assert status.split()[1] == b"401"
 
 
+@pytest.mark.db
 async def test_a_limited_token_is_checked_against_the_tenant(client: TestClient) -> None:  # type: ignore[type-arg]
     headers = {"Authorization": f"Bearer {LIMITED}"}
     async with client.post("/v1/events", json={**EVENT, "tenant": "globex"}, headers=headers) as response:

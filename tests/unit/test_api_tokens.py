@@ -16,7 +16,7 @@ from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.tokens import Grant, Tokens
-from tests.conftest import api_process
+from testsupport.fixtures import api_process
 
 TOKEN = "9tq0oZ7qkY8v1H5XyV4m2sT3bQ0cR6eJ"
 OTHER = "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4G5h6"

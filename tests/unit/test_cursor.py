@@ -23,8 +23,6 @@ from hooklane.store.cursor import (
 )
 from hooklane.times import parse_time, rfc3339
 
-pytestmark = pytest.mark.unit
-
 
 @given(st.integers(0, 2**64 - 1), st.just("") | st.from_regex(EVENT_ID, fullmatch=True))
 def test_an_event_cursor_comes_back_as_it_went(xact, event_id):

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +15,7 @@ import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Page
 
 import hooklane
 from hooklane import store
@@ -34,109 +33,26 @@ from hooklane.results import Result
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from tests.conftest import SECRET, add_endpoint, flaky_history, reserve_round, wait_for
-from tests.receivers import Answer, Receiver
-
-# Characters a cookie value must carry through quoting ("/", "+", "=").
-ADMIN_TOKEN = "dash/admin+token=0123456789"
-INGEST_TOKEN = "ingest-token-0123456789"
-CHROMIUM = "/usr/bin/chromium"
-# Without the background-networking flags Chromium's own connections to the
-# outside are refused by these closed machines, many at a time.
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# Playwright's waits, in ms: a refresh every 5 s, a worker polling every 0.1 s.
-WAIT_MS = 20_000
-
-StartServer = Callable[..., Awaitable[str]]
-
-
-@pytest.fixture
-async def start_dashboard(settings: Settings) -> AsyncIterator[StartServer]:
-    """``await start_dashboard(**settings overrides)``: the base URL of the
-    real API application on loopback, with an admin token."""
-    started: list[tuple[TestServer, asyncpg.Pool]] = []
-
-    async def start(**overrides: Any) -> str:
-        cfg = replace(settings, **{"api_ack_timeout_seconds": 2.0, **overrides})
-        pool = await store.create_pool(
-            cfg.database_url, min_size=0, max_size=4, server_settings=store.API_SESSION
-        )
-        ingest = TokenSource(Tokens.parse(INGEST_TOKEN, "test"), None, "test")
-        admin = TokenSource(Tokens.parse(ADMIN_TOKEN, "test"), None, "test")
-        server = TestServer(make_app(cfg, pool, ingest, admin), host="127.0.0.1")
-        await server.start_server()
-        started.append((server, pool))
-        return str(server.make_url("")).rstrip("/")
-
-    yield start
-    for server, pool in started:
-        await server.close()
-        await pool.close()
+from testsupport.dashboard import (
+    ADMIN_TOKEN,
+    INGEST_TOKEN,
+    WAIT_MS,
+    StartServer,
+    _count,
+    cells,
+    dead_ids,
+    dead_until_fixed,
+    log_in,
+    publish,
+    webhook_ids,
+)
+from testsupport.fixtures import SECRET, add_endpoint, flaky_history, reserve_round, wait_for
+from testsupport.receivers import Answer, Receiver
 
 
 @pytest.fixture
 async def base(start_dashboard: StartServer) -> str:
     return await start_dashboard()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        # Playwright gives each launch a new, empty profile of its own.
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield launched
-        await launched.close()
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    opened = await context.new_page()
-    opened.set_default_timeout(WAIT_MS)
-    yield opened
-    await context.close()
-
-
-async def log_in(page: Page, base: str) -> None:
-    await page.goto(f"{base}/dashboard/login")
-    await page.fill("#token", ADMIN_TOKEN)
-    await page.click("button[type=submit]")
-    await page.wait_for_url(f"{base}/dashboard")
-
-
-async def publish(db: asyncpg.Connection, n: int = 1, tenant: str = "acme") -> list[str]:
-    return [await hooklane.publish(db, tenant=tenant, type="order.created", data={"n": i}) for i in range(n)]
-
-
-async def dead_ids(db: asyncpg.Connection) -> list[int]:
-    return [r["id"] for r in await db.fetch("SELECT id FROM deliveries WHERE state = 'dead' ORDER BY id")]
-
-
-async def dead_until_fixed(
-    db: asyncpg.Connection, receiver: Receiver, start_worker: Any, n: int
-) -> list[str]:
-    """``n`` events to default/orders, refused as too large (413: dead at
-    once) by its receiver, which then takes them; their ids."""
-    fixed = asyncio.Event()
-    url = receiver.on("orders", lambda _n: Answer(200 if fixed.is_set() else 413))
-    await add_endpoint(db, "orders", url)
-    events = await publish(db, n)
-    start_worker()
-    await wait_for(lambda: _count(dead_ids(db), n))
-    fixed.set()
-    return events
-
-
-def webhook_ids(receiver: Receiver, path: str) -> list[str]:
-    return [r.headers["webhook-id"] for r in receiver.at(path)]
 
 
 def endpoint_rows(page: Page) -> Any:
@@ -184,6 +100,7 @@ async def test_login_refuses_a_wrong_token_and_keeps_the_right_one_in_a_strict_c
     assert page.url == f"{base}/dashboard/login"
 
 
+@pytest.mark.db
 async def test_the_cookie_is_secure_behind_an_ingress_that_terminated_tls(base: str) -> None:
     async with aiohttp.ClientSession() as http:
         answer = await http.post(
@@ -197,6 +114,7 @@ async def test_the_cookie_is_secure_behind_an_ingress_that_terminated_tls(base: 
     assert cookie["secure"] and cookie["httponly"] and cookie["samesite"] == "Strict"
 
 
+@pytest.mark.db
 async def test_a_login_from_another_site_is_refused(base: str) -> None:
     async with aiohttp.ClientSession() as http:
         for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}, {}):
@@ -207,6 +125,7 @@ async def test_a_login_from_another_site_is_refused(base: str) -> None:
             assert SESSION_COOKIE not in answer.cookies
 
 
+@pytest.mark.db
 async def test_without_admin_tokens_the_dashboard_is_off(settings: Settings) -> None:
     pool = await store.create_pool(settings.database_url, min_size=0, max_size=1)
     app = make_app(
@@ -434,6 +353,7 @@ async def test_an_overloaded_adaptive_endpoint_shows_its_limit_and_rate(
     assert re.search(r"Rate limit\s*20 starts/s, bursts of 5", facts), facts
 
 
+@pytest.mark.db
 async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str, db: asyncpg.Connection) -> None:
     await add_endpoint(db, "orders", "http://127.0.0.1:9/orders")
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -466,6 +386,7 @@ async def test_an_unknown_endpoint_or_filter_is_answered_in_html(base: str, db: 
             assert "<h1>" in body and "dashboard.js" not in body and "Traceback" not in body
 
 
+@pytest.mark.db
 async def test_a_database_out_of_reach_is_a_page_that_retries(start_dashboard: StartServer) -> None:
     base = await start_dashboard(database_url=f"postgresql://postgres@127.0.0.1:{free_port()}/hooklane")
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -535,10 +456,6 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
 # Attempts: a delivery's timeline, an endpoint's over a time window
 
 
-def cells(page: Page, table: str, column: int) -> Awaitable[list[str]]:
-    return page.locator(f"table.{table} tbody tr td:nth-child({column})").all_inner_texts()
-
-
 @pytest.mark.browser
 async def test_a_delivery_shows_its_attempts_and_the_last_hours_5xx_leave_out_the_success(
     base: str, page: Page, db: asyncpg.Connection, receiver: Receiver, start_worker: Any
@@ -600,6 +517,7 @@ async def test_a_delivery_shows_its_attempts_and_the_last_hours_5xx_leave_out_th
     await page.wait_for_selector(f"tr[data-delivery='{delivery}']")
 
 
+@pytest.mark.db
 async def test_a_delivery_of_another_endpoint_or_a_malformed_id_is_not_found(
     base: str, db: asyncpg.Connection
 ) -> None:
@@ -696,6 +614,7 @@ async def test_resend_a_dead_delivery_from_its_own_page(
     assert await cells(page, "attempts", 5) == ["413", "200"]
 
 
+@pytest.mark.db
 async def test_reactivating_an_active_endpoint_resets_nothing(base: str, db: asyncpg.Connection) -> None:
     await add_endpoint(db, "failing", "http://127.0.0.1:9/failing")
     await db.execute(
@@ -785,10 +704,6 @@ async def test_a_change_posted_from_another_site_with_the_cookie_is_refused(
     finally:
         await server.close()
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'dead'") == 1
-
-
-async def _count(values: Awaitable[list[int]], n: int) -> bool:
-    return len(await values) == n
 
 
 # --------------------------------------------------------------------------

@@ -24,9 +24,7 @@ from hooklane.delivery import (
 from hooklane.errors import InvalidInput
 from hooklane.spec import parse_spec
 from hooklane.tls import client_context
-from tests import certs
-
-pytestmark = pytest.mark.unit
+from testsupport import certs
 
 URL = "https://receiver.example/hooks"
 BASE = {"url": URL, "tenant": "acme", "secretRef": {"name": "s", "key": "k"}}

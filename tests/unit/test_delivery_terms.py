@@ -34,10 +34,10 @@ from hooklane.spec import EndpointSpec
 from hooklane.views import detail_json
 from hooklane.worker.sender import failure_class
 from hooklane.worker.terms import TermsCache
-from tests import certs
-from tests.conftest import SECRET, add_endpoint, wait_for, worker_process
-from tests.receivers import Answer, OpenSslReceiver, Receiver
-from tests.test_cli import hooklane as run_hooklane
+from testsupport import certs
+from testsupport.cli import hooklane as run_hooklane
+from testsupport.fixtures import SECRET, add_endpoint, wait_for, worker_process
+from testsupport.receivers import Answer, OpenSslReceiver, Receiver
 
 FAST_RETRY = RetryPolicy(base_seconds=0.2, cap_seconds=1.0)
 API_KEY = "sk_live_7Qm2Zr9Xw4Lp"
@@ -71,6 +71,7 @@ async def shown_anywhere(db) -> str:
     return json.dumps([health, details]) + "".join(rows)
 
 
+@pytest.mark.db
 async def test_static_and_secret_headers_arrive_and_are_shown_nowhere(db, receiver, start_worker, caplog):
     caplog.set_level(logging.DEBUG)
     # A failed attempt first, so that there is an error, a log line and an
@@ -257,6 +258,7 @@ async def first_outcome(db) -> tuple[str, str | None, str | None]:
     return row["state"], row["last_failure"], row["last_error"]
 
 
+@pytest.mark.db
 @pytest.mark.parametrize(
     "tls, outcome",
     [
@@ -300,6 +302,7 @@ def hashed_trust(tmp_path, monkeypatch) -> Iterator[Path]:
     tls_contexts.hashed_directory.cache_clear()
 
 
+@pytest.mark.db
 async def test_a_client_certificate_trusts_the_system_store_looked_up_not_loaded(
     db, start_worker, tmp_path, hashed_trust
 ):
@@ -362,6 +365,7 @@ def test_terms_a_row_holds_that_openssl_refuses_fail_the_attempt_as_an_invalid_e
     )
 
 
+@pytest.mark.db
 @pytest.mark.parametrize(
     "tls, outcome, refused",
     [
@@ -468,6 +472,7 @@ async def test_a_refused_client_certificate_is_a_tls_error_on_the_workers_own_lo
         assert len(receiver.refused) >= attempts and not receiver.heads
 
 
+@pytest.mark.db
 @pytest.mark.parametrize(
     "server_name, outcome",
     [("receiver.test", ("delivered", None, None)), (None, ("pending", "tls_error", "TLS error"))],
@@ -486,6 +491,7 @@ async def test_server_name_is_the_name_verified(db, start_worker, tmp_path, serv
 # Retry limits of the endpoint's own.
 
 
+@pytest.mark.db
 async def test_max_attempts_of_the_endpoint_makes_a_delivery_dead_after_that_many(db, receiver, start_worker):
     # 500 until the delivery is dead, then 204 for the next event: a fourth
     # attempt at the first would arrive before that one's.
@@ -505,6 +511,7 @@ async def test_max_attempts_of_the_endpoint_makes_a_delivery_dead_after_that_man
     assert [r["outcome"] for r in outcomes] == ["retry", "retry", "dead"]
 
 
+@pytest.mark.db
 async def test_max_age_of_the_endpoint_makes_an_old_delivery_dead(db, receiver, start_worker):
     url = receiver.on("aged", Answer(500))
     aged = await add_endpoint(db, "aged", url, delivery=DeliverySpec(max_age_seconds=1.0))
@@ -534,6 +541,7 @@ async def test_max_age_of_the_endpoint_makes_an_old_delivery_dead(db, receiver, 
     )
 
 
+@pytest.mark.db
 async def test_a_resent_delivery_gets_its_whole_max_age_and_keeps_its_creation(db, receiver, start_worker):
     """Made two hours ago and dead, on an endpoint whose max age is one
     hour: resent, it is retried (its age counts from the resend) until

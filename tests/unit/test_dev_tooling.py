@@ -135,7 +135,14 @@ def test_collection_refuses_a_test_in_the_wrong_tier_and_files_the_unmarked_unde
 
     def collect(*args: str) -> subprocess.CompletedProcess[str]:
         # this repository's conftest and configuration, on a test file of its own
-        options = ["-p", "tests.conftest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+        options = [
+            "-p",
+            "testsupport.fixtures",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+        ]
         return subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", *options, *args, str(tmp_path)],
             cwd=ROOT,
@@ -158,7 +165,7 @@ def test_collection_refuses_a_test_in_the_wrong_tier_and_files_the_unmarked_unde
     assert "test_twice is in 2 tiers (unit, processes): one only" in done.stderr
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build_wheel(tmp_path: Path) -> Path:

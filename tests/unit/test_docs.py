@@ -24,7 +24,7 @@ from hooklane.operator import main as operator_main
 from hooklane.settings import _NESTED, _TOOLING, Settings, _variable
 from hooklane.tokens import Tokens
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 QUERIES = ROOT / "hooklane" / "store" / "queries.sql"
 MIGRATIONS = ROOT / "hooklane" / "store" / "migrations"
@@ -337,7 +337,7 @@ def test_every_sql_function_the_state_machines_name_exists():
 
 
 # The example programs the tests run, by the page that shows them:
-# tests/test_publishing_examples.py, tests/test_receiver_catch_up.py.
+# tests/processes/test_publishing_examples.py, tests/processes/test_receiver_catch_up.py.
 _SHOWN_EXAMPLES = {
     "publishing.md": ("publishing/go/main.go", "publishing/node/publish.js", "publishing/psql/publish.sql"),
     "receivers.md": ("receivers/catch_up.py",),

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hooklane import metrics, store
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing, endpoint_state
 from hooklane.operator import reflect
-from tests.conftest import add_endpoint, wait_for
-from tests.test_cli import hooklane
+from testsupport.cli import hooklane
+from testsupport.fixtures import add_endpoint, wait_for
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -99,6 +99,7 @@ def test_the_operator_retries_transient_errors_only():
 # --- real Postgres ------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_a_constraint_violation_is_a_permanent_store_error(dsn):
     conn = await store.connect(dsn)
     try:
@@ -120,6 +121,7 @@ async def test_a_constraint_violation_is_a_permanent_store_error(dsn):
         await conn.close()
 
 
+@pytest.mark.db
 async def test_a_value_postgres_or_the_driver_refuses_is_data_refused(dsn):
     """Never an outage: the same call gets the same refusal, and the caller's
     value is at fault (the API answers 422, the CLI exits 2)."""
@@ -138,6 +140,7 @@ async def test_a_value_postgres_or_the_driver_refuses_is_data_refused(dsn):
         await conn.close()
 
 
+@pytest.mark.db
 async def test_a_lock_timeout_is_transient(dsn):
     holder = await store.connect(dsn)
     waiter = await store.connect(dsn, server_settings={"lock_timeout": "50ms"})
@@ -152,6 +155,7 @@ async def test_a_lock_timeout_is_transient(dsn):
         await waiter.close()
 
 
+@pytest.mark.db
 async def test_a_database_without_the_schema_says_so(dsn):
     conn = await store.connect(dsn)
     try:
@@ -162,6 +166,7 @@ async def test_a_database_without_the_schema_says_so(dsn):
         await conn.close()
 
 
+@pytest.mark.db
 async def test_a_lost_connection_is_unreachable_and_leaves_the_pool_usable(dsn):
     pool = await store.create_pool(dsn, min_size=1, max_size=1)
     admin = await store.connect(dsn)
@@ -178,6 +183,7 @@ async def test_a_lost_connection_is_unreachable_and_leaves_the_pool_usable(dsn):
         await pool.close()
 
 
+@pytest.mark.db
 async def test_no_server_is_unreachable_and_a_malformed_url_is_invalid_input():
     with pytest.raises(DatabaseUnreachable):
         await asyncio.wait_for(store.connect("postgresql://postgres@127.0.0.1:1/x", timeout=5), 10)

@@ -203,6 +203,7 @@ async def _publish_or_refuse(conn: asyncpg.Connection, event: dict[str, Any]) ->
         await conn.execute("DELETE FROM events")
 
 
+@pytest.mark.db
 def test_publish_stores_what_check_event_accepts(dsn):
     with asyncio.Runner() as runner:
         conn = runner.run(asyncpg.connect(dsn))

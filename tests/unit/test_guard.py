@@ -1,6 +1,6 @@
 """The destination guard's table, row by row, and its parsing: pure
 functions, no network. The notations a URL can use reach the guard through
-the real sender in tests/test_destination_guard.py."""
+the real sender in tests/db/test_destination_guard.py."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from hooklane.guard import (
     literal_never_allowed,
     parse_networks,
 )
-
-pytestmark = pytest.mark.unit
 
 LOOPBACK = parse_networks("127.0.0.0/8,::1/128")
 

@@ -87,6 +87,7 @@ async def _printed(conn: asyncpg.Connection, text: str) -> str:
     return await conn.fetchval("SELECT $1::jsonb::text", text)
 
 
+@pytest.mark.db
 def test_jsonb_text_is_what_postgres_prints(dsn):
     def check(conn, runner):
         @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,6 +107,7 @@ def test_jsonb_text_is_what_postgres_prints(dsn):
     _on_postgres(dsn, check)
 
 
+@pytest.mark.db
 def test_a_float_is_refused_exactly_when_jsonb_makes_it_a_64_bit_overflow(dsn):
     def check(conn, runner):
         @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -128,6 +130,7 @@ def test_a_float_is_refused_exactly_when_jsonb_makes_it_a_64_bit_overflow(dsn):
     _on_postgres(dsn, check)
 
 
+@pytest.mark.db
 async def test_edge_cases_print_as_postgres_prints_them(db):
     cases: list[Any] = [
         {"floats": EDGE_FLOATS},

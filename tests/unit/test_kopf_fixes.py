@@ -16,8 +16,6 @@ from kopf._cogs.structs import bodies, dicts
 from hooklane.errors import InvalidInput
 from hooklane.operator import kopf_fixes
 
-pytestmark = pytest.mark.unit
-
 RESOURCES = 500
 
 

@@ -15,8 +15,7 @@ from hooklane.crd import CRD_PATH, crd_yaml
 from hooklane.delivery import SecretKeyRef
 from hooklane.errors import InvalidInput
 from hooklane.spec import load_manifest, parse_manifest
-
-pytestmark = pytest.mark.unit
+from testsupport.manifests import LAUGHS
 
 GOOD = {
     "apiVersion": "hooklane.io/v1alpha1",
@@ -226,7 +225,7 @@ def test_values_of_the_wrong_type_or_size_name_the_field(path, value):
 
 
 def test_the_committed_crd_is_what_hack_gen_crd_writes():
-    committed = (Path(__file__).parent.parent / CRD_PATH).read_text()
+    committed = (Path(__file__).parents[2] / CRD_PATH).read_text()
     assert committed == crd_yaml(), "the CRD differs from hooklane/spec.py and crd.py: run hack/gen-crd"
 
 
@@ -303,19 +302,7 @@ def test_a_value_repr_cannot_print_is_still_reported():
     assert info.value.field == "apiVersion" and "too large to print" in info.value.message
 
 
-MANIFEST = (Path(__file__).parent.parent / "examples" / "endpoint.yaml").read_bytes()
-
-LAUGHS = b"""\
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
-h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
-i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
-"""
+MANIFEST = (Path(__file__).parents[2] / "examples" / "endpoint.yaml").read_bytes()
 
 
 def test_the_example_and_its_json_form_load():

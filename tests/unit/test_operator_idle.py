@@ -7,11 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from hooklane.operator import reflector
-
-pytestmark = pytest.mark.unit
 
 HANDLERS = 500
 STEPS = 10

@@ -13,9 +13,7 @@ from hooklane.delivery import SecretKeyRef
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing
 from hooklane.operator import reflect
 from hooklane.operator.reflect import Queue, Synced
-from tests.conftest import SECRET
-
-pytestmark = pytest.mark.unit
+from testsupport.fixtures import SECRET
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 EARLIER = "2026-03-01T11:00:00Z"
@@ -62,8 +60,6 @@ def b64(value: str) -> str:
 
 
 # --- secrets ---------------------------------------------------------------
-
-
 def test_secret_values_keep_only_signing_secrets_pem_and_header_values():
     pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
     values = reflect.secret_values(
@@ -120,8 +116,6 @@ def test_no_secret_ref_is_missing():
 
 
 # --- fields and phase --------------------------------------------------------
-
-
 def test_first_pass_writes_everything_and_ready():
     patch = run({}).patch
     assert patch["phase"] == EndpointState.ACTIVE
@@ -248,8 +242,6 @@ def test_a_pass_before_the_first_sync_keeps_ready_as_it_was():
 
 
 # --- conditions --------------------------------------------------------------
-
-
 def test_transition_time_moves_only_when_the_status_flips():
     previous = settled()
     for c in previous["conditions"]:
@@ -286,8 +278,6 @@ def test_without_a_secret_nothing_is_delivering():
 
 
 # --- events ------------------------------------------------------------------
-
-
 def test_pausing_and_resuming_post_events():
     open_ = replace(
         IDLE,

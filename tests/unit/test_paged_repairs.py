@@ -29,7 +29,7 @@ from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.store.deliveries import REPLAY_PAGE, another_page_fits
 from hooklane.tokens import Tokens
-from tests.conftest import add_endpoint, wait_for
+from testsupport.fixtures import add_endpoint, wait_for
 
 ADMIN = "admin-token-0123456789"
 INGEST = "ingest-token-0123456789"
@@ -114,6 +114,7 @@ def pool_waits(share: str) -> float:
 # --- replays that stop and continue --------------------------------------------
 
 
+@pytest.mark.db
 async def test_a_large_tenant_replay_commits_as_it_goes_and_its_continuation_queues_each_event_once(
     settings, db
 ):
@@ -144,6 +145,7 @@ async def test_a_large_tenant_replay_commits_as_it_goes_and_its_continuation_que
     assert len(counted) == events and {n for _, n in counted} == {1}
 
 
+@pytest.mark.db
 async def test_a_portal_replay_that_stops_leaves_its_form_set_to_continue(settings, db):
     events = 30 * REPLAY_PAGE
     await add_endpoint(db, "orders", NOWHERE, tenant="acme")
@@ -188,6 +190,7 @@ async def test_a_portal_replay_that_stops_leaves_its_form_set_to_continue(settin
     assert {n for _, n in await queued(db)} == {1}
 
 
+@pytest.mark.db
 async def test_an_endpoint_moved_to_another_tenant_between_pages_stops_the_replay(settings, db, dsn):
     await add_endpoint(db, "orders", NOWHERE, tenant="acme")
     await stored_events(db, "acme", 3 * REPLAY_PAGE)
@@ -220,6 +223,7 @@ async def test_an_endpoint_moved_to_another_tenant_between_pages_stops_the_repla
     assert sum(n for _, n in await queued(db)) == 2 * REPLAY_PAGE
 
 
+@pytest.mark.db
 async def test_a_page_still_running_at_the_deadline_is_cut_off_and_the_replay_says_where_it_stopped(
     settings, db, dsn
 ):
@@ -279,6 +283,7 @@ async def states(db: asyncpg.Connection) -> dict[str, int]:
     return dict(await db.fetch("SELECT state, count(*) FROM deliveries GROUP BY state"))
 
 
+@pytest.mark.db
 @pytest.mark.parametrize(
     ("path", "key", "state", "tenant"),
     [
@@ -312,6 +317,7 @@ async def test_every_dead_delivery_is_repaired_page_by_page_and_again_until_comp
 # --- the pool's shares -----------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_tenants_holding_their_share_of_the_pool_never_delay_ingest(settings, db, dsn):
     await add_endpoint(db, "orders", NOWHERE, tenant="acme")
     await stored_events(db, "acme", 10)

@@ -12,7 +12,7 @@ import pytest
 
 from hooklane.store.queries import QUERIES, Query, load, to_positional
 
-STORE = Path(__file__).resolve().parent.parent / "hooklane" / "store"
+STORE = Path(__file__).resolve().parents[2] / "hooklane" / "store"
 
 
 # --- the conversion (pure) ----------------------------------------------------
@@ -181,6 +181,7 @@ def test_every_call_in_the_store_passes_exactly_the_statements_names_and_every_s
 # --- against Postgres ----------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_every_statement_prepares_with_as_many_parameters_as_it_names(db):
     for name, query in QUERIES.items():
         statement = await db.prepare(query.sql)

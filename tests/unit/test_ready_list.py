@@ -31,8 +31,6 @@ from hooklane.worker.ready import (
     parse_wakeup,
 )
 
-pytestmark = pytest.mark.unit
-
 NOW = datetime(2024, 12, 2, 14, 33, 20, tzinfo=UTC)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -76,8 +74,6 @@ def listed(ready: ReadyList, heads: dict[int, datetime | None], *, partition: in
 
 
 # lower
-
-
 def test_lower_unknown_absorbs_everything():
     assert lower(UNKNOWN, t(0)) is UNKNOWN
     assert lower(UNKNOWN, None) is UNKNOWN
@@ -99,8 +95,6 @@ def test_lower_nothing_gives_way_to_any_time():
 
 
 # parse_wakeup
-
-
 def test_a_wakeup_gives_its_due_to_the_microsecond():
     wakeup = parse_wakeup("17 1733150000123456 5,42,1000000000001")
     assert wakeup == Wakeup(17, datetime(2024, 12, 2, 14, 33, 20, 123456, tzinfo=UTC), (5, 42, 1000000000001))
@@ -312,8 +306,6 @@ def test_a_complete_row():
 
 
 # wake
-
-
 def test_a_new_endpoint_is_read_from_the_start():
     ready = ReadyList()
     ready.wake(1, 0, t(-5), NOW)
@@ -428,8 +420,6 @@ def test_a_head_the_sweep_read_from_its_last_run_lowers_a_known_floor_only():
 
 
 # take
-
-
 def test_take_hands_the_earliest_due_first_and_ties_in_the_order_scheduled():
     ready = ReadyList()
     ready.wake(5, 0, t(3), NOW)
@@ -501,8 +491,6 @@ def test_retain_forgets_the_endpoints_of_other_partitions():
 
 
 # settle
-
-
 def test_a_verdict_moves_the_floor_to_the_head():
     ready = ReadyList()
     ready.wake(1, 0, None, NOW)
@@ -714,8 +702,6 @@ def test_a_verdict_for_an_endpoint_not_in_a_round_changes_nothing():
 
 
 # recorded
-
-
 def test_a_retry_recorded_lowers_the_floor_and_is_due_then():
     ready = ReadyList()
     ready.wake(1, 0, None, NOW)
@@ -832,8 +818,6 @@ def test_a_slot_freed_during_a_round_gets_the_endpoint_looked_at_again():
 
 
 # returned
-
-
 def test_a_failed_round_hands_its_candidates_back_with_their_floors():
     ready = ReadyList()
     listed(ready, {1: t(-10)})
@@ -951,8 +935,6 @@ def test_a_publish_during_a_round_that_finds_the_slots_held_elsewhere_is_due_now
 # its endpoints are in flight: store.pending_endpoints lists only the
 # endpoints with pending deliveries, so one whose only delivery is in flight
 # is not listed again.
-
-
 def test_a_retry_of_an_endpoint_listed_again_without_it_is_not_left_to_the_sweep():
     ready = ReadyList()
     ready.wake(1, 0, None, NOW)

@@ -31,8 +31,6 @@ from hooklane.worker.rules import (
     result_of,
 )
 
-pytestmark = pytest.mark.unit
-
 POLICY = RetryPolicy()
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -314,8 +312,6 @@ def test_clean_error_is_total(text):
 
 
 # --- what the worker records ------------------------------------------------
-
-
 def test_each_outcome_maps_to_one_store_result():
     assert result_of(7, 2, Attempt(204), Delivered(204)) == Result.delivered(7, 2, status=204)
     assert result_of(7, 2, Attempt(503), Retry(30.0, "HTTP 503")) == Result(

@@ -1,13 +1,12 @@
 """Self-service endpoints: the rules a tenant's form is held to
 (hooklane/selfservice.py), and the local writer on a real Postgres
 (hooklane/api/endpoint_writers.py). The Kubernetes writer is
-tests/test_selfservice_kubernetes.py's."""
+tests/kube/test_selfservice_kubernetes.py's."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -42,8 +41,8 @@ from hooklane.selfservice import (
 from hooklane.settings import Settings
 from hooklane.signing import parse_secret
 from hooklane.spec import parse_manifest
-from tests.conftest import wait_for
-from tests.receivers import Answer
+from testsupport.fixtures import wait_for
+from testsupport.receivers import Answer
 
 PORTAL = {"portal_namespace": "portal", "portal_https_only": False}
 BOUNDS = Settings(**PORTAL)
@@ -383,6 +382,7 @@ patterns = st.one_of(
 types = st.lists(st.from_regex(r"[a-c](\.[a-c]){0,3}", fullmatch=True), min_size=1, max_size=20)
 
 
+@pytest.mark.db
 @hypothesis_settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -409,14 +409,6 @@ def test_within_agrees_with_hooklane_type_matches(db_sync, pattern, rule, sample
 
 
 @pytest.fixture
-async def connect(dsn):
-    """Connections of a pool as the API's writers take them."""
-    pool = await store.create_pool(dsn, min_size=0, max_size=12, server_settings=store.API_SESSION)
-    yield functools.partial(store.acquire, pool)
-    await pool.close()
-
-
-@pytest.fixture
 def portal_settings(settings) -> Settings:
     return dataclasses.replace(settings, portal_endpoints="local", portal_max_endpoints=3, **PORTAL)
 
@@ -432,6 +424,7 @@ async def row(db, name: str, namespace: str = "portal"):
     return await db.fetchrow("SELECT * FROM endpoints WHERE namespace = $1 AND name = $2", namespace, name)
 
 
+@pytest.mark.db
 async def test_make_writer_follows_the_mode(portal_settings, connect):
     assert make_writer(dataclasses.replace(portal_settings, portal_endpoints="off"), connect) is None
     assert isinstance(
@@ -440,6 +433,7 @@ async def test_make_writer_follows_the_mode(portal_settings, connect):
     )
 
 
+@pytest.mark.db
 async def test_a_created_endpoint_is_the_row_endpoint_apply_writes(writer, db, receiver, start_worker):
     url = receiver.on("hooks", Answer(204))
     created = await writer.create("acme", dataclasses.replace(FORM, url=url))
@@ -458,6 +452,7 @@ async def test_a_created_endpoint_is_the_row_endpoint_apply_writes(writer, db, r
     assert Webhook(created.secret).verify(got.body, got.headers)["data"] == {"n": 1}
 
 
+@pytest.mark.db
 async def test_names_are_per_tenant(writer, db):
     ours = await writer.create("acme", FORM)
     theirs = await writer.create("globex", FORM)
@@ -468,6 +463,7 @@ async def test_names_are_per_tenant(writer, db):
     assert (await row(db, ours.name))["url"] == FORM.url
 
 
+@pytest.mark.db
 async def test_a_tenant_gets_at_most_its_bound(writer, db):
     for i in range(3):
         await writer.create("acme", dataclasses.replace(FORM, name=f"e{i}"))
@@ -484,6 +480,7 @@ async def test_a_tenant_gets_at_most_its_bound(writer, db):
     await writer.create("acme", dataclasses.replace(FORM, name="e3"))
 
 
+@pytest.mark.db
 async def test_concurrent_creates_keep_to_the_bound(writer, db):
     forms = [dataclasses.replace(FORM, name=f"e{i}") for i in range(10)]
     results = await asyncio.gather(*(writer.create("acme", f) for f in forms), return_exceptions=True)
@@ -492,6 +489,7 @@ async def test_concurrent_creates_keep_to_the_bound(writer, db):
     assert await db.fetchval("SELECT count(*) FROM endpoints WHERE tenant = 'acme'") == 3
 
 
+@pytest.mark.db
 async def test_an_edit_changes_what_the_form_sets_and_keeps_the_rest(writer, db, portal_settings):
     created = await writer.create("acme", FORM)
     # What the platform set itself (endpoint apply): kept by the edit.
@@ -520,6 +518,7 @@ async def test_an_edit_changes_what_the_form_sets_and_keeps_the_rest(writer, db,
     assert caught.value.field == "max_concurrency"
 
 
+@pytest.mark.db
 async def test_an_edit_keeps_a_value_beyond_the_bound_and_may_not_raise_it(writer, db):
     created = await writer.create("acme", FORM)
     # The platform raises it itself (endpoint apply), which no bound holds.
@@ -543,6 +542,7 @@ async def test_an_edit_keeps_a_value_beyond_the_bound_and_may_not_raise_it(write
     )
 
 
+@pytest.mark.db
 async def test_pause_and_resume(writer, db):
     created = await writer.create("acme", FORM)
     assert await writer.set_paused("acme", "portal", created.name, True)
@@ -551,6 +551,7 @@ async def test_pause_and_resume(writer, db):
     assert (await row(db, created.name))["paused"] is False
 
 
+@pytest.mark.db
 async def test_a_rotation_signs_with_both_secrets_for_the_grace(
     writer, db, receiver, start_worker, portal_settings
 ):
@@ -571,6 +572,7 @@ async def test_a_rotation_signs_with_both_secrets_for_the_grace(
     Webhook(created.secret).verify(got.body, got.headers)
 
 
+@pytest.mark.db
 async def test_a_deleted_endpoint_is_gone(writer, db):
     created = await writer.create("acme", FORM)
     assert await writer.delete("acme", "portal", created.name)
@@ -581,6 +583,7 @@ async def test_a_deleted_endpoint_is_gone(writer, db):
     assert not await writer.update("acme", "portal", created.name, FORM)
 
 
+@pytest.mark.db
 async def test_another_tenants_endpoint_is_as_if_it_did_not_exist(writer, db):
     theirs = await writer.create("globex", FORM)
     before = await row(db, theirs.name)
@@ -599,6 +602,7 @@ async def test_another_tenants_endpoint_is_as_if_it_did_not_exist(writer, db):
     assert (await row(db, aimed))["tenant"] == "globex"
 
 
+@pytest.mark.db
 async def test_an_endpoint_outside_the_portal_namespace_is_not_the_portals(writer, db):
     spec = dataclasses.replace(spec_for("acme", FORM, BOUNDS), namespace="shop")
     await store.upsert_endpoint(db, spec, new_secret())
@@ -607,6 +611,7 @@ async def test_an_endpoint_outside_the_portal_namespace_is_not_the_portals(write
     assert (await row(db, spec.name, "shop"))["paused"] is False
 
 
+@pytest.mark.db
 async def test_a_secret_the_keys_cannot_open_is_a_clear_refusal(writer, db, portal_settings, connect):
     from hooklane.secrets import Keyring
 

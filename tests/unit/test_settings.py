@@ -15,7 +15,7 @@ import pytest
 from hooklane.errors import InvalidInput
 from hooklane.policies import CircuitPolicy, RetryPolicy
 from hooklane.settings import Settings
-from tests import timings
+from testsupport import timings
 
 
 @pytest.mark.unit

@@ -15,8 +15,6 @@ from hooklane.errors import InvalidInput
 from hooklane.signing import parse_secret, sign
 from hooklane.worker.sender import event_body
 
-pytestmark = pytest.mark.unit
-
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 

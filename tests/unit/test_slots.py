@@ -3,7 +3,6 @@ the gauges that show them."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
@@ -13,8 +12,6 @@ from hooklane.settings import Settings
 from hooklane.worker.jobs import CallGauges
 from hooklane.worker.ready import ReadyList
 from hooklane.worker.slots import LONG_OVERDRAFT, Slots
-
-pytestmark = pytest.mark.unit
 
 
 def test_a_call_that_runs_long_gives_its_quick_slot_back():

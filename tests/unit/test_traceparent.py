@@ -11,8 +11,6 @@ from hooklane.errors import InvalidInput
 from hooklane.traceparent import TraceParent, format_traceparent, parse_traceparent
 from hooklane.tracing import context_of, trace_id_of, wanted
 
-pytestmark = pytest.mark.unit
-
 GOOD = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 

@@ -2,7 +2,7 @@
 rounds, which of them skip the pause before a round, and when the recorder
 writes at once (hooklane/worker/trigger.py; the rule is the paragraph on
 rounds in docs/state-machine.md). The pure rules it applies, and a freed
-slot, are in tests/test_wake_rules.py."""
+slot, are in tests/unit/test_wake_rules.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import asyncio
 import pytest
 
 from hooklane.worker.trigger import _ROUND_INTERVAL, Trigger, Wake
-
-pytestmark = pytest.mark.unit
 
 # Long enough never to end a wait in these tests: a wait that ends is one
 # the trigger ended.

@@ -1,7 +1,7 @@
 """When the worker runs a reservation round: only when one can find something.
 
 The SQL side (what a round and `complete` report) is in
-tests/test_reservation.py, the ready list's rules in tests/test_ready_list.py;
+tests/db/test_reservation.py, the ready list's rules in tests/unit/test_ready_list.py;
 here, the worker's decisions on top of them.
 """
 
@@ -18,8 +18,8 @@ from hooklane.policies import CircuitPolicy
 from hooklane.worker.ready import ReadyList
 from hooklane.worker.runner import record
 from hooklane.worker.trigger import _ROUND_INTERVAL, Trigger, Wake, round_pause, slot_freed_matters
-from tests.conftest import ALL_PARTITIONS as ALL
-from tests.conftest import add_endpoint, reserve_round
+from testsupport.fixtures import ALL_PARTITIONS as ALL
+from testsupport.fixtures import add_endpoint, reserve_round
 
 
 @pytest.mark.unit
@@ -49,6 +49,7 @@ async def test_a_finished_delivery_wakes_the_reservation_only_at_the_worker_limi
     assert await trigger.wait(0) is Wake.POLL
 
 
+@pytest.mark.db
 async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_free_slot(db, settings):
     a = await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=1)
     trigger = Trigger(concurrency=8)
@@ -89,6 +90,7 @@ async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_f
         await pool.close()
 
 
+@pytest.mark.db
 async def test_the_circuit_log_line_follows_what_complete_opened(db, settings, caplog):
     # a batch of failures that jumps past the threshold opened the circuit
     # without the count ever equalling it
