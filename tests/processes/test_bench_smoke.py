@@ -135,20 +135,6 @@ def test_rate_limit_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
-def test_tls_contexts_smoke(tmp_path: Path) -> None:
-    result = run_bench("tls_contexts", tmp_path)
-    assert [run["way"] for run in result["runs"]] == ["loaded", "looked up"]
-    for run in result["runs"]:
-        assert run["contexts"] == 20 and run["ms_per_context"] > 0
-    # Only the measure: the bundle's hundred-odd CAs in each context loaded,
-    # none in each looked up (where the machine has a hashed directory).
-    loaded, looked_up = result["runs"]
-    assert loaded["cas_loaded_per_context"] > 0
-    if looked_up["hashed_directory"] is not None:
-        assert looked_up["cas_loaded_per_context"] == 0
-
-
-@pytest.mark.processes
 def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("throughput", tmp_path, "--dsn", server_dsn)
     assert result["drains"][0]["delivered"] == result["config"]["backlog"]
@@ -257,17 +243,6 @@ def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
-def test_retention_smoke(server_dsn: str, tmp_path: Path) -> None:
-    (size,) = run_bench("retention", tmp_path, "--dsn", server_dsn)["sizes"]
-    assert size["events_purge"]["done"] == size["rows"]
-    assert size["attempts_row_by_row"]["done"]["purged"] == size["rows"]
-    (dropped,) = size["attempts_partition_drop"]["done"]["dropped"]
-    assert dropped.startswith("delivery_attempts_")
-    # A dropped partition leaves nothing behind to vacuum: far less WAL.
-    assert size["attempts_partition_drop"]["wal_bytes"] < size["attempts_row_by_row"]["wal_bytes"]
-
-
-@pytest.mark.processes
 def test_fanout_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("fanout", tmp_path, "--dsn", server_dsn)
     endpoints = result["config"]["endpoints"]
@@ -317,16 +292,6 @@ def test_publish_function_smoke(server_dsn: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
-def test_listings_smoke(server_dsn: str, tmp_path: Path) -> None:
-    result = run_bench("listings", tmp_path, "--dsn", server_dsn, timeout=120)
-    timed = {r["what"]: r for r in result["runs"]["this tree"]}
-    assert all(r["seconds"]["n"] == result["config"]["runs"] for r in timed.values())
-    # A page, not every endpoint: the smoke preset has 300.
-    assert timed["admin GET /v1/admin/endpoints"]["bytes"] < 300 * 600
-    assert any("deliveries_queue" in line for line in result["plan"])
-
-
-@pytest.mark.processes
 def test_tenants_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("tenants", tmp_path, "--dsn", server_dsn, timeout=120)
     sizes = [f"{n:,}" for n in result["config"]["sizes"]]
@@ -355,19 +320,6 @@ def test_tenants_smoke(server_dsn: str, tmp_path: Path) -> None:
             result["notifications"]["all_open_circuits"][size] == result["databases"][size]["endpoints"] - 1
         )
         assert result["notifications"]["plans"]["all_open"][size]["note_notices"]["top_scans"]
-
-
-@pytest.mark.processes
-def test_publish_commits_smoke(server_dsn: str, tmp_path: Path) -> None:
-    result = run_bench("publish_commits", tmp_path, "--dsn", server_dsn)
-    runs = result["runs"]
-    assert sorted(r["kind"] for r in runs) == ["insert", "publish", "rows"]
-    assert all(r["tx_per_second"] > 0 and r["samples"] > 0 for r in runs), runs
-    # A publish takes no lock another publishing transaction waits on: no
-    # sample finds one waiting on the notify queue's (Lock:object).
-    assert all(r["lock_object_waiting_share"] == 0 for r in runs), runs
-    idle = result["idle"]["this tree"]
-    assert idle["transactions_per_second"] > 0, idle
 
 
 # From docs/benchmarks.md section 8: an idle operator grows by 39 KB per
