@@ -3,11 +3,13 @@ need, and more. pyproject.toml declares them as markers (one line each on
 what the tier needs); CONTRIBUTING.md "Running and testing" gives the
 command for each.
 
-Every test is in exactly one tier: its own marker or its module's
-(``pytestmark``), or ``db`` when it has none. A test may use the fixtures
-of its tier and of lighter ones only; testsupport/fixtures.py checks both at
-collection, and hack/test builds the Go binaries only for a selection
-that may hold a tier needing them (``python3 -m tests.tiers EXPR``).
+Every test is in exactly one tier: its folder's (``tests/<tier>/``, whose
+conftest.py says which), or the one its own marker names where a module
+holds a few tests of another tier. A test may use the fixtures of its tier
+and of lighter ones only. This module, a plugin of every test run (the
+repository's conftest.py), checks both at collection; hack/test builds
+the Go binaries only for a selection that may hold a tier needing them
+(``python3 -m tests.tiers EXPR [PATH...]``).
 
 ``chaos`` is no tier: it names the fault-injection tests, whatever their
 tier, for ``-m chaos`` or ``-m "not chaos"``.
@@ -178,7 +180,10 @@ def path_tiers(path: str) -> set[str]:
     (``tests/db/test_x.py::test_y`` too): its tier folder's and those its
     tests' markers name; every tier for a path above the tier folders."""
     found = Path(path.partition("::")[0])
-    tier = next((part for part in found.parts if part in TIERS), None)
+    below = (
+        found.parts[len(found.parts) - found.parts[::-1].index("tests") :] if "tests" in found.parts else ()
+    )
+    tier = below[0] if below and below[0] in TIERS else None
     if tier is None:
         return set(TIERS)
     files = [found] if found.is_file() else found.rglob("*.py")

@@ -90,18 +90,19 @@ def test_a_killed_dev_controlplane_leaves_no_apiserver_behind():
 def test_a_test_is_in_one_tier_and_uses_nothing_heavier():
     # what pytest collects for a test taking ``db`` and ``receiver``
     closure = ["event_loop_policy", "db", "dsn", "postgresql", "receiver", "request"]
-    assert tier_problems(["unit", "parametrize"], ["tmp_path", "monkeypatch"]) == ("unit", [])
-    assert tier_problems(["chaos"], closure) == ("db", [])
-    assert tier_problems(["unit"], closure) == (
+    assert tier_problems(["unit", "parametrize"], ["tmp_path", "monkeypatch"], "db") == ("unit", [])
+    assert tier_problems(["chaos"], closure, "db") == ("db", [])
+    assert tier_problems(["unit"], closure, "db") == (
         "unit",
         ["is in tier unit but uses postgresql (db), receiver (db): mark it db"],
     )
-    assert tier_problems([], ["tools", *closure]) == (
+    assert tier_problems([], ["tools", *closure], "db") == (
         "db",
         ["is in tier db but uses tools (tools): mark it tools"],
     )
-    assert tier_problems(["kube"], ["tools", "control_plane", *closure]) == ("kube", [])
-    assert tier_problems(["unit", "kube"], [])[1] == ["is in 2 tiers (unit, kube): one only"]
+    assert tier_problems(["kube"], ["tools", "control_plane", *closure], "unit") == ("kube", [])
+    assert tier_problems(["unit", "kube"], [], "unit")[1] == ["is in 2 tiers (unit, kube): one only"]
+    assert tier_problems([], [], None) == (None, ["is in no tier's folder: move it to tests/<tier>/"])
 
 
 @pytest.mark.unit
@@ -116,6 +117,18 @@ def test_hack_test_builds_only_what_the_selected_tiers_need():
     assert builds("unit and kube") == []  # no test is in both
     assert builds("((") == []  # pytest says what is wrong with it
 
+    # Paths narrow it: a tier's folder holds its tier's tests and those its
+    # modules mark with another.
+    def at(*paths: str) -> list[str]:
+        return [str(ROOT / path) for path in paths]
+
+    assert builds("", at("tests/db/test_schema.py::test_x")) == []
+    assert builds("", at("tests/processes/test_cli.py")) == ["examples"]
+    assert builds("not browser", at("tests/unit/test_dashboard.py")) == []
+    assert builds("", at("tests/db/test_schema.py", "tests/kube")) == ["tools", "envtest"]
+    assert builds("", at("tests/tools/test_chart.py")) == ["tools", "envtest"]  # and two kube tests
+    assert builds("unit", at("tests")) == [] and builds("", at("tests")) == builds("")
+
 
 @pytest.mark.unit
 def test_every_tier_is_declared_in_order_with_what_it_needs():
@@ -126,23 +139,23 @@ def test_every_tier_is_declared_in_order_with_what_it_needs():
 
 
 @pytest.mark.processes
-def test_collection_refuses_a_test_in_the_wrong_tier_and_files_the_unmarked_under_db(tmp_path):
-    (tmp_path / "test_tiers.py").write_text(
+def test_collection_gives_a_test_its_folders_tier_and_refuses_one_in_the_wrong_tier(tmp_path):
+    for tier in ("unit", "db"):
+        (tmp_path / tier).mkdir()
+        (tmp_path / tier / "__init__.py").write_text("")
+        (tmp_path / tier / "conftest.py").write_text(
+            f"from tests.tiers import folder\n\npytest_itemcollected = folder({tier!r})\n"
+        )
+    (tmp_path / "db" / "test_tiers.py").write_text(
         "import pytest\n\n\n"
         "@pytest.mark.unit\ndef test_pure():\n    pass\n\n\n"
         "def test_unmarked(db):\n    pass\n"
     )
 
     def collect(*args: str) -> subprocess.CompletedProcess[str]:
-        # this repository's conftest and configuration, on a test file of its own
-        options = [
-            "-p",
-            "testsupport.fixtures",
-            "-c",
-            str(ROOT / "pyproject.toml"),
-            "--rootdir",
-            str(tmp_path),
-        ]
+        # this repository's plugins and configuration, on test files of its own
+        options = ["-p", "tests.tiers", "-p", "testsupport.fixtures"]
+        options += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
         return subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", *options, *args, str(tmp_path)],
             cwd=ROOT,
@@ -155,14 +168,30 @@ def test_collection_refuses_a_test_in_the_wrong_tier_and_files_the_unmarked_unde
     assert done.returncode == 0, done.stdout + done.stderr
     assert "test_tiers.py::test_unmarked" in done.stdout and "test_pure" not in done.stdout
 
-    (tmp_path / "test_wrong.py").write_text(
-        "import pytest\n\n\n@pytest.mark.unit\ndef test_wrong(db):\n    pass\n\n\n"
+    (tmp_path / "unit" / "test_wrong.py").write_text(
+        "import pytest\n\n\ndef test_wrong(db):\n    pass\n\n\n"
         "@pytest.mark.unit\n@pytest.mark.processes\ndef test_twice():\n    pass\n"
     )
+    (tmp_path / "unit" / "test_module.py").write_text(
+        "import pytest\n\npytestmark = pytest.mark.unit\n\n\ndef test_marked():\n    pass\n"
+    )
+    (tmp_path / "test_nowhere.py").write_text("def test_nowhere():\n    pass\n")
     done = collect()
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert "test_wrong is in tier unit but uses postgresql (db): mark it db" in done.stderr
     assert "test_twice is in 2 tiers (unit, processes): one only" in done.stderr
+    assert "test_marked is in a module marked unit: its folder says its tier" in done.stderr
+    assert "test_nowhere is in no tier's folder: move it to tests/<tier>/" in done.stderr
+
+
+@pytest.mark.unit
+def test_every_test_module_is_in_a_tier_folder():
+    # What they may import from one another, hack/lint checks (pyproject.toml: importlinter).
+    tests = ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("*.py")) == ["__init__.py", "tiers.py"]
+    for folder in (p for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        assert folder.name in TIERS, folder
+        assert f'folder("{folder.name}")' in (folder / "conftest.py").read_text()
 
 
 ROOT = Path(__file__).resolve().parents[2]
