@@ -356,7 +356,6 @@ async def test_rate_limits_hold_across_workers_one_killed_and_spare_the_others(d
     assert statistics.median(late) <= 2 * statistics.median(before) + 0.05
 
 
-@pytest.mark.db
 async def test_a_slow_reservation_does_not_make_the_starts_it_granted_late(db, receiver, start_worker):
     # Every round that reserves takes 0.4 s more, from its start (now(),
     # which its grants count from) to its answer: a start waited for from
@@ -396,7 +395,6 @@ async def test_a_slow_reservation_does_not_make_the_starts_it_granted_late(db, r
     assert statistics.median(lateness) < 0.2
 
 
-@pytest.mark.db
 async def test_a_burst_goes_at_once_then_the_rate_holds(db, receiver, start_worker):
     url = receiver.on("bursty", Answer(204))
     await add_endpoint(
@@ -454,7 +452,6 @@ async def _delivered(db) -> int:
     return await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'delivered'")
 
 
-@pytest.mark.db
 async def test_adaptive_concurrency_finds_the_receivers_capacity_and_recovers(db, receiver, start_worker):
     step = 0.3
     answer = Overloaded(receiver, "adaptive", capacity=2, seconds=0.05)
@@ -497,7 +494,6 @@ async def test_adaptive_concurrency_finds_the_receivers_capacity_and_recovers(db
     assert health.max_concurrency == 8 and health.adaptive_concurrency
 
 
-@pytest.mark.db
 async def test_a_receiver_refusing_everything_gets_one_call_a_step(db, receiver, start_worker):
     """Every call refused at once, without a Retry-After: the limit falls
     a generation of calls at a time, not a step at a time, and at 1 each
@@ -531,7 +527,6 @@ async def test_a_receiver_refusing_everything_gets_one_call_a_step(db, receiver,
     assert health.effective_concurrency == 1 and health.throttled_until is not None
 
 
-@pytest.mark.db
 async def test_a_retry_after_holds_the_whole_endpoint(db, receiver, start_worker):
     holding = {30: Answer(429, headers={"Retry-After": "2"})}
     url = receiver.on("held", lambda i: holding.get(i, Answer(200, delay=0.05)))

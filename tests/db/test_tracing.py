@@ -56,7 +56,6 @@ async def traced(collector):
     await asyncio.to_thread(tracing.shutdown)
 
 
-@pytest.mark.db
 async def test_a_trace_runs_from_the_producer_through_the_api_to_each_attempt(
     db, dsn, settings, receiver, start_worker, traced
 ):
@@ -113,7 +112,6 @@ async def test_a_trace_runs_from_the_producer_through_the_api_to_each_attempt(
     assert sorted(re.findall(r'outcome="(\w+)"', "\n".join(exemplified))) == ["delivered", "retry"]
 
 
-@pytest.mark.db
 async def test_an_event_published_without_a_trace_starts_one_at_its_attempt(
     db, dsn, settings, receiver, start_worker, traced
 ):
@@ -130,7 +128,6 @@ async def test_an_event_published_without_a_trace_starts_one_at_its_attempt(
     assert await db.fetchval("SELECT trace_id FROM delivery_attempts") == call.trace_id
 
 
-@pytest.mark.db
 async def test_a_malformed_traceparent_header_is_refused_naming_it(dsn, settings):
     async with in_process_api(dsn, settings, INGEST, ADMIN) as client:
         for path, body in (("/v1/events", EVENT), ("/v1/events/batch", {"events": [EVENT]})):
@@ -146,7 +143,6 @@ async def test_a_malformed_traceparent_header_is_refused_naming_it(dsn, settings
                 assert "traceparent header" in problem["detail"]
 
 
-@pytest.mark.db
 async def test_untraced_the_api_stores_the_producers_header_as_it_came(db, dsn, settings):
     assert not tracing.enabled()
     _, _, traceparent = producer_span()
@@ -163,7 +159,6 @@ async def test_untraced_the_api_stores_the_producers_header_as_it_came(db, dsn, 
     assert next(r["traceparent"] for r in rows if r["id"] == bare_id) is None
 
 
-@pytest.mark.db
 async def test_publish_takes_the_callers_current_span_or_an_explicit_traceparent(db):
     tracer = TracerProvider().get_tracer("the-application")
     _, _, explicit = producer_span()

@@ -150,7 +150,6 @@ async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     return TRICKLED_AT_MOST
 
 
-@pytest.mark.processes
 async def test_a_connection_without_a_complete_head_is_closed(dsn: str, tmp_path: Path) -> None:
     async with running(start_api(dsn, tmp_path, HOOKLANE_API_HEADER_TIMEOUT_SECONDS="1")) as api:
         before = await api.metric("hooklane_api_connections_shed_total", reason="header_timeout")
@@ -174,7 +173,6 @@ async def test_a_connection_without_a_complete_head_is_closed(dsn: str, tmp_path
         )
 
 
-@pytest.mark.processes
 async def test_a_keep_alive_connection_gets_the_same_bound_after_each_answer(
     dsn: str, tmp_path: Path
 ) -> None:
@@ -207,7 +205,6 @@ async def test_a_keep_alive_connection_gets_the_same_bound_after_each_answer(
 LIMIT = 20
 
 
-@pytest.mark.processes
 async def test_connections_past_the_limit_are_shed_while_producers_publish(dsn: str, tmp_path: Path) -> None:
     # A long header timeout, so that the idle connections below stay until closed here.
     api = start_api(
@@ -278,7 +275,6 @@ def _open_files(pid: int) -> tuple[int, int]:
     raise AssertionError("no open files limit")
 
 
-@pytest.mark.processes
 async def test_the_open_files_limit_is_raised_to_the_hard_one(dsn: str, tmp_path: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 2048:
@@ -294,7 +290,6 @@ async def test_the_open_files_limit_is_raised_to_the_hard_one(dsn: str, tmp_path
         assert f"open files limit raised from 1024 to {hard}" in api.logged()
 
 
-@pytest.mark.processes
 def test_a_limit_that_cannot_fit_in_the_open_files_limit_is_refused_at_start() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     too_many = hard - server.FD_MARGIN

@@ -35,7 +35,6 @@ def run_bench(module: str, tmp_path: Path, *args: str, timeout: float = 60) -> d
     return json.loads(out.read_text())
 
 
-@pytest.mark.processes
 def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
     plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
     result = run_bench("incident", tmp_path, "--dsn", server_dsn, "--plot-dir", plots)
@@ -48,7 +47,6 @@ def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert (tmp_path / "incident-smoke-16.png").stat().st_size > 0
 
 
-@pytest.mark.processes
 def test_incident_adaptive_smoke(server_dsn: str, tmp_path: Path) -> None:
     plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
     result = run_bench(
@@ -78,7 +76,6 @@ def test_incident_adaptive_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert (tmp_path / "incident-adaptive-smoke.png").stat().st_size > 0
 
 
-@pytest.mark.processes
 def test_incident_correlated_smoke(server_dsn: str, tmp_path: Path) -> None:
     # --before-tree this same tree: the two-worker path (a tree's migrations,
     # endpoints and worker) runs too; a setting no worker knows is passed
@@ -114,7 +111,6 @@ def test_incident_correlated_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert (tmp_path / "incident-correlated-smoke.png").stat().st_size > 0
 
 
-@pytest.mark.processes
 def test_rate_limit_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("rate_limit", tmp_path, "--dsn", server_dsn, timeout=120)
     for case in result["limits"]["cases"]:
@@ -134,7 +130,6 @@ def test_rate_limit_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert len(ratios) == 2 and all(r["ratio"]["total ms/del"] > 0 for r in ratios)
 
 
-@pytest.mark.processes
 def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("throughput", tmp_path, "--dsn", server_dsn)
     assert result["drains"][0]["delivered"] == result["config"]["backlog"]
@@ -142,13 +137,11 @@ def test_throughput_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["verdict"]["peak_rss_mb"] > 0
 
 
-@pytest.mark.processes
 def test_latency_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("latency", tmp_path, "--dsn", server_dsn)
     assert result["latency_ms"]["n"] == result["config"]["events"]
 
 
-@pytest.mark.processes
 def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
     # --compare with this same tree: the two-tree path (migrations, worker and
     # publisher started from a given tree, interleaving, ratios) runs too;
@@ -176,7 +169,6 @@ def test_steady_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert len(ratios) == 2 and all(r["ratio"]["del/s"] > 0 for r in ratios)
 
 
-@pytest.mark.processes
 def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
     # Shorter than the preset: two buckets a phase is all the path needs.
     phases = ("--control-seconds", "6", "--held-seconds", "6", "--bucket", "3")
@@ -197,7 +189,6 @@ def test_held_xmin_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert set(result["verdict"][run["tree"]]["within_target"]) == {"pg_ms_per_delivery", "p99"}
 
 
-@pytest.mark.processes
 def test_held_xmin_reads_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("held_xmin", tmp_path, "--dsn", server_dsn, "--reads")
     before, *held = result["rows"]
@@ -213,7 +204,6 @@ def test_held_xmin_reads_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert held[-1][f"{read}_after"]["buffers"] <= 2 * before[f"{read}_after"]["buffers"]
 
 
-@pytest.mark.processes
 def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench(
         "reservation",
@@ -242,7 +232,6 @@ def test_reservation_smoke(server_dsn: str, tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.processes
 def test_fanout_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("fanout", tmp_path, "--dsn", server_dsn)
     endpoints = result["config"]["endpoints"]
@@ -252,7 +241,6 @@ def test_fanout_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["stale"]["reltuples"] < 0 < result["fresh"]["reltuples"]
 
 
-@pytest.mark.processes
 def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("ingest", tmp_path, "--dsn", server_dsn, timeout=120)
     assert result["postgres_settings"]["synchronous_commit"] == "on"
@@ -266,7 +254,6 @@ def test_ingest_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert result["summary"]["every_202_stored"]
 
 
-@pytest.mark.processes
 def test_publish_function_smoke(server_dsn: str, tmp_path: Path) -> None:
     # Today's path is the statements and the API of an earlier commit.
     before = "39e890d"
@@ -291,7 +278,6 @@ def test_publish_function_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert {v["part"] for v in result["verdict"]} == {"direct", "ingest"}
 
 
-@pytest.mark.processes
 def test_tenants_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("tenants", tmp_path, "--dsn", server_dsn, timeout=120)
     sizes = [f"{n:,}" for n in result["config"]["sizes"]]

@@ -48,13 +48,11 @@ def files(tmp_path):
     return tmp_path
 
 
-@pytest.mark.processes
 def test_migrate_is_idempotent(dsn):
     result = hooklane(dsn, "migrate")
     assert result.returncode == 0 and "up to date" in result.stdout
 
 
-@pytest.mark.processes
 def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
     first = hooklane(
         dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
@@ -74,7 +72,6 @@ def test_endpoint_apply_creates_then_updates(dsn, db_sync, files):
     assert "orders-acme" in listing and "Active" in listing
 
 
-@pytest.mark.processes
 async def test_over_bounds_lists_the_tenants_endpoints_beyond_the_platforms_bounds(dsn, db):
     url = "http://127.0.0.1:9/x"
     none = await asyncio.to_thread(hooklane, dsn, "endpoint", "over-bounds")
@@ -100,7 +97,6 @@ async def test_over_bounds_lists_the_tenants_endpoints_beyond_the_platforms_boun
     assert resource_name("acme", "big") not in wider.stdout and "globex" in wider.stdout
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -123,7 +119,6 @@ def test_bad_manifests_get_a_clear_error_and_store_nothing(dsn, db_sync, files, 
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
-@pytest.mark.processes
 def test_bad_secret_file_is_refused(dsn, db_sync, files):
     (files / "secret").write_text("hunter2")
     result = hooklane(
@@ -137,7 +132,6 @@ def test_bad_secret_file_is_refused(dsn, db_sync, files):
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
-@pytest.mark.processes
 def test_publish_and_status(dsn, db_sync, files):
     hooklane(
         dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
@@ -151,7 +145,6 @@ def test_publish_and_status(dsn, db_sync, files):
     assert status[1].split()[:4] == ["shop/orders-acme", "acme", "Active", "1"]
 
 
-@pytest.mark.processes
 async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, files, db):
     assert (await asyncio.to_thread(_apply, dsn, files)).returncode == 0
     await db.execute("UPDATE endpoints SET consecutive_failures = 3, failing_since = now()")
@@ -165,7 +158,6 @@ async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, 
     assert tuple(await db.fetchrow("SELECT state, consecutive_failures FROM endpoints")) == ("active", 0)
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -190,7 +182,6 @@ def test_the_version_is_read_from_pyproject():
     assert __version__ == pyproject["project"]["version"]
 
 
-@pytest.mark.processes
 def test_missing_database_url_is_explained():
     result = hooklane("", "status")
     assert result.returncode == 2 and "HOOKLANE_DATABASE_URL: is not set" in result.stderr
@@ -218,7 +209,6 @@ def _refused(result: subprocess.CompletedProcess, message: str) -> bool:
 MANIFEST_BYTES = MANIFEST.encode()
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -272,7 +262,6 @@ def test_hostile_manifests_exit_2_naming_the_field(dsn, db_sync, files, content,
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -287,7 +276,6 @@ def test_hostile_secret_files_exit_2(dsn, db_sync, files, content, message):
     assert db_sync("SELECT count(*) FROM endpoints") == [(0,)]
 
 
-@pytest.mark.processes
 def test_manifest_from_stdin_is_limited_too(dsn, db_sync, files):
     args = ["endpoint", "apply", "-f", "-", "--secret-file", str(files / "secret")]
     assert _refused(hooklane(dsn, *args, stdin=MANIFEST + "#" * (1 << 20)), "--filename: is larger than")
@@ -299,7 +287,6 @@ def test_manifest_from_stdin_is_limited_too(dsn, db_sync, files):
     assert hooklane(dsn, *args, stdin=MANIFEST).returncode == 0
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize("args", [["status"], ["endpoint", "list"]])
 def test_a_reader_that_goes_away_ends_the_command_quietly(dsn, files, args):
     assert _apply(dsn, files).returncode == 0
@@ -317,7 +304,6 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(dsn, files, args):
     assert stderr == b""
 
 
-@pytest.mark.processes
 def test_resend_and_reactivate_of_an_unknown_endpoint_fail(dsn, files):
     assert _apply(dsn, files).returncode == 0
     for action in ("resend", "reactivate"):
@@ -327,7 +313,6 @@ def test_resend_and_reactivate_of_an_unknown_endpoint_fail(dsn, files):
     assert known.returncode == 0 and known.stdout == "0 dead deliveries of shop/orders-acme queued again\n"
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -349,7 +334,6 @@ def test_endpoint_names_are_checked(dsn, args, message):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.processes
 async def test_status_and_list_escape_control_characters(dsn, db):
     await add_endpoint(db, "evil", "http://127.0.0.1:1/a")
     await db.execute(
@@ -366,7 +350,6 @@ async def test_status_and_list_escape_control_characters(dsn, db):
     assert "http://x/\\x1b]0;owned\\x07" in listing.stdout
 
 
-@pytest.mark.processes
 def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
     big = {"blob": "x" * 200_000}  # over the shell's 128 KiB limit for one argument
     (tmp_path / "data.json").write_text(json.dumps(big, indent=2))
@@ -380,7 +363,6 @@ def test_publish_data_from_a_file_or_stdin(dsn, db_sync, tmp_path):
     ]
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     "data, content, message",
     [
@@ -408,7 +390,6 @@ def test_publish_refuses_bad_data_files_and_stores_nothing(dsn, db_sync, tmp_pat
     assert db_sync("SELECT count(*) FROM events") == [(0,)]
 
 
-@pytest.mark.processes
 def test_a_busy_metrics_port_is_a_clear_error(dsn):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -420,7 +401,6 @@ def test_a_busy_metrics_port_is_a_clear_error(dsn):
     )
 
 
-@pytest.mark.processes
 def test_an_unreachable_database_is_one_line(dsn):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -440,7 +420,6 @@ def test_an_unreachable_database_is_one_line(dsn):
     assert "s3cret" not in malformed.stderr and "Traceback" not in malformed.stderr
 
 
-@pytest.mark.processes
 def test_a_bad_log_level_is_a_usage_error(dsn):
     result = hooklane(dsn, "--log-level", "LOUD", "status")
     assert (
@@ -450,7 +429,6 @@ def test_a_bad_log_level_is_a_usage_error(dsn):
     )
 
 
-@pytest.mark.processes
 def test_apply_refuses_an_address_the_worker_would_never_dial(dsn, files, db_sync):
     manifest = files / "endpoint.yaml"
     manifest.write_text(MANIFEST.replace("127.0.0.1:9000", "10.1.2.3:9000"))
@@ -465,7 +443,6 @@ def test_apply_refuses_an_address_the_worker_would_never_dial(dsn, files, db_syn
     assert hooklane(dsn, *args, HOOKLANE_ALLOWED_NETWORKS="").returncode == 0
 
 
-@pytest.mark.processes
 def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
     info = postgresql.info
     postgresql.autocommit = True
@@ -485,7 +462,6 @@ def test_commands_on_a_database_never_migrated_say_what_to_do(postgresql):
         )
 
 
-@pytest.mark.processes
 async def test_status_shows_the_worst_fifty_and_says_how_many_more(dsn, db):
     for i in range(55):
         await add_endpoint(
@@ -521,7 +497,6 @@ async def test_status_shows_the_worst_fifty_and_says_how_many_more(dsn, db):
     assert [line.split()[1] for line in listed.stdout.splitlines()[1:]] == ["ep-53", "ep-51"]
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -538,7 +513,6 @@ def test_listing_options_are_checked(dsn, args, message):
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.processes
 async def test_delivery_show_lists_every_attempt(dsn, db, receiver, start_worker):
     delivery_id = await flaky_history(db, receiver, start_worker)
     result = await asyncio.to_thread(hooklane, dsn, "delivery", "show", str(delivery_id))
@@ -576,7 +550,6 @@ async def test_delivery_show_lists_every_attempt(dsn, db, receiver, start_worker
     assert [a["status"] for a in json.loads(as_json.stdout)["attempts"]] == [503, 500, 204]
 
 
-@pytest.mark.processes
 async def test_a_delivery_resent_by_the_cli_shows_when_it_was_created_and_queued_again(dsn, db):
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
     await publish_event(db, tenant="acme", type="order.paid", data={})
@@ -599,7 +572,6 @@ async def test_a_delivery_resent_by_the_cli_shows_when_it_was_created_and_queued
     assert (shown["created_at"], shown["queued_at"]) == (rfc3339(made), rfc3339(queued))
 
 
-@pytest.mark.processes
 def test_delivery_show_of_a_missing_or_malformed_id(dsn):
     missing = hooklane(dsn, "delivery", "show", "999999")
     assert (missing.returncode, missing.stdout, missing.stderr) == (1, "", "delivery 999999 not found\n")

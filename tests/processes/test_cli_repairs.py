@@ -14,7 +14,6 @@ from testsupport.cli import hooklane as run_cli
 from testsupport.fixtures import add_endpoint, wait_for
 
 
-@pytest.mark.processes
 async def test_discard_and_replay(dsn, db):
     await add_endpoint(db, "a", "http://127.0.0.1:9/a")
     since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
@@ -41,7 +40,6 @@ async def test_discard_and_replay(dsn, db):
     assert naive.returncode == 2 and naive.stderr.startswith("hooklane: --since: needs a timezone")
 
 
-@pytest.mark.processes
 async def test_events_list_prints_json_lines_and_the_next_cursor(dsn, db):
     since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
     for i in range(3):
@@ -91,7 +89,6 @@ async def _published_while_a_was_deactivated(db, url: str) -> str:
     return since
 
 
-@pytest.mark.processes
 async def test_replay_catches_up_events_published_while_the_endpoint_was_deactivated(
     dsn, db, receiver, start_worker
 ):

@@ -74,14 +74,12 @@ def test_the_crds_are_the_repositorys_own():
     assert link.is_symlink() and link.resolve() == (ROOT / "crds").resolve()
 
 
-@pytest.mark.tools
 @pytest.mark.parametrize("values", [REQUIRED, ["-f", str(EVERYTHING)]], ids=["defaults", "everything"])
 def test_lint_is_clean(tools, values):
     done = tools.helm("lint", str(CHART), "--strict", *values)
     assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
 
 
-@pytest.mark.tools
 def test_package_holds_the_crd_files_and_no_tests(tools, tmp_path):
     tools.helm("package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("hooklane-*.tgz")
@@ -100,7 +98,6 @@ def test_package_holds_the_crd_files_and_no_tests(tools, tmp_path):
 # --- Rendering ------------------------------------------------------------------
 
 
-@pytest.mark.tools
 def test_defaults_render_the_operator_workers_api_and_migration(tools):
     docs = tools.render(*REQUIRED)
     assert by_kind(docs) == {
@@ -144,7 +141,6 @@ def test_defaults_render_the_operator_workers_api_and_migration(tools):
     ]
 
 
-@pytest.mark.tools
 def test_include_crds_adds_the_repositorys_crds(tools):
     docs = tools.render("--include-crds", *REQUIRED)
     crds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
@@ -156,7 +152,6 @@ def test_include_crds_adds_the_repositorys_crds(tools):
     assert crds == expected
 
 
-@pytest.mark.tools
 @pytest.mark.parametrize("values", [REQUIRED, ["-f", str(EVERYTHING)]], ids=["defaults", "everything"])
 def test_every_pod_is_locked_down_and_reads_its_settings_once(tools, values):
     specs = pod_specs(tools.render(*values))
@@ -180,7 +175,6 @@ def test_every_pod_is_locked_down_and_reads_its_settings_once(tools, values):
     ]
 
 
-@pytest.mark.tools
 def test_every_option_renders(tools):
     docs = tools.render("-f", str(EVERYTHING))
     assert by_kind(docs) == {
@@ -255,25 +249,21 @@ def _refused(tools, *options: str) -> str:
     return done.stderr
 
 
-@pytest.mark.tools
 def test_without_a_database_secret_nothing_renders(tools):
     assert "database.existingSecret is required" in _refused(tools, *REQUIRED[2:])
 
 
-@pytest.mark.tools
 def test_without_an_ingest_token_nothing_renders(tools):
     stderr = _refused(tools, *REQUIRED[:2], "--set", "api.tokens.admin[0]=admin-token-0123456789")
     assert "api.tokens.ingest or api.tokens.existingSecret.ingest is required while api.enabled" in stderr
 
 
-@pytest.mark.tools
 def test_without_the_api_no_token_is_needed(tools):
     docs = tools.render(*REQUIRED[:2], "--set", "api.enabled=false")
     assert not [d["metadata"]["name"] for d in docs if "-api" in d["metadata"]["name"]]
     assert by_kind(docs)["Deployment"] == 2
 
 
-@pytest.mark.tools
 def test_the_token_file_is_what_the_api_reads(tools):
     """The chart's Secret holds the entries as `hooklane api` parses a token
     file: each token with the tenants it was given, nothing else."""
@@ -337,7 +327,6 @@ def test_the_schema_takes_the_token_entries_the_api_takes(entry):
     assert bool(re.search(pattern, entry)) == parsed, entry
 
 
-@pytest.mark.tools
 @pytest.mark.parametrize(
     "setting, error",
     [
@@ -391,7 +380,6 @@ def test_the_schema_refuses_wrong_types_and_unknown_keys(tools, setting, error):
     assert SCHEMA_ERROR in stderr and error in stderr, stderr
 
 
-@pytest.mark.tools
 @pytest.mark.parametrize(
     "setting, value",
     [
@@ -416,7 +404,6 @@ def test_settings_the_chart_owns_are_refused_elsewhere(tools, setting, value):
 # --- helm-unittest --------------------------------------------------------------
 
 
-@pytest.mark.tools
 def test_helm_unittest_suites_pass_and_cover_every_template(tools):
     suites = sorted((CHART / "tests").glob("*_test.yaml"))
     covered = {t for s in suites for t in yaml.safe_load(s.read_text())["templates"]}
@@ -446,13 +433,11 @@ def rules_dir(tools, tmp_path) -> Path:
     return tmp_path
 
 
-@pytest.mark.tools
 def test_promtool_accepts_the_rules(tools, rules_dir):
     done = tools.run("promtool", "check", "rules", str(rules_dir / "rules.yaml"))
     assert "SUCCESS: 10 rules found" in done.stdout, done.stdout
 
 
-@pytest.mark.tools
 def test_every_alert_is_shown_to_fire_and_to_stay_quiet(tools, rules_dir):
     alerts = {
         r["alert"]
@@ -502,7 +487,6 @@ def grants(*roles: dict[str, Any]) -> dict[str, set[str]]:
     return out
 
 
-@pytest.mark.tools
 def test_operator_rbac_across_the_cluster(tools):
     docs = tools.render("--show-only", "templates/operator-rbac.yaml", *REQUIRED)
     assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding"]
@@ -514,7 +498,6 @@ def test_operator_rbac_across_the_cluster(tools):
     ]
 
 
-@pytest.mark.tools
 def test_operator_rbac_for_some_namespaces(tools):
     docs = tools.render(
         "--show-only",

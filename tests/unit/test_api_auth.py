@@ -31,7 +31,6 @@ EVENT = {"type": "order.created", "tenant": "acme", "data": {}}
 # Tokens: parsing, checking, grants
 
 
-@pytest.mark.unit
 def test_parse_reads_tokens_grants_and_comments() -> None:
     tokens = Tokens.parse(
         f"# producers\n{TOKEN}\n\n  # scoped\n{LIMITED}   tenants=acme,globex\r\n", "HOOKLANE_API_TOKENS"
@@ -44,7 +43,6 @@ def test_parse_reads_tokens_grants_and_comments() -> None:
     assert tokens.check("") is None
 
 
-@pytest.mark.unit
 def test_grants_limit_tenants() -> None:
     assert Grant(None).allows("anyone")
     limited = Grant(frozenset({"acme"}))
@@ -52,7 +50,6 @@ def test_grants_limit_tenants() -> None:
     assert not limited.allows("globex")
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "line"),
     [
@@ -70,12 +67,10 @@ def test_parse_refuses_bad_entries_without_quoting_the_token(text: str, line: in
         assert secret not in str(refused.value)
 
 
-@pytest.mark.unit
 def test_repr_never_shows_a_token() -> None:
     assert TOKEN not in repr(Tokens.parse(TOKEN, "x"))
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("header", "token"),
     [
@@ -91,7 +86,6 @@ def test_bearer(header: str | None, token: str | None) -> None:
     assert bearer(header) == token
 
 
-@pytest.mark.unit
 def test_a_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text(f"{TOKEN}\n")
@@ -109,7 +103,6 @@ def test_a_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     assert source.current().check(ADMIN) is not None
 
 
-@pytest.mark.unit
 def test_a_token_file_turning_bad_keeps_the_tokens_read_before(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text(f"{TOKEN}\n")
@@ -123,14 +116,12 @@ def test_a_token_file_turning_bad_keeps_the_tokens_read_before(tmp_path: Path) -
     assert source.current().check(TOKEN) is None
 
 
-@pytest.mark.unit
 def test_a_token_file_unreadable_at_start_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as refused:
         TokenSource(Tokens(), str(tmp_path / "missing"), "HOOKLANE_API_TOKENS_FILE")
     assert refused.value.field == "HOOKLANE_API_TOKENS_FILE"
 
 
-@pytest.mark.unit
 def test_the_api_needs_an_ingest_token() -> None:
     with pytest.raises(InvalidInput) as refused:
         token_sources(Settings(database_url="postgresql://x/y"))

@@ -25,7 +25,6 @@ TENANT_LIKE_A_TOKEN = "globex-corporation-eu"
 SHAPE = "an entry is `TOKEN` (any tenant) or `TOKEN tenants=t1,t2` (those tenants only), one per line"
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "grants"),
     [
@@ -50,7 +49,6 @@ def test_the_syntax_grants_what_it_says(text: str, grants: dict[str, Grant | Non
         assert tokens.check(token) == grant
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "line", "words"),
     [
@@ -96,7 +94,6 @@ def test_what_could_be_misread_is_refused_with_the_line_and_the_fix(text: str, l
         assert word not in str(refused.value)
 
 
-@pytest.mark.unit
 def test_a_refusal_of_the_former_syntax_says_what_to_write() -> None:
     with pytest.raises(InvalidInput) as refused:
         Tokens.parse(f"{TOKEN} acme globex", "HOOKLANE_API_TOKENS")
@@ -104,7 +101,6 @@ def test_a_refusal_of_the_former_syntax_says_what_to_write() -> None:
     assert "write `T1,T2` as two lines and `TOKEN t1 t2` as `TOKEN tenants=t1,t2`" in refused.value.message
 
 
-@pytest.mark.unit
 def test_an_admin_token_takes_no_tenants() -> None:
     """An admin token acts for every tenant: `tenants=` would be a limit
     that is none."""
@@ -115,7 +111,6 @@ def test_an_admin_token_takes_no_tenants() -> None:
     assert len(Settings.from_env({"HOOKLANE_ADMIN_TOKENS": f"{TOKEN}\n{OTHER}"}).admin_tokens) == 2
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "variable", ["HOOKLANE_API_TOKENS", "HOOKLANE_ADMIN_TOKENS"], ids=["ingest", "admin"]
 )
@@ -131,7 +126,6 @@ def _admin_file_source(path: Path) -> TokenSource:
     return TokenSource(settings.admin_tokens, settings.admin_tokens_file, "HOOKLANE_ADMIN_TOKENS_FILE")
 
 
-@pytest.mark.unit
 def test_files_are_held_to_the_same_rules(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text(f"# rotated 2026-03-01\n{OTHER}\n{TOKEN} acme,{TENANT_LIKE_A_TOKEN}\n")
@@ -147,7 +141,6 @@ def test_files_are_held_to_the_same_rules(tmp_path: Path) -> None:
     assert refused.value.message.startswith("line 1: an admin token acts for every tenant")
 
 
-@pytest.mark.unit
 def test_a_token_in_the_variable_and_the_file_with_other_grants_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text(f"{OTHER}\n{TOKEN} tenants=acme\n")
@@ -162,7 +155,6 @@ def test_a_token_in_the_variable_and_the_file_with_other_grants_is_refused(tmp_p
     assert TokenSource(inline, str(path), "HOOKLANE_API_TOKENS_FILE").current().check(TOKEN) == Grant(None)
 
 
-@pytest.mark.unit
 def test_a_misread_rotation_keeps_the_tokens_read_before(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -710,7 +710,6 @@ async def test_a_change_posted_from_another_site_with_the_cookie_is_refused(
 # Pure helpers
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("seconds", "shown"),
     [
@@ -728,7 +727,6 @@ def test_age_text(seconds: float | None, shown: str) -> None:
     assert pages.age_text(seconds) == shown
 
 
-@pytest.mark.unit
 def test_relative_text() -> None:
     now = datetime(2026, 3, 1, 12, tzinfo=UTC)
     assert pages.relative_text(None, now) == "-"
@@ -761,7 +759,6 @@ def health(**row: Any) -> EndpointHealth:
     return EndpointHealth.from_row({**base, **row})
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("due", "row", "held", "at", "text"),
     [
@@ -806,14 +803,12 @@ def test_a_pending_deliverys_next_attempt_is_when_its_endpoint_lets_it_go(
     assert pages.next_attempt(None, health(**row)) is None
 
 
-@pytest.mark.unit
 def test_short_text_cuts_with_an_ellipsis() -> None:
     assert pages.short_text(None) == ""
     assert pages.short_text("x" * 80) == "x" * 80
     assert pages.short_text("x" * 81) == "x" * 79 + "\u2026"
 
 
-@pytest.mark.unit
 def test_flash_messages_come_only_from_known_values() -> None:
     assert dashboard.flash_message(pages.flash_value("resent", 3)) == "3 dead deliveries queued again."
     assert dashboard.flash_message(pages.flash_value("resent", 1)) == "1 dead delivery queued again."
@@ -824,7 +819,6 @@ def test_flash_messages_come_only_from_known_values() -> None:
         assert dashboard.flash_message(forged) is None
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("scheme", "forwarded", "secure"),
     [
@@ -840,7 +834,6 @@ def test_is_https(scheme: str, forwarded: str | None, secure: bool) -> None:
     assert pages.is_https(scheme, forwarded) is secure
 
 
-@pytest.mark.unit
 def test_the_filters_keep_what_was_chosen_and_default_to_the_last_hour() -> None:
     now = datetime(2026, 3, 1, 12, tzinfo=UTC)
     chosen = dashboard.attempt_filter({"status": "5xx", "failure": "", "outcome": ""}, now)
@@ -870,7 +863,6 @@ def test_the_filters_keep_what_was_chosen_and_default_to_the_last_hour() -> None
     assert earliest.since < earliest.until
 
 
-@pytest.mark.unit
 def test_form_and_query_inputs_are_checked() -> None:
     # The dashboard's delivery ids are the API's and the CLI's (store.check_delivery_id).
     assert inputs.delivery_id("42") == 42

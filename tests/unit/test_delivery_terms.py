@@ -329,7 +329,6 @@ async def test_a_client_certificate_trusts_the_system_store_looked_up_not_loaded
         assert await first_outcome(db) == ("delivered", None, None)
 
 
-@pytest.mark.unit
 def test_a_worker_keeps_one_opened_terms_an_endpoint_and_opens_each_new_value():
     cache = TermsCache(KEYRING)
     owner = terms_owner("default", "mtls")
@@ -353,7 +352,6 @@ def test_a_worker_keeps_one_opened_terms_an_endpoint_and_opens_each_new_value():
     assert opened.ssl_context is None and opened.server_name == "receiver.test"
 
 
-@pytest.mark.unit
 def test_terms_a_row_holds_that_openssl_refuses_fail_the_attempt_as_an_invalid_endpoint():
     weak = CA.issue("weak", client=True, key=rsa.generate_private_key(65537, 1024))
     owner = terms_owner("default", "weak")
@@ -412,7 +410,6 @@ ALERT = ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert c
 UNREAD_ALERT = bytes.fromhex("1703030013") + bytes(19)
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "exc, lost, unread, expected",
     [

@@ -86,7 +86,6 @@ def test_a_killed_dev_controlplane_leaves_no_apiserver_behind():
     _wait_gone(pids, folder)
 
 
-@pytest.mark.unit
 def test_a_test_is_in_one_tier_and_uses_nothing_heavier():
     # what pytest collects for a test taking ``db`` and ``receiver``
     closure = ["event_loop_policy", "db", "dsn", "postgresql", "receiver", "request"]
@@ -105,7 +104,6 @@ def test_a_test_is_in_one_tier_and_uses_nothing_heavier():
     assert tier_problems([], [], None) == (None, ["is in no tier's folder: move it to tests/<tier>/"])
 
 
-@pytest.mark.unit
 def test_hack_test_builds_only_what_the_selected_tiers_need():
     assert builds("") == builds("not chaos") == ["examples", "tools", "envtest", "cluster"]
     for light in ("unit", "unit or db", "db and not chaos"):
@@ -130,7 +128,6 @@ def test_hack_test_builds_only_what_the_selected_tiers_need():
     assert builds("unit", at("tests")) == [] and builds("", at("tests")) == builds("")
 
 
-@pytest.mark.unit
 def test_every_tier_is_declared_in_order_with_what_it_needs():
     markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     names = [line.split(":")[0] for line in markers]
@@ -184,7 +181,6 @@ def test_collection_gives_a_test_its_folders_tier_and_refuses_one_in_the_wrong_t
     assert "test_nowhere is in no tier's folder: move it to tests/<tier>/" in done.stderr
 
 
-@pytest.mark.unit
 def test_every_test_module_is_in_a_tier_folder():
     # What they may import from one another, hack/lint checks (pyproject.toml: importlinter).
     tests = ROOT / "tests"

@@ -75,7 +75,6 @@ def _table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.mark.unit
 def test_every_setting_is_documented_with_its_default():
     rows = _table_rows(_read(DOCS / "configuration.md"))
     missing = sorted(set(_settings_defaults()) - set(rows))
@@ -90,7 +89,6 @@ def test_every_setting_is_documented_with_its_default():
     assert not wrong, f"documented default != code default: {wrong}"
 
 
-@pytest.mark.unit
 def test_every_variable_the_configuration_names_exists():
     known = set(_settings_defaults())
     text = _read(DOCS / "configuration.md")
@@ -201,7 +199,6 @@ def _parse_error(args: list[str]) -> str | None:
     return None
 
 
-@pytest.mark.unit
 def test_the_docs_show_command_lines():
     commands = _documented_commands()
     paths = {_path(args) for _, args, _ in commands}
@@ -209,7 +206,6 @@ def test_the_docs_show_command_lines():
     assert {("status",), ("endpoint", "reactivate"), ("endpoint", "resend"), ("migrate",)} <= paths
 
 
-@pytest.mark.unit
 def test_every_documented_command_line_parses():
     errors = []
     for page, args, complete in _documented_commands():
@@ -256,7 +252,6 @@ def _defined_metrics() -> dict[str, str]:
     }
 
 
-@pytest.mark.unit
 def test_operations_names_every_metric_and_no_other():
     defined = _defined_metrics()
     assert len(defined) >= 10, "the pattern no longer finds the metrics in hooklane/metrics.py"
@@ -297,7 +292,6 @@ def _linked_statements(text: str) -> set[str]:
     return set(re.findall(r"\[`(\w+)`\]\(\.\./hooklane/store/queries\.sql\)", text))
 
 
-@pytest.mark.unit
 def test_every_statement_the_state_machines_name_exists():
     text = _read(DOCS / "state-machine.md")
     linked = _linked_statements(text)
@@ -308,7 +302,6 @@ def test_every_statement_the_state_machines_name_exists():
     )
 
 
-@pytest.mark.unit
 def test_every_transition_statement_is_in_the_state_machines():
     linked = _linked_statements(_read(DOCS / "state-machine.md"))
     transitions = {name for name, sql in _statements().items() if _TRANSITION.search(sql)}
@@ -321,7 +314,6 @@ def test_every_transition_statement_is_in_the_state_machines():
     )
 
 
-@pytest.mark.unit
 def test_every_sql_function_the_state_machines_name_exists():
     text = _read(DOCS / "state-machine.md")
     functions = _sql_functions()
@@ -344,7 +336,6 @@ _SHOWN_EXAMPLES = {
 }
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("doc", sorted(_SHOWN_EXAMPLES))
 def test_the_docs_show_each_example_as_it_is_run(doc):
     """Each page shows the example programs the tests run, each whole and
@@ -368,7 +359,6 @@ def _anchors(page: Path) -> set[str]:
     return {_anchor(h) for h in re.findall(r"^#+\s+(.*)$", _read(page), flags=re.MULTILINE)}
 
 
-@pytest.mark.unit
 def test_every_link_between_pages_leads_inside_the_repository():
     broken = []
     for page in PAGES:
@@ -387,7 +377,6 @@ def test_every_link_between_pages_leads_inside_the_repository():
     assert not broken, "\n".join(broken)
 
 
-@pytest.mark.unit
 def test_the_readme_indexes_the_documentation():
     readme = _read(ROOT / "README.md")
     index = readme[readme.index("## Documentation") :]

@@ -26,7 +26,6 @@ rows = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "state, paused, until, expected",
     [
@@ -48,7 +47,6 @@ def test_states(state, paused, until, expected):
     assert endpoint_state(state=state, paused=paused, paused_until=paused_until, now=NOW) == expected
 
 
-@pytest.mark.unit
 @given(rows)
 def test_something_is_sent_exactly_when_the_reservation_would_take_the_endpoint(row):
     # hooklane_reserve (migration 0003): state = 'active' AND NOT paused AND
@@ -63,7 +61,6 @@ def test_something_is_sent_exactly_when_the_reservation_would_take_the_endpoint(
     assert (standing.paused_by is not None) == (standing.state == EndpointState.PAUSED)
 
 
-@pytest.mark.unit
 @given(rows)
 def test_the_circuit_shows_only_while_it_is_open(row):
     state = endpoint_state(**row, now=NOW).state
@@ -71,7 +68,6 @@ def test_the_circuit_shows_only_while_it_is_open(row):
         assert (row["paused_until"] is not None) == (state == EndpointState.PROBING)
 
 
-@pytest.mark.unit
 def test_what_the_cli_prints():
     assert [str(s) for s in (Standing(EndpointState.ACTIVE), Standing(EndpointState.PROBING))] == [
         "Active",

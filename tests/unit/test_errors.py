@@ -22,11 +22,9 @@ from hooklane.errors import (
 from hooklane.operator.handlers import RETRY_DELAY_SECONDS, kopf_error
 from hooklane.store.connection import store_error
 
-unit = pytest.mark.unit
 exc = asyncpg.exceptions
 
 
-@unit
 @pytest.mark.parametrize(
     ("driver", "kind"),
     [
@@ -58,14 +56,12 @@ def test_driver_errors_become_one_kind_each(driver, kind):
     assert str(error) == (str(driver) or type(driver).__name__)
 
 
-@unit
 def test_postgres_errors_keep_their_sqlstate():
     assert store_error(exc.CheckViolationError("x")).sqlstate == "23514"
     assert store_error(exc.DeadlockDetectedError("x")).sqlstate == "40P01"
     assert store_error(OSError("x")).sqlstate is None
 
 
-@unit
 def test_any_failure_to_connect_is_unreachable():
     for driver in (
         exc.InvalidPasswordError("password authentication failed"),
@@ -75,18 +71,15 @@ def test_any_failure_to_connect_is_unreachable():
         assert type(store_error(driver, connecting=True)) is DatabaseUnreachable
 
 
-@unit
 def test_other_errors_are_not_the_stores():
     for other in (ValueError("x"), RuntimeError("x"), InvalidInput("id", "x"), DatabaseUnreachable("x")):
         assert store_error(other) is None
 
 
-@unit
 def test_error_text_from_the_server_cannot_move_a_cursor():
     assert str(store_error(exc.CheckViolationError("bad \x1b[2J row"))) == "bad \\x1b[2J row"
 
 
-@unit
 def test_the_operator_retries_transient_errors_only():
     retried = kopf_error(DatabaseUnreachable("connection refused"))
     assert isinstance(retried, kopf.TemporaryError) and retried.delay == RETRY_DELAY_SECONDS

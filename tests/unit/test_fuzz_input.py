@@ -125,7 +125,6 @@ def _parses_or_refuses(parse, value) -> None:
         assert len(str(exc)) < 1000
 
 
-@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(doc=st.one_of(JSON_LIKE, ODD_KEYS, DEEP, MANIFESTS))
 def test_parse_manifest_accepts_or_refuses_anything(doc):
@@ -137,7 +136,6 @@ YAML_ALPHABET = st.sampled_from(
 )
 
 
-@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(
     raw=st.one_of(
@@ -163,7 +161,6 @@ EVENTS = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.unit
 @settings(max_examples=500, deadline=None)
 @given(event=EVENTS)
 def test_check_event_accepts_or_refuses_anything(event):

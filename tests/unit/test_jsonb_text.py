@@ -143,7 +143,6 @@ async def test_edge_cases_print_as_postgres_prints_them(db):
         assert await _printed(db, json.dumps(data, ensure_ascii=False)) == jsonb_text(data)
 
 
-@pytest.mark.unit
 def test_subclasses_print_as_json_reads_them():
     class Level(IntEnum):
         HIGH = 3
@@ -175,7 +174,6 @@ SHAPES = {
 }
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 def test_the_limit_is_measured_on_the_text_sent(shape):
     at_limit = _padded(shape, MAX_DATA_BYTES)
@@ -185,7 +183,6 @@ def test_the_limit_is_measured_on_the_text_sent(shape):
     assert refused.value.field == "data" and "larger than" in refused.value.message
 
 
-@pytest.mark.unit
 def test_many_tiny_floats_under_the_limit_as_written_are_refused():
     # 7 bytes each as the producer wrote them, 326 as jsonb prints them: 12 MB.
     data = {"readings": [5e-324] * 37_000}

@@ -364,7 +364,6 @@ async def test_tenants_holding_their_share_of_the_pool_never_delay_ingest(settin
     assert await db.fetchval("SELECT count(*) FROM events WHERE id = 'while-held'") == 1
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("changes", "variable"),
     [
@@ -381,7 +380,6 @@ def test_shares_that_do_not_fit_the_pool_are_refused_by_name(changes, variable):
     assert refused.value.field == variable
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("changes", "sizes"),
     [
@@ -397,7 +395,6 @@ def test_unset_shares_follow_the_pool(changes, sizes):
     assert share_sizes(Settings(**changes)) == sizes
 
 
-@pytest.mark.unit
 def test_a_page_starts_only_when_twice_the_slowest_fits_before_the_stop():
     assert another_page_fits(10.0, None, 100.0)
     assert another_page_fits(10.0, 10.5, 0.25)

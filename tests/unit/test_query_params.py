@@ -18,14 +18,12 @@ STORE = Path(__file__).resolve().parents[2] / "hooklane" / "store"
 # --- the conversion (pure) ----------------------------------------------------
 
 
-@pytest.mark.unit
 def test_names_become_numbers_in_order_of_first_use_and_a_name_used_twice_is_one_number():
     sql, names = to_positional("SELECT %(b)s::int[], %(a)s, coalesce(%(b)s::int[], '{}'), %(a)s || 'x'")
     assert sql == "SELECT $1::int[], $2, coalesce($1::int[], '{}'), $2 || 'x'"
     assert names == ("b", "a")
 
 
-@pytest.mark.unit
 def test_a_doubled_percent_sign_is_a_literal_one():
     sql, names = to_positional("SELECT format('%%s of %%s', %(n)s::text), 7 %% 3, '100%%'")
     assert (sql, names) == ("SELECT format('%s of %s', $1::text), 7 % 3, '100%'", ("n",))
@@ -34,7 +32,6 @@ def test_a_doubled_percent_sign_is_a_literal_one():
     assert to_positional("SELECT 1") == ("SELECT 1", ())
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("sql", "says"),
     [
@@ -54,7 +51,6 @@ def test_what_is_not_a_parameter_is_refused_at_load(sql, says):
         to_positional(sql)
 
 
-@pytest.mark.unit
 def test_a_statement_that_does_not_convert_is_named():
     with pytest.raises(ValueError, match=r"statement broken: a lone '%'"):
         load("-- name: fine\nSELECT %(a)s;\n\n-- name: broken\n-- comment: 100% ok\nSELECT 7 % 3;\n")
@@ -67,14 +63,12 @@ def test_a_statement_that_does_not_convert_is_named():
 PAGE = Query("page", "SELECT $1, $2, $1", ("tenant", "limit"))
 
 
-@pytest.mark.unit
 def test_a_call_takes_every_parameter_by_name_in_any_order():
     assert PAGE.args(limit=10, tenant="acme") == ("acme", 10)
     assert PAGE(limit=10, tenant="acme") == ("SELECT $1, $2, $1", "acme", 10)
     assert Query("none", "SELECT 1", ())() == ("SELECT 1",)
 
 
-@pytest.mark.unit
 def test_a_misspelt_or_missing_name_fails_loudly_at_the_call():
     with pytest.raises(TypeError) as misspelt:
         PAGE(tenant="acme", limt=10)
@@ -113,7 +107,6 @@ def _blocks() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
-@pytest.mark.unit
 def test_every_statement_converts_and_its_comment_names_each_parameter():
     blocks = _blocks()
     assert set(blocks) == set(QUERIES) and len(QUERIES) > 30
@@ -166,7 +159,6 @@ def _calls() -> list[tuple[str, str, set[str], bool]]:
     return found
 
 
-@pytest.mark.unit
 def test_every_call_in_the_store_passes_exactly_the_statements_names_and_every_statement_is_called():
     calls = _calls()
     assert len(calls) > 30, "no calls found: has the calling convention changed?"

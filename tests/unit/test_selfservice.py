@@ -59,7 +59,6 @@ def refusal(form: EndpointForm, bounds: Settings = BOUNDS, tenant: str = "acme")
 # --- the form's rules ----------------------------------------------------------
 
 
-@pytest.mark.unit
 def test_a_form_becomes_the_tenants_endpoint_in_the_portal_namespace():
     spec = spec_for("acme", FORM, BOUNDS)
     assert (spec.namespace, spec.name, spec.tenant) == ("portal", resource_name("acme", "orders"), "acme")
@@ -98,7 +97,6 @@ SPEC_ERRORS = [
 ]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("field, value, path", SPEC_ERRORS)
 def test_the_spec_refuses_a_form_in_its_own_words(field, value, path):
     refused = refusal(dataclasses.replace(FORM, **{field: value}))
@@ -110,7 +108,6 @@ def test_the_spec_refuses_a_form_in_its_own_words(field, value, path):
     assert parsed.value.field == path
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "name", ["Orders", "orders.eu", "-orders", "orders-", "", "o" * 64, "ordérs", None, 7]
 )
@@ -119,7 +116,6 @@ def test_a_name_is_a_dns_label(name):
     assert refused.field == "name" and "DNS label" in refused.message
 
 
-@pytest.mark.unit
 def test_the_longest_name_fits():
     spec = spec_for("acme", dataclasses.replace(FORM, name="o" * 63), BOUNDS)
     assert len(spec.name) == 63 + 1 + 16
@@ -128,7 +124,6 @@ def test_the_longest_name_fits():
 # --- the platform's bounds -------------------------------------------------------
 
 
-@pytest.mark.unit
 def test_https_only_refuses_plain_http():
     https_only = dataclasses.replace(BOUNDS, portal_https_only=True)
     refused = refusal(dataclasses.replace(FORM, url="http://hooks.acme.example/"), https_only)
@@ -137,7 +132,6 @@ def test_https_only_refuses_plain_http():
     assert Settings().portal_https_only, "https only unless the platform says otherwise"
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "url, allowed",
     [
@@ -166,7 +160,6 @@ def test_urls_name_an_allowed_host(url, allowed):
         )
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "host", ["127.0.0.1", "10.1.2.3", "169.254.169.254", "[::1]", "[fd00:ec2::254]", "[::ffff:127.0.0.1]"]
 )
@@ -177,7 +170,6 @@ def test_an_address_the_destination_guard_refuses_is_refused_at_once(host):
     assert spec_for("acme", dataclasses.replace(FORM, url=f"https://{host}/hooks"), allowed)
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "patterns, allowed",
     [
@@ -204,14 +196,12 @@ def test_event_types_are_within_the_allowed_ones(patterns, allowed):
     assert spec_for("acme", form, BOUNDS).event_types == patterns
 
 
-@pytest.mark.unit
 def test_a_long_list_of_rules_is_cut_in_a_refusal():
     bounds = dataclasses.replace(BOUNDS, portal_event_types=tuple(f"t{i}.*" for i in range(40)))
     refused = refusal(dataclasses.replace(FORM, event_types=("x",)), bounds)
     assert refused.message.endswith("t9.* and 30 more)") and "item 0: 'x'" in refused.message
 
 
-@pytest.mark.unit
 def test_the_settings_refuse_malformed_rules():
     from hooklane.settings import Settings as S
 
@@ -231,7 +221,6 @@ def test_the_settings_refuse_malformed_rules():
         S.from_env({"HOOKLANE_PORTAL_EVENT_TYPES": "order.*.x"})
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(("field", "bound"), [("max_concurrency", 4), ("timeout_seconds", 5)])
 def test_a_new_endpoint_keeps_within_the_platforms_bounds(field, bound):
     assert (BOUNDS.portal_max_concurrency, BOUNDS.portal_max_timeout_seconds) == (4, 5)
@@ -244,7 +233,6 @@ def test_a_new_endpoint_keeps_within_the_platforms_bounds(field, bound):
     )
 
 
-@pytest.mark.unit
 def test_a_number_left_out_takes_the_bound_when_it_is_below_the_default():
     low = dataclasses.replace(BOUNDS, portal_max_concurrency=2, portal_max_timeout_seconds=3)
     spec = spec_for("acme", FORM, low)
@@ -255,7 +243,6 @@ def test_a_number_left_out_takes_the_bound_when_it_is_below_the_default():
     assert spec_for("acme", dataclasses.replace(FORM, max_concurrency=64), high).max_concurrency == 64
 
 
-@pytest.mark.unit
 def test_an_edit_may_keep_or_lower_a_value_beyond_a_lowered_bound_but_not_raise_it():
     held = Limits(max_concurrency=16, timeout_seconds=30)
     for kept in ((16, 30), (8, 30), (16, 5), (1, 1)):
@@ -285,7 +272,6 @@ def refusal_of_edit(form: EndpointForm, held: Limits) -> InvalidInput:
     return caught.value
 
 
-@pytest.mark.unit
 def test_over_bounds_names_each_field_beyond_its_bound():
     assert over_bounds(Limits(4, 5), BOUNDS) == ()
     assert over_bounds(Limits(16, 5), BOUNDS) == (OverBound("max_concurrency", 16, 4),)
@@ -295,7 +281,6 @@ def test_over_bounds_names_each_field_beyond_its_bound():
     )
 
 
-@pytest.mark.unit
 def test_the_settings_bound_the_bounds_by_the_spec():
     from hooklane.settings import Settings as S
 
@@ -318,7 +303,6 @@ tenants = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")),
 names = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", fullmatch=True)
 
 
-@pytest.mark.unit
 @given(tenant=tenants, other=tenants, name=names, other_name=names)
 def test_names_map_back_and_never_collide(tenant, other, name, other_name):
     resource = resource_name(tenant, name)
@@ -335,7 +319,6 @@ def test_names_map_back_and_never_collide(tenant, other, name, other_name):
         assert resource_name(tenant, other_name) != resource
 
 
-@pytest.mark.unit
 def test_a_name_not_made_for_the_tenant_maps_to_nothing():
     key = tenant_key("acme")
     assert chosen_name("acme", key) is None
@@ -347,7 +330,6 @@ def test_a_name_not_made_for_the_tenant_maps_to_nothing():
 # --- the JSON body ---------------------------------------------------------------
 
 
-@pytest.mark.unit
 def test_a_json_body_becomes_a_form_and_its_values_reach_the_parser():
     body = {"name": "orders", "url": FORM.url, "event_types": ["order.*"], "max_concurrency": None}
     assert EndpointForm.from_json(body) == FORM
@@ -367,7 +349,6 @@ def test_a_json_body_becomes_a_form_and_its_values_reach_the_parser():
     ).field == ("event_types")
 
 
-@pytest.mark.unit
 def test_a_new_secret_is_a_standard_webhooks_secret():
     secret = new_secret()
     assert len(parse_secret(secret)) == 32 and secret != new_secret()

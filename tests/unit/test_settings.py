@@ -18,7 +18,6 @@ from hooklane.settings import Settings
 from testsupport import timings
 
 
-@pytest.mark.unit
 def test_defaults_are_the_contracts():
     settings = Settings.from_env({})
     assert settings.retry == RetryPolicy(30.0, 6 * 3600.0, 20, 72 * 3600.0)
@@ -30,7 +29,6 @@ def test_defaults_are_the_contracts():
     assert settings.allowed_networks == ()
 
 
-@pytest.mark.unit
 def test_values_are_read_and_typed():
     settings = Settings.from_env(
         {
@@ -54,7 +52,6 @@ def test_values_are_read_and_typed():
     )
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "variable, value",
     [
@@ -94,7 +91,6 @@ def test_a_bad_value_is_refused_naming_its_variable(variable, value):
     assert len(str(refused.value)) < 200
 
 
-@pytest.mark.unit
 def test_a_rule_between_two_values_names_both():
     with pytest.raises(InvalidInput) as refused:
         Settings.from_env({"HOOKLANE_RETRY_CAP_SECONDS": "10"})
@@ -102,7 +98,6 @@ def test_a_rule_between_two_values_names_both():
     assert "cap_seconds (10) must be at least base_seconds (30)" in refused.value.message
 
 
-@pytest.mark.unit
 def test_a_bad_network_is_named_as_written():
     with pytest.raises(InvalidInput) as refused:
         Settings.from_env({"HOOKLANE_ALLOWED_NETWORKS": "127.0.0.0/8,10.0.0.1/8"})
@@ -112,7 +107,6 @@ def test_a_bad_network_is_named_as_written():
     )
 
 
-@pytest.mark.unit
 def test_settings_built_in_code_are_checked_too():
     with pytest.raises(ValueError):
         Settings(poll_seconds=0)
@@ -124,7 +118,6 @@ def test_settings_built_in_code_are_checked_too():
         Settings(allowed_networks="10.0.0.1/8")
 
 
-@pytest.mark.unit
 def test_an_unknown_variable_is_named_in_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="hooklane.settings"):
         Settings.from_env({"HOOKLANE_WORKER_CONCURENCY": "8", "OTHER": "x", "HOOKLANE_CLUSTER_DIR": "/tmp/c"})
@@ -133,7 +126,6 @@ def test_an_unknown_variable_is_named_in_a_warning(caplog):
     ]
 
 
-@pytest.mark.unit
 def test_the_tests_timings_reach_a_process_as_they_reach_settings():
     timed = {**timings.WORKER, **timings.OPERATOR}
     read = Settings.from_env(timings.environment(timed))

@@ -22,7 +22,6 @@ from testsupport.fixtures import ALL_PARTITIONS as ALL
 from testsupport.fixtures import add_endpoint, reserve_round
 
 
-@pytest.mark.unit
 def test_a_freed_slot_matters_only_to_a_worker_that_was_at_its_limit():
     assert slot_freed_matters(in_flight=255, concurrency=256)
     assert not slot_freed_matters(in_flight=254, concurrency=256)
@@ -30,7 +29,6 @@ def test_a_freed_slot_matters_only_to_a_worker_that_was_at_its_limit():
     assert slot_freed_matters(in_flight=0, concurrency=1)
 
 
-@pytest.mark.unit
 def test_rounds_share_a_window_only_while_slots_are_plentiful():
     assert round_pause(_ROUND_INTERVAL / 4, in_flight=3, concurrency=256) == pytest.approx(
         _ROUND_INTERVAL * 3 / 4
@@ -39,7 +37,6 @@ def test_rounds_share_a_window_only_while_slots_are_plentiful():
     assert round_pause(0.0, in_flight=128, concurrency=256) == 0.0  # busy: freed slots are throughput
 
 
-@pytest.mark.unit
 async def test_a_finished_delivery_wakes_the_reservation_only_at_the_worker_limit():
     trigger = Trigger(concurrency=2)
     trigger.slot_freed(in_flight=1)  # 2 of 2 were in flight: rounds had stopped
