@@ -1,8 +1,8 @@
 """Chaos runs (issue 7), long: workers killed and drained, PostgreSQL
 restarted fast and immediate, backends terminated, hostile receivers; each
 run checks for its whole length that nothing was lost and no endpoint went
-over its maxConcurrency (the harness is tests/chaos.py, shared with
-tests/test_chaos.py, which runs short versions in CI).
+over its maxConcurrency (the harness is testsupport/chaos.py, shared with
+tests/processes/test_chaos.py, which runs short versions in CI).
 
 Run: ``python -m bench.chaos --scenario all`` (about 20 minutes); results in
 docs/bench-results/chaos-<scenario>.json, a table on stdout, and the exit
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import DOCS, machine, write_json
-from tests.chaos import (
+from testsupport.chaos import (
     HOSTILE_WORKER_ENV,
     Report,
     Scenario,
@@ -64,7 +64,7 @@ def scenario(name: str, args: argparse.Namespace, run: int) -> Scenario:
         seed=None if args.seed is None else args.seed + run,
     )
     if name == "hostile":
-        from tests.hostile import HostileServer
+        from testsupport.hostile import HostileServer
 
         s = replace(s, hostile_modes=tuple(HostileServer.MODES), worker_env=HOSTILE_WORKER_ENV)
     return s

@@ -24,7 +24,7 @@ repeat in alternating order, and reports them side by side with their
 ratios to the first: the way to compare
 before and after on a shared, noisy machine. ``--traced`` runs the last
 tree a second time with tracing on (every delivery a span, exported over
-OTLP/HTTP to the tests' collector, tests/otlp.py, run in this driver,
+OTLP/HTTP to the tests' collector, testsupport/otlp.py, run in this driver,
 whose CPU is not counted): the cost of tracing, side by side.
 
 Run: ``python -m bench.steady --preset full [--synchronous-commit on] [--compare ../before] [--traced]``
@@ -67,7 +67,7 @@ from bench.common import (
 )
 from bench.throughput import postgres_pids, receiver, scrape
 from hooklane.settings import Settings
-from tests.otlp import Collector
+from testsupport.otlp import Collector
 
 EVENT_TYPE = "order.updated"
 ROUNDS = "hooklane_reservation_duration_seconds_count"

@@ -3,11 +3,13 @@ need, and more. pyproject.toml declares them as markers (one line each on
 what the tier needs); CONTRIBUTING.md "Running and testing" gives the
 command for each.
 
-Every test is in exactly one tier: its own marker or its module's
-(``pytestmark``), or ``db`` when it has none. A test may use the fixtures
-of its tier and of lighter ones only; tests/conftest.py checks both at
-collection, and hack/test builds the Go binaries only for a selection
-that may hold a tier needing them (``python3 -m tests.tiers EXPR``).
+Every test is in exactly one tier: its folder's (``tests/<tier>/``, whose
+conftest.py says which), or the one its own marker names where a module
+holds a few tests of another tier. A test may use the fixtures of its tier
+and of lighter ones only. This module, a plugin of every test run (the
+repository's conftest.py), checks both at collection; hack/test builds
+the Go binaries only for a selection that may hold a tier needing them
+(``python3 -m tests.tiers EXPR [PATH...]``).
 
 ``chaos`` is no tier: it names the fault-injection tests, whatever their
 tier, for ``-m chaos`` or ``-m "not chaos"``.
@@ -19,6 +21,7 @@ import itertools
 import re
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +29,8 @@ import pytest
 from _pytest.mark.expression import Expression
 
 TIERS = ("unit", "db", "processes", "browser", "image", "tools", "kube", "cluster")
-DEFAULT = "db"
+# The tier of a test's folder, as its conftest.py says (``folder``).
+FOLDER = pytest.StashKey[str]()
 
 # The fixtures that start something, each the root of a chain (``db``
 # needs ``dsn``, which needs ``postgresql``), by the tier that provides
@@ -38,7 +42,7 @@ FIXTURES = {
     "postgresql": "db",
     "postgresql_noproc": "db",
     "receiver": "db",
-    # tests/otlp.py: an OTLP/HTTP trace collector on loopback
+    # testsupport/otlp.py: an OTLP/HTTP trace collector on loopback
     "collector": "db",
     # a PostgreSQL of the module's own, which its tests restart
     "chaos_pg": "processes",
@@ -57,7 +61,7 @@ FIXTURES = {
 }
 
 # The Go binaries hack/test builds, by the tiers whose tests use them:
-# the kube tests install the chart too (tests/test_chart.py, the
+# the kube tests install the chart too (tests/tools/test_chart.py, the
 # operator's RBAC), and the cluster's build starts with envtest's. The
 # publishing examples (a Go binary and node_modules) are run as processes.
 BUILDS = {
@@ -68,11 +72,17 @@ BUILDS = {
 }
 
 
-def tier_problems(markers: Iterable[str], fixtures: Iterable[str]) -> tuple[str, list[str]]:
-    """The tier of a test with these markers and fixture closure, and what
-    is wrong with it: more than one tier, or fixtures of a heavier tier."""
+def tier_problems(
+    markers: Iterable[str], fixtures: Iterable[str], folder: str | None
+) -> tuple[str | None, list[str]]:
+    """The tier of a test with these markers (its own and its class's),
+    this fixture closure, in the folder of tier ``folder`` (None: in no
+    tier's folder), and what is wrong with it: no tier, more than one, or
+    fixtures of a heavier tier."""
     named = sorted(set(markers).intersection(TIERS), key=TIERS.index)
-    tier = named[0] if named else DEFAULT
+    tier = named[0] if named else folder
+    if tier is None:
+        return None, ["is in no tier's folder: move it to tests/<tier>/"]
     problems = []
     if len(named) > 1:
         problems.append(f"is in {len(named)} tiers ({', '.join(named)}): one only")
@@ -85,6 +95,45 @@ def tier_problems(markers: Iterable[str], fixtures: Iterable[str]) -> tuple[str,
         uses = ", ".join(f"{f} ({TIERS[rank]})" for rank, f in heavier)
         problems.append(f"is in tier {tier} but uses {uses}: mark it {TIERS[heavier[-1][0]]}")
     return tier, problems
+
+
+def folder(tier: str) -> Callable[[pytest.Item], None]:
+    """The hook a tier folder's conftest.py sets as its
+    ``pytest_itemcollected``: pytest calls it for the tests below that
+    folder only."""
+    assert tier in TIERS, tier
+
+    def pytest_itemcollected(item: pytest.Item) -> None:
+        item.stash[FOLDER] = tier
+
+    return pytest_itemcollected
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in one tier, using no fixture of a heavier one. First,
+    before -m selects by marker: a test without a tier marker is given its
+    folder's."""
+    problems = []
+    for item in items:
+        module = item.getparent(pytest.Module)
+        own = {m.name for node in item.listchain() if node is not module for m in node.own_markers}
+        moved = sorted({m.name for m in module.own_markers}.intersection(TIERS)) if module else []
+        tier, wrong = tier_problems(own, getattr(item, "fixturenames", ()), item.stash.get(FOLDER, None))
+        if moved:
+            wrong.append(f"is in a module marked {', '.join(moved)}: its folder says its tier")
+        if tier is not None and tier not in own:
+            item.add_marker(tier)
+        problems += [f"{item.nodeid} {why}" for why in wrong]
+    if problems:
+        raise pytest.UsageError("test tiers (tests/tiers.py):\n" + "\n".join(problems))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    declared = {line.split(":")[0].strip() for line in config.getini("markers")}
+    missing = [t for t in TIERS if t not in declared]
+    if missing:
+        raise pytest.UsageError(f"tiers not declared as markers in pyproject.toml: {', '.join(missing)}")
 
 
 # What -m may name: pytest's identifiers, less its keywords.
@@ -123,11 +172,32 @@ def selected_tiers(expression: str) -> list[str]:
     return found
 
 
-def builds(expression: str) -> list[str]:
-    """The Go builds (keys of BUILDS) that ``-m expression`` needs."""
+_MARKED = re.compile(rf"\bmark\.({'|'.join(TIERS)})\b")
+
+
+def path_tiers(path: str) -> set[str]:
+    """The tiers of the tests a path given to pytest may hold
+    (``tests/db/test_x.py::test_y`` too): its tier folder's and those its
+    tests' markers name; every tier for a path above the tier folders."""
+    found = Path(path.partition("::")[0])
+    below = (
+        found.parts[len(found.parts) - found.parts[::-1].index("tests") :] if "tests" in found.parts else ()
+    )
+    tier = below[0] if below and below[0] in TIERS else None
+    if tier is None:
+        return set(TIERS)
+    files = [found] if found.is_file() else found.rglob("*.py")
+    return {tier, *(t for file in files for t in _MARKED.findall(file.read_text()))}
+
+
+def builds(expression: str, paths: Iterable[str] = ()) -> list[str]:
+    """The Go builds (keys of BUILDS) that ``-m expression`` needs, on the
+    tests of ``paths`` (all of them when none is given)."""
     tiers = set(selected_tiers(expression))
+    if paths:
+        tiers &= set().union(*(path_tiers(p) for p in paths))
     return [build for build, users in BUILDS.items() if tiers.intersection(users)]
 
 
 if __name__ == "__main__":
-    print(" ".join(builds(sys.argv[1] if len(sys.argv) > 1 else "")))
+    print(" ".join(builds(sys.argv[1] if len(sys.argv) > 1 else "", sys.argv[2:])))

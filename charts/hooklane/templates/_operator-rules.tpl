@@ -2,7 +2,7 @@
 The operator's RBAC: the API calls `hooklane operator` makes and nothing
 more, each rule saying why. operator-rbac.yaml grants them cluster-wide
 (--all-namespaces), or the namespaced ones in each watched namespace.
-tests/test_operator.py::test_the_chart_rbac_is_enough runs the operator with
+tests/kube/test_operator.py::test_the_chart_rbac_is_enough runs the operator with
 exactly these rules against a real API server.
 */}}
 

@@ -1,0 +1,6 @@
+"""The tools tier (pyproject.toml's markers): runs helm, the helm-unittest
+plugin and promtool, built from their Go modules by hack/tools/build."""
+
+from tests.tiers import folder
+
+pytest_itemcollected = folder("tools")
