@@ -341,8 +341,8 @@ async def notified(db: asyncpg.Connection, run: Callable[[], Awaitable[object]])
     await db.add_listener("hooklane_ready", listen)
     try:
         await run()
-        await db.execute("SELECT pg_notify('hooklane_ready', '4095')")
-        await wait_for(lambda: heard and heard[-1] == Wakeup(4095, None, None))
+        await db.execute("SELECT pg_notify('hooklane_ready', '4095 - 0')")
+        await wait_for(lambda: heard and heard[-1] == Wakeup(4095, None, (0,)))
     finally:
         await db.remove_listener("hooklane_ready", listen)
     return heard[:-1]

@@ -90,7 +90,7 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
 
     try:
         # The plans are made here, on a queue of one, read from its start.
-        ready.wake(busy, partition, None, datetime.now(UTC), rescan=True)
+        ready.wake(busy, partition, None, datetime.now(UTC))
         first = await round_()
         results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in first]
         await store.complete(worker, results, CircuitPolicy(), ALL)

@@ -69,7 +69,7 @@ def listed(ready: ReadyList, heads: dict[int, datetime | None], *, partition: in
     """The endpoints as a first round leaves them: read from the start, each
     one's floor now its head (None: nothing pending), not in a round."""
     for endpoint_id in heads:
-        ready.wake(endpoint_id, partition, None, NOW, rescan=True)
+        ready.wake(endpoint_id, partition, None, NOW)
     candidates = ready.take(NOW, 1000)
     assert candidates == [Candidate(endpoint_id, UNKNOWN) for endpoint_id in heads]
     ready.settle([verdict(endpoint_id, head=head) for endpoint_id, head in heads.items()], [], NOW)
@@ -120,9 +120,9 @@ def test_a_wakeup_before_the_epoch_counts_back_from_it():
     assert parse_wakeup("3 0 9") == Wakeup(3, EPOCH, (9,))
 
 
-def test_a_version_8_publisher_names_the_partition_alone():
-    assert parse_wakeup("12") == Wakeup(12, None, None)
-    assert parse_wakeup("0") == Wakeup(0, None, None)
+def test_a_partition_alone_is_not_ours():
+    assert parse_wakeup("12") is None
+    assert parse_wakeup("0") is None
 
 
 @pytest.mark.parametrize(
@@ -209,11 +209,6 @@ def test_a_wakeup_comes_back_as_hooklane_wake_v2_wrote_it(partition, due, endpoi
     wakeup = parse_wakeup(wake_v2_payload(partition, due, endpoint_ids))
     assert wakeup == Wakeup(partition, due, tuple(sorted(set(endpoint_ids))))
     assert wakeup is not None and (due is None or wakeup.due.utcoffset() == timedelta(0))
-
-
-@given(st.integers(0, 4095))
-def test_a_version_8_payload_comes_back(partition):
-    assert parse_wakeup(str(partition)) == Wakeup(partition, None, None)
 
 
 # Verdict.of and Recorded.of, from rows as the functions of migration 0009 return them
@@ -397,14 +392,6 @@ def test_a_wake_without_due_keeps_the_floor_and_is_due_now():
     assert ready.due(1) == t(1)
 
 
-def test_a_rescan_reads_from_the_start_and_is_due_now():
-    ready = ReadyList()
-    listed(ready, {1: t(100)})
-    ready.wake(1, 0, t(50), t(1), rescan=True)
-    assert ready.floor(1) is UNKNOWN
-    assert ready.due(1) == t(1)
-
-
 def test_a_head_the_sweep_read_from_its_last_run_sets_no_floor_for_an_endpoint_it_did_not_know():
     ready = ReadyList()
     # read from a time on, not from the start: earlier deliveries may be
@@ -467,11 +454,11 @@ def test_an_endpoint_is_not_handed_twice_before_its_verdict():
     assert ready.take(NOW, 10) == [Candidate(1, UNKNOWN)]
     assert ready.scheduled(1)
     ready.wake(1, 0, t(-1), NOW)
-    ready.wake(1, 0, None, NOW, rescan=True)
+    ready.wake(1, 0, None, NOW)
     assert ready.take(t(60), 10) == []
     assert ready.next_due() is None
     ready.settle([verdict(1, head=t(-3))], [], t(1))
-    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
+    assert ready.take(t(1), 10) == [Candidate(1, t(-3))]
 
 
 def test_many_wakes_of_an_endpoint_hand_it_once():
@@ -624,16 +611,6 @@ def test_an_endpoint_changed_during_the_round_is_due_now():
     ready.wake(1, 0, None, t(0.5))
     ready.settle([verdict(1, head=t(60))], [], t(1))
     assert ready.floor(1) == t(60)
-    assert ready.due(1) == t(1)
-
-
-def test_a_rescan_during_the_round_reads_from_the_start():
-    ready = ReadyList()
-    listed(ready, {1: t(-10)})
-    ready.take(NOW, 10)
-    ready.wake(1, 0, None, t(0.5), rescan=True)
-    ready.settle([verdict(1, head=t(60))], [], t(1))
-    assert ready.floor(1) is UNKNOWN
     assert ready.due(1) == t(1)
 
 
@@ -855,15 +832,6 @@ def test_a_wake_during_a_failed_round_lowers_the_floor():
     assert ready.take(t(1), 10) == [Candidate(1, t(-20)), Candidate(2, t(-10))]
 
 
-def test_a_rescan_during_a_failed_round_reads_from_the_start():
-    ready = ReadyList()
-    listed(ready, {1: t(-10)})
-    candidates = ready.take(NOW, 10)
-    ready.wake(1, 0, None, t(0.5), rescan=True)
-    ready.returned(candidates, t(1))
-    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
-
-
 def test_a_candidate_returned_after_its_partition_was_released_is_forgotten():
     ready = ReadyList()
     ready.wake(1, 3, None, NOW)
@@ -900,8 +868,8 @@ def test_a_change_of_an_endpoint_waiting_for_a_slot_gets_it_visited():
 def test_the_sweep_gets_an_endpoint_waiting_for_a_slot_visited():
     ready = ReadyList()
     waiting(ready)
-    ready.wake(1, 0, None, t(2), rescan=True)
-    assert ready.take(t(2), 10) == [Candidate(1, UNKNOWN)]
+    ready.listed(1, 0, t(-5), t(2), from_start=False)
+    assert ready.take(t(2), 10) == [Candidate(1, t(-5))]
 
 
 def test_a_publish_to_an_endpoint_waiting_for_a_slot_waits_for_a_result():
@@ -976,7 +944,7 @@ def test_a_result_reserved_before_the_partition_moved_frees_no_later_slot():
     ready.take(NOW, 10)
     ready.settle([verdict(1, head=t(-1))], [(100, 1)], t(1))
     ready.retain(set())
-    ready.wake(1, 0, None, t(2), rescan=True)  # taken again: endpoint 1 has a pending delivery
+    ready.wake(1, 0, None, t(2))  # taken again: endpoint 1 has a pending delivery
     ready.take(t(2), 10)
     ready.settle([verdict(1, head=None, at_limit=True)], [(101, 1)], t(2))
     assert ready.busy(1) >= 1
@@ -1346,10 +1314,14 @@ class World:
                 d.announced = True
 
     def rescan(self, partitions: set[int]) -> None:
-        """Every endpoint of ``partitions`` with a pending delivery, read
-        from the start (store.pending_endpoints)."""
-        for e in sorted({d.endpoint for d in self.pending.values() if ENDPOINTS[d.endpoint] in partitions}):
-            self.ready.wake(e, ENDPOINTS[e], None, self.now(), rescan=True)
+        """Every endpoint of ``partitions`` with a pending delivery, with
+        its head read from the start (store.pending_endpoints)."""
+        heads: dict[int, int] = {}
+        for d in self.pending.values():
+            if ENDPOINTS[d.endpoint] in partitions:
+                heads[d.endpoint] = min(d.key, heads.get(d.endpoint, d.key))
+        for e, head in sorted(heads.items()):
+            self.ready.listed(e, ENDPOINTS[e], t(head), self.now())
         for d in self.pending.values():
             if ENDPOINTS[d.endpoint] in partitions:
                 d.announced = True

@@ -324,16 +324,6 @@ async def test_pending_endpoints_reads_from_since_but_the_whole_partitions_from_
     ]
 
 
-async def test_the_wakeups_of_a_version_8_publisher_are_absorbed(db):
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    partition = await db.fetchval("SELECT partition FROM endpoints")
-    await db.execute("SELECT hooklane_wake(ARRAY[$1::bigint, $1], ARRAY[$2::int, $2])", a, partition)
-    others = [p for p in ALL if p != partition]
-    assert await store.absorb_wakeups(db, others) == []
-    assert await store.absorb_wakeups(db, ALL) == [(a, partition)] * 2
-    assert await db.fetchval("SELECT count(*) FROM wakeups") == 0
-
-
 async def test_each_statement_that_gives_an_endpoint_work_notifies_its_owner(db):
     # hooklane_wake_v2 is called from a CTE, which Postgres runs only if the
     # statement reads it: every caller is checked here. None writes a row.

@@ -254,20 +254,6 @@ async def test_without_a_ceiling_a_round_takes_no_tenant_lock(db):
     assert all(v["at_limit"] for v in round_.verdicts)  # each at its own limit
 
 
-async def test_the_previous_version_still_reserves(db):
-    endpoints = await _endpoints(db, "acme", 2, max_concurrency=3)
-    await _publish(db, 4, "acme")
-    rows = await db.fetch(
-        "SELECT * FROM hooklane_reserve_v6($1::int[], $2::bigint[], $3::timestamptz[], 100, 10.0, 'old', 1.0)",
-        ALL,
-        endpoints,
-        [None, None],
-    )
-    reserved = [r for r in rows if r["id"] is not None]
-    assert Counter(r["endpoint_id"] for r in reserved) == dict.fromkeys(endpoints, 3)
-    assert all(v["at_limit"] for v in rows if v["id"] is None)
-
-
 async def test_hostile_arguments_are_refused_before_any_sql(db):
     with pytest.raises(ValueError, match="2 caps for 1 candidates"):
         await _round(db, [1], caps=[1, 2])

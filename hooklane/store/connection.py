@@ -30,7 +30,7 @@ from hooklane.errors import (
 # of ids whose length varies from 1 to hundreds; a cached generic plan
 # assumes a handful and can turn a batch of results into a nested loop over
 # every row in flight, so plan each execution with the real arrays (the
-# reservation's functions and hooklane_complete, whose plans do not depend
+# reservation's and complete's functions, whose plans do not depend
 # on them, keep theirs: migration 0004). Each statement reads a few rows of
 # `deliveries` per endpoint or per result by an index, whatever the
 # planner's statistics say: on a fresh or fast-growing database they are a

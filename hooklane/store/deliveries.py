@@ -239,13 +239,6 @@ async def hint_published(conn: asyncpg.Connection) -> None:
     await conn.execute(*QUERIES["hint_published"]())
 
 
-async def absorb_wakeups(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:
-    """Take the wakeup rows publishers of version 8 wrote for ``partitions``:
-    (endpoint, partition) of each. Call under the partitions' locks."""
-    rows = await conn.fetch(*QUERIES["absorb_wakeups"](partitions=partitions))
-    return [(r["endpoint_id"], r["partition"]) for r in rows]
-
-
 async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> list[asyncpg.Record]:
     return await conn.fetch(*QUERIES["deactivate_failing"](after_seconds=after_seconds))
 

@@ -332,16 +332,6 @@ FROM hooklane_published_since_v1(%(since)s::text);
 -- Parameters: none. Index: none.
 SELECT pg_notify('hooklane_ready', 'published');
 
--- name: absorb_wakeups
--- Take the wakeup rows of the given partitions, which publishers of version
--- 8 write (hooklane_wake) and notify with the partition alone: the worker
--- reads the queue of each endpoint named from its start. Empty once every
--- publisher runs this release or later.
--- Parameters: partitions. Index: wakeups_partition.
-DELETE FROM wakeups
-WHERE partition = ANY(%(partitions)s::int[])
-RETURNING endpoint_id, partition;
-
 -- name: rescue_expired
 -- Give back to the queue the deliveries whose lease ran out: their worker
 -- died or lost its connection mid-call. The lease outlives the whole-call

@@ -66,27 +66,24 @@ def lower(floor: datetime | None, due: datetime | None) -> datetime | None:
 class Wakeup:
     """A notification on ``hooklane_ready``: endpoints of a partition may
     have work due from ``due`` (None: nothing was written, the endpoint
-    changed). ``endpoints`` None: a publisher of version 8, which names the
-    partition alone and writes wakeup rows (``store.absorb_wakeups``)."""
+    changed)."""
 
     partition: int
     due: datetime | None
-    endpoints: tuple[int, ...] | None
+    endpoints: tuple[int, ...]
 
 
-_PAYLOAD = re.compile(r"(\d{1,10})(?: (-|-?\d{1,19}) (\d{1,19}(?:,\d{1,19})*))?")
+_PAYLOAD = re.compile(r"(\d{1,10}) (-|-?\d{1,19}) (\d{1,19}(?:,\d{1,19})*)")
 
 
 def parse_wakeup(payload: str) -> Wakeup | None:
     """A notification's payload, as hooklane_wake_v2 writes it ("<partition>
-    <due in microseconds since the epoch, or -> <id>,<id>,...") or as version
-    8 does ("<partition>"); None for anything else, which is not ours."""
+    <due in microseconds since the epoch, or -> <id>,<id>,..."); None for
+    anything else, which is not ours."""
     match = _PAYLOAD.fullmatch(payload)
     if match is None or not payload.isascii():
         return None
     partition, when, ids = match.groups()
-    if ids is None:
-        return Wakeup(int(partition), None, None)
     due = None
     if when != "-":
         try:
@@ -259,12 +256,9 @@ class ReadyList:
 
     # What happened outside a round.
 
-    def wake(
-        self, endpoint_id: int, partition: int, due: datetime | None, now: datetime, *, rescan: bool = False
-    ) -> None:
+    def wake(self, endpoint_id: int, partition: int, due: datetime | None, now: datetime) -> None:
         """The endpoint may have work: pending deliveries due from ``due``
-        (None: none written, but something of the endpoint changed), or,
-        with ``rescan``, anywhere in its queue (read it from the start)."""
+        (None: none written, but something of the endpoint changed)."""
         entry = self._entries.get(endpoint_id)
         if entry is None:
             entry = self._entries[endpoint_id] = _Entry(partition)
@@ -274,21 +268,17 @@ class ReadyList:
             # to an endpoint whose slots this worker holds does not: only a
             # recorded result frees one.
             entry.waiting = False
-        if rescan:
-            entry.floor = UNKNOWN
-        elif due is not None:
+        if due is not None:
             entry.floor = lower(entry.floor, due)
         if entry.in_round:
             entry.woken = True
             entry.changed = entry.changed or due is None
-            if rescan:
-                entry.woken_floor = UNKNOWN
-            elif due is not None:
+            if due is not None:
                 entry.woken_floor = lower(entry.woken_floor, due)
             return
         if entry.deferred:
             return  # due already, in its line: a wake would only lose its place
-        at = max(due, now) if due is not None and not rescan else now
+        at = max(due, now) if due is not None else now
         self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
 
     def listed(
@@ -296,9 +286,9 @@ class ReadyList:
     ) -> None:
         """The database lists the endpoint with pending deliveries from
         ``head`` on, the earliest of them (a partition taken, the sweep):
-        its floor is at most that, and it is looked at by then. Unlike a
-        rescan, a floor below the head stays where it is, so the rounds after
-        a sweep do not read every queue from its start again. A head not
+        its floor is at most that, and it is looked at by then. A floor below
+        the head stays where it is, so the rounds after a sweep do not read
+        every queue from its start again. A head not
         read from the queue's start (``from_start`` false: the sweep read
         from its last run on) says nothing of what lies before it: an
         endpoint the list did not know starts with its floor unknown."""

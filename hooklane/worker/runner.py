@@ -22,7 +22,6 @@ import gc
 import logging
 import resource
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -103,12 +102,10 @@ class Worker:
         self._sending: set[asyncio.Task] = set()
         self.slots = Slots(settings.worker_concurrency, _long_calls_allowed(settings))
         self.ready_list = ReadyList()
-        # The partitions the ready list was built for (and under which lock
-        # connection: PartitionOwner.generation), and those whose version 8
-        # publishers wrote wakeup rows to absorb.
+        # The partitions the ready list was built for, and under which lock
+        # connection (PartitionOwner.generation).
         self._listed: set[int] = set()
         self._listed_generation = 0
-        self._legacy: set[int] = set()
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
@@ -253,12 +250,9 @@ class Worker:
 
     def _woken(self, wakeup: Wakeup) -> None:
         """A notification for a partition this worker owns."""
-        if wakeup.endpoints is None:
-            self._legacy.add(wakeup.partition)
-        else:
-            now = datetime.now(UTC)
-            for endpoint_id in wakeup.endpoints:
-                self.ready_list.wake(endpoint_id, wakeup.partition, wakeup.due, now)
+        now = datetime.now(UTC)
+        for endpoint_id in wakeup.endpoints:
+            self.ready_list.wake(endpoint_id, wakeup.partition, wakeup.due, now)
         self.trigger.published()
 
     def _committed(self, committed: store.Committed) -> None:
@@ -372,8 +366,8 @@ class Worker:
 
     async def _follow_partitions(self) -> None:
         """Keep the ready list to the partitions owned: forget those
-        released, list the endpoints with pending deliveries of those taken,
-        and absorb the wakeup rows of version 8 publishers. A partition
+        released, and list the endpoints with pending deliveries of those
+        taken. A partition
         listed under an earlier lock connection is listed again once a new
         one takes it: a listing that ran while the connection was replaced
         (or before) missed what was published in between, when nobody
@@ -390,15 +384,6 @@ class Worker:
                 for endpoint_id, partition, head in listing.endpoints:
                     self.ready_list.listed(endpoint_id, partition, head, now)
             self._listed = owned
-        legacy = sorted(self._legacy & owned)
-        self._legacy.clear()
-        if legacy:
-            self._rescan(await self.owner.run(lambda conn, _owned: store.absorb_wakeups(conn, legacy)))
-
-    def _rescan(self, found: Iterable[tuple[int, int]]) -> None:
-        now = datetime.now(UTC)
-        for endpoint_id, partition in found:
-            self.ready_list.wake(endpoint_id, partition, None, now, rescan=True)
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
