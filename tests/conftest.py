@@ -298,7 +298,7 @@ async def reserve_round(
     worker: str = "test-worker",
     ready: ReadyList | None = None,
     tenant_ceiling: int | None = None,
-) -> list[asyncpg.Record]:
+) -> list[store.Reserved]:
     """One reservation round as the worker runs it (Worker._round), by a
     worker that has just taken ``partitions``: its ready list (``ready``, or
     a new one) first lists every endpoint with pending deliveries, read from
@@ -322,7 +322,7 @@ async def reserve_round(
     )
     ready.settle(
         [Verdict.of(v) for v in reservation.verdicts],
-        [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+        [(r.id, r.endpoint_id) for r in reservation.deliveries],
         datetime.now(UTC),
     )
     return reservation.deliveries

@@ -83,7 +83,7 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
         )
         ready.settle(
             [Verdict.of(v) for v in reservation.verdicts],
-            [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+            [(r.id, r.endpoint_id) for r in reservation.deliveries],
             datetime.now(UTC),
         )
         return reservation.deliveries
@@ -92,9 +92,9 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
         # The plans are made here, on a queue of one, read from its start.
         ready.wake(busy, partition, None, datetime.now(UTC))
         first = await round_()
-        results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in first]
+        results = [store.Result.delivered(r.id, r.attempts, status=204) for r in first]
         await store.complete(worker, results, CircuitPolicy(), ALL)
-        ready.recorded([r["id"] for r in first], [], datetime.now(UTC))
+        ready.recorded([r.id for r in first], [], datetime.now(UTC))
         await _publish(db, "busy", BACKLOG)
         # In flight elsewhere, as on a busy platform; not woken, so only
         # complete's plan could come near them.
@@ -112,15 +112,15 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
 
         plans.clear()
         rows = await round_()
-        assert [r["endpoint_id"] for r in rows] == [busy] * 4  # its limit
+        assert [r.endpoint_id for r in rows] == [busy] * 4  # its limit
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
 
         plans.clear()
-        results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in rows]
+        results = [store.Result.delivered(r.id, r.attempts, status=204) for r in rows]
         touched = await store.complete(worker, results, CircuitPolicy(), ALL)
         assert [t["id"] for t in touched] == [busy]
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
         # its slots are free and its next delivery due
-        assert ready.recorded([r["id"] for r in rows], [Recorded.of(t) for t in touched], datetime.now(UTC))
+        assert ready.recorded([r.id for r in rows], [Recorded.of(t) for t in touched], datetime.now(UTC))
     finally:
         await worker.close()

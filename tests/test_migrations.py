@@ -231,9 +231,9 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
 
     new = await reserve_round(db, 10, worker="new")
     third = await db.fetchval("SELECT max(id) FROM deliveries")
-    assert sorted(r["id"] for r in new) == [second["id"], third]
+    assert sorted(r.id for r in new) == [second["id"], third]
     await store.complete(
-        db, [store.Result(r["id"], r["attempts"], "delivered", None, 200, None) for r in new], circuit, ALL
+        db, [store.Result(r.id, r.attempts, "delivered", None, 200, None) for r in new], circuit, ALL
     )
     rows = await db.fetch("SELECT id, state, attempts, attempted_by FROM deliveries ORDER BY id")
     assert [tuple(r) for r in rows] == [

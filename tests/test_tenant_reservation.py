@@ -79,7 +79,7 @@ async def test_a_capped_candidate_gets_at_most_its_cap_and_the_limit_counts_thos
         caps=[3, 5, 1, 1, None],
         apart=[True, True, False, False, False],
     )
-    got = Counter(r["endpoint_id"] for r in round_.deliveries)
+    got = Counter(r.endpoint_id for r in round_.deliveries)
     assert (got[slow], got[narrow]) == (3, 2)
     assert [got[q] for q in quick] == [1, 1, 2]
     # capped but none apart: the same limit holds for all
@@ -97,7 +97,7 @@ async def test_a_tenants_rows_apart_take_nothing_of_its_place_among_the_others(d
     round_ = await _round(
         db, [b1, b2, a1, a2], limit=2, caps=[None, None, 2, None], apart=[False, False, True, False]
     )
-    got = Counter(r["endpoint_id"] for r in round_.deliveries)
+    got = Counter(r.endpoint_id for r in round_.deliveries)
     assert (got[a1], got[a2], got[b1] + got[b2]) == (2, 1, 1)
 
 
@@ -112,10 +112,10 @@ async def test_when_the_limit_binds_tenants_come_first_then_their_endpoints(db):
     # would get 195 of 200 rows; by tenant, each single's first two come
     # before the crowd's third
     rows = (await _round(db, crowd + singles, limit=12)).deliveries
-    tenants = Counter(r["tenant"] for r in rows)
+    tenants = Counter(r.tenant for r in rows)
     assert tenants == {"crowd": 2, **{f"single{i}": 2 for i in range(5)}}
     # within a tenant, its endpoints interleave as before: two endpoints' firsts
-    assert len({r["endpoint_id"] for r in rows if r["tenant"] == "crowd"}) == 2
+    assert len({r.endpoint_id for r in rows if r.tenant == "crowd"}) == 2
 
 
 async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoints(db):
@@ -126,12 +126,12 @@ async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoint
     # one call of big's in flight from an earlier round: the first to end
     (early,) = (await _round(db, big[:1], caps=[1], apart=[True], tenant_ceiling=6)).deliveries
     round_ = await _round(db, [*big, other], tenant_ceiling=6)
-    assert Counter(r["tenant"] for r in round_.deliveries) == {"big": 5, "other": 4}
-    assert len({r["endpoint_id"] for r in round_.deliveries if r["tenant"] == "big"}) == 5
+    assert Counter(r.tenant for r in round_.deliveries) == {"big": 5, "other": 4}
+    assert len({r.endpoint_id for r in round_.deliveries if r.tenant == "big"}) == 5
     # every one of big's endpoints is held, those that got a call and those
     # that did not, until the first of its tenant's leases ends
     verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
-    first_lease = await db.fetchval("SELECT lease_expires_at FROM deliveries WHERE id = $1", early["id"])
+    first_lease = await db.fetchval("SELECT lease_expires_at FROM deliveries WHERE id = $1", early.id)
     for endpoint in big:
         verdict = verdicts[endpoint]
         assert (verdict["at_limit"], verdict["leases_end"], verdict["tenant"]) == (True, first_lease, "big")
