@@ -62,7 +62,7 @@ from bench.common import (
     run_and_report,
 )
 from hooklane import store
-from hooklane.worker.ready import Candidate, ReadyList, Verdict
+from hooklane.worker.ready import Candidate, ReadyList
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Cand
             ready.returned(batch, datetime.now(UTC))
             break
         reservation = await _reserve(conn, batch, 0, cfg)
-        ready.settle([Verdict.of(v) for v in reservation.verdicts], [], datetime.now(UTC))
+        ready.settle(reservation.verdicts, [], datetime.now(UTC))
         visited.update(c.endpoint_id for c in batch)
     return ready.take(datetime.now(UTC), cfg.limit)
 

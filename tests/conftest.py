@@ -33,7 +33,7 @@ from hooklane.policies import RetryPolicy
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from hooklane.worker.ready import ReadyList, Verdict, Wakeup, parse_wakeup
+from hooklane.worker.ready import ReadyList, Wakeup, parse_wakeup
 from hooklane.worker.runner import Worker
 from tests import timings
 from tests.receivers import Answer, Receiver
@@ -321,7 +321,7 @@ async def reserve_round(
         tenant_ceiling=tenant_ceiling,
     )
     ready.settle(
-        [Verdict.of(v) for v in reservation.verdicts],
+        reservation.verdicts,
         [(r.id, r.endpoint_id) for r in reservation.deliveries],
         datetime.now(UTC),
     )

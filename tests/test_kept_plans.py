@@ -16,7 +16,7 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from hooklane.worker.ready import ReadyList, Recorded, Verdict
+from hooklane.worker.ready import ReadyList, Recorded
 from tests.conftest import add_endpoint
 
 pytestmark = pytest.mark.db
@@ -82,7 +82,7 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
             worker, ALL, [c.endpoint_id for c in candidates], [c.floor for c in candidates], 100, 10.0, WORKER
         )
         ready.settle(
-            [Verdict.of(v) for v in reservation.verdicts],
+            reservation.verdicts,
             [(r.id, r.endpoint_id) for r in reservation.deliveries],
             datetime.now(UTC),
         )

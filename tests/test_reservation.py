@@ -120,7 +120,7 @@ async def test_only_owned_partitions(db):
     other = next(i for i in ids if partitions[i] not in mine)
     named = await store.reserve(db, mine, [other], [None], 100, 10.0, "w")
     assert named.deliveries == []
-    assert [(v["endpoint_id"], v["deliverable"]) for v in named.verdicts] == [(other, False)]
+    assert [(v.endpoint_id, v.deliverable) for v in named.verdicts] == [(other, False)]
 
 
 async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(db):
@@ -429,7 +429,7 @@ async def test_a_round_says_of_each_candidate_what_its_ready_list_needs(db):
     gone = 10**9
     round_ = await store.reserve(db, ALL, [a, b, c, gone], [None] * 4, 100, 10.0, "w")
     assert [r.endpoint_id for r in round_.deliveries] == [a, a]
-    verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
+    verdicts = {v.endpoint_id: v for v in round_.verdicts}
 
     async def head(endpoint):
         return await db.fetchval(
@@ -439,18 +439,18 @@ async def test_a_round_says_of_each_candidate_what_its_ready_list_needs(db):
 
     leases = await db.fetchval("SELECT min(lease_expires_at) FROM deliveries WHERE state = 'sending'")
     # a: its third delivery is next, and both its slots are held until then
-    assert tuple(verdicts[a][k] for k in ("deliverable", "head", "at_limit", "leases_end")) == (
+    assert (verdicts[a].deliverable, verdicts[a].head, verdicts[a].at_limit, verdicts[a].leases_end) == (
         True,
         await head(a),
         True,
         leases,
     )
     # b: nothing due for an hour; c: its circuit pauses it
-    assert (verdicts[b]["head"], verdicts[b]["at_limit"]) == (await head(b), False)
+    assert (verdicts[b].head, verdicts[b].at_limit) == (await head(b), False)
     paused_until = await db.fetchval("SELECT paused_until FROM endpoints WHERE id = $1", c)
-    assert (verdicts[c]["paused_until"], verdicts[c]["head"]) == (paused_until, await head(c))
+    assert (verdicts[c].paused_until, verdicts[c].head) == (paused_until, await head(c))
     # an endpoint that no longer exists says so
-    assert (verdicts[gone]["max_concurrency"], verdicts[gone]["deliverable"]) == (None, False)
+    assert (verdicts[gone].exists, verdicts[gone].deliverable) == (False, False)
 
 
 async def test_a_round_reads_each_queue_from_its_floor(db):
@@ -463,7 +463,7 @@ async def test_a_round_reads_each_queue_from_its_floor(db):
     # only to a head a round saw, or down to what it is told of
     round_ = await store.reserve(db, ALL, [a], [floor], 100, 10.0, "w")
     assert [r.id for r in round_.deliveries] == [late]
-    assert round_.verdicts[0]["head"] is None
+    assert round_.verdicts[0].head is None
     round_ = await store.reserve(db, ALL, [a], [None], 100, 10.0, "w")
     assert [r.id for r in round_.deliveries] == [early]
 

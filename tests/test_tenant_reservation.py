@@ -130,13 +130,13 @@ async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoint
     assert len({r.endpoint_id for r in round_.deliveries if r.tenant == "big"}) == 5
     # every one of big's endpoints is held, those that got a call and those
     # that did not, until the first of its tenant's leases ends
-    verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
+    verdicts = {v.endpoint_id: v for v in round_.verdicts}
     first_lease = await db.fetchval("SELECT lease_expires_at FROM deliveries WHERE id = $1", early.id)
     for endpoint in big:
         verdict = verdicts[endpoint]
-        assert (verdict["at_limit"], verdict["leases_end"], verdict["tenant"]) == (True, first_lease, "big")
-        assert verdict["head"] is not None
-    assert verdicts[other]["tenant"] is None  # its tenant is under the ceiling
+        assert (verdict.at_limit, verdict.leases_end, verdict.held_by) == (True, first_lease, "big")
+        assert verdict.head is not None
+    assert verdicts[other].held_by is None  # its tenant is under the ceiling
     assert await _in_flight(db, "big") == 6
     assert (await _round(db, big, tenant_ceiling=6)).deliveries == []
 
@@ -165,7 +165,7 @@ async def test_an_endpoint_at_its_own_limit_says_when_its_own_first_lease_ends(d
     own_first = await db.fetchval(
         "SELECT min(lease_expires_at) FROM deliveries WHERE endpoint_id = $1 AND state = 'sending'", a
     )
-    assert (verdict["at_limit"], verdict["leases_end"]) == (True, own_first)
+    assert (verdict.at_limit, verdict.leases_end) == (True, own_first)
     tenants_first = await db.fetchval("SELECT min(lease_expires_at) FROM deliveries WHERE state = 'sending'")
     assert tenants_first < own_first
 
@@ -251,7 +251,7 @@ async def test_without_a_ceiling_a_round_takes_no_tenant_lock(db):
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
         )
     assert (len(round_.deliveries), locks) == (12, 0)
-    assert all(v["at_limit"] for v in round_.verdicts)  # each at its own limit
+    assert all(v.at_limit for v in round_.verdicts)  # each at its own limit
 
 
 async def test_hostile_arguments_are_refused_before_any_sql(db):

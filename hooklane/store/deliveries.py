@@ -15,7 +15,7 @@ import asyncpg
 
 from hooklane.errors import InvalidInput, shown
 from hooklane.policies import CircuitPolicy
-from hooklane.results import FailureClass, Result
+from hooklane.results import FailureClass, Result, Verdict
 from hooklane.store.cursor import delivery_cursor, delivery_position
 from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
@@ -72,16 +72,14 @@ _RESERVED = itemgetter(*Reserved._fields)
 class Reservation:
     """What a reservation round returns: the deliveries it reserved, each
     with its start on the server's clock (``start_at``), and one verdict per
-    candidate endpoint (hooklane_reserve_v7: deliverable, paused_until,
-    head, at_limit, leases_end, max_concurrency, and tenant while its
-    tenant's ceiling holds it). ``answered_at`` is the
+    candidate endpoint, for the ready list. ``answered_at`` is the
     server's clock as it answered (None without candidates) and
     ``received`` this process's ``time.monotonic()`` when the answer
     arrived: a start's wait counts from the one here as from the other
     there."""
 
     deliveries: list[Reserved]
-    verdicts: list[asyncpg.Record]
+    verdicts: list[Verdict]
     answered_at: datetime | None
     received: float
 
@@ -136,7 +134,7 @@ async def reserve(
     verdicts = [r for r in rows if r["id"] is None]
     return Reservation(
         [Reserved._make(_RESERVED(r)) for r in rows if r["id"] is not None],
-        verdicts,
+        [Verdict.of(v) for v in verdicts],
         max((v["answered_at"] for v in verdicts), default=None),
         received,
     )

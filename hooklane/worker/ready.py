@@ -38,7 +38,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+
+from hooklane.results import Row, Verdict
 
 # Floors: a time, or one of these two.
 UNKNOWN: datetime | None = None
@@ -93,12 +94,6 @@ def parse_wakeup(payload: str) -> Wakeup | None:
     return Wakeup(int(partition), due, tuple(int(i) for i in ids.split(",")))
 
 
-class Row(Protocol):
-    """A row as the driver returns it."""
-
-    def __getitem__(self, key: str) -> Any: ...
-
-
 @dataclass(frozen=True)
 class Candidate:
     endpoint_id: int
@@ -107,35 +102,6 @@ class Candidate:
     slow: bool = False
     # The most deliveries a round may give it (None: its free slots).
     cap: int | None = None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a round found of a candidate (a verdict row of ``reserve``)."""
-
-    endpoint_id: int
-    exists: bool
-    deliverable: bool
-    # When a start may be granted again: its circuit's pause, its hold (a
-    # Retry-After, or a step at a limit of 1), its rate limit's next starts.
-    paused_until: datetime | None
-    head: datetime | None  # earliest pending from its floor on, after the round
-    at_limit: bool  # every slot held by a live lease, or its tenant's at the ceiling
-    leases_end: datetime | None  # when the first live lease ends
-    held_by: str | None = None  # its tenant, while at its ceiling of calls in flight
-
-    @classmethod
-    def of(cls, row: Row) -> Verdict:
-        return cls(
-            row["endpoint_id"],
-            row["max_concurrency"] is not None,
-            bool(row["deliverable"]),
-            row["paused_until"],
-            row["head"],
-            bool(row["at_limit"]),
-            row["leases_end"],
-            row["tenant"],
-        )
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from hooklane.worker.jobs import (
     run_every,
 )
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
-from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
+from hooklane.worker.ready import ReadyList, Recorded, Wakeup
 from hooklane.worker.rules import (
     Attempt,
     Dead,
@@ -356,7 +356,7 @@ class Worker:
             if span is not None:
                 span.set_attribute("hooklane.reserved", len(reservation.deliveries))
         self.ready_list.settle(
-            [Verdict.of(v) for v in reservation.verdicts],
+            reservation.verdicts,
             [(r.id, r.endpoint_id) for r in reservation.deliveries],
             datetime.now(UTC),
         )
