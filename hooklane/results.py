@@ -1,7 +1,8 @@
 """What the worker and the store hand each other: what a finished attempt
 did, as the worker decides it (hooklane/worker/rules.py) and the store
-records it (``store.complete``), and what a round found of each candidate
-(``store.reserve``). Plain values on the ground floor, so that the pure
+records it (``store.complete``), what a round found of each candidate
+(``store.reserve``) and how a batch of results left each endpoint
+(``store.complete``). Plain values on the ground floor, so that the pure
 rules need not import the store."""
 
 from __future__ import annotations
@@ -142,3 +143,15 @@ class Verdict:
             row["leases_end"],
             row["tenant"],
         )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the ready list needs of an endpoint a batch of results touched
+    (``store.Touched.recorded``)."""
+
+    endpoint_id: int
+    partition: int
+    deliverable: bool
+    paused_until: datetime | None  # its circuit's pause, or its hold (throttled_until)
+    retried_head: datetime | None  # earliest retry the batch queued

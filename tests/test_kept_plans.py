@@ -16,7 +16,7 @@ import pytest
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from hooklane.worker.ready import ReadyList, Recorded
+from hooklane.worker.ready import ReadyList
 from tests.conftest import add_endpoint
 
 pytestmark = pytest.mark.db
@@ -118,9 +118,9 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
         plans.clear()
         results = [store.Result.delivered(r.id, r.attempts, status=204) for r in rows]
         touched = await store.complete(worker, results, CircuitPolicy(), ALL)
-        assert [t["id"] for t in touched] == [busy]
+        assert [t.id for t in touched] == [busy]
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
         # its slots are free and its next delivery due
-        assert ready.recorded([r.id for r in rows], [Recorded.of(t) for t in touched], datetime.now(UTC))
+        assert ready.recorded([r.id for r in rows], [t.recorded() for t in touched], datetime.now(UTC))
     finally:
         await worker.close()

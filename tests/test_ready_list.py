@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from hooklane import store
 from hooklane.worker.ready import (
     NOTHING,
     UNKNOWN,
@@ -211,7 +212,8 @@ def test_a_wakeup_comes_back_as_hooklane_wake_v2_wrote_it(partition, due, endpoi
     assert wakeup is not None and (due is None or wakeup.due.utcoffset() == timedelta(0))
 
 
-# Verdict.of and Recorded.of, from rows as the functions of migration 0009 return them
+# Verdict.of, from rows as the reservation returns them, and what the
+# ready list takes of a row of complete
 
 
 def reserve_v3_verdict_row(**columns: object) -> dict[str, object]:
@@ -280,30 +282,15 @@ def test_a_verdict_row_of_a_deleted_endpoint():
 
 
 def test_a_complete_row():
-    row = {
-        "id": 7,
-        "partition": 3,
-        "namespace": "acme",
-        "name": "orders",
-        "state": "active",
-        "paused_until": t(60),
-        "consecutive_failures": 5,
-        "deliverable": True,
-        "retried_head": t(10),
-        "opened": True,
-        "deactivated": False,
-        "throttled_until": None,
-        "effective_concurrency": 4,
-        "lowered": False,
-    }
-    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(60), t(10))
-    row.update(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
-    assert Recorded.of(row) == Recorded(7, row["partition"], False, None, None)
+    row = store.Touched(7, 3, "acme", "orders", "active", t(60), 5, True, t(10), True, False, None, 4, False)
+    assert row.recorded() == Recorded(7, 3, True, t(60), t(10))
+    row = row._replace(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
+    assert row.recorded() == Recorded(7, 3, False, None, None)
     # A Retry-After's hold on an adaptive endpoint waits as a pause does.
-    row.update(state="active", deliverable=True, throttled_until=t(30))
-    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(30), None)
-    row.update(paused_until=t(90))
-    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(90), None)
+    row = row._replace(state="active", deliverable=True, throttled_until=t(30))
+    assert row.recorded() == Recorded(7, 3, True, t(30), None)
+    row = row._replace(paused_until=t(90))
+    assert row.recorded() == Recorded(7, 3, True, t(90), None)
 
 
 # wake

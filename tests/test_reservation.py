@@ -511,7 +511,7 @@ async def test_complete_says_what_the_ready_list_needs(db):
     (touched,) = await _complete(
         db, [store.Result.delivered(delivered.id, delivered.attempts, status=204)], CircuitPolicy()
     )
-    assert (touched["id"], touched["deliverable"], touched["retried_head"]) == (a, True, None)
+    assert (touched.id, touched.deliverable, touched.retried_head) == (a, True, None)
     policy = CircuitPolicy(threshold=1, step_seconds=30.0, cap_seconds=60.0)
     (touched,) = await _complete(
         db,
@@ -520,12 +520,12 @@ async def test_complete_says_what_the_ready_list_needs(db):
     )
     retry_at = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", retried.id)
     paused_until = await db.fetchval("SELECT paused_until FROM endpoints")
-    assert (touched["retried_head"], touched["paused_until"]) == (retry_at, paused_until)
+    assert (touched.retried_head, touched.paused_until) == (retry_at, paused_until)
     assert paused_until is not None
     (touched,) = await _complete(
         db, [store.Result.dead(gone.id, gone.attempts, status=410, error="HTTP 410")], CircuitPolicy()
     )
-    assert (touched["state"], touched["deliverable"]) == ("deactivated", False)
+    assert (touched.state, touched.deliverable) == ("deactivated", False)
 
 
 async def test_a_healthy_endpoints_row_is_written_once_per_step_not_per_batch(db):
@@ -577,7 +577,7 @@ async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_dea
 
     async def flags(results):
         (touched,) = await _complete(db, results, policy)
-        return touched["consecutive_failures"], touched["opened"], touched["deactivated"]
+        return touched.consecutive_failures, touched.opened, touched.deactivated
 
     assert await flags([failed(rows[0])]) == (1, False, False)
     # four failures in one batch take it from 1 to 5, past the threshold of
@@ -685,7 +685,7 @@ async def test_adaptive_concurrency_rises_again_after_clean_batches(db):
     first, second, third = await _reserve(db)
     refused = store.Result.retry(first.id, first.attempts, retry_in=60, status=429, error="HTTP 429")
     [row] = await store.complete(db, [refused], CircuitPolicy(), ALL, adapt_step_seconds=0)
-    assert (row["effective_concurrency"], row["lowered"]) == (5, True)
+    assert (row.effective_concurrency, row.lowered) == (5, True)
     for ok in (second, third):
         success = store.Result.delivered(ok.id, ok.attempts, status=204)
         await store.complete(db, [success], CircuitPolicy(), ALL, adapt_step_seconds=0)

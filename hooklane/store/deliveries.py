@@ -15,7 +15,7 @@ import asyncpg
 
 from hooklane.errors import InvalidInput, shown
 from hooklane.policies import CircuitPolicy
-from hooklane.results import FailureClass, Result, Verdict
+from hooklane.results import FailureClass, Recorded, Result, Verdict
 from hooklane.store.cursor import delivery_cursor, delivery_position
 from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
@@ -146,6 +146,37 @@ async def reserve(
 DELIVERED_STEP_SECONDS = 30.0
 
 
+class Touched(NamedTuple):
+    """An endpoint as a batch of results left it (hooklane_complete_v5's
+    rows)."""
+
+    id: int
+    partition: int
+    namespace: str
+    name: str
+    state: str
+    paused_until: datetime | None  # its circuit's pause
+    consecutive_failures: int
+    deliverable: bool
+    retried_head: datetime | None  # the earliest retry the batch queued
+    opened: bool  # this batch opened its circuit
+    deactivated: bool  # this batch deactivated it
+    throttled_until: datetime | None  # an adaptive endpoint's hold
+    effective_concurrency: int
+    lowered: bool  # this batch lowered its adaptive limit
+
+    def recorded(self) -> Recorded:
+        # An adaptive endpoint's hold (a Retry-After, or a step at a limit
+        # of 1) keeps it waiting as a pause does.
+        held = [t for t in (self.paused_until, self.throttled_until) if t is not None]
+        return Recorded(
+            self.id, self.partition, bool(self.deliverable), max(held, default=None), self.retried_head
+        )
+
+
+_TOUCHED = itemgetter(*Touched._fields)
+
+
 async def complete(
     conn: asyncpg.Connection,
     results: list[Result],
@@ -153,18 +184,14 @@ async def complete(
     partitions: list[int],
     worker_id: str | None = None,
     adapt_step_seconds: float = ADAPT_STEP_SECONDS,
-) -> list[asyncpg.Record]:
+) -> list[Touched]:
     """Record results in one statement, each one's attempt with it (made by
-    ``worker_id``); returns the endpoints touched, with their circuit state
-    after it, whether each is deliverable and the earliest retry queued for
-    it (``retried_head``), for the ready list; ``opened``: whether these
-    results opened its circuit; ``deactivated``: whether they deactivated it
-    (a 410); ``throttled_until``, ``effective_concurrency`` and ``lowered``:
-    an adaptive endpoint's hold and limit, changed at most once per
+    ``worker_id``); returns the endpoints touched as they left them. An
+    adaptive endpoint's hold and limit change at most once per
     ``adapt_step_seconds``. Retries of endpoints outside ``partitions`` (the
     recording worker's) are notified to their owner."""
     now = datetime.now(UTC)
-    return await conn.fetch(
+    rows = await conn.fetch(
         *QUERIES["complete"](
             ids=[r.delivery_id for r in results],
             attempts=[r.attempts for r in results],
@@ -186,6 +213,7 @@ async def complete(
             adapt_step_seconds=adapt_step_seconds,
         )
     )
+    return [Touched._make(_TOUCHED(r)) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from hooklane.results import Row, Verdict
+from hooklane.results import Recorded, Verdict
 
 # Floors: a time, or one of these two.
 UNKNOWN: datetime | None = None
@@ -102,30 +102,6 @@ class Candidate:
     slow: bool = False
     # The most deliveries a round may give it (None: its free slots).
     cap: int | None = None
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """An endpoint as a batch of results left it (a row of ``complete``)."""
-
-    endpoint_id: int
-    partition: int
-    deliverable: bool
-    paused_until: datetime | None  # its circuit's pause, or its hold (throttled_until)
-    retried_head: datetime | None  # earliest retry the batch queued
-
-    @classmethod
-    def of(cls, row: Row) -> Recorded:
-        # An adaptive endpoint's hold (a Retry-After, or a step at a limit
-        # of 1) keeps it waiting as a pause does.
-        held = [t for t in (row["paused_until"], row["throttled_until"]) if t is not None]
-        return cls(
-            row["id"],
-            row["partition"],
-            bool(row["deliverable"]),
-            max(held, default=None),
-            row["retried_head"],
-        )
 
 
 @dataclass

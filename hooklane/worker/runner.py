@@ -47,7 +47,7 @@ from hooklane.worker.jobs import (
     run_every,
 )
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
-from hooklane.worker.ready import ReadyList, Recorded, Wakeup
+from hooklane.worker.ready import ReadyList, Wakeup
 from hooklane.worker.rules import (
     Attempt,
     Dead,
@@ -688,22 +688,22 @@ async def record(
     for ep in touched:
         # As `complete` says: a batch of failures may jump past the
         # threshold, and an endpoint deactivated already is not again.
-        if ep["deactivated"] or ep["opened"]:
+        if ep.deactivated or ep.opened:
             logger.warning(
                 "endpoint %s/%s %s",
-                ep["namespace"],
-                ep["name"],
-                "deactivated" if ep["deactivated"] else "paused: circuit open",
-                extra={"action": "circuit", "endpoint": ep["id"]},
+                ep.namespace,
+                ep.name,
+                "deactivated" if ep.deactivated else "paused: circuit open",
+                extra={"action": "circuit", "endpoint": ep.id},
             )
-        if ep["lowered"]:
+        if ep.lowered:
             logger.info(
                 "endpoint %s/%s overloaded: concurrency lowered to %d",
-                ep["namespace"],
-                ep["name"],
-                ep["effective_concurrency"],
-                extra={"action": "adapt", "endpoint": ep["id"]},
+                ep.namespace,
+                ep.name,
+                ep.effective_concurrency,
+                extra={"action": "adapt", "endpoint": ep.id},
             )
     now = datetime.now(UTC)
-    if ready.recorded((r.delivery_id for r in batch), (Recorded.of(ep) for ep in touched), now):
+    if ready.recorded((r.delivery_id for r in batch), (ep.recorded() for ep in touched), now):
         trigger.endpoint_ready()
