@@ -1005,28 +1005,12 @@ BEGIN
 END;
 $$;
 
--- The daily partitions of delivery_attempts, one step per call, so that
--- each exclusive lock a step takes is held by a transaction of its own
--- (the caller's statement) and no longer than that step: create the first
--- missing partition of today and the `ahead` days after it, or else drop
--- the first partition whose whole day ended more than `keep_seconds` ago,
--- or else delete the rows of the default partition past `keep_seconds`
--- (there are none unless maintenance stopped for days). The caller calls
--- again until no row comes back. A day whose rows already went to the
--- default partition gets no partition: they stay where they are until
--- retention deletes them. A partition is created standalone and attached,
--- which takes a SHARE UPDATE EXCLUSIVE lock on delivery_attempts (results
--- go on being recorded) and an ACCESS EXCLUSIVE one on the default
--- partition; a drop takes ACCESS EXCLUSIVE locks on delivery_attempts and
--- the default partition. Each is waited for at most `lock_timeout` (the
--- setting below): results queued behind a waiting step wait too, hence
--- the short wait. A step whose lock was not had in time (a pg_dump, a long
--- read of the history) is 'busy': the partition is named in `skip` by the
--- next call of the same pass, and taken up by the next pass.
--- `keep_seconds` may be 'infinity' (drop nothing). Returns what the step
--- did, one row: 'created', 'dropped' or 'busy' and the partition's name;
--- 'purged', the default partition and the rows it deleted. No row: there
--- was nothing to do.
+-- One step of keeping delivery_attempts' daily partitions: create the
+-- first missing one up to `ahead` days on, or drop the first past
+-- `keep_seconds`, or purge the default partition past it; 'busy' when its
+-- lock was not had within lock_timeout (`skip` it in the pass's next
+-- call). One row per step done, none when nothing was left. Why it is
+-- written so: docs/state-machine.md.
 CREATE FUNCTION hooklane_attempt_partitions(ahead integer, keep_seconds double precision, skip text[])
 RETURNS TABLE (action text, partition_name text, rows_deleted bigint)
 LANGUAGE plpgsql
@@ -1396,57 +1380,13 @@ BEGIN
 END;
 $$;
 
--- The outbox write, refusals reported in the result rather than raised, so
--- that a refused publish leaves the caller's transaction as it was: no
--- savepoint, no subtransaction. One row: `event_id` and `stored` (true:
--- stored now with `fanout` deliveries, 0 when no endpoint matched, an
--- unrouted event kept and counted; false: the tenant had already stored
--- this very event under this id, and nothing more is stored), or
--- `error_code` ('WH422', 'WH409'), `error_field` and `error_message`
--- with everything else NULL.
--- An id left NULL is made here, as 'msg_' and 32 hex digits. The storing
--- statement is what queries.sql's `publish` was before: the event, one
--- delivery per active endpoint of the tenant whose event types match
--- (hooklane_type_matches), a coalesce key replacing the pending delivery
--- of the same key to the same endpoint. Nothing else: no NOTIFY (migration
--- 0019), which would take PostgreSQL's one notify lock from this
--- transaction's pre-commit until its commit is flushed, and so make every
--- publishing transaction of the instance commit one at a time; workers
--- find the committed events themselves (queries.sql: published_since).
--- Nothing here updates a row that exists already but a coalesced pending
--- delivery, which reservation skips while it is locked: a long
--- application transaction never holds a lock a worker waits on, nor one
--- another publishing transaction does, but the rows of the same event id
--- or coalesce key, which are the same event's.
--- `queued` (no coalesce key) and `coalesced` (a key) turn every matched
--- endpoint into one delivery row: `queued` inserts it plainly (migration
--- 0021), as a row without a key cannot conflict on deliveries_coalesce and
--- ON CONFLICT would make each a speculative insertion (an index probe, a
--- speculative-token lock, a second WAL record) for nothing; `coalesced`
--- inserts it or (a pending one of the same key) updates it, as ON CONFLICT
--- DO UPDATE without a WHERE never skips a row. Each reads `matched`
--- alone: nothing joins it to another CTE: a CTE's row estimate comes from
--- the statistics of `endpoints`, which may say 1 row for a tenant of
--- 10,000 until the table is analysed, and a nested loop over two CTE scans of 10,000 rows each
--- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once.
--- An id the tenant stored already is not stored again; the stored event is
--- compared (type, data as jsonb, coalesce key) so that a different event
--- under a reused id is refused rather than dropped. The trace context is
--- the event's own, stored and not compared: the same event published
--- again from another trace is the same event.
--- The caller's scope is checked once the arguments pass and before
--- anything is read: a role refused for a tenant (WH403) learns nothing of
--- it (not whether an id exists, nor its content, nor how many endpoints
--- take a type) and writes nothing. session_user, the role the connection
--- logged in as: inside this function current_user is the owner's.
+-- The outbox write (docs/publishing.md): the arguments, then the caller's
+-- scope (session_user), then the event and a delivery per matching active
+-- endpoint of its tenant, a refusal reported in the result rather than
+-- raised. SECURITY DEFINER with its search_path pinned, EXECUTE revoked
+-- from PUBLIC (below). Why it is written so: docs/state-machine.md.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for
 -- the ON CONFLICT of a keyed publish; publisher_scopes_role_tenant.
--- SECURITY DEFINER: it runs with its owner's (Hooklane's) privileges, so
--- that an application's role needs EXECUTE on it and nothing on the
--- tables; EXECUTE is revoked from PUBLIC below, so that only the roles
--- granted it publish. Its search_path is pinned to its own schema (below)
--- and pg_temp last, so that no caller's object is found in place of
--- Hooklane's.
 CREATE FUNCTION hooklane_try_publish_v1(tenant text, type text, data jsonb, id text DEFAULT NULL,
                                         coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
                                         OUT event_id text, OUT stored boolean, OUT fanout integer,
