@@ -121,7 +121,7 @@ async def wake_bulk_loaded(conn: asyncpg.Connection) -> None:
     """Deliveries bulk-inserted behind publish's back get what a publish of
     the tree under test would have added for them: a ``wakeups`` row each,
     for a tree of version 8 or before (a worker of version 9 or later lists
-    a backlog when it takes the partitions, and absorbs these rows too)."""
+    a backlog when it takes the partitions)."""
     if await conn.fetchval("SELECT to_regclass('wakeups') IS NOT NULL"):
         await conn.execute(
             """

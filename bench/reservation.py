@@ -22,9 +22,8 @@ the ``deliveries_rate`` index): what a round pays for the bucket of each
 rate-limited candidate, beside the same queue unlimited.
 
 ``--versions`` times, beside ``reserve`` (hooklane_reserve_v7, no tenant
-ceiling) and in turn with it on the same candidates, the previous
-version's function (hooklane_reserve_v6, which old workers call during a
-rolling upgrade) and ``reserve`` with a tenant ceiling: above the tenant's
+ceiling) and in turn with it on the same candidates, ``reserve`` with a
+tenant ceiling: above the tenant's
 calls in flight (every endpoint is one tenant's, so its count reads all
 of them, the ceiling's worst case) and below them (the tenant held: the
 count stops at the ceiling, nothing is granted).
@@ -63,7 +62,7 @@ from bench.common import (
     run_and_report,
 )
 from hooklane import store
-from hooklane.worker.ready import Candidate, ReadyList, Verdict
+from hooklane.worker.ready import Candidate, ReadyList
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class Config:
     rate_limited: int = 0  # every endpoint's rateLimit.perSecond (0: none)
     limit: int = 64  # slots asked for: a default worker's concurrency
     lease_grace: float = 10.0
-    versions: bool = False  # also v6 and v7 with tenant ceilings, in turn
+    versions: bool = False  # also with tenant ceilings, in turn
 
 
 # The name the reservations record in deliveries.attempted_by.
@@ -218,25 +217,6 @@ async def _reserve(
     )
 
 
-# The previous version's reservation, as its workers call it.
-RESERVE_V6 = """
-SELECT * FROM hooklane_reserve_v6($1::int[], $2::bigint[], $3::timestamptz[], $4, $5, $6, 1.0)
-"""
-
-
-async def _reserve_v6(conn: asyncpg.Connection, candidates: list[Candidate], limit: int, cfg: Config) -> int:
-    rows = await conn.fetch(
-        RESERVE_V6,
-        await _partitions(conn),
-        [c.endpoint_id for c in candidates],
-        [c.floor for c in candidates],
-        limit,
-        cfg.lease_grace,
-        WORKER_ID,
-    )
-    return sum(r["id"] is not None for r in rows)
-
-
 async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Candidate]:
     """The candidates of a worker's round once its ready list has visited
     every endpoint: rounds that reserve nothing (limit 0) over all of them,
@@ -254,7 +234,7 @@ async def settled_candidates(conn: asyncpg.Connection, cfg: Config) -> list[Cand
             ready.returned(batch, datetime.now(UTC))
             break
         reservation = await _reserve(conn, batch, 0, cfg)
-        ready.settle([Verdict.of(v) for v in reservation.verdicts], [], datetime.now(UTC))
+        ready.settle(reservation.verdicts, [], datetime.now(UTC))
         visited.update(c.endpoint_id for c in batch)
     return ready.take(datetime.now(UTC), cfg.limit)
 
@@ -275,7 +255,6 @@ async def time_reserve(conn: asyncpg.Connection, cfg: Config) -> dict:
 
     variants: dict[str, Callable[[], Awaitable[int]]] = {"reserve": v7}
     if cfg.versions:
-        variants["v6"] = lambda: _reserve_v6(conn, candidates, cfg.limit, cfg)
         variants["ceiling_above"] = lambda: v7(in_flight + cfg.limit)
         variants["ceiling_held"] = lambda: v7(cfg.limit)
     times: dict[str, list[float]] = {name: [] for name in variants}

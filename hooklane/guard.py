@@ -13,7 +13,7 @@ Python 3.11's ``ipaddress.is_global`` is not used: it judges 6to4 and NAT64
 addresses by their prefix, not by the IPv4 address they carry (so
 2002:7f00:1:: and 64:ff9b::7f00:1, both loopback, are "global"), and its
 tables changed between patch releases. The table below is ours and tested
-row by row (tests/test_guard.py).
+row by row (tests/unit/test_guard.py).
 """
 
 from __future__ import annotations

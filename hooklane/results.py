@@ -1,13 +1,16 @@
-"""What a finished attempt did, as the worker decides it
-(hooklane/worker/rules.py) and the store records it (``store.complete``).
-A plain value on the ground floor, so that the pure rules need not import
-the store."""
+"""What the worker and the store hand each other: what a finished attempt
+did, as the worker decides it (hooklane/worker/rules.py) and the store
+records it (``store.complete``), what a round found of each candidate
+(``store.reserve``) and how a batch of results left each endpoint
+(``store.complete``). Plain values on the ground floor, so that the pure
+rules need not import the store."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, Protocol
 
 
 class ResultOutcome(StrEnum):
@@ -105,3 +108,50 @@ class Result:
         timing: Timing | None = None,
     ) -> Result:
         return cls(delivery_id, attempts, ResultOutcome.DEAD, None, status, error, failure, None, timing)
+
+
+class Row(Protocol):
+    """A row as the driver returns it."""
+
+    def __getitem__(self, key: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a round found of a candidate (a verdict row of ``reserve``)."""
+
+    endpoint_id: int
+    exists: bool
+    deliverable: bool
+    # When a start may be granted again: its circuit's pause, its hold (a
+    # Retry-After, or a step at a limit of 1), its rate limit's next starts.
+    paused_until: datetime | None
+    head: datetime | None  # earliest pending from its floor on, after the round
+    at_limit: bool  # every slot held by a live lease, or its tenant's at the ceiling
+    leases_end: datetime | None  # when the first live lease ends
+    held_by: str | None = None  # its tenant, while at its ceiling of calls in flight
+
+    @classmethod
+    def of(cls, row: Row) -> Verdict:
+        return cls(
+            row["endpoint_id"],
+            row["max_concurrency"] is not None,
+            bool(row["deliverable"]),
+            row["paused_until"],
+            row["head"],
+            bool(row["at_limit"]),
+            row["leases_end"],
+            row["tenant"],
+        )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the ready list needs of an endpoint a batch of results touched
+    (``store.Touched.recorded``)."""
+
+    endpoint_id: int
+    partition: int
+    deliverable: bool
+    paused_until: datetime | None  # its circuit's pause, or its hold (throttled_until)
+    retried_head: datetime | None  # earliest retry the batch queued

@@ -34,7 +34,7 @@ from hooklane.policies import RetryPolicy
 from hooklane.settings import Settings
 from hooklane.spec import EndpointSpec
 from hooklane.tokens import Tokens
-from hooklane.worker.ready import ReadyList, Verdict, Wakeup, parse_wakeup
+from hooklane.worker.ready import ReadyList, Wakeup, parse_wakeup
 from hooklane.worker.runner import Worker
 from testsupport import recording, timings
 from testsupport.receivers import Answer, Receiver
@@ -279,7 +279,7 @@ async def reserve_round(
     worker: str = "test-worker",
     ready: ReadyList | None = None,
     tenant_ceiling: int | None = None,
-) -> list[asyncpg.Record]:
+) -> list[store.Reserved]:
     """One reservation round as the worker runs it (Worker._round), by a
     worker that has just taken ``partitions``: its ready list (``ready``, or
     a new one) first lists every endpoint with pending deliveries, read from
@@ -302,8 +302,8 @@ async def reserve_round(
         tenant_ceiling=tenant_ceiling,
     )
     ready.settle(
-        [Verdict.of(v) for v in reservation.verdicts],
-        [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+        reservation.verdicts,
+        [(r.id, r.endpoint_id) for r in reservation.deliveries],
         datetime.now(UTC),
     )
     return reservation.deliveries
@@ -322,8 +322,8 @@ async def notified(db: asyncpg.Connection, run: Callable[[], Awaitable[object]])
     await db.add_listener("hooklane_ready", listen)
     try:
         await run()
-        await db.execute("SELECT pg_notify('hooklane_ready', '4095')")
-        await wait_for(lambda: heard and heard[-1] == Wakeup(4095, None, None))
+        await db.execute("SELECT pg_notify('hooklane_ready', '4095 - 0')")
+        await wait_for(lambda: heard and heard[-1] == Wakeup(4095, None, (0,)))
     finally:
         await db.remove_listener("hooklane_ready", listen)
     return heard[:-1]

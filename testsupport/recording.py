@@ -1,9 +1,9 @@
 """Every answer the in-process API gives a test, written to a JSON Lines
 file, so that a refactoring of the API can show its answers unchanged:
 
-    RECORD_API_ANSWERS=before.jsonl hack/test tests/test_portal.py
+    RECORD_API_ANSWERS=before.jsonl hack/test tests/db/test_portal.py
     ... change the code ...
-    RECORD_API_ANSWERS=after.jsonl hack/test tests/test_portal.py
+    RECORD_API_ANSWERS=after.jsonl hack/test tests/db/test_portal.py
     python -m testsupport.recording before.jsonl after.jsonl [before-again.jsonl]
 
 Values that differ from run to run (ids, times, tokens, secrets, ports)

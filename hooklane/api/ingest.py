@@ -231,7 +231,7 @@ async def _ingest(request: web.Request, batch: bool, traceparent: str | None) ->
             metrics.API_EVENTS_REFUSED.labels("conflict").inc()
             return problem(409, "conflict", exc.refusal.message, field=field)
         # The publish function refused what check_event passed: its rules
-        # are the same (tests/test_publish_function.py), so this is a bug,
+        # are the same (tests/db/test_publish_function.py), so this is a bug,
         # and still the input's refusal, nothing stored.
         logger.error("the publish function refused an event check_event passed: %s: %s", field, exc.refusal)
         metrics.API_EVENTS_REFUSED.labels("invalid").inc()

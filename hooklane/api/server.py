@@ -18,7 +18,7 @@ token, were enough to make every real publish fail. Here:
   not fit in it.
 
 What this relies on from aiohttp's internals, kept small on purpose and
-covered by tests/test_api_connections.py: a site (:class:`BoundedSite`)
+covered by tests/processes/test_api_connections.py: a site (:class:`BoundedSite`)
 registers itself with ``BaseSite.start`` and keeps its asyncio server in
 ``self._server``, as aiohttp's own sites do; a ``RequestHandler`` is made
 with ``RequestHandler(server, loop=..., **kwargs)`` as ``Server.__call__``

@@ -25,7 +25,7 @@ resources put 8% of the start's CPU in that copy. The second fix is kopf's
 own diff-base storage (:class:`Essence`, set as kopf's public
 ``settings.persistence.diffbase_storage`` at startup), whose ``build``
 hands kopf's a body without what it would delete, so that it copies only
-what it keeps; the essence is the same (``tests/test_kopf_fixes.py``
+what it keeps; the essence is the same (``tests/unit/test_kopf_fixes.py``
 compares them).
 
 kopf starts a worker per resource with events, each holding the

@@ -30,7 +30,7 @@ from hooklane.errors import (
 # of ids whose length varies from 1 to hundreds; a cached generic plan
 # assumes a handful and can turn a batch of results into a nested loop over
 # every row in flight, so plan each execution with the real arrays (the
-# reservation's functions and hooklane_complete, whose plans do not depend
+# reservation's and complete's functions, whose plans do not depend
 # on them, keep theirs: migration 0004). Each statement reads a few rows of
 # `deliveries` per endpoint or per result by an index, whatever the
 # planner's statistics say: on a fresh or fast-growing database they are a
@@ -39,7 +39,7 @@ from hooklane.errors import (
 # an endpoint's every delivery, and the functions kept them for the session,
 # reading the whole table every round (issue 37: 0.5-0.7 s rounds for ten
 # seconds of a new install's first load). Without either, it takes the
-# partial indexes the statements were written for (tests/test_fresh_plans.py).
+# partial indexes the statements were written for (tests/db/test_fresh_plans.py).
 # JIT compilation costs more than these millisecond statements take. No
 # lock is worth waiting long for: a statement that would is aborted and
 # retried. And the server probes an idle peer, so that a worker cut off

@@ -16,7 +16,7 @@ from hooklane.errors import InvalidInput
 _MAX_CURSOR_CHARS = 1024
 # The id part is an event id, or empty before the first event: anything else
 # (a NUL, say) never came from a listing. hooklane.publish's rule, which
-# imports the store, hence written here again (tests/test_cursor.py checks
+# imports the store, hence written here again (tests/unit/test_cursor.py checks
 # that the two agree).
 EVENT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 _EVENTS = re.compile(rf"e1:([0-9]{{1,20}}):((?:{EVENT_ID.pattern})?)")

@@ -8,13 +8,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
+from operator import itemgetter
+from typing import Generic, NamedTuple, TypeVar
 
 import asyncpg
 
 from hooklane.errors import InvalidInput, shown
 from hooklane.policies import CircuitPolicy
-from hooklane.results import FailureClass, Result
+from hooklane.results import FailureClass, Recorded, Result, Verdict
 from hooklane.store.cursor import delivery_cursor, delivery_position
 from hooklane.store.events import check_page, check_time
 from hooklane.store.queries import QUERIES
@@ -35,20 +36,50 @@ RATE_LOOKAHEAD_SECONDS = 1.0
 ADAPT_STEP_SECONDS = 5.0
 
 
+class Reserved(NamedTuple):
+    """A delivery a round reserved, with what its call needs (the columns
+    of hooklane_reserve_v7's delivery rows)."""
+
+    id: int
+    attempts: int  # with this one: the fence its result is recorded by
+    created_at: datetime  # the start of its life (a resend starts a new one)
+    endpoint_id: int
+    namespace: str
+    name: str
+    url: str
+    secret: str  # as stored (sealed)
+    timeout_seconds: int
+    event_id: str
+    type: str
+    data: str  # the event's JSON text
+    event_created_at: datetime
+    previous_secret: str | None  # the replaced secret while it still signs
+    max_concurrency: int  # the limit in force (adaptive: the effective one)
+    tenant: str
+    traceparent: str | None
+    start_at: datetime  # when the call may start, on the server's clock
+    request_terms: str | None  # sealed
+    max_attempts: int | None  # None: the settings'
+    max_age_seconds: float | None  # None: the settings'
+    rate_per_second: int | None
+
+
+# Built once per row by name, in C: the reservation is the hot path.
+_RESERVED = itemgetter(*Reserved._fields)
+
+
 @dataclass(frozen=True)
 class Reservation:
     """What a reservation round returns: the deliveries it reserved, each
     with its start on the server's clock (``start_at``), and one verdict per
-    candidate endpoint (hooklane_reserve_v7: deliverable, paused_until,
-    head, at_limit, leases_end, max_concurrency, and tenant while its
-    tenant's ceiling holds it). ``answered_at`` is the
+    candidate endpoint, for the ready list. ``answered_at`` is the
     server's clock as it answered (None without candidates) and
     ``received`` this process's ``time.monotonic()`` when the answer
     arrived: a start's wait counts from the one here as from the other
     there."""
 
-    deliveries: list[asyncpg.Record]
-    verdicts: list[asyncpg.Record]
+    deliveries: list[Reserved]
+    verdicts: list[Verdict]
     answered_at: datetime | None
     received: float
 
@@ -102,8 +133,8 @@ async def reserve(
     received = time.monotonic()
     verdicts = [r for r in rows if r["id"] is None]
     return Reservation(
-        [r for r in rows if r["id"] is not None],
-        verdicts,
+        [Reserved._make(_RESERVED(r)) for r in rows if r["id"] is not None],
+        [Verdict.of(v) for v in verdicts],
         max((v["answered_at"] for v in verdicts), default=None),
         received,
     )
@@ -115,6 +146,37 @@ async def reserve(
 DELIVERED_STEP_SECONDS = 30.0
 
 
+class Touched(NamedTuple):
+    """An endpoint as a batch of results left it (hooklane_complete_v5's
+    rows)."""
+
+    id: int
+    partition: int
+    namespace: str
+    name: str
+    state: str
+    paused_until: datetime | None  # its circuit's pause
+    consecutive_failures: int
+    deliverable: bool
+    retried_head: datetime | None  # the earliest retry the batch queued
+    opened: bool  # this batch opened its circuit
+    deactivated: bool  # this batch deactivated it
+    throttled_until: datetime | None  # an adaptive endpoint's hold
+    effective_concurrency: int
+    lowered: bool  # this batch lowered its adaptive limit
+
+    def recorded(self) -> Recorded:
+        # An adaptive endpoint's hold (a Retry-After, or a step at a limit
+        # of 1) keeps it waiting as a pause does.
+        held = [t for t in (self.paused_until, self.throttled_until) if t is not None]
+        return Recorded(
+            self.id, self.partition, bool(self.deliverable), max(held, default=None), self.retried_head
+        )
+
+
+_TOUCHED = itemgetter(*Touched._fields)
+
+
 async def complete(
     conn: asyncpg.Connection,
     results: list[Result],
@@ -122,18 +184,14 @@ async def complete(
     partitions: list[int],
     worker_id: str | None = None,
     adapt_step_seconds: float = ADAPT_STEP_SECONDS,
-) -> list[asyncpg.Record]:
+) -> list[Touched]:
     """Record results in one statement, each one's attempt with it (made by
-    ``worker_id``); returns the endpoints touched, with their circuit state
-    after it, whether each is deliverable and the earliest retry queued for
-    it (``retried_head``), for the ready list; ``opened``: whether these
-    results opened its circuit; ``deactivated``: whether they deactivated it
-    (a 410); ``throttled_until``, ``effective_concurrency`` and ``lowered``:
-    an adaptive endpoint's hold and limit, changed at most once per
+    ``worker_id``); returns the endpoints touched as they left them. An
+    adaptive endpoint's hold and limit change at most once per
     ``adapt_step_seconds``. Retries of endpoints outside ``partitions`` (the
     recording worker's) are notified to their owner."""
     now = datetime.now(UTC)
-    return await conn.fetch(
+    rows = await conn.fetch(
         *QUERIES["complete"](
             ids=[r.delivery_id for r in results],
             attempts=[r.attempts for r in results],
@@ -155,6 +213,7 @@ async def complete(
             adapt_step_seconds=adapt_step_seconds,
         )
     )
+    return [Touched._make(_TOUCHED(r)) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -237,13 +296,6 @@ async def published_since(conn: asyncpg.Connection, since: str | None) -> Commit
 async def hint_published(conn: asyncpg.Connection) -> None:
     """Tell the workers to probe now, when ``conn``'s transaction commits."""
     await conn.execute(*QUERIES["hint_published"]())
-
-
-async def absorb_wakeups(conn: asyncpg.Connection, partitions: list[int]) -> list[tuple[int, int]]:
-    """Take the wakeup rows publishers of version 8 wrote for ``partitions``:
-    (endpoint, partition) of each. Call under the partitions' locks."""
-    rows = await conn.fetch(*QUERIES["absorb_wakeups"](partitions=partitions))
-    return [(r["endpoint_id"], r["partition"]) for r in rows]
 
 
 async def deactivate_failing(conn: asyncpg.Connection, after_seconds: float) -> list[asyncpg.Record]:

@@ -61,29 +61,14 @@ SELECT partition_count FROM hooklane_config;
 SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s FOR NO KEY UPDATE;
 
 -- name: upsert_endpoint
--- Create or update an endpoint by its (namespace, name) identity. The
--- partition is a stable hash of that identity, computed once at creation.
--- A deactivated endpoint stays deactivated: reactivate_endpoint is explicit.
--- An updated endpoint is woken: the change (unpaused, a secret at last, a
--- higher limit) may make its kept deliveries reservable, and the owner hears
--- of it at commit, so the worker judges the new row. A new endpoint has
--- nothing to wake for: creating thousands of them must not wake a worker
--- thousands of times.
--- An endpoint that moves to another tenant must never send the old tenant's
--- events to whoever now owns the receiver: its pending and dead deliveries
--- of any other tenant are discarded, with the reason
--- (hooklane_tenant_discard). (Those still in an open publish, or in flight,
--- are discarded by reservation and by complete.)
--- Runs after lock_endpoint_secret in the same transaction, so `before` is
--- the row as it is now.
--- Parameters: namespace, name, tenant, url, secret (as stored; NULL when
--- the Secret is missing), max_concurrency, event_types, timeout_seconds,
--- paused, replaced_secret (the secret being replaced, as stored; NULL when
--- the secret did not change: the previous one is kept as it was),
--- grace_seconds (how long the replaced secret still signs); the delivery
--- terms: rate_per_second (NULL: none), rate_burst, adaptive_concurrency,
--- max_attempts and max_age_seconds (NULL: the settings'), request_terms
--- (sealed; NULL: none). Turning adaptive concurrency off forgets its state.
+-- Create or update an endpoint by (namespace, name), waking it when an
+-- update may make its deliveries reservable; discards the deliveries of
+-- another tenant's events (hooklane_tenant_discard). After
+-- lock_endpoint_secret, in the same transaction.
+-- Parameters: namespace, name, tenant, url, secret, max_concurrency,
+-- event_types, timeout_seconds, paused, replaced_secret, grace_seconds,
+-- rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
+-- max_age_seconds, request_terms.
 -- Index: the unique (namespace, name) constraint; deliveries_queue and
 -- deliveries_dead for the discard.
 WITH before AS (
@@ -233,14 +218,10 @@ WHERE namespace = %(namespace)s AND name = %(name)s
 RETURNING id;
 
 -- name: publish
--- The outbox write: hooklane_try_publish_v1 (migration 0012), which every
--- caller in every language calls, holds its rules and its statement. It
--- refuses in its result rather than raising, so a refusal leaves the
--- caller's transaction usable.
+-- The outbox write: hooklane_try_publish_v1 (migration 0012), refusing in
+-- its result rather than raising.
 -- Parameters: id (NULL: one is made), tenant, type, data (jsonb text),
--- coalesce_key, traceparent (W3C; NULL: none). Every Python caller runs
--- it (hooklane/publish/): CAST rather than ::, which SQLAlchemy's text()
--- would read as part of a parameter's name.
+-- coalesce_key, traceparent (NULL: none).
 -- Index: the function's (endpoints_tenant; primary key of events;
 -- deliveries_coalesce).
 SELECT event_id, stored, fanout, error_code, error_field, error_message
@@ -248,13 +229,9 @@ FROM hooklane_try_publish_v1(%(tenant)s, %(type)s, CAST(%(data)s AS jsonb), %(id
                              %(traceparent)s);
 
 -- name: publish_many
--- Many events published in one statement, as publish publishes one, in
--- the arrays' order: the function runs once per row of the outer unnest (a
--- nested loop over a function scan), and each call sees what the earlier
--- ones stored, so that of two events under one id the first is stored and
--- the second compared with it. Returns the refused events only, by their
--- position (1-based). The ingest API's group commit: one round trip for a
--- whole group.
+-- Publish many events in one statement, as publish does one, in the
+-- arrays' order; returns the refused ones by position (1-based): the
+-- ingest API's group commit.
 -- Parameters: ids, tenants, types, data (jsonb text), coalesce_keys,
 -- traceparents, arrays of equal length.
 -- Index: the function's, per event.
@@ -268,22 +245,12 @@ WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
 
 -- name: pending_endpoints
--- The endpoints of the given partitions that have pending deliveries and
--- are deliverable (hooklane_deliverable), each with its head (the earliest
--- next_attempt_at of its pending deliveries from where it is read): what a
--- worker's ready list starts from when it takes partitions, and what its
--- sweep compares it with now and then, a safety net for deliveries the
--- list was never told of (written by hand, or notified while no worker
--- listened; a publish's are found by the probe, published_since). Each queue is read from `since` (NULL: from its start),
--- but those of the partitions in `whole` from their start: read from the
--- start, a queue walks the dead entries of everything its endpoint sent
--- while a horizon is held, so the sweep reads from its last run on, and
--- only a few partitions from the start at a time. Never per round. One
--- row: the database's time the queues were read at, and the endpoints,
--- partitions and heads, in endpoint order.
--- Parameters: partitions, since, whole (partitions read from the start).
--- Index: endpoints_partition; deliveries_queue, its first live entry per
--- endpoint from where it is read.
+-- The deliverable endpoints of the partitions with pending deliveries,
+-- each with its head, read from `since` (NULL: the start) except the
+-- partitions in `whole`: a worker taking partitions, and its sweep. One
+-- row: checked_at and the endpoints, partitions and heads.
+-- Parameters: partitions, since, whole.
+-- Index: endpoints_partition; deliveries_queue from where each is read.
 SELECT now() AS checked_at,
        coalesce(array_agg(ep.id ORDER BY ep.id), '{}') AS endpoint_ids,
        coalesce(array_agg(ep.partition ORDER BY ep.id), '{}') AS partitions,
@@ -302,22 +269,9 @@ WHERE ep.partition = ANY(%(partitions)s::int[])
   AND h.head IS NOT NULL;
 
 -- name: published_since
--- What was published since a worker's last probe, which tells it what
--- publishes no longer notify (migration 0019): the endpoints with pending
--- deliveries of the events whose transactions committed after `since` (the
--- snapshot the last probe returned), each with its partition and the
--- earliest next_attempt_at of those deliveries, and the statement's own
--- snapshot, for the next probe. A transaction not visible in `since`
--- started after it (its id at or above the snapshot's xmax) or was running
--- then (in its xip list): the two ranges read are exactly those, so that a
--- transaction committing late, after later ones, is found once it commits,
--- and nothing the last probe saw is read again, however long another
--- session holds the horizon back (a transaction running all along is in
--- every xip list: its own uncommitted events are read each time). `events`
--- counts every event found, for the probe's pace. NULL `since`: the
--- snapshot alone (the first probe). Every partition: the worker keeps those
--- it owns when the answer comes, as it may have taken one while the probe
--- ran. One row.
+-- The endpoints with pending deliveries of the events committed since the
+-- snapshot `since` (NULL: the snapshot alone), with their partitions and
+-- dues, the number of events and the next snapshot: the commit probe.
 -- Parameters: since (a pg_snapshot as text, or NULL).
 -- Index: the function's (events_xact; deliveries_event; primary key of
 -- endpoints).
@@ -332,38 +286,11 @@ FROM hooklane_published_since_v1(%(since)s::text);
 -- Parameters: none. Index: none.
 SELECT pg_notify('hooklane_ready', 'published');
 
--- name: absorb_wakeups
--- Take the wakeup rows of the given partitions, which publishers of version
--- 8 write (hooklane_wake) and notify with the partition alone: the worker
--- reads the queue of each endpoint named from its start. Empty once every
--- publisher runs this release or later.
--- Parameters: partitions. Index: wakeups_partition.
-DELETE FROM wakeups
-WHERE partition = ANY(%(partitions)s::int[])
-RETURNING endpoint_id, partition;
-
 -- name: rescue_expired
--- Give back to the queue the deliveries whose lease ran out: their worker
--- died or lost its connection mid-call. The lease outlives the whole-call
--- deadline, so the call has certainly ended; the receiver may still have got
--- it (at least once). Reads, per endpoint of the partitions, only the leases
--- that ended from `since` on (NULL: all of them, for partitions just
--- taken): an earlier run of the same owner rescued the rest, and the dead
--- entries a held horizon keeps lie before that. One row: the database's
--- time the leases were judged at, the next run's `since` (with a margin),
--- and the rescued deliveries' endpoints, partitions and due times, for the
--- worker's ready list. Each rescued attempt is recorded in
--- delivery_attempts as a retry of failure class lease_expired, with no
--- duration. Runs only under the partitions' advisory locks.
--- The plan is forced, as the planner's estimates of a partial index that
--- a held horizon fills with dead entries cannot be trusted: the leases are
--- probed per endpoint (OFFSET 0 keeps the probe a parameterised index scan
--- from `since`, not one scan of every lease in the index), and the update
--- finds each row by primary key (its state compared with the probe's, not
--- with a constant, matches no partial index). Left to itself, the planner
--- scanned every entry deliveries_leased ever got: over 100 ms every
--- HOOKLANE_MAINTENANCE_SECONDS on the connection the reservation waits on,
--- ten minutes into a held horizon (docs/benchmarks.md, section 10).
+-- Give back to the queue the deliveries of the partitions whose lease ran
+-- out from `since` on (NULL: all), each recorded as a lease_expired retry.
+-- One row: when judged, the next `since`, and the endpoints, partitions and
+-- dues rescued. Under the partitions' advisory locks.
 -- Parameters: partitions (owned), since. Index: endpoints_partition;
 -- deliveries_leased per endpoint, from `since`; primary key of deliveries.
 WITH expired AS MATERIALIZED (
@@ -408,48 +335,15 @@ SELECT now() AS checked_at,
 FROM rescued r;
 
 -- name: reserve
--- Reserve due deliveries of the candidates, the endpoints whose time has
--- come in the worker's ready list, each read from its floor (the earliest
--- next_attempt_at a pending delivery of it may have; NULL: from the
--- start): the steps are in hooklane_reserve_v7 (migration 0020), one round
--- trip. A candidate with a cap gets at most that many (and its free
--- slots); those not apart up to `limit` in all, taken tenant first, then
--- endpoint: every tenant's first before any tenant's second, and within a
--- tenant the first of each endpoint before the second of any. With a
--- tenant ceiling, a tenant's live leases (whichever worker holds them) and
--- what the round grants never exceed it: the round takes an advisory lock
--- per tenant of its candidates first. Runs only under the partitions'
--- advisory locks, and reserves only for endpoints of the owned partitions.
--- A due delivery of another tenant's event than its endpoint's is
--- discarded, never returned. Each reserved delivery records the worker's
--- id in attempted_by.
--- `previous_secret` is the replaced signing secret while it still signs,
--- else NULL. `max_concurrency` is the endpoint's limit in force (its
--- effective concurrency when adaptive). `start_at`: when the call may
--- start, on the server's clock, so that a rate-limited endpoint's starts
--- keep to its rate (now() for the others); `request_terms` (sealed; NULL:
--- none), `max_attempts`, `max_age_seconds` (NULL: the settings') and
--- `rate_per_second` (NULL: none) are the endpoint's own terms.
--- The rows with a NULL id are one verdict per candidate, for the ready
--- list: deliverable, paused_until (when a start may be granted again: the
--- circuit's pause, a Retry-After's hold, the rate limit), head (its
--- earliest pending delivery from the floor on, NULL: none), at_limit (every
--- slot held by a live lease, or its tenant's at the ceiling), leases_end
--- (when the first live lease ends: its tenant's, when only the ceiling
--- holds it), tenant (the endpoint's, while its tenant is at the ceiling;
--- else NULL) and answered_at (the server's clock as it answered, which the
--- worker's wait for `start_at` counts from).
--- Parameters: partitions (owned), candidates, floors, caps and apart
--- (arrays of the same length; caps NULL, or a NULL cap: none; apart NULL:
--- none, true for the worker's slow candidates, served from its budget of
--- long calls), limit (how many not apart at most), lease_grace_seconds (beyond the endpoint's timeout),
--- worker_id, lookahead_seconds (how far ahead a rate-limited endpoint's
--- starts are granted), tenant_ceiling (NULL: none).
+-- Reserve due deliveries of the candidates from their floors, tenant first
+-- then endpoint, within caps and an optional tenant ceiling, and a verdict
+-- row (NULL id) per candidate: hooklane_reserve_v7 (migration 0020). Under
+-- the partitions' advisory locks.
+-- Parameters: partitions (owned), candidates, floors, caps, apart, limit,
+-- lease_grace_seconds, worker_id, lookahead_seconds, tenant_ceiling.
 -- Index: primary key of endpoints, deliveries_leased,
 -- deliveries_tenant_leased, deliveries_rate, deliveries_queue from each
--- floor, primary key of events (see the function), whatever the
--- statistics say: the worker's sessions plan without sequential or bitmap
--- scans (WORKER_SESSION).
+-- floor, primary key of events (see the function).
 SELECT * FROM hooklane_reserve_v7(%(partitions)s::int[], %(candidates)s::bigint[],
                                   %(floors)s::timestamptz[], %(caps)s::int[],
                                   %(apart)s::boolean[], %(limit)s,
@@ -457,42 +351,15 @@ SELECT * FROM hooklane_reserve_v7(%(partitions)s::int[], %(candidates)s::bigint[
                                   %(tenant_ceiling)s::int);
 
 -- name: complete
--- Record a batch of results in one statement, and fold them into each
--- endpoint's circuit. Each row is fenced by (state, attempts): a late result
--- from a worker whose delivery was rescued and reserved again changes
--- nothing. A success closes the circuit; failures add up, and from the
--- threshold on every failure (re)opens it for step x (failures past the
--- threshold + 1), capped. A 410 deactivates the endpoint. An endpoint's row
--- is written only when one of these, or its last error, changes, or when
--- its last delivery time is `delivered_step_seconds` old or more. A failure
--- of a delivery whose endpoint moved to another tenant while it was in
--- flight is discarded rather than retried or dead: it was reserved under
--- the old tenant, and must never be sent or resent under the new one.
--- Returns each touched endpoint as it is after: its circuit, whether it is
--- deliverable, `retried_head` (the earliest retry this batch queued for it,
--- for the worker's ready list), `opened` (this call opened its circuit: its
--- failures were below the threshold before and are at or past it now,
--- however many this batch added) and `deactivated` (this call deactivated
--- it): what the worker logs. Retries of endpoints outside `partitions` (the
--- recording worker's) are notified to their owner.
--- Each result that passes the fence also leaves its attempt in
--- delivery_attempts (migration 0010); one that does not leaves none.
--- Parameters: ids, attempts (the fence), outcomes ('delivered', 'retry',
--- 'dead'), retry_ins (delays in seconds), statuses (HTTP; NULL when no
--- response), errors, failures (the class when no response), started_ats,
--- durations (seconds), retry_afters (the Retry-After honoured, seconds),
--- trace_ids, arrays of equal length; worker_id (the recording worker);
--- threshold (failures that open the circuit), step_seconds and cap_seconds
--- (of the pause); partitions (owned); delivered_step_seconds;
--- adapt_step_seconds (between two raises of an adaptive endpoint's limit, and
--- its hold when overloaded at a limit of 1).
--- Also returns, per endpoint, throttled_until (a Retry-After's hold),
--- effective_concurrency (the limit in force) and lowered (this call lowered
--- it).
--- The steps are in hooklane_complete_v5 (migration 0011), one round trip, with
--- a plan kept per session that looks each result's row up by primary key.
+-- Record a batch of results, fenced by (state, attempts), with their
+-- attempts, and fold them into each endpoint's circuit and limit:
+-- hooklane_complete_v5 (migration 0011). Returns each touched endpoint.
+-- Parameters (arrays of equal length): ids, attempts, outcomes, retry_ins,
+-- statuses, errors, failures, started_ats, durations, retry_afters,
+-- trace_ids; then worker_id, threshold, step_seconds, cap_seconds,
+-- partitions (owned), delivered_step_seconds, adapt_step_seconds.
 -- Index: primary keys of deliveries and endpoints (see the function); the
--- attempts are appended to today's partition.
+-- attempts go to today's partition.
 SELECT id, partition, namespace, name, state, paused_until, consecutive_failures, deliverable,
        retried_head, opened, deactivated, throttled_until, effective_concurrency, lowered
 FROM hooklane_complete_v5(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
@@ -533,33 +400,10 @@ LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'endpoints'::regclass;
 
 -- name: xmin_horizon
--- The oldest of what holds back this database's xmin horizon, by xid age:
--- VACUUM keeps every row deleted or updated after it (a dead row) until it
--- lets go. One row always: `visible`, whether this role sees every
--- session's transaction (pg_read_all_stats, or pg_monitor, or a
--- superuser); then the holder, all NULL when nothing holds the horizon:
--- - `backend`, a session of this database with a transaction id or a
---   snapshot (backend_xid, backend_xmin of pg_stat_activity), this session
---   excepted (its own snapshot, of this statement) and autovacuum's
---   workers too (no role; VACUUM ignores their xmin); walsenders are
---   `standby`. Another role's session shows its pid, role, application
---   and xmin to every role, but its state and transaction start only to
---   one that is `visible`.
--- - `prepared_transaction` of this database (pg_prepared_xacts): `name` is
---   its gid, `usename` its owner.
--- - `replication_slot` holding an xmin (pg_replication_slots): `name` is
---   the slot, `state` active or inactive, `pid` its walsender's. A logical
---   slot's catalog_xmin holds back only the system catalogs, not these.
--- - `standby`, the hot_standby_feedback of a standby streaming without a
---   slot (pg_stat_replication).
--- Slots and standbys hold back every database of the server.
--- `xmin` is the transaction id held (a backend's older of its xid and its
--- snapshot's xmin), `xid_age` how many transactions ago it began,
--- `seconds` how long ago its transaction began where Postgres keeps that
--- (a visible backend's xact_start, a prepared transaction's prepared
--- time); NULL otherwise.
--- Parameters: none. Index: none (statistics and replication views, read
--- from shared memory).
+-- The oldest holder of this database's xmin horizon (a backend, a
+-- prepared transaction, a replication slot or a standby), by xid age; one
+-- row always, all NULL but `visible` when nothing holds it.
+-- Parameters: none. Index: none (statistics and replication views).
 SELECT pg_has_role('pg_read_all_stats', 'MEMBER') AS visible, h.*
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
@@ -599,15 +443,9 @@ LEFT JOIN LATERAL (
 ) AS h ON true;
 
 -- name: table_statistics
--- Live and dead rows of each of Hooklane's tables, when VACUUM last ran on
--- it by hand and by autovacuum, and how many times autovacuum has since
--- the statistics were last reset. A name resolves as the other statements
--- resolve it (search_path); a table that does not exist has no row, and
--- the application's tables, in the same schema or not, are not read.
--- Counts come from the statistics system: estimates, a second or so
--- behind the transactions that made them.
--- Parameters: tables, the names of Hooklane's tables (store/horizon.py
--- reads them from schema.sql).
+-- Live and dead rows of each of Hooklane's tables and their vacuums, from
+-- the statistics system.
+-- Parameters: tables (store/horizon.py reads them from schema.sql).
 -- Index: none (pg_stat_user_tables, by the tables' oids).
 SELECT t.name, s.n_live_tup AS live, s.n_dead_tup AS dead, s.last_autovacuum, s.last_vacuum,
        s.autovacuum_count AS autovacuums
@@ -636,20 +474,12 @@ SELECT action, partition_name, rows_deleted
 FROM hooklane_attempt_partitions(%(ahead)s, %(keep_seconds)s, %(skip)s::text[]);
 
 -- name: purge_events
--- Drop events past retention together with their finished deliveries; an
--- event that a pending or dead delivery still needs stays until it is sent
--- or discarded. One batch: the `batch_size` oldest events past retention
--- after the cursor (created_at, tenant, id), each deleted if it is
--- finished; returns how many it looked at and deleted, and where the next
--- batch starts. Batched so that a large purge never holds locks for long,
--- and paged by the cursor so that each batch starts where the last ended,
--- not at the dead index entries the batches before it left.
--- Parameters: retention_seconds, after_at, after_tenant, after_id (the
--- cursor; a time before any event for the first batch), batch_size.
--- Index: events_created_at, walked from the cursor's time; deliveries_event
--- for the check (a probe per event: OFFSET 0 keeps the planner from
--- turning it into an anti-join over a scan of every delivery, which it
--- chose at 10 million rows, once per batch) and the cascade.
+-- Delete one batch of events past retention, after the cursor, with their
+-- finished deliveries; returns how many were looked at and deleted, and
+-- the next cursor.
+-- Parameters: retention_seconds, after_at, after_tenant, after_id,
+-- batch_size.
+-- Index: events_created_at from the cursor; deliveries_event per event.
 WITH candidates AS MATERIALIZED (
     SELECT e.tenant, e.id, e.created_at,
            NOT EXISTS (SELECT 1 FROM deliveries d
@@ -681,28 +511,12 @@ SELECT (SELECT count(*) FROM candidates) AS scanned,
 FROM (SELECT 1) one LEFT JOIN last ON true;
 
 -- name: resend_dead
--- Explicit resend of dead deliveries of one endpoint (all of them, or the
--- given ids): they start a new life, attempts and age from zero. Their age
--- is created_at, which the workers and the reservation functions read, so
--- it starts anew; the first creation, which people are shown, is kept in
--- first_created_at (by the first resend: a later one finds it there). One
--- page at a time: the endpoint's dead deliveries after a delivery id, in id
--- order, at most page_size of them, so that however many are dead no
--- statement holds more than a page (store.resend_dead runs the pages, each
--- committing on its own). One row, how many were resent, how many dead ones
--- the page held and its last id, if the endpoint exists (with that tenant,
--- when one is given); none if it does not, which stops the resend. Not
--- locked: deliveries a page resends as the endpoint moves to another
--- tenant keep the old tenant, and the workers discard them
--- (hooklane_tenant_discard), as a lock would have them wait on each
--- reservation round instead. Only the endpoint's own tenant's: a worker of
--- version 2 (rolling upgrade) records a failure after a tenant change as
--- dead, not discarded.
--- Parameters: namespace, name, tenant (NULL: whoever's), ids (of
--- deliveries; NULL for all), after (the last delivery id of the previous
--- page, 0 for the first), page_size.
--- Index: the unique (namespace, name) constraint; deliveries_dead, walked
--- in order from the position.
+-- Resend one page of an endpoint's dead deliveries (all, or `ids`) after
+-- a delivery id: a new life, first_created_at kept. One row per page if the
+-- endpoint exists (with `tenant`, when given).
+-- Parameters: namespace, name, tenant, ids, after, page_size.
+-- Index: the unique (namespace, name) constraint; deliveries_dead from the
+-- position.
 WITH endpoint AS (
     SELECT id, partition, tenant FROM endpoints
     WHERE namespace = %(namespace)s AND name = %(name)s
@@ -739,18 +553,11 @@ SELECT (SELECT count(*) FROM resent) AS done,
 FROM endpoint, woken;
 
 -- name: list_events
--- A page of one tenant's events created in a time range, for receivers'
--- reconciliation, in the order of the transactions that stored them
--- (xact, id), after the cursor's position. Only events of transactions below
--- the oldest one still running (the snapshot's xmin) are returned: every
--- transaction there has ended, so no event can commit later at a position a
--- reader already passed. An event becomes listable once every transaction
--- older than its own has ended.
--- Parameters: tenant, cursor_xact (as text) and cursor_id ('0' and '' for
--- the first page), since (created from), until (created until, or NULL),
--- limit.
--- Index: events_tenant_xact, index-only (the time range is checked on its
--- included created_at); primary key of events for the rows of the page.
+-- A page of one tenant's events created in [since, until), in (xact, id)
+-- order after the cursor, of transactions below the snapshot's xmin only.
+-- Parameters: tenant, cursor_xact, cursor_id, since, until, limit.
+-- Index: events_tenant_xact, index-only; primary key of events for the
+-- page's rows.
 WITH page AS (
     SELECT tenant, xact, id
     FROM events
@@ -768,32 +575,14 @@ JOIN events e ON e.tenant = p.tenant AND e.id = p.id
 ORDER BY p.xact, p.id;
 
 -- name: endpoint_health
--- Per endpoint: its spec and circuit, queue (pending, in flight, dead),
--- the workers sending its deliveries (NULL when none; a worker of 0.1.0
--- records no name), and oldest pending age, with the database's clock
--- (`observed_at`) that the age was measured at and the endpoint's state is
--- decided at (hooklane/health.py), most delayed first. `hooklane status`,
--- `hooklane endpoint list`, the operator's status, the worker's
--- per-endpoint gauges and the admin API all read it. In flight: the
--- deliveries whose lease is live (a lease that ended is a call its worker
--- has given up on). Each count is a probe per endpoint, so that it reads
--- only that endpoint's entries, from where they can be live: the pending
--- from the floor the worker's ready list holds for the endpoint, if given
--- (`floor_ids`, `floors`), and the leases not yet ended; a horizon held
--- elsewhere keeps dead entries before those. With `listed`, the floors
--- are a ready list's whole: a deliverable endpoint it leaves out has
--- nothing pending that its worker knows of (the sweep finds what a lost
--- notification left), and is not probed, since from its start its queue
--- holds the dead entry of every delivery it sent while the horizon is
--- held. The endpoints no ready list holds (paused by hand, deactivated,
--- unsigned) are read from the start: they send nothing.
--- Parameters: partitions, or NULL for all; namespace and name of one
--- endpoint, or NULL for all; floor_ids and floors (arrays of the same
--- length; NULL, or an endpoint left out: from the start, or unless
--- deliverable, with listed, not at all).
--- Index: endpoints_partition; the unique (namespace, name) constraint for
--- one endpoint; deliveries_queue from each floor, deliveries_leased and
--- deliveries_dead, each probed per endpoint.
+-- Per endpoint: spec, circuit, queue (pending, in flight, dead), sending
+-- workers and oldest pending age, with `observed_at`, most delayed first;
+-- pending counted from the ready list's floors when given.
+-- Parameters: partitions, namespace, name (NULL: all); floor_ids, floors,
+-- listed.
+-- Index: endpoints_partition or the unique (namespace, name) constraint;
+-- deliveries_queue from each floor, deliveries_leased, deliveries_dead,
+-- each per endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
        hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
@@ -831,36 +620,14 @@ WHERE (%(partitions)s::int[] IS NULL OR ep.partition = ANY(%(partitions)s::int[]
 ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 
 -- name: endpoint_page
--- A page of endpoints with their health (the columns of endpoint_health,
--- plus oldest_pending_at and counted_at), in endpoint_health's order:
--- oldest pending delivery first (most delayed), endpoints with nothing
--- pending last, then namespace and name. Keyset paging on
--- (oldest_pending_at, namespace, name) with NULLS LAST: the page starts
--- after the cursor's position.
--- The pending count and oldest are the last gauge pass's of the worker
--- owning the endpoint's partition while that is fresh (queue_summaries;
--- `counted_at` says when), and counted here for an endpoint no fresh
--- summary holds: read from the start of its queue, a count walks the dead
--- entry of every delivery the endpoint sent while a horizon is held,
--- which a gauge pass reads past from its ready list's floors.
--- Filters: tenant; name prefix; phase as hooklane/endpoint_state.py decides
--- it at now() (hooklane_phase; tests/test_api_admin.py checks that they
--- agree); not delivering: hooklane_not_delivering (deactivated, paused by
--- hand, unsigned, or its circuit open: nothing is sent to it now, or only
--- a probe).
--- Parameters: tenant or NULL, name_prefix or NULL, phase (Active, Paused,
--- Probing, Deactivated) or NULL, not_delivering (only those);
--- cursor_oldest_pending_at (NULL: among endpoints with nothing pending),
--- cursor_namespace (NULL: the first page) and cursor_name; limit (how many
--- rows).
--- Index: none for queue_summaries, read whole once (a row per partition,
--- hooklane_queue_counts); deliveries_queue, probed for
--- the endpoints no fresh summary holds; then,
--- for the page's rows only, deliveries_leased from now on (in flight: a
--- live lease, as endpoint_health counts it, and none of the ended leases a
--- held horizon keeps) and deliveries_dead.
--- endpoints itself is read whole (10,000 rows, a few ms): the order is
--- the queue's, which no index of endpoints holds.
+-- A page of endpoints with their health, most delayed first, keyset-paged
+-- on (oldest_pending_at, namespace, name); pending from fresh
+-- queue_summaries (hooklane_queue_counts) where there are some. Filters:
+-- tenant, name prefix, phase (hooklane_phase), hooklane_not_delivering.
+-- Parameters: tenant, name_prefix, phase, not_delivering,
+-- cursor_oldest_pending_at, cursor_namespace, cursor_name, limit.
+-- Index: deliveries_queue for endpoints no fresh summary holds; for the
+-- page, deliveries_leased and deliveries_dead.
 WITH chosen AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
@@ -930,20 +697,11 @@ CROSS JOIN LATERAL (
 ORDER BY p.oldest_pending_at NULLS LAST, p.namespace, p.name;
 
 -- name: endpoint_totals
--- The totals over the endpoints endpoint_page's filters choose: how many,
--- how many not delivering, and their pending, in-flight and dead
--- deliveries. Counts only, no per-endpoint health: the dashboard's header.
--- Pending as endpoint_page counts it (a fresh gauge pass's count, or the
--- queue's own for an endpoint no fresh summary holds); in flight, the
--- live leases, as endpoint_health counts them.
--- Parameters: tenant or NULL, name_prefix or NULL, phase or NULL,
--- not_delivering (only those), as in endpoint_page.
--- Index: none for queue_summaries, read whole once
--- (hooklane_queue_counts); deliveries_queue probed per
--- endpoint no fresh summary holds, deliveries_leased probed per endpoint
--- from now on (not past the ended leases a held horizon keeps);
--- deliveries_dead read once (index-only where the visibility map allows),
--- hash-joined to the chosen endpoints.
+-- Totals over the endpoints endpoint_page's filters choose: how many, how
+-- many not delivering, their pending, in-flight and dead deliveries.
+-- Parameters: tenant, name_prefix, phase, not_delivering.
+-- Index: deliveries_queue and deliveries_leased per endpoint;
+-- deliveries_dead read once (hooklane_queue_counts for the summaries).
 WITH chosen AS MATERIALIZED (
     SELECT c.id, c.not_delivering, sm.pending AS summarised
     FROM (SELECT ep.id, hooklane_not_delivering(ep) AS not_delivering
@@ -973,17 +731,11 @@ SELECT (SELECT count(id) FROM chosen) AS endpoints,
         WHERE d.state = 'dead') AS dead;
 
 -- name: write_queue_summaries
--- What a worker's gauge pass counted of its partitions' queues, for the
--- endpoint listings (endpoint_page, endpoint_totals): one row per
--- partition, every endpoint of it the pass read with its pending count and
--- oldest pending creation, fresh for `fresh_seconds`. A pass that counted
--- before the row's last writer (a worker that has since lost the
--- partition, running late) leaves the row as it is.
--- Parameters: partitions (those the pass counted), counted_at (the
--- database's clock at its count), fresh_seconds; endpoint_ids, pending and
--- oldest_pending_at (arrays of the same length).
--- Index: the primary key of endpoints per id; queue_summaries' primary key
--- for the conflict.
+-- Store what a worker's gauge pass counted: a queue_summaries row per
+-- partition, fresh for `fresh_seconds`, unless a later count wrote it.
+-- Parameters: partitions, counted_at, fresh_seconds; endpoint_ids,
+-- pending and oldest_pending_at (arrays of the same length).
+-- Index: primary key of endpoints; queue_summaries' primary key.
 INSERT INTO queue_summaries AS s
     (partition, counted_at, fresh_until, endpoint_ids, pending, oldest_pending_at)
 SELECT p.partition, %(counted_at)s::timestamptz,
@@ -1004,22 +756,13 @@ SET counted_at = EXCLUDED.counted_at, fresh_until = EXCLUDED.fresh_until,
 WHERE s.counted_at < EXCLUDED.counted_at;
 
 -- name: endpoint_deliveries
--- A page of an endpoint's deliveries, newest first, after the cursor's id,
--- optionally of some states only, created in a time range, and whose last
--- attempt answered a status in a range or failed with a class; each with
--- its event's type, its first creation (created_at, as delivery_of) and
--- when it was last queued (queued_at: its creation or its latest resend).
--- One row with a NULL id when the endpoint has none there, no row when
--- there is no such endpoint.
--- Parameters: namespace, name, states (NULL for all), since (first created
--- from, or NULL), until (first created until, or NULL), status_min and
--- status_max (the last status within, or NULL), failure (the last failure
--- class, or NULL), before_id (below this id, or NULL), limit.
--- Index: the unique (namespace, name) constraint; deliveries_endpoint
--- (deliveries_dead does as well for dead ones only); primary key of events.
--- The status and failure filters are read off the rows that index walks,
--- newest first: a rare match costs a walk down the endpoint's history, as
--- far as `since` says (the attempts listing is bounded by time instead).
+-- A page of an endpoint's deliveries, newest first, before `before_id`,
+-- filtered by states, time, last status and failure class. A NULL-id row
+-- when it has none there, no row when there is no such endpoint.
+-- Parameters: namespace, name, states, since, until, status_min,
+-- status_max, failure, before_id, limit.
+-- Index: the unique (namespace, name) constraint; deliveries_endpoint;
+-- primary key of events.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
@@ -1079,17 +822,11 @@ LIMIT %(limit)s;
 
 -- name: endpoint_attempts
 -- A page of an endpoint's attempts recorded in [since, until), newest
--- first, after the cursor's (recorded_at, delivery_id, attempt), of some
--- outcomes, statuses or failure classes only; each with its delivery's
--- event. One row with NULL columns but endpoint_id when the endpoint has
--- none there, no row when there is no such endpoint.
--- Parameters: namespace, name, since, until, outcomes (NULL for all),
--- status_min and status_max (NULL for any), failure (or NULL), after_at,
--- after_delivery, after_attempt (the cursor; NULL for the first page),
--- limit.
--- Index: the unique (namespace, name) constraint; delivery_attempts_endpoint
--- of each partition, walked from `until` (or the cursor) down to `since`:
--- the time range prunes the partitions outside it and bounds the walk.
+-- first, after the cursor, filtered by outcome, status and failure class.
+-- Parameters: namespace, name, since, until, outcomes, status_min,
+-- status_max, failure, after_at, after_delivery, after_attempt, limit.
+-- Index: the unique (namespace, name) constraint;
+-- delivery_attempts_endpoint from `until` down to `since`.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
@@ -1116,18 +853,12 @@ WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
 ORDER BY p.recorded_at DESC, p.delivery_id DESC, p.attempt DESC;
 
 -- name: discard_dead
--- Give up for good on dead deliveries of one endpoint (all of them, or the
--- given ids): 'discarded' is never sent, and no resend brings it back.
--- last_error says who discarded it and keeps the error it died of. One
--- page at a time, as resend_dead: the endpoint's dead deliveries after a
--- delivery id, at most page_size (store.discard_dead runs the pages). One
--- row, how many were discarded, how many dead ones the page held and its
--- last id, if the endpoint exists; none if it does not.
--- Parameters: namespace, name, ids (of deliveries; NULL for all), by (who
--- discards, e.g. 'the admin API', 'hooklane endpoint discard'), after (the
--- last delivery id of the previous page, 0 for the first), page_size.
--- Index: the unique (namespace, name) constraint; deliveries_dead, walked
--- in order from the position.
+-- Discard for good one page of an endpoint's dead deliveries (all, or
+-- `ids`) after a delivery id, noting `by` in last_error. One row per page
+-- if the endpoint exists.
+-- Parameters: namespace, name, ids, by, after, page_size.
+-- Index: the unique (namespace, name) constraint; deliveries_dead from the
+-- position.
 WITH endpoint AS (
     SELECT id FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 ),
@@ -1163,37 +894,14 @@ FROM endpoint;
 SELECT tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s;
 
 -- name: replay_since
--- Send again, page by page, the stored events of the endpoint's tenant
--- created since a time whose type the endpoint receives
--- (hooklane_type_matches, publish's rule), whether or not they had a
--- delivery to it: those published while it was deactivated (publish skips
--- it then) or before it existed are caught up too. A new pending delivery
--- of the same event id each (receivers deduplicate on webhook-id, the event
--- id), in the order the events were stored, for events with no delivery to
--- the endpoint pending or in flight now. Only the events of the tenant
--- given, and only while it is the endpoint's: other tenants' events are
--- never replayed: its tenant is checked again on every page, and a page
--- that finds it moved returns nothing, which stops the replay (deliveries
--- a page queues as the move commits keep the old tenant, and the workers
--- discard them: hooklane_tenant_discard). Wakes the endpoint. One page is at most `page_size` of
--- the tenant's events since the time, in (xact, id) order after the cursor;
--- the caller runs the next page from the position returned until a page
--- comes back short, so that no statement inserts more than `page_size` deliveries
--- however long the range (store.replay_since). One row, how many were
--- queued, how many events the page held and its last position, if the
--- endpoint exists with that tenant; none if not.
--- Parameters: namespace, name, tenant (the endpoint's, given as a value,
--- from endpoint_tenant, so that the planner estimates the tenant's events
--- from the statistics of `events` rather than as any tenant's), since,
--- cursor_xact (as text) and cursor_id ('0' and '' for the first page),
+-- Queue again, one page in (xact, id) order after the cursor, the events
+-- of the endpoint's tenant since a time whose type it receives
+-- (hooklane_type_matches) and that it has nothing pending or in flight
+-- for; wakes it. One row per page if the endpoint exists with that tenant.
+-- Parameters: namespace, name, tenant, since, cursor_xact, cursor_id,
 -- page_size.
--- Index: the unique (namespace, name) constraint; for the page,
--- events_tenant_xact walked in order, index-only (created_at is checked on
--- the index entries, as in list_events: a tenant's events from before the
--- time are walked over once, on the first pages), or for a short range
--- events_created_at, or for a small tenant the primary key of events,
--- whichever the planner finds cheaper; primary key of events for each
--- event's type; deliveries_event for the pending check.
+-- Index: the unique (namespace, name) constraint; events_tenant_xact,
+-- events_created_at or the primary key of events; deliveries_event.
 WITH endpoint AS (
     SELECT id, partition, tenant, event_types
     FROM endpoints
@@ -1280,17 +988,11 @@ SELECT pg_try_advisory_lock(%(lock_class)s::int, %(key)s::int) AS locked;
 SELECT pg_advisory_unlock(%(lock_class)s::int, %(key)s::int) AS released;
 
 -- name: endpoint_health_changed
--- The operator's status pass: endpoint_health's rows, each with `digest`
--- (a hash of everything its status shows, the oldest pending age in steps
--- of `age_step` seconds up to ten steps and of a tenth beyond), of only the
--- endpoints whose digest differs from the one the operator reflected last
--- (or that it has not reflected yet); plus, with a NULL id and their
--- `known_id`, the endpoints it knew that are gone. An idle pass returns
--- nothing, whatever the number of endpoints.
--- Parameters: ids and digests (arrays of the same length) the operator
--- reflected last; age_step in seconds (its status interval).
--- Index: as endpoint_health (the join visits only pending, sending and
--- dead deliveries); the primary key for the known ids.
+-- The operator's status pass: endpoint_health's rows with a `digest`, of
+-- the endpoints whose digest differs from the one reflected last, and the
+-- known ones gone (NULL id, `known_id`).
+-- Parameters: ids and digests (reflected last), age_step (seconds).
+-- Index: as endpoint_health; the primary key for the known ids.
 WITH health AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
@@ -1465,30 +1167,13 @@ WHERE namespace = %(namespace)s AND name = %(name)s;
 -- Operational notifications (hooklane/store/notifications.py; migration 0014).
 
 -- name: note_notices
--- What the notifications pass noticed since its last run, kept in
--- endpoint_notices and made due (now, or once the interval since the
--- kind's last notice has passed): circuits that opened (a failing episode,
--- by its failing_since, not noticed yet), deactivations (by their
--- deactivated_at) and endpoints with dead attempts recorded in the window.
--- Reads only what changed: the circuits whose pause ends after `since`
--- (each opening sets it ahead of its own time, so every circuit opened
--- since is there, with those still paused), the deactivations after it,
--- and the dead attempts between it and the cut. The window starts at
--- `since` (the last run's cut), never more than `lookback_seconds` back,
--- and ends at the cut, `settle_seconds` before now: an attempt recorded
--- by a transaction that commits late is still counted (take_notices
--- counts up to the same cut). The notifications tenant's own endpoints are
--- never noticed: their failures do not notify through themselves. A
--- transition noticed already is not noted again, so that a second run
--- over the same window (another worker, or an overlap) changes nothing;
--- the upsert takes its row locks in key order. One row: the cut, the next
--- run's `since`, and how many of each kind were noted.
--- Parameters: tenant (the notifications tenant), since (NULL: none),
--- lookback_seconds, settle_seconds, interval_seconds.
--- Index: endpoints_paused_until, endpoints_deactivated_at, and
--- delivery_attempts_dead (index only, the partitions of the window only),
--- each from `since`; primary key of endpoints (the tenant of an endpoint
--- with dead attempts, and each new one's, held); primary key of
+-- Note in endpoint_notices the circuits opened, deactivations and dead
+-- attempts since the last run, up to a cut `settle_seconds` ago, and make
+-- each due. One row: the cut, the next `since` and the counts noted.
+-- Parameters: tenant (the notifications tenant), since, lookback_seconds,
+-- settle_seconds, interval_seconds.
+-- Index: endpoints_paused_until, endpoints_deactivated_at,
+-- delivery_attempts_dead, each from `since`; primary keys of endpoints and
 -- endpoint_notices.
 WITH bounds AS MATERIALIZED (
     SELECT greatest(coalesce(%(since)s::timestamptz, '-infinity'),
@@ -1568,23 +1253,11 @@ SELECT (SELECT cut FROM bounds) AS cut,
 FROM noted;
 
 -- name: take_notices
--- The notices due, at most `limit`, soonest first, each with what it
--- tells: the endpoint as it is now, the transitions noticed since the
--- kind's last notice, and for dead deliveries how many dead attempts were
--- recorded since the last one counted up to the cut (`settle_seconds`
--- before now, as note_notices) and the latest one's error. A notice is
--- told only while still true (the circuit of the episode noticed still
--- open, the deactivation noticed still in force, a dead delivery counted)
--- and while the endpoint is not the notifications tenant's: one that no
--- longer is is cleared, its transitions kept for the next. Each row taken
--- is locked and cleared (no longer due; told now, its counts restarted),
--- and rows another run holds are skipped: of runs at once, each notice
--- goes to one. The caller publishes what this returns in the same
--- transaction, so that a notice is cleared if and only if it is published.
+-- Take (lock, clear and return) the notices due, at most `limit`, each
+-- with what it tells; skips those another run holds.
 -- Parameters: tenant (the notifications tenant), settle_seconds, limit.
 -- Index: endpoint_notices_due; primary key of endpoints;
--- delivery_attempts_endpoint_dead, one endpoint's from its last count (the
--- partitions of that range only).
+-- delivery_attempts_endpoint_dead from each endpoint's last count.
 WITH due AS MATERIALIZED (
     SELECT n.endpoint_id, n.kind, n.seen, n.transitions, n.counted_until, n.notified_at
     FROM endpoint_notices n

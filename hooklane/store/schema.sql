@@ -2,7 +2,7 @@
 --
 -- The migrations in migrations/ are what build and upgrade a database
 -- (`hooklane migrate`); this file is what they add up to, to read, and
--- tests/test_schema.py checks that loading it gives the catalog the
+-- tests/db/test_schema.py checks that loading it gives the catalog the
 -- migrations give. A migration changes this file in the same commit.
 -- Statements live in queries.sql; each index below names the ones it serves.
 -- (`hooklane_migrations`, the record of applied migrations, is created by
@@ -189,16 +189,15 @@ CREATE TABLE deliveries (
         REFERENCES events (tenant, id) ON DELETE CASCADE
 );
 
--- reserve (hooklane_reserve_v2, hooklane_rerate_v2): each endpoint's queue,
--- in the order it is tried; complete (the head of each touched endpoint's
--- queue); sweep_ready, upsert_endpoint (the discard), endpoint_health (the
--- pending count), and delete_endpoint's cascade
+-- reserve (hooklane_reserve_v7): each endpoint's queue, in the order it
+-- is tried; complete (the head of each touched endpoint's queue);
+-- pending_endpoints, upsert_endpoint (the discard), endpoint_health (the
+-- pending count), delete_endpoint's cascade, and 0.1.0's reservation
 CREATE INDEX deliveries_queue
     ON deliveries (endpoint_id, next_attempt_at, id)
     WHERE state = 'pending';
 
--- reserve (hooklane_reserve_v7, v6 and v5; v2 and rerate_v2 by endpoint alone): each
--- endpoint's deliveries in flight by when their lease ends (migration
+-- reserve (hooklane_reserve_v7): each endpoint's deliveries in flight by when their lease ends (migration
 -- 0009), so that counting the live leases against its concurrency reads
 -- only those, not an entry per delivery it sent while a held horizon keeps
 -- them; rescue_expired: the leases of each endpoint that ended since its
@@ -220,8 +219,8 @@ CREATE INDEX deliveries_tenant_leased
     ON deliveries (event_tenant, lease_expires_at)
     WHERE state = 'sending' AND attempts > 0;
 
--- reserve (hooklane_reserve_v7, v6 and v5, migration 0011): a rate-limited endpoint's
--- bucket, its latest granted start, read newest first
+-- reserve (hooklane_reserve_v7, migration 0011): a rate-limited
+-- endpoint's bucket, its latest granted start, read newest first
 CREATE INDEX deliveries_rate ON deliveries (endpoint_id, rate_tat DESC) WHERE rate_tat IS NOT NULL;
 
 -- publish: at most one pending delivery per entity and endpoint (coalescing)
@@ -298,45 +297,33 @@ CREATE INDEX delivery_attempts_delivery ON delivery_attempts (delivery_id, recor
 CREATE INDEX delivery_attempts_endpoint ON delivery_attempts (endpoint_id, recorded_at);
 
 -- ---------------------------------------------------------------------------
--- The ready index of version 8 and before: reservation visits only the
--- endpoints that may have work, so that its cost follows those rather than
--- every endpoint. From migration 0009 on the ready list lives in the
--- partition owner's memory (hooklane/worker/ready.py), told of new work
--- by notifications and, from migration 0019 on, of published events by its
--- probe (published_since); these two tables stay for workers and publishers of
--- version 8 during a rolling upgrade, and the next release drops them.
+-- 0.1.0's ready index (migration 0002), kept for its workers during a
+-- rolling upgrade and dropped with its reservation after the next release
+-- (hooklane/store/after_next_release/). Nothing of a later version reads
+-- or writes these: its workers keep the ready list in memory
+-- (hooklane/worker/ready.py).
 
--- Publishers of version 8 append a wakeup for each endpoint they queue a
--- delivery for (hooklane_wake); this release's workers take them
--- (absorb_wakeups). Append-only on purpose: publish runs inside the
--- application's own, possibly long, transaction, and must never lock a row
--- the worker needs.
+-- 0.1.0's publishes, endpoint changes and resends append a wakeup for each
+-- endpoint they queue a delivery for; its reservation takes them.
 CREATE TABLE wakeups (
     id          bigserial PRIMARY KEY,
     endpoint_id bigint NOT NULL,
     partition   integer NOT NULL
 );
 
--- reserve of version 8 (hooklane_absorb_wakeups_v2), absorb_wakeups: the
--- wakeups of the partitions a worker owns
+-- hooklane_absorb_wakeups: the wakeups of the partitions a worker owns
 CREATE INDEX wakeups_partition ON wakeups (partition);
 
--- The endpoints of each partition that may have work, and from when. Kept by
--- the partition's owner: absorbed wakeups and freed slots make an endpoint
--- ready now (hooklane_make_ready); after each reservation an endpoint moves
--- to the back of the line, to its next retry time, to the end of its
--- circuit pause, to 'infinity' while all its slots are taken (a result
--- brings it back), or out of the table when it has nothing pending
--- (hooklane_rerate_v2). Kept by workers of version 8 only. Primary key:
--- hooklane_make_ready and the sweep of version 8.
+-- The endpoints of each partition that may have work, and from when, kept
+-- by 0.1.0's reservation, complete and sweep. Primary key: all three.
 CREATE TABLE ready_endpoints (
     endpoint_id bigint PRIMARY KEY,
     partition   integer NOT NULL,
     ready_at    timestamptz NOT NULL
 );
 
--- reserve (step 2 of hooklane_reserve_v2): the longest-waiting ready
--- endpoints of owned partitions
+-- 0.1.0's reservation: the longest-waiting ready endpoints of owned
+-- partitions
 CREATE INDEX ready_endpoints_ready_at ON ready_endpoints (ready_at, partition);
 
 -- ---------------------------------------------------------------------------
@@ -386,64 +373,13 @@ $$;
 
 -- Why a delivery is discarded (migration 0008): its event is of another
 -- tenant than its endpoint's, which moved since; NULL while it is the
--- endpoint's own. upsert_endpoint discards by it; hooklane_reserve_v2 and
--- hooklane_complete_v2 spell the rule out, and their next versions call
--- this instead. Inlined into its callers.
+-- endpoint's own. upsert_endpoint, the reservation and complete discard
+-- by it. Inlined into its callers.
 CREATE FUNCTION hooklane_tenant_discard(event_tenant text, endpoint_tenant text) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN event_tenant <> endpoint_tenant
                 THEN format('discarded: the endpoint''s tenant changed from %s to %s',
                             event_tenant, endpoint_tenant) END
-$$;
-
--- When an endpoint may have work again (migration 0008): never (NULL) when
--- not deliverable or with nothing pending (no `head`); at the end of its
--- circuit pause, or its head if later; 'infinity' while its slots are all
--- taken; else its head, or now. hooklane_rerate_v2 and hooklane_complete_v2
--- spell the rule out, and their next versions call this instead.
-CREATE FUNCTION hooklane_ready_at(deliverable boolean, paused_until timestamptz, head timestamptz,
-                                  slots_taken boolean) RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN NOT deliverable OR head IS NULL THEN NULL
-                WHEN paused_until > now() THEN greatest(paused_until, head)
-                WHEN slots_taken THEN 'infinity'::timestamptz
-                ELSE greatest(head, now()) END
-$$;
-
--- Wake endpoints that got work: upsert_endpoint, reactivate_endpoint,
--- publish, resend_dead, replay_since. This and hooklane_make_ready keep one
--- plan per session (PL/pgSQL): a LANGUAGE sql function that writes is
--- planned again on every call (see the migration).
-CREATE FUNCTION hooklane_wake(endpoint_ids bigint[], partitions integer[]) RETURNS void
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    IF endpoint_ids IS NOT NULL THEN
-        INSERT INTO wakeups (endpoint_id, partition)
-        SELECT w.endpoint_id, w.partition FROM unnest(endpoint_ids, partitions) AS w(endpoint_id, partition);
-    END IF;
-END;
-$$;
-
--- Make endpoints ready now, or at the given times, or keep their earlier
--- time: the partition's owner (hooklane_absorb_wakeups_v2, rescue_expired)
--- and complete, which passes each endpoint's next due time.
-CREATE FUNCTION hooklane_make_ready(endpoint_ids bigint[], partitions integer[],
-                                    ready_ats timestamptz[] DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    IF endpoint_ids IS NOT NULL THEN
-        INSERT INTO ready_endpoints AS re (endpoint_id, partition, ready_at)
-        SELECT DISTINCT ON (r.endpoint_id) r.endpoint_id, r.partition, coalesce(r.ready_at, now())
-        FROM unnest(endpoint_ids, partitions, ready_ats) AS r(endpoint_id, partition, ready_at)
-        ORDER BY r.endpoint_id, coalesce(r.ready_at, now())
-        ON CONFLICT (endpoint_id) DO UPDATE
-        SET ready_at = least(re.ready_at, EXCLUDED.ready_at);
-    END IF;
-END;
 $$;
 
 -- Whether endpoints with these event-type patterns receive an event of this
@@ -467,305 +403,6 @@ BEGIN
         END IF;
     END LOOP;
     RETURN false;
-END;
-$$;
-
--- The reservation (migration 0004): `reserve` in queries.sql. Its functions
--- keep one generic plan per statement and session (plan_cache_mode), where
--- the worker's sessions plan everything else afresh: see the migration.
-
--- Step 1: wakeups of the owned partitions become ready endpoints.
-CREATE FUNCTION hooklane_absorb_wakeups_v2(owned integer[]) RETURNS void
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    woken bigint[];
-    partitions integer[];
-BEGIN
-    WITH taken AS (
-        DELETE FROM wakeups
-        WHERE partition = ANY(owned)
-        RETURNING endpoint_id, partition
-    )
-    SELECT array_agg(endpoint_id), array_agg(partition) INTO woken, partitions FROM taken;
-    IF woken IS NOT NULL THEN
-        PERFORM hooklane_make_ready(woken, partitions);
-    END IF;
-END;
-$$;
-
--- Step 4: when each candidate may have work again, if ever.
-CREATE FUNCTION hooklane_rerate_v2(candidates bigint[]) RETURNS void
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    WITH verdict AS (
-        SELECT c.endpoint_id,
-               CASE
-                   WHEN ep.id IS NULL OR NOT hooklane_deliverable(ep) OR h.head IS NULL THEN NULL
-                   WHEN ep.paused_until > now() THEN greatest(ep.paused_until, h.head)
-                   WHEN f.n >= ep.max_concurrency THEN 'infinity'::timestamptz
-                   ELSE greatest(h.head, now())
-               END AS ready_at
-        FROM unnest(candidates) AS c(endpoint_id)
-        LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
-        CROSS JOIN LATERAL (SELECT min(d.next_attempt_at) AS head FROM deliveries d
-                            WHERE d.endpoint_id = c.endpoint_id AND d.state = 'pending') h
-        CROSS JOIN LATERAL (SELECT count(*) AS n FROM deliveries d
-                            WHERE d.endpoint_id = c.endpoint_id AND d.state = 'sending') f
-    ),
-    idle AS (
-        DELETE FROM ready_endpoints r
-        USING verdict v
-        WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NULL
-    )
-    UPDATE ready_endpoints r
-    SET ready_at = v.ready_at
-    FROM verdict v
-    WHERE r.endpoint_id = v.endpoint_id AND v.ready_at IS NOT NULL;
-END;
-$$;
-
--- The whole reservation, one round trip; records the worker in attempted_by.
-CREATE FUNCTION hooklane_reserve_v2(owned integer[], max_rows integer, lease_grace double precision,
-                                    worker text)
-RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
-               namespace text, name text, url text, secret text, timeout_seconds integer,
-               event_id text, type text, data text, event_created_at timestamptz,
-               previous_secret text, max_concurrency integer)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-#variable_conflict use_column
-DECLARE
-    candidates bigint[];
-BEGIN
-    PERFORM hooklane_absorb_wakeups_v2(owned);
-
-    -- Step 2: the endpoints that have waited longest, locked until the
-    -- reservation commits so that a result recorded meanwhile (which makes
-    -- its endpoint ready again) waits for step 4's verdict instead of being
-    -- overwritten by it. Rows a result is updating right now are skipped:
-    -- they will be ready on the next round.
-    -- Index: ready_endpoints_ready_at.
-    SELECT array_agg(r.endpoint_id) INTO candidates
-    FROM (SELECT endpoint_id
-          FROM ready_endpoints
-          WHERE ready_at <= now()
-            AND partition = ANY(owned)
-          ORDER BY ready_at
-          LIMIT max_rows
-          FOR UPDATE SKIP LOCKED) r;
-    IF candidates IS NULL THEN
-        RETURN;
-    END IF;
-
-    -- Step 3: due deliveries of the candidates, never more per endpoint than
-    -- its free concurrency, ordered by position within each endpoint's queue
-    -- so that endpoints interleave: the first of each before the second of
-    -- any. Those of another tenant's event than the endpoint's are discarded
-    -- in the same statement; they took a slot of this round only, and the
-    -- endpoint stays ready for the next.
-    -- Index: deliveries_in_flight for the count; deliveries_queue for the
-    -- first rows of each endpoint's queue; primary key of events.
-    RETURN QUERY
-    WITH slots AS (
-        SELECT ep.id,
-               ep.max_concurrency - (SELECT count(*) FROM deliveries f
-                                     WHERE f.endpoint_id = ep.id AND f.state = 'sending') AS free
-        FROM endpoints ep
-        WHERE ep.id = ANY(candidates)
-          AND hooklane_deliverable(ep)
-          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
-    ),
-    queued AS (
-        SELECT c.id, c.state, row_number() OVER (PARTITION BY s.id ORDER BY c.next_attempt_at, c.id) AS pos
-        FROM slots s
-        CROSS JOIN LATERAL (
-            -- SKIP LOCKED: a pending row is locked by a publish coalescing
-            -- into it, in an application transaction that may stay open
-            -- for long; the reservation takes the next one rather than
-            -- wait (and hold up the worker) until it commits.
-            SELECT d.id, d.state, d.next_attempt_at
-            FROM deliveries d
-            WHERE d.endpoint_id = s.id
-              AND d.state = 'pending'
-              AND d.next_attempt_at <= now()
-            ORDER BY d.next_attempt_at, d.id
-            LIMIT greatest(s.free, 0)
-            FOR UPDATE SKIP LOCKED
-        ) c
-    ),
-    -- The update finds each chosen row by primary key, fenced by the state
-    -- it was locked in rather than by `'pending'`: that constant let the
-    -- kept plan read every pending row through deliveries_queue and
-    -- join them to the few chosen, a cost that grew with any backlog.
-    chosen AS (
-        SELECT q.id, q.state FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
-    ),
-    reserved AS (
-        UPDATE deliveries d
-        SET state = CASE WHEN d.event_tenant = ep.tenant THEN 'sending' ELSE 'discarded' END,
-            attempts = CASE WHEN d.event_tenant = ep.tenant THEN d.attempts + 1 ELSE d.attempts END,
-            reserved_at = now(),
-            attempted_by = CASE WHEN d.event_tenant = ep.tenant THEN worker ELSE d.attempted_by END,
-            lease_expires_at = CASE WHEN d.event_tenant = ep.tenant
-                                    THEN now() + make_interval(secs => ep.timeout_seconds + lease_grace)
-                               END,
-            last_error = CASE WHEN d.event_tenant = ep.tenant THEN d.last_error
-                              ELSE format('discarded: the endpoint''s tenant changed from %s to %s',
-                                          d.event_tenant, ep.tenant)
-                         END
-        FROM chosen s, endpoints ep, events e
-        WHERE d.id = s.id
-          AND d.state = s.state
-          AND ep.id = d.endpoint_id
-          AND e.tenant = d.event_tenant
-          AND e.id = d.event_id
-        RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
-                  ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
-                  e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
-                  CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
-                    AS previous_secret,
-                  ep.max_concurrency, d.state
-    )
-    SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
-           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
-           r.max_concurrency
-    FROM reserved r
-    WHERE r.state = 'sending';
-
-    PERFORM hooklane_rerate_v2(candidates);
-END;
-$$;
-
--- Record a batch of results (migration 0006): `complete` in queries.sql. A
--- kept plan like the reservation's; no scan of deliveries in it is fenced on
--- state = 'sending', so that it can never read every in-flight row: each
--- result's row is found by primary key (see migration 0004). Per touched
--- endpoint it says whether this call opened its circuit and whether it
--- deactivated it, comparing the endpoint's row, locked first, with the
--- updated one.
-CREATE FUNCTION hooklane_complete_v2(ids bigint[], fences integer[], outcomes text[],
-                                     retry_ins double precision[], statuses integer[], errors text[],
-                                     threshold integer, step_seconds double precision,
-                                     cap_seconds double precision)
-RETURNS TABLE (id bigint, namespace text, name text, state text, paused_until timestamptz,
-               consecutive_failures integer, ready boolean, opened boolean, deactivated boolean)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH fenced AS MATERIALIZED (
-        SELECT r.id, r.attempts, r.outcome, r.retry_in, r.status, r.error, d.state
-        FROM unnest(ids, fences, outcomes, retry_ins, statuses, errors)
-             AS r(id, attempts, outcome, retry_in, status, error)
-        CROSS JOIN LATERAL (SELECT d.state, d.attempts FROM deliveries d WHERE d.id = r.id OFFSET 0) d
-        WHERE d.state = 'sending' AND d.attempts = r.attempts
-    ),
-    recorded AS (
-        UPDATE deliveries d
-        SET state = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant THEN 'discarded'
-                         WHEN r.outcome = 'retry' THEN 'pending'
-                         ELSE r.outcome END,
-            next_attempt_at = CASE WHEN r.outcome = 'retry'
-                                   THEN now() + make_interval(secs => r.retry_in)
-                                   ELSE d.next_attempt_at END,
-            delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
-            lease_expires_at = NULL,
-            last_status = r.status,
-            last_error = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant
-                              THEN format('discarded: the endpoint''s tenant changed from %s to %s (%s)',
-                                          d.event_tenant, ep.tenant, r.error)
-                              ELSE r.error END
-        FROM fenced r, endpoints ep
-        WHERE d.id = r.id
-          AND d.state = r.state
-          AND d.attempts = r.attempts
-          AND ep.id = d.endpoint_id
-        RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
-    ),
-    per_endpoint AS (
-        SELECT rec.endpoint_id,
-               bool_or(rec.outcome = 'delivered') AS succeeded,
-               count(*) FILTER (WHERE rec.outcome <> 'delivered') AS failures,
-               bool_or(rec.status = 410) AS gone,
-               (array_agg(rec.error ORDER BY rec.id DESC)
-                  FILTER (WHERE rec.outcome <> 'delivered'))[1] AS error,
-               -- The pending head is read in the statement's snapshot, from
-               -- before its own updates: a retry recorded here counts too.
-               min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head
-        FROM recorded rec
-        GROUP BY rec.endpoint_id
-    ),
-    -- Each touched endpoint as it is before this statement changes it, its
-    -- row locked (in id order) until the transaction ends: what `opened` and
-    -- `deactivated` compare the updated row with. Locked first, so that no
-    -- other transaction changes the row between this read and the update;
-    -- the update takes the same lock anyway.
-    locked AS MATERIALIZED (
-        SELECT ep.id, ep.state, ep.consecutive_failures
-        FROM per_endpoint pe
-        JOIN endpoints ep ON ep.id = pe.endpoint_id
-        ORDER BY ep.id
-        FOR NO KEY UPDATE OF ep
-    ),
-    touched AS (
-        UPDATE endpoints ep
-        SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
-                                        ELSE ep.consecutive_failures + pe.failures END,
-            failing_since = CASE WHEN pe.succeeded THEN NULL
-                                 ELSE coalesce(ep.failing_since, now()) END,
-            paused_until = CASE
-                WHEN pe.succeeded THEN NULL
-                WHEN ep.consecutive_failures + pe.failures >= threshold
-                THEN now() + make_interval(secs => least(
-                         cap_seconds, step_seconds * (ep.consecutive_failures + pe.failures - threshold + 1)))
-                ELSE ep.paused_until END,
-            last_error = coalesce(pe.error, ep.last_error),
-            last_delivered_at = CASE WHEN pe.succeeded THEN now()
-                                     ELSE ep.last_delivered_at END,
-            state = CASE WHEN pe.gone THEN 'deactivated' ELSE ep.state END,
-            deactivated_at = CASE WHEN pe.gone AND ep.state = 'active' THEN now()
-                                  ELSE ep.deactivated_at END,
-            deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
-                                      THEN 'the receiver answered 410 Gone'
-                                      ELSE ep.deactivated_reason END
-        FROM per_endpoint pe, locked b
-        WHERE ep.id = pe.endpoint_id
-          AND b.id = pe.endpoint_id
-        RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
-                  ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable, pe.retried_head,
-                  b.consecutive_failures < threshold AND ep.consecutive_failures >= threshold
-                    AS opened,
-                  b.state = 'active' AND ep.state = 'deactivated' AS deactivated
-    ),
-    verdict AS (
-        SELECT t.id, t.partition, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
-               t.opened, t.deactivated,
-               CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
-                    WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
-                    ELSE greatest(h.head, now())
-               END AS ready_at
-        FROM touched t
-        CROSS JOIN LATERAL (
-            SELECT least((SELECT min(d.next_attempt_at) FROM deliveries d
-                          WHERE d.endpoint_id = t.id AND d.state = 'pending'),
-                         t.retried_head) AS head
-        ) h
-    ),
-    made_ready AS (
-        SELECT hooklane_make_ready(array_agg(v.id), array_agg(v.partition), array_agg(v.ready_at))
-        FROM verdict v
-        WHERE v.ready_at IS NOT NULL
-    )
-    SELECT v.id, v.namespace, v.name, v.state, v.paused_until, v.consecutive_failures,
-           coalesce(v.ready_at <= now(), false), v.opened, v.deactivated
-    FROM verdict v, made_ready;
 END;
 $$;
 
@@ -856,411 +493,20 @@ BEGIN
 END;
 $$;
 
--- The reservation from version 10 on: `reserve` in queries.sql. The worker
--- names the candidates (endpoints of its partitions whose ready time has
--- come, longest waiting first) and each one's floor: the earliest
+-- The reservation: `reserve` in queries.sql. The worker names the
+-- candidates (endpoints of its partitions whose ready time has come,
+-- longest waiting first) and each one's floor: the earliest
 -- next_attempt_at a pending delivery of it may have (NULL: unknown, scan
 -- from the start). Returns the reserved deliveries (id not NULL) and then
--- one verdict row per candidate (id NULL): whether it is deliverable, its
--- circuit pause, its head (the earliest pending next_attempt_at from its
--- floor on, after this round; NULL: nothing pending), whether its slots
--- are all taken, and when the first live lease ends. Each delivery carries
--- its event's tenant and trace context (version 10), and its wait, its
--- endpoint's request terms and retry limits (version 11); an endpoint's
--- rate limit, effective concurrency and Retry-After hold decide its share.
-CREATE FUNCTION hooklane_reserve_v5(owned integer[], candidates bigint[], floors timestamptz[],
-                                    max_rows integer, lease_grace double precision, worker text,
-                                    lookahead double precision)
-RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
-               namespace text, name text, url text, secret text, timeout_seconds integer,
-               event_id text, type text, data text, event_created_at timestamptz,
-               previous_secret text, max_concurrency integer,
-               deliverable boolean, paused_until timestamptz, head timestamptz,
-               at_limit boolean, leases_end timestamptz, tenant text, traceparent text,
-               send_in double precision, request_terms text, max_attempts integer,
-               max_age_seconds double precision)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-#variable_conflict use_column
-BEGIN
-    -- Due deliveries of the candidates, never more per endpoint than its
-    -- free slots, ordered by position within each endpoint's queue so that
-    -- endpoints interleave: the first of each before the second of any.
-    -- Those of another tenant's event than the endpoint's are discarded in
-    -- the same statement. Each queue is read from its floor, so that the
-    -- entries of deliveries sent before (dead versions while the horizon is
-    -- held) are not walked again.
-    -- A rate-limited endpoint is granted no more starts than its bucket
-    -- allows within the next `lookahead` seconds (GCRA: `tat` is when the
-    -- bucket would be full again, each start moves it on by 1/rate, and
-    -- `tolerance` is the burst's worth of starts before it), each with the
-    -- seconds its worker waits before the call (`send_in`), so that starts
-    -- are spaced as the bucket says whoever sends them. The bucket lives in
-    -- the deliveries it granted (`rate_tat`, the bucket after each start),
-    -- written by this same update: no row of its own to version.
-    -- An adaptive endpoint's limit is its effective concurrency, and a
-    -- Retry-After it gave (throttled_until) holds all of it.
-    -- Index: deliveries_leased for the count; deliveries_rate for the
-    -- bucket; deliveries_queue from each floor; primary key of events.
-    RETURN QUERY
-    WITH candidate AS (
-        SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low
-        FROM unnest(candidates, floors) AS c(endpoint_id, low)
-    ),
-    -- MATERIALIZED: read once per candidate; inlined into the queue's
-    -- LIMIT and the waits, the bucket was read again for each row.
-    slots AS MATERIALIZED (
-        SELECT ep.id, c.low, ep.rate_per_second::float8 AS rate,
-               (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
-               hooklane_concurrency(ep) - (SELECT count(*) FROM deliveries f
-                                           WHERE f.endpoint_id = ep.id AND f.state = 'sending'
-                                             AND f.lease_expires_at > now()) AS free,
-               CASE WHEN ep.rate_per_second IS NOT NULL
-                    THEN greatest(now(), (SELECT t.rate_tat FROM deliveries t
-                                          WHERE t.endpoint_id = ep.id AND t.rate_tat IS NOT NULL
-                                          ORDER BY t.rate_tat DESC LIMIT 1)) END AS tat
-        FROM candidate c
-        JOIN endpoints ep ON ep.id = c.endpoint_id
-        WHERE ep.partition = ANY(owned)
-          AND hooklane_deliverable(ep)
-          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
-          AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
-    ),
-    granted AS (
-        SELECT s.id, s.low, s.rate, s.tolerance, s.tat,
-               CASE WHEN s.rate IS NULL THEN greatest(s.free, 0)
-                    ELSE least(greatest(s.free, 0),
-                               greatest(floor((extract(epoch FROM now() - s.tat)::float8 + lookahead
-                                               + s.tolerance) * s.rate)::bigint + 1, 0)) END AS allowed
-        FROM slots s
-    ),
-    queued AS (
-        SELECT q.id, q.state, s.rate, s.tolerance, s.tat,
-               row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
-        FROM granted s
-        CROSS JOIN LATERAL (
-            -- SKIP LOCKED: a pending row is locked by a publish coalescing
-            -- into it, in an application transaction that may stay open
-            -- for long; the reservation takes the next one rather than
-            -- wait until it commits. The verdict's head still sees it.
-            SELECT d.id, d.state, d.next_attempt_at
-            FROM deliveries d
-            WHERE d.endpoint_id = s.id
-              AND d.state = 'pending'
-              AND d.next_attempt_at >= s.low
-              AND d.next_attempt_at <= now()
-            ORDER BY d.next_attempt_at, d.id
-            LIMIT s.allowed
-            FOR UPDATE SKIP LOCKED
-        ) q
-    ),
-    chosen AS (
-        SELECT q.id, q.state,
-               CASE WHEN q.rate IS NULL THEN 0
-                    ELSE greatest(0, extract(epoch FROM q.tat - now())::float8
-                                     + (q.pos - 1) / q.rate - q.tolerance) END AS send_in,
-               q.tat + make_interval(secs => q.pos / q.rate) AS rate_tat
-        FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
-    ),
-    reserved AS (
-        UPDATE deliveries d
-        SET state = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                         THEN 'sending' ELSE 'discarded' END,
-            attempts = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                            THEN d.attempts + 1 ELSE d.attempts END,
-            reserved_at = now(),
-            attempted_by = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                                THEN worker ELSE d.attempted_by END,
-            lease_expires_at = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                                    THEN now() + make_interval(secs => ep.timeout_seconds + lease_grace
-                                                                       + s.send_in)
-                               END,
-            rate_tat = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                            THEN coalesce(s.rate_tat, d.rate_tat) ELSE d.rate_tat END,
-            last_error = coalesce(hooklane_tenant_discard(d.event_tenant, ep.tenant), d.last_error)
-        FROM chosen s, endpoints ep, events e
-        WHERE d.id = s.id
-          AND d.state = s.state
-          AND ep.id = d.endpoint_id
-          AND e.tenant = d.event_tenant
-          AND e.id = d.event_id
-        RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
-                  ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
-                  e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
-                  CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
-                    AS previous_secret,
-                  hooklane_concurrency(ep) AS max_concurrency, d.state, e.tenant, e.traceparent,
-                  s.send_in, ep.request_terms, ep.max_attempts, ep.max_age_seconds
-    )
-    SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
-           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
-           r.max_concurrency, NULL::boolean, NULL::timestamptz, NULL::timestamptz, NULL::boolean,
-           NULL::timestamptz, r.tenant, r.traceparent, r.send_in, r.request_terms, r.max_attempts,
-           r.max_age_seconds
-    FROM reserved r
-    WHERE r.state = 'sending';
-
-    -- The verdicts, in a statement of their own: its snapshot sees this
-    -- round's reservations, so a head is read past what was just reserved,
-    -- and only from the floor on. Its paused_until is when the endpoint
-    -- is worth a round again: the end of its circuit's pause, of the hold
-    -- a Retry-After asked for, or, rate-limited, when half the lookahead's
-    -- starts are granted anew (at the lookahead's end each round would
-    -- grant a single start: a round per start).
-    -- Index: primary key of endpoints; deliveries_queue from each floor;
-    -- deliveries_leased for the live leases; deliveries_rate.
-    RETURN QUERY
-    SELECT NULL::bigint, NULL::integer, NULL::timestamptz, c.endpoint_id,
-           NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer,
-           NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text,
-           hooklane_concurrency(ep), k.ok,
-           greatest(ep.paused_until, ep.throttled_until,
-                    b.tat - make_interval(secs => lookahead / 2
-                                          + (ep.rate_burst - 1)::float8 / ep.rate_per_second)),
-           h.head, coalesce(l.n >= hooklane_concurrency(ep), false), l.ends, NULL::text, NULL::text,
-           NULL::float8, NULL::text, NULL::integer, NULL::float8
-    FROM unnest(candidates, floors) AS c(endpoint_id, low)
-    LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
-    CROSS JOIN LATERAL (
-        SELECT coalesce(ep.partition = ANY(owned) AND hooklane_deliverable(ep), false) AS ok
-    ) k
-    LEFT JOIN LATERAL (
-        SELECT min(d.next_attempt_at) AS head
-        FROM deliveries d
-        WHERE k.ok
-          AND d.endpoint_id = c.endpoint_id
-          AND d.state = 'pending'
-          AND d.next_attempt_at >= coalesce(c.low, '-infinity')
-    ) h ON true
-    LEFT JOIN LATERAL (
-        SELECT count(*) AS n, min(f.lease_expires_at) AS ends
-        FROM deliveries f
-        WHERE k.ok
-          AND f.endpoint_id = c.endpoint_id
-          AND f.state = 'sending'
-          AND f.lease_expires_at > now()
-    ) l ON true
-    LEFT JOIN LATERAL (
-        SELECT t.rate_tat AS tat
-        FROM deliveries t
-        WHERE k.ok
-          AND ep.rate_per_second IS NOT NULL
-          AND t.endpoint_id = c.endpoint_id
-          AND t.rate_tat IS NOT NULL
-        ORDER BY t.rate_tat DESC
-        LIMIT 1
-    ) b ON true;
-END;
-$$;
-
--- The reservation from version 16 on: as hooklane_reserve_v5 (which
--- workers of the previous version call), each delivery with its start's
--- time on this server's clock (`start_at`, now() without a rate limit),
--- and each verdict with the server's clock as it answers (`answered_at`),
--- which the worker's wait for the start counts from.
-CREATE FUNCTION hooklane_reserve_v6(owned integer[], candidates bigint[], floors timestamptz[],
-                                    max_rows integer, lease_grace double precision, worker text,
-                                    lookahead double precision)
-RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
-               namespace text, name text, url text, secret text, timeout_seconds integer,
-               event_id text, type text, data text, event_created_at timestamptz,
-               previous_secret text, max_concurrency integer,
-               deliverable boolean, paused_until timestamptz, head timestamptz,
-               at_limit boolean, leases_end timestamptz, tenant text, traceparent text,
-               start_at timestamptz, request_terms text, max_attempts integer,
-               max_age_seconds double precision, answered_at timestamptz, rate_per_second integer)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-#variable_conflict use_column
-BEGIN
-    -- Due deliveries of the candidates, never more per endpoint than its
-    -- free slots, ordered by position within each endpoint's queue so that
-    -- endpoints interleave: the first of each before the second of any.
-    -- Those of another tenant's event than the endpoint's are discarded in
-    -- the same statement. Each queue is read from its floor, so that the
-    -- entries of deliveries sent before (dead versions while the horizon is
-    -- held) are not walked again.
-    -- A rate-limited endpoint is granted no more starts than its bucket
-    -- allows within the next `lookahead` seconds (GCRA: `tat` is when the
-    -- bucket would be full again, each start moves it on by 1/rate, and
-    -- `tolerance` is the burst's worth of starts before it), each with its
-    -- time on this server's clock (`start_at`; now() without a limit), so
-    -- that starts are spaced as the bucket says whoever sends them. The
-    -- bucket lives in the deliveries it granted (`rate_tat`, the bucket
-    -- after each start), written by this same update: no row of its own to
-    -- version.
-    -- An adaptive endpoint's limit is its effective concurrency, and a
-    -- Retry-After it gave (throttled_until) holds all of it.
-    -- Index: deliveries_leased for the count; deliveries_rate for the
-    -- bucket; deliveries_queue from each floor; primary key of events.
-    RETURN QUERY
-    WITH candidate AS (
-        SELECT c.endpoint_id, coalesce(c.low, '-infinity') AS low
-        FROM unnest(candidates, floors) AS c(endpoint_id, low)
-    ),
-    -- MATERIALIZED: read once per candidate; inlined into the queue's
-    -- LIMIT and the waits, the bucket was read again for each row.
-    slots AS MATERIALIZED (
-        SELECT ep.id, c.low, ep.rate_per_second::float8 AS rate,
-               (ep.rate_burst - 1)::float8 / ep.rate_per_second AS tolerance,
-               -- In the index's order: on a fresh table's statistics the
-               -- planner costs deliveries_endpoint the same, and reads the
-               -- endpoint's every delivery by it.
-               hooklane_concurrency(ep) - (SELECT count(*)
-                                           FROM (SELECT f.lease_expires_at FROM deliveries f
-                                                 WHERE f.endpoint_id = ep.id AND f.state = 'sending'
-                                                   AND f.lease_expires_at > now()
-                                                 ORDER BY f.lease_expires_at OFFSET 0) f) AS free,
-               CASE WHEN ep.rate_per_second IS NOT NULL
-                    THEN greatest(now(), (SELECT t.rate_tat FROM deliveries t
-                                          WHERE t.endpoint_id = ep.id AND t.rate_tat IS NOT NULL
-                                          ORDER BY t.rate_tat DESC LIMIT 1)) END AS tat
-        FROM candidate c
-        JOIN endpoints ep ON ep.id = c.endpoint_id
-        WHERE ep.partition = ANY(owned)
-          AND hooklane_deliverable(ep)
-          AND (ep.paused_until IS NULL OR ep.paused_until <= now())
-          AND (ep.throttled_until IS NULL OR ep.throttled_until <= now())
-    ),
-    granted AS (
-        SELECT s.id, s.low, s.rate, s.tolerance, s.tat,
-               CASE WHEN s.rate IS NULL THEN greatest(s.free, 0)
-                    ELSE least(greatest(s.free, 0),
-                               greatest(floor((extract(epoch FROM now() - s.tat)::float8 + lookahead
-                                               + s.tolerance) * s.rate)::bigint + 1, 0)) END AS allowed
-        FROM slots s
-    ),
-    queued AS (
-        SELECT q.id, q.state, s.rate, s.tolerance, s.tat,
-               row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
-        FROM granted s
-        CROSS JOIN LATERAL (
-            -- SKIP LOCKED: a pending row is locked by a publish coalescing
-            -- into it, in an application transaction that may stay open
-            -- for long; the reservation takes the next one rather than
-            -- wait until it commits. The verdict's head still sees it.
-            SELECT d.id, d.state, d.next_attempt_at
-            FROM deliveries d
-            WHERE d.endpoint_id = s.id
-              AND d.state = 'pending'
-              AND d.next_attempt_at >= s.low
-              AND d.next_attempt_at <= now()
-            ORDER BY d.next_attempt_at, d.id
-            LIMIT s.allowed
-            FOR UPDATE SKIP LOCKED
-        ) q
-    ),
-    chosen AS (
-        SELECT q.id, q.state,
-               CASE WHEN q.rate IS NULL THEN now()
-                    ELSE greatest(now(), q.tat + make_interval(secs => (q.pos - 1) / q.rate
-                                                                       - q.tolerance)) END AS start_at,
-               q.tat + make_interval(secs => q.pos / q.rate) AS rate_tat
-        FROM queued q ORDER BY q.pos, q.id LIMIT max_rows
-    ),
-    reserved AS (
-        UPDATE deliveries d
-        SET state = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                         THEN 'sending' ELSE 'discarded' END,
-            attempts = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                            THEN d.attempts + 1 ELSE d.attempts END,
-            reserved_at = now(),
-            attempted_by = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                                THEN worker ELSE d.attempted_by END,
-            lease_expires_at = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                                    THEN s.start_at + make_interval(secs => ep.timeout_seconds
-                                                                            + lease_grace)
-                               END,
-            rate_tat = CASE WHEN hooklane_tenant_discard(d.event_tenant, ep.tenant) IS NULL
-                            THEN coalesce(s.rate_tat, d.rate_tat) ELSE d.rate_tat END,
-            last_error = coalesce(hooklane_tenant_discard(d.event_tenant, ep.tenant), d.last_error)
-        FROM chosen s, endpoints ep, events e
-        WHERE d.id = s.id
-          AND d.state = s.state
-          AND ep.id = d.endpoint_id
-          AND e.tenant = d.event_tenant
-          AND e.id = d.event_id
-        RETURNING d.id, d.attempts, d.created_at, d.endpoint_id,
-                  ep.namespace, ep.name, ep.url, ep.secret, ep.timeout_seconds,
-                  e.id AS event_id, e.type, e.data::text AS data, e.created_at AS event_created_at,
-                  CASE WHEN ep.previous_secret_until > now() THEN ep.previous_secret END
-                    AS previous_secret,
-                  hooklane_concurrency(ep) AS max_concurrency, d.state, e.tenant, e.traceparent,
-                  s.start_at, ep.request_terms, ep.max_attempts, ep.max_age_seconds,
-                  ep.rate_per_second
-    )
-    SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
-           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
-           r.max_concurrency, NULL::boolean, NULL::timestamptz, NULL::timestamptz, NULL::boolean,
-           NULL::timestamptz, r.tenant, r.traceparent, r.start_at, r.request_terms, r.max_attempts,
-           r.max_age_seconds, NULL::timestamptz, r.rate_per_second
-    FROM reserved r
-    WHERE r.state = 'sending';
-
-    -- The verdicts, in a statement of their own: its snapshot sees this
-    -- round's reservations, so a head is read past what was just reserved,
-    -- and only from the floor on. Its paused_until is when the endpoint
-    -- is worth a round again: the end of its circuit's pause, of the hold
-    -- a Retry-After asked for, or, rate-limited, when half the lookahead's
-    -- starts are granted anew (at the lookahead's end each round would
-    -- grant a single start: a round per start).
-    -- Index: primary key of endpoints; deliveries_queue from each floor;
-    -- deliveries_leased for the live leases; deliveries_rate.
-    RETURN QUERY
-    SELECT NULL::bigint, NULL::integer, NULL::timestamptz, c.endpoint_id,
-           NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer,
-           NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text,
-           hooklane_concurrency(ep), k.ok,
-           greatest(ep.paused_until, ep.throttled_until,
-                    b.tat - make_interval(secs => lookahead / 2
-                                          + (ep.rate_burst - 1)::float8 / ep.rate_per_second)),
-           h.head, coalesce(l.n >= hooklane_concurrency(ep), false), l.ends, NULL::text, NULL::text,
-           NULL::timestamptz, NULL::text, NULL::integer, NULL::float8, clock_timestamp(), NULL::integer
-    FROM unnest(candidates, floors) AS c(endpoint_id, low)
-    LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
-    CROSS JOIN LATERAL (
-        SELECT coalesce(ep.partition = ANY(owned) AND hooklane_deliverable(ep), false) AS ok
-    ) k
-    LEFT JOIN LATERAL (
-        SELECT min(d.next_attempt_at) AS head
-        FROM deliveries d
-        WHERE k.ok
-          AND d.endpoint_id = c.endpoint_id
-          AND d.state = 'pending'
-          AND d.next_attempt_at >= coalesce(c.low, '-infinity')
-    ) h ON true
-    -- In the index's order, as the reservation's count.
-    LEFT JOIN LATERAL (
-        SELECT count(*) AS n, min(f.lease_expires_at) AS ends
-        FROM (SELECT f.lease_expires_at
-              FROM deliveries f
-              WHERE k.ok
-                AND f.endpoint_id = c.endpoint_id
-                AND f.state = 'sending'
-                AND f.lease_expires_at > now()
-              ORDER BY f.lease_expires_at OFFSET 0) f
-    ) l ON true
-    LEFT JOIN LATERAL (
-        SELECT t.rate_tat AS tat
-        FROM deliveries t
-        WHERE k.ok
-          AND ep.rate_per_second IS NOT NULL
-          AND t.endpoint_id = c.endpoint_id
-          AND t.rate_tat IS NOT NULL
-        ORDER BY t.rate_tat DESC
-        LIMIT 1
-    ) b ON true;
-END;
-$$;
-
--- The reservation from version 20 on: as hooklane_reserve_v6 (which
--- workers of the previous version call), with a cap of rows per candidate,
--- candidates apart (the worker's slow calls, which `max_rows` does not
--- count), the other rows taken tenant first, then endpoint, and an optional ceiling on each
--- tenant's calls in flight, kept exactly across workers by an advisory lock
--- per tenant (migration 0020 says how).
+-- one verdict row per candidate (id NULL). Each delivery carries its
+-- start on this server's clock (`start_at`), each verdict the clock as it
+-- answers (`answered_at`), which the worker's wait counts from. Caps of
+-- rows per candidate, candidates apart (the worker's slow calls, which
+-- `max_rows` does not count), the other rows taken tenant first, then
+-- endpoint, and an optional ceiling on each tenant's calls in flight, kept
+-- exactly across workers by an advisory lock per tenant (migration 0020
+-- says how). Migrations 0011 and 0016, which made its earlier versions,
+-- say why each step is written as it is.
 CREATE FUNCTION hooklane_reserve_v7(owned integer[], candidates bigint[], floors timestamptz[],
                                     caps integer[], apart boolean[], max_rows integer,
                                     lease_grace double precision, worker text,
@@ -1299,7 +545,7 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- As hooklane_reserve_v6's, with the caps, the tenants' ceiling and
+    -- As hooklane_reserve_v6's (migration 0016), with the caps, the tenants' ceiling and
     -- order. An endpoint whose tenant was not locked (it moved to another
     -- tenant since) waits for the next round.
     -- Index: deliveries_leased for the count; deliveries_tenant_leased for
@@ -1329,7 +575,7 @@ BEGIN
         -- filtered above it through coalesce). Given to the scan, they
         -- let a plan made on a new install's statistics read every active
         -- endpoint (endpoints_tenant: the state is one of them) into a
-        -- hash to meet a hundred candidates, as hooklane_reserve_v6's does.
+        -- hash to meet a hundred candidates, as hooklane_reserve_v6's (migration 0016) does.
         LEFT JOIN endpoints ep ON ep.id = c.endpoint_id
         WHERE coalesce(ep.partition = ANY(owned)
                        AND hooklane_deliverable(ep)
@@ -1363,7 +609,7 @@ BEGIN
                row_number() OVER (PARTITION BY s.id ORDER BY q.next_attempt_at, q.id) AS pos
         FROM granted s
         CROSS JOIN LATERAL (
-            -- SKIP LOCKED: as hooklane_reserve_v6's.
+            -- SKIP LOCKED: as hooklane_reserve_v6's (migration 0016).
             SELECT d.id, d.state, d.next_attempt_at
             FROM deliveries d
             WHERE d.endpoint_id = s.id
@@ -1454,7 +700,7 @@ BEGIN
     FROM reserved r
     WHERE r.state = 'sending';
 
-    -- The verdicts, as hooklane_reserve_v6's; an endpoint is also at its
+    -- The verdicts, as hooklane_reserve_v6's (migration 0016); an endpoint is also at its
     -- limit while its tenant's live leases are at the ceiling, until the
     -- first of them ends (`leases_end`, unless its own slots are all held:
     -- then the first of its own), and its verdict then names its tenant,
@@ -1530,8 +776,8 @@ END;
 $$;
 
 -- Record a batch of results (version 10; adaptive concurrency from
--- version 11): `complete` in queries.sql. As
--- hooklane_complete_v2, less the ready list: the worker owning each
+-- version 11): `complete` in queries.sql. As hooklane_complete_v2
+-- (migration 0006), less the ready list: the worker owning each
 -- endpoint decides when it is ready from what this returns. An endpoint's
 -- row is written only when something of it changes (its failures, circuit,
 -- lifecycle, last error), or when its last delivery time is at least
@@ -1759,28 +1005,12 @@ BEGIN
 END;
 $$;
 
--- The daily partitions of delivery_attempts, one step per call, so that
--- each exclusive lock a step takes is held by a transaction of its own
--- (the caller's statement) and no longer than that step: create the first
--- missing partition of today and the `ahead` days after it, or else drop
--- the first partition whose whole day ended more than `keep_seconds` ago,
--- or else delete the rows of the default partition past `keep_seconds`
--- (there are none unless maintenance stopped for days). The caller calls
--- again until no row comes back. A day whose rows already went to the
--- default partition gets no partition: they stay where they are until
--- retention deletes them. A partition is created standalone and attached,
--- which takes a SHARE UPDATE EXCLUSIVE lock on delivery_attempts (results
--- go on being recorded) and an ACCESS EXCLUSIVE one on the default
--- partition; a drop takes ACCESS EXCLUSIVE locks on delivery_attempts and
--- the default partition. Each is waited for at most `lock_timeout` (the
--- setting below): results queued behind a waiting step wait too, hence
--- the short wait. A step whose lock was not had in time (a pg_dump, a long
--- read of the history) is 'busy': the partition is named in `skip` by the
--- next call of the same pass, and taken up by the next pass.
--- `keep_seconds` may be 'infinity' (drop nothing). Returns what the step
--- did, one row: 'created', 'dropped' or 'busy' and the partition's name;
--- 'purged', the default partition and the rows it deleted. No row: there
--- was nothing to do.
+-- One step of keeping delivery_attempts' daily partitions: create the
+-- first missing one up to `ahead` days on, or drop the first past
+-- `keep_seconds`, or purge the default partition past it; 'busy' when its
+-- lock was not had within lock_timeout (`skip` it in the pass's next
+-- call). One row per step done, none when nothing was left. Why it is
+-- written so: docs/state-machine.md.
 CREATE FUNCTION hooklane_attempt_partitions(ahead integer, keep_seconds double precision, skip text[])
 RETURNS TABLE (action text, partition_name text, rows_deleted bigint)
 LANGUAGE plpgsql
@@ -1867,7 +1097,8 @@ SELECT hooklane_attempt_partitions(3, 'infinity', '{}') FROM generate_series(0, 
 
 -- The reservation the 0.1.0 release calls (migrations 0002 and 0003), kept
 -- for its workers during a rolling upgrade; no code of this release calls
--- it, and a migration of the next release drops it.
+-- it. Its drop is hooklane/store/after_next_release/drop_release_0_1_0.sql,
+-- the first migration after the next release.
 
 CREATE FUNCTION hooklane_absorb_wakeups(owned integer[]) RETURNS void
 LANGUAGE sql AS $$
@@ -2016,114 +1247,6 @@ BEGIN
 END;
 $$;
 
--- The complete of migration 0004, which says nothing of what it opened;
--- kept for workers of the release before migration 0006 during a rolling
--- upgrade. No code of this release calls it, and a migration of the next
--- release drops it.
-CREATE FUNCTION hooklane_complete(ids bigint[], fences integer[], outcomes text[],
-                                  retry_ins double precision[], statuses integer[], errors text[],
-                                  threshold integer, step_seconds double precision,
-                                  cap_seconds double precision)
-RETURNS TABLE (id bigint, namespace text, name text, state text, paused_until timestamptz,
-               consecutive_failures integer, ready boolean)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH fenced AS MATERIALIZED (
-        SELECT r.id, r.attempts, r.outcome, r.retry_in, r.status, r.error, d.state
-        FROM unnest(ids, fences, outcomes, retry_ins, statuses, errors)
-             AS r(id, attempts, outcome, retry_in, status, error)
-        CROSS JOIN LATERAL (SELECT d.state, d.attempts FROM deliveries d WHERE d.id = r.id OFFSET 0) d
-        WHERE d.state = 'sending' AND d.attempts = r.attempts
-    ),
-    recorded AS (
-        UPDATE deliveries d
-        SET state = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant THEN 'discarded'
-                         WHEN r.outcome = 'retry' THEN 'pending'
-                         ELSE r.outcome END,
-            next_attempt_at = CASE WHEN r.outcome = 'retry'
-                                   THEN now() + make_interval(secs => r.retry_in)
-                                   ELSE d.next_attempt_at END,
-            delivered_at = CASE WHEN r.outcome = 'delivered' THEN now() END,
-            lease_expires_at = NULL,
-            last_status = r.status,
-            last_error = CASE WHEN r.outcome <> 'delivered' AND d.event_tenant <> ep.tenant
-                              THEN format('discarded: the endpoint''s tenant changed from %s to %s (%s)',
-                                          d.event_tenant, ep.tenant, r.error)
-                              ELSE r.error END
-        FROM fenced r, endpoints ep
-        WHERE d.id = r.id
-          AND d.state = r.state
-          AND d.attempts = r.attempts
-          AND ep.id = d.endpoint_id
-        RETURNING d.id, d.endpoint_id, d.state, d.next_attempt_at, r.outcome, r.status, r.error
-    ),
-    per_endpoint AS (
-        SELECT rec.endpoint_id,
-               bool_or(rec.outcome = 'delivered') AS succeeded,
-               count(*) FILTER (WHERE rec.outcome <> 'delivered') AS failures,
-               bool_or(rec.status = 410) AS gone,
-               (array_agg(rec.error ORDER BY rec.id DESC)
-                  FILTER (WHERE rec.outcome <> 'delivered'))[1] AS error,
-               -- The pending head is read in the statement's snapshot, from
-               -- before its own updates: a retry recorded here counts too.
-               min(rec.next_attempt_at) FILTER (WHERE rec.state = 'pending') AS retried_head
-        FROM recorded rec
-        GROUP BY rec.endpoint_id
-    ),
-    touched AS (
-        UPDATE endpoints ep
-        SET consecutive_failures = CASE WHEN pe.succeeded THEN 0
-                                        ELSE ep.consecutive_failures + pe.failures END,
-            failing_since = CASE WHEN pe.succeeded THEN NULL
-                                 ELSE coalesce(ep.failing_since, now()) END,
-            paused_until = CASE
-                WHEN pe.succeeded THEN NULL
-                WHEN ep.consecutive_failures + pe.failures >= threshold
-                THEN now() + make_interval(secs => least(
-                         cap_seconds, step_seconds * (ep.consecutive_failures + pe.failures - threshold + 1)))
-                ELSE ep.paused_until END,
-            last_error = coalesce(pe.error, ep.last_error),
-            last_delivered_at = CASE WHEN pe.succeeded THEN now()
-                                     ELSE ep.last_delivered_at END,
-            state = CASE WHEN pe.gone THEN 'deactivated' ELSE ep.state END,
-            deactivated_at = CASE WHEN pe.gone AND ep.state = 'active' THEN now()
-                                  ELSE ep.deactivated_at END,
-            deactivated_reason = CASE WHEN pe.gone AND ep.state = 'active'
-                                      THEN 'the receiver answered 410 Gone'
-                                      ELSE ep.deactivated_reason END
-        FROM per_endpoint pe
-        WHERE ep.id = pe.endpoint_id
-        RETURNING ep.id, ep.partition, ep.namespace, ep.name, ep.state, ep.paused_until,
-                  ep.consecutive_failures, hooklane_deliverable(ep) AS deliverable, pe.retried_head
-    ),
-    verdict AS (
-        SELECT t.id, t.partition, t.namespace, t.name, t.state, t.paused_until, t.consecutive_failures,
-               CASE WHEN NOT t.deliverable OR h.head IS NULL THEN NULL
-                    WHEN t.paused_until > now() THEN greatest(t.paused_until, h.head)
-                    ELSE greatest(h.head, now())
-               END AS ready_at
-        FROM touched t
-        CROSS JOIN LATERAL (
-            SELECT least((SELECT min(d.next_attempt_at) FROM deliveries d
-                          WHERE d.endpoint_id = t.id AND d.state = 'pending'),
-                         t.retried_head) AS head
-        ) h
-    ),
-    made_ready AS (
-        SELECT hooklane_make_ready(array_agg(v.id), array_agg(v.partition), array_agg(v.ready_at))
-        FROM verdict v
-        WHERE v.ready_at IS NOT NULL
-    )
-    SELECT v.id, v.namespace, v.name, v.state, v.paused_until, v.consecutive_failures,
-           coalesce(v.ready_at <= now(), false)
-    FROM verdict v, made_ready;
-END;
-$$;
-
 -- ---------------------------------------------------------------------------
 -- Publishing (migrations 0012 and 0015): the contract every language
 -- calls (docs/publishing.md).
@@ -2148,7 +1271,7 @@ CREATE UNIQUE INDEX publisher_scopes_role_tenant ON publisher_scopes (role, coal
 -- as the argument's name and the reason; NULLs when none is. Reads no
 -- table. hooklane.publish.check_event holds the same rules, checked before
 -- any SQL for messages that quote the value and the path in the data;
--- tests/test_publish_function.py feeds both the same inputs.
+-- tests/db/test_publish_function.py feeds both the same inputs.
 CREATE FUNCTION hooklane_publish_refusal_v1(tenant text, type text, data jsonb, id text,
                                             coalesce_key text, traceparent text,
                                             OUT field text, OUT message text)
@@ -2257,57 +1380,13 @@ BEGIN
 END;
 $$;
 
--- The outbox write, refusals reported in the result rather than raised, so
--- that a refused publish leaves the caller's transaction as it was: no
--- savepoint, no subtransaction. One row: `event_id` and `stored` (true:
--- stored now with `fanout` deliveries, 0 when no endpoint matched, an
--- unrouted event kept and counted; false: the tenant had already stored
--- this very event under this id, and nothing more is stored), or
--- `error_code` ('WH422', 'WH409'), `error_field` and `error_message`
--- with everything else NULL.
--- An id left NULL is made here, as 'msg_' and 32 hex digits. The storing
--- statement is what queries.sql's `publish` was before: the event, one
--- delivery per active endpoint of the tenant whose event types match
--- (hooklane_type_matches), a coalesce key replacing the pending delivery
--- of the same key to the same endpoint. Nothing else: no NOTIFY (migration
--- 0019), which would take PostgreSQL's one notify lock from this
--- transaction's pre-commit until its commit is flushed, and so make every
--- publishing transaction of the instance commit one at a time; workers
--- find the committed events themselves (queries.sql: published_since).
--- Nothing here updates a row that exists already but a coalesced pending
--- delivery, which reservation skips while it is locked: a long
--- application transaction never holds a lock a worker waits on, nor one
--- another publishing transaction does, but the rows of the same event id
--- or coalesce key, which are the same event's.
--- `queued` (no coalesce key) and `coalesced` (a key) turn every matched
--- endpoint into one delivery row: `queued` inserts it plainly (migration
--- 0021), as a row without a key cannot conflict on deliveries_coalesce and
--- ON CONFLICT would make each a speculative insertion (an index probe, a
--- speculative-token lock, a second WAL record) for nothing; `coalesced`
--- inserts it or (a pending one of the same key) updates it, as ON CONFLICT
--- DO UPDATE without a WHERE never skips a row. Each reads `matched`
--- alone: nothing joins it to another CTE: a CTE's row estimate comes from
--- the statistics of `endpoints`, which may say 1 row for a tenant of
--- 10,000 until the table is analysed, and a nested loop over two CTE scans of 10,000 rows each
--- took 28 s (issue 18). `EXISTS (SELECT FROM event)` is evaluated once.
--- An id the tenant stored already is not stored again; the stored event is
--- compared (type, data as jsonb, coalesce key) so that a different event
--- under a reused id is refused rather than dropped. The trace context is
--- the event's own, stored and not compared: the same event published
--- again from another trace is the same event.
--- The caller's scope is checked once the arguments pass and before
--- anything is read: a role refused for a tenant (WH403) learns nothing of
--- it (not whether an id exists, nor its content, nor how many endpoints
--- take a type) and writes nothing. session_user, the role the connection
--- logged in as: inside this function current_user is the owner's.
+-- The outbox write (docs/publishing.md): the arguments, then the caller's
+-- scope (session_user), then the event and a delivery per matching active
+-- endpoint of its tenant, a refusal reported in the result rather than
+-- raised. SECURITY DEFINER with its search_path pinned, EXECUTE revoked
+-- from PUBLIC (below). Why it is written so: docs/state-machine.md.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for
 -- the ON CONFLICT of a keyed publish; publisher_scopes_role_tenant.
--- SECURITY DEFINER: it runs with its owner's (Hooklane's) privileges, so
--- that an application's role needs EXECUTE on it and nothing on the
--- tables; EXECUTE is revoked from PUBLIC below, so that only the roles
--- granted it publish. Its search_path is pinned to its own schema (below)
--- and pg_temp last, so that no caller's object is found in place of
--- Hooklane's.
 CREATE FUNCTION hooklane_try_publish_v1(tenant text, type text, data jsonb, id text DEFAULT NULL,
                                         coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
                                         OUT event_id text, OUT stored boolean, OUT fanout integer,

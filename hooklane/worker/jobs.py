@@ -250,9 +250,8 @@ class Maintenance:
 class ReadySweep:
     """Reads again the queue of every endpoint of this worker's partitions
     with pending deliveries (a safety net for a delivery the list was never
-    told of: written by hand, or notified while no worker listened), and of
-    those a publisher of version 8 wrote wakeup rows for; returns how many with
-    pending deliveries the ready list did not have scheduled. Should find
+    told of: written by hand, or notified while no worker listened); returns
+    how many with pending deliveries the ready list did not have scheduled. Should find
     none in steady state (docs/state-machine.md). Each queue is read from a
     little before the last sweep, and a tenth of the partitions (in turn)
     from the start: a held horizon keeps a dead entry for every delivery
@@ -289,10 +288,6 @@ class ReadySweep:
         return whole
 
     async def run_once(self) -> int:
-        try:
-            absorbed = await self._owner.run(store.absorb_wakeups)
-        except LostOwnership:
-            return 0
         owned = sorted(self._owner.owned)
         # Partitions taken since the last sweep (all of them at the first)
         # are read from the start.
@@ -315,8 +310,6 @@ class ReadySweep:
         # as lost only if nothing has handled it since before the read.
         lost = [endpoint_id for endpoint_id, _, _ in pending if self._ready.lost(endpoint_id, mark)]
         now = datetime.now(UTC)
-        for endpoint_id, partition in absorbed:
-            self._ready.wake(endpoint_id, partition, None, now, rescan=True)
         for endpoint_id, partition, head in pending:
             self._ready.listed(endpoint_id, partition, head, now, from_start=partition in whole)
         if lost:

@@ -38,7 +38,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+
+from hooklane.results import Recorded, Verdict
 
 # Floors: a time, or one of these two.
 UNKNOWN: datetime | None = None
@@ -66,27 +67,24 @@ def lower(floor: datetime | None, due: datetime | None) -> datetime | None:
 class Wakeup:
     """A notification on ``hooklane_ready``: endpoints of a partition may
     have work due from ``due`` (None: nothing was written, the endpoint
-    changed). ``endpoints`` None: a publisher of version 8, which names the
-    partition alone and writes wakeup rows (``store.absorb_wakeups``)."""
+    changed)."""
 
     partition: int
     due: datetime | None
-    endpoints: tuple[int, ...] | None
+    endpoints: tuple[int, ...]
 
 
-_PAYLOAD = re.compile(r"(\d{1,10})(?: (-|-?\d{1,19}) (\d{1,19}(?:,\d{1,19})*))?")
+_PAYLOAD = re.compile(r"(\d{1,10}) (-|-?\d{1,19}) (\d{1,19}(?:,\d{1,19})*)")
 
 
 def parse_wakeup(payload: str) -> Wakeup | None:
     """A notification's payload, as hooklane_wake_v2 writes it ("<partition>
-    <due in microseconds since the epoch, or -> <id>,<id>,...") or as version
-    8 does ("<partition>"); None for anything else, which is not ours."""
+    <due in microseconds since the epoch, or -> <id>,<id>,..."); None for
+    anything else, which is not ours."""
     match = _PAYLOAD.fullmatch(payload)
     if match is None or not payload.isascii():
         return None
     partition, when, ids = match.groups()
-    if ids is None:
-        return Wakeup(int(partition), None, None)
     due = None
     if when != "-":
         try:
@@ -94,12 +92,6 @@ def parse_wakeup(payload: str) -> Wakeup | None:
         except OverflowError:
             return None
     return Wakeup(int(partition), due, tuple(int(i) for i in ids.split(",")))
-
-
-class Row(Protocol):
-    """A row as the driver returns it."""
-
-    def __getitem__(self, key: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -110,59 +102,6 @@ class Candidate:
     slow: bool = False
     # The most deliveries a round may give it (None: its free slots).
     cap: int | None = None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a round found of a candidate (a verdict row of ``reserve``)."""
-
-    endpoint_id: int
-    exists: bool
-    deliverable: bool
-    # When a start may be granted again: its circuit's pause, its hold (a
-    # Retry-After, or a step at a limit of 1), its rate limit's next starts.
-    paused_until: datetime | None
-    head: datetime | None  # earliest pending from its floor on, after the round
-    at_limit: bool  # every slot held by a live lease, or its tenant's at the ceiling
-    leases_end: datetime | None  # when the first live lease ends
-    held_by: str | None = None  # its tenant, while at its ceiling of calls in flight
-
-    @classmethod
-    def of(cls, row: Row) -> Verdict:
-        return cls(
-            row["endpoint_id"],
-            row["max_concurrency"] is not None,
-            bool(row["deliverable"]),
-            row["paused_until"],
-            row["head"],
-            bool(row["at_limit"]),
-            row["leases_end"],
-            row["tenant"],
-        )
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """An endpoint as a batch of results left it (a row of ``complete``)."""
-
-    endpoint_id: int
-    partition: int
-    deliverable: bool
-    paused_until: datetime | None  # its circuit's pause, or its hold (throttled_until)
-    retried_head: datetime | None  # earliest retry the batch queued
-
-    @classmethod
-    def of(cls, row: Row) -> Recorded:
-        # An adaptive endpoint's hold (a Retry-After, or a step at a limit
-        # of 1) keeps it waiting as a pause does.
-        held = [t for t in (row["paused_until"], row["throttled_until"]) if t is not None]
-        return cls(
-            row["id"],
-            row["partition"],
-            bool(row["deliverable"]),
-            max(held, default=None),
-            row["retried_head"],
-        )
 
 
 @dataclass
@@ -259,12 +198,9 @@ class ReadyList:
 
     # What happened outside a round.
 
-    def wake(
-        self, endpoint_id: int, partition: int, due: datetime | None, now: datetime, *, rescan: bool = False
-    ) -> None:
+    def wake(self, endpoint_id: int, partition: int, due: datetime | None, now: datetime) -> None:
         """The endpoint may have work: pending deliveries due from ``due``
-        (None: none written, but something of the endpoint changed), or,
-        with ``rescan``, anywhere in its queue (read it from the start)."""
+        (None: none written, but something of the endpoint changed)."""
         entry = self._entries.get(endpoint_id)
         if entry is None:
             entry = self._entries[endpoint_id] = _Entry(partition)
@@ -274,21 +210,17 @@ class ReadyList:
             # to an endpoint whose slots this worker holds does not: only a
             # recorded result frees one.
             entry.waiting = False
-        if rescan:
-            entry.floor = UNKNOWN
-        elif due is not None:
+        if due is not None:
             entry.floor = lower(entry.floor, due)
         if entry.in_round:
             entry.woken = True
             entry.changed = entry.changed or due is None
-            if rescan:
-                entry.woken_floor = UNKNOWN
-            elif due is not None:
+            if due is not None:
                 entry.woken_floor = lower(entry.woken_floor, due)
             return
         if entry.deferred:
             return  # due already, in its line: a wake would only lose its place
-        at = max(due, now) if due is not None and not rescan else now
+        at = max(due, now) if due is not None else now
         self._schedule(entry, endpoint_id, at if entry.due is None else min(entry.due, at))
 
     def listed(
@@ -296,9 +228,9 @@ class ReadyList:
     ) -> None:
         """The database lists the endpoint with pending deliveries from
         ``head`` on, the earliest of them (a partition taken, the sweep):
-        its floor is at most that, and it is looked at by then. Unlike a
-        rescan, a floor below the head stays where it is, so the rounds after
-        a sweep do not read every queue from its start again. A head not
+        its floor is at most that, and it is looked at by then. A floor below
+        the head stays where it is, so the rounds after a sweep do not read
+        every queue from its start again. A head not
         read from the queue's start (``from_start`` false: the sweep read
         from its last run on) says nothing of what lies before it: an
         endpoint the list did not know starts with its floor unknown."""

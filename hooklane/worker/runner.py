@@ -22,7 +22,6 @@ import gc
 import logging
 import resource
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -48,7 +47,7 @@ from hooklane.worker.jobs import (
     run_every,
 )
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
-from hooklane.worker.ready import ReadyList, Recorded, Verdict, Wakeup
+from hooklane.worker.ready import ReadyList, Wakeup
 from hooklane.worker.rules import (
     Attempt,
     Dead,
@@ -103,12 +102,10 @@ class Worker:
         self._sending: set[asyncio.Task] = set()
         self.slots = Slots(settings.worker_concurrency, _long_calls_allowed(settings))
         self.ready_list = ReadyList()
-        # The partitions the ready list was built for (and under which lock
-        # connection: PartitionOwner.generation), and those whose version 8
-        # publishers wrote wakeup rows to absorb.
+        # The partitions the ready list was built for, and under which lock
+        # connection (PartitionOwner.generation).
         self._listed: set[int] = set()
         self._listed_generation = 0
-        self._legacy: set[int] = set()
         self._results: asyncio.Queue[store.Result | None] = asyncio.Queue()
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
@@ -253,12 +250,9 @@ class Worker:
 
     def _woken(self, wakeup: Wakeup) -> None:
         """A notification for a partition this worker owns."""
-        if wakeup.endpoints is None:
-            self._legacy.add(wakeup.partition)
-        else:
-            now = datetime.now(UTC)
-            for endpoint_id in wakeup.endpoints:
-                self.ready_list.wake(endpoint_id, wakeup.partition, wakeup.due, now)
+        now = datetime.now(UTC)
+        for endpoint_id in wakeup.endpoints:
+            self.ready_list.wake(endpoint_id, wakeup.partition, wakeup.due, now)
         self.trigger.published()
 
     def _committed(self, committed: store.Committed) -> None:
@@ -300,13 +294,13 @@ class Worker:
                 metrics.RESERVATION_DURATION.observe(time.perf_counter() - started)
                 for row in rows:
                     assert answer is not None, "a round that reserved has answered"
-                    endpoint_id, in_long = row["endpoint_id"], row["endpoint_id"] in slow
-                    call = self.slots.start(endpoint_id, row["tenant"], in_long)
-                    self.ready_list.started(endpoint_id, row["tenant"], in_long)
+                    endpoint_id, in_long = row.endpoint_id, row.endpoint_id in slow
+                    call = self.slots.start(endpoint_id, row.tenant, in_long)
+                    self.ready_list.started(endpoint_id, row.tenant, in_long)
                     task = asyncio.create_task(self._call(row, round_span, answer, call))
                     self._sending.add(task)
                     task.add_done_callback(self._sent)
-                long_rows = sum(1 for row in rows if row["endpoint_id"] in slow)
+                long_rows = sum(1 for row in rows if row.endpoint_id in slow)
                 # More may be ready: go again before sleeping.
                 full = (quick > 0 and len(rows) - long_rows == quick) or (long > 0 and long_rows == long)
                 self._counted()
@@ -329,7 +323,7 @@ class Worker:
 
     async def _round(
         self, limit: int, long_limit: int
-    ) -> tuple[list[asyncpg.Record], set[int], SpanContext | None, Answer | None]:
+    ) -> tuple[list[store.Reserved], set[int], SpanContext | None, Answer | None]:
         """One reservation round over the endpoints whose time has come, up
         to ``limit`` deliveries for quick slots and ``long_limit`` for slow
         endpoints (one each): the deliveries reserved, the slow endpoints
@@ -362,8 +356,8 @@ class Worker:
             if span is not None:
                 span.set_attribute("hooklane.reserved", len(reservation.deliveries))
         self.ready_list.settle(
-            [Verdict.of(v) for v in reservation.verdicts],
-            [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+            reservation.verdicts,
+            [(r.id, r.endpoint_id) for r in reservation.deliveries],
             datetime.now(UTC),
         )
         answer = None if reservation.answered_at is None else (reservation.answered_at, reservation.received)
@@ -372,8 +366,8 @@ class Worker:
 
     async def _follow_partitions(self) -> None:
         """Keep the ready list to the partitions owned: forget those
-        released, list the endpoints with pending deliveries of those taken,
-        and absorb the wakeup rows of version 8 publishers. A partition
+        released, and list the endpoints with pending deliveries of those
+        taken. A partition
         listed under an earlier lock connection is listed again once a new
         one takes it: a listing that ran while the connection was replaced
         (or before) missed what was published in between, when nobody
@@ -390,15 +384,6 @@ class Worker:
                 for endpoint_id, partition, head in listing.endpoints:
                     self.ready_list.listed(endpoint_id, partition, head, now)
             self._listed = owned
-        legacy = sorted(self._legacy & owned)
-        self._legacy.clear()
-        if legacy:
-            self._rescan(await self.owner.run(lambda conn, _owned: store.absorb_wakeups(conn, legacy)))
-
-    def _rescan(self, found: Iterable[tuple[int, int]]) -> None:
-        now = datetime.now(UTC)
-        for endpoint_id, partition in found:
-            self.ready_list.wake(endpoint_id, partition, None, now, rescan=True)
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
@@ -412,7 +397,7 @@ class Worker:
         metrics.SLOW_ENDPOINTS_WAITING.set(self.ready_list.waiting_for_long())
 
     async def _call(
-        self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call
+        self, row: store.Reserved, reserved_in: SpanContext | None, answer: Answer, call: Call
     ) -> None:
         """A delivery in its slot, which it gives back however it ends."""
         try:
@@ -451,18 +436,20 @@ class Worker:
         return True
 
     async def _deliver(
-        self, row: asyncpg.Record, reserved_in: SpanContext | None, answer: Answer, call: Call
+        self, row: store.Reserved, reserved_in: SpanContext | None, answer: Answer, call: Call
     ) -> None:
-        granted = granted_here(row["start_at"], *answer)
+        granted = granted_here(row.start_at, *answer)
         await _until(granted)
-        if row["rate_per_second"] is not None:
-            endpoint = row["endpoint_id"]
+        if row.rate_per_second is not None:
             start = paced_start(
-                granted, time.monotonic(), self._paced.get(endpoint), self.settings.lease_grace_seconds / 2
+                granted,
+                time.monotonic(),
+                self._paced.get(row.endpoint_id),
+                self.settings.lease_grace_seconds / 2,
             )
             if len(self._paced) > 10_000:
                 self._paced.clear()
-            self._paced[endpoint] = Paced(granted, start)
+            self._paced[row.endpoint_id] = Paced(granted, start)
             await _until(start)
         started_at, started = datetime.now(UTC), time.perf_counter()
         long_after = self.settings.long_call_seconds
@@ -473,16 +460,16 @@ class Worker:
         span = _attempt_span(row, reserved_in) if tracing.enabled() else None
         # Untraced, the receiver still gets the publisher's trace context,
         # unchanged: its own spans then join the producer's trace.
-        traceparent = row["traceparent"] if span is None else tracing.traceparent_of(span.get_span_context())
+        traceparent = row.traceparent if span is None else tracing.traceparent_of(span.get_span_context())
         try:
-            body = event_body(row["event_id"], row["type"], row["event_created_at"], row["data"])
-            endpoint = owner(row["namespace"], row["name"])
-            keys = [self._key(row["secret"], endpoint)]
-            if row["previous_secret"] is not None:
-                keys.append(self._key(row["previous_secret"], endpoint))
-            terms = self._terms.get(row["request_terms"], terms_owner(row["namespace"], row["name"]))
+            body = event_body(row.event_id, row.type, row.event_created_at, row.data)
+            endpoint = owner(row.namespace, row.name)
+            keys = [self._key(row.secret, endpoint)]
+            if row.previous_secret is not None:
+                keys.append(self._key(row.previous_secret, endpoint))
+            terms = self._terms.get(row.request_terms, terms_owner(row.namespace, row.name))
             attempt = await self.sender.send(
-                row["url"], keys, row["event_id"], body, row["timeout_seconds"], traceparent, terms
+                row.url, keys, row.event_id, body, row.timeout_seconds, traceparent, terms
             )
             outcome = self._classify(row, attempt)
         except Exception as exc:
@@ -493,7 +480,7 @@ class Worker:
             # rescued and sent again for ever, without backoff. Only our own
             # refusals are worded for the endpoint's owner; the rest is in
             # the log.
-            logger.exception("delivery %d could not be attempted", row["id"], extra={"action": "deliver"})
+            logger.exception("delivery %d could not be attempted", row.id, extra={"action": "deliver"})
             if isinstance(exc, InvalidInput):
                 attempt = Attempt(
                     None, error=f"invalid endpoint: {exc}", failure=FailureClass.INVALID_ENDPOINT
@@ -503,9 +490,9 @@ class Worker:
             outcome = self._classify(row, attempt)
         moving[-1].cancel()
         duration = time.perf_counter() - started
-        self.ready_list.ended(row["endpoint_id"], call.long, duration >= long_after)
+        self.ready_list.ended(row.endpoint_id, call.long, duration >= long_after)
         timing = Timing(started_at, duration, tracing.trace_id_of(traceparent))
-        result = result_of(row["id"], row["attempts"], attempt, outcome, timing)
+        result = result_of(row.id, row.attempts, attempt, outcome, timing)
         metrics.DELIVERY_DURATION.observe(duration)
         metrics.ATTEMPT_DURATION_BY[result.outcome].observe(duration, tracing.exemplar(span))
         if span is not None:
@@ -513,23 +500,23 @@ class Worker:
         self._results.put_nowait(result)
         # Its slot is held until the result is written: at the endpoint's
         # limit, the next delivery waits for that.
-        if self.ready_list.busy(row["endpoint_id"]) >= row["max_concurrency"]:
+        if self.ready_list.busy(row.endpoint_id) >= row.max_concurrency:
             self.trigger.result_awaited()
         if isinstance(outcome, Dead):
             logger.warning(
                 "delivery %d to %s/%s is dead: %s",
-                row["id"],
-                row["namespace"],
-                row["name"],
+                row.id,
+                row.namespace,
+                row.name,
                 outcome.error,
-                extra={"action": "dead", "delivery": row["id"], "event": row["event_id"]},
+                extra={"action": "dead", "delivery": row.id, "event": row.event_id},
             )
 
-    def _classify(self, row: asyncpg.Record, attempt: Attempt) -> Outcome:
+    def _classify(self, row: store.Reserved, attempt: Attempt) -> Outcome:
         now = datetime.now(UTC)
-        age = (now - row["created_at"]).total_seconds()
-        policy = endpoint_policy(self.settings.retry, row["max_attempts"], row["max_age_seconds"])
-        return classify(attempt, row["attempts"], age, policy, now)
+        age = (now - row.created_at).total_seconds()
+        policy = endpoint_policy(self.settings.retry, row.max_attempts, row.max_age_seconds)
+        return classify(attempt, row.attempts, age, policy, now)
 
     def _key(self, stored: str, endpoint: str) -> bytes:
         """The HMAC key of a secret as stored (sealed or not) for an endpoint.
@@ -652,19 +639,19 @@ def _long_calls_allowed(settings: Settings) -> int:
     return allowed
 
 
-def _attempt_span(row: asyncpg.Record, reserved_in: SpanContext | None) -> Span:
+def _attempt_span(row: store.Reserved, reserved_in: SpanContext | None) -> Span:
     try:
-        host = urlsplit(row["url"]).hostname or ""
+        host = urlsplit(row.url).hostname or ""
     except ValueError:
         host = ""  # a stored URL that does not parse: the attempt says so
     return tracing.attempt_span(
-        parent=row["traceparent"],
-        endpoint=owner(row["namespace"], row["name"]),
-        tenant=row["tenant"],
-        attempt=row["attempts"],
+        parent=row.traceparent,
+        endpoint=owner(row.namespace, row.name),
+        tenant=row.tenant,
+        attempt=row.attempts,
         host=host,
-        delivery_id=row["id"],
-        event_id=row["event_id"],
+        delivery_id=row.id,
+        event_id=row.event_id,
         reserved_in=reserved_in,
     )
 
@@ -701,22 +688,22 @@ async def record(
     for ep in touched:
         # As `complete` says: a batch of failures may jump past the
         # threshold, and an endpoint deactivated already is not again.
-        if ep["deactivated"] or ep["opened"]:
+        if ep.deactivated or ep.opened:
             logger.warning(
                 "endpoint %s/%s %s",
-                ep["namespace"],
-                ep["name"],
-                "deactivated" if ep["deactivated"] else "paused: circuit open",
-                extra={"action": "circuit", "endpoint": ep["id"]},
+                ep.namespace,
+                ep.name,
+                "deactivated" if ep.deactivated else "paused: circuit open",
+                extra={"action": "circuit", "endpoint": ep.id},
             )
-        if ep["lowered"]:
+        if ep.lowered:
             logger.info(
                 "endpoint %s/%s overloaded: concurrency lowered to %d",
-                ep["namespace"],
-                ep["name"],
-                ep["effective_concurrency"],
-                extra={"action": "adapt", "endpoint": ep["id"]},
+                ep.namespace,
+                ep.name,
+                ep.effective_concurrency,
+                extra={"action": "adapt", "endpoint": ep.id},
             )
     now = datetime.now(UTC)
-    if ready.recorded((r.delivery_id for r in batch), (Recorded.of(ep) for ep in touched), now):
+    if ready.recorded((r.delivery_id for r in batch), (ep.recorded() for ep in touched), now):
         trigger.endpoint_ready()

@@ -37,8 +37,8 @@ async def test_each_recorded_result_leaves_its_attempt_with_what_the_worker_saw(
         db,
         [
             store.Result.retry(
-                first["id"],
-                first["attempts"],
+                first.id,
+                first.attempts,
                 retry_in=120.0,
                 status=None,
                 error="timeout: no response within 5 s",
@@ -54,13 +54,13 @@ async def test_each_recorded_result_leaves_its_attempt_with_what_the_worker_saw(
     (second,) = await reserve_round(db)
     await store.complete(
         db,
-        [store.Result.delivered(second["id"], second["attempts"], status=204)],
+        [store.Result.delivered(second.id, second.attempts, status=204)],
         CircuitPolicy(),
         ALL,
         "worker-2",
     )
     retried, delivered = await db.fetch(_ATTEMPTS)
-    assert (retried["delivery_id"], retried["attempt"], retried["outcome"]) == (first["id"], 1, "retry")
+    assert (retried["delivery_id"], retried["attempt"], retried["outcome"]) == (first.id, 1, "retry")
     assert (retried["status"], retried["failure"], retried["error"]) == (
         None,
         "timeout",
@@ -74,9 +74,9 @@ async def test_each_recorded_result_leaves_its_attempt_with_what_the_worker_saw(
     assert retried["started_at"] == started
     assert retried["next_attempt_at"] > retried["recorded_at"] + timedelta(seconds=100)
     assert (retried["endpoint_id"], retried["event_tenant"], retried["event_id"]) == (
-        first["endpoint_id"],
+        first.endpoint_id,
         "acme",
-        first["event_id"],
+        first.event_id,
     )
     assert (delivered["attempt"], delivered["outcome"], delivered["status"]) == (2, "delivered", 204)
     assert (delivered["failure"], delivered["error"], delivered["next_attempt_at"]) == (None, None, None)
@@ -93,7 +93,7 @@ async def test_a_late_result_of_a_worker_that_lost_the_delivery_leaves_no_attemp
     (again,) = await reserve_round(db)
     await store.complete(
         db,
-        [store.Result.retry(lost["id"], lost["attempts"], retry_in=60.0, status=500, error="HTTP 500")],
+        [store.Result.retry(lost.id, lost.attempts, retry_in=60.0, status=500, error="HTTP 500")],
         CircuitPolicy(),
         ALL,
         "late",
@@ -107,7 +107,7 @@ async def test_a_late_result_of_a_worker_that_lost_the_delivery_leaves_no_attemp
     assert await db.fetchval("SELECT last_failure FROM deliveries") == "lease_expired"
     await store.complete(
         db,
-        [store.Result.dead(again["id"], again["attempts"], status=413, error="HTTP 413")],
+        [store.Result.dead(again.id, again.attempts, status=413, error="HTTP 413")],
         CircuitPolicy(),
         ALL,
         "w",
@@ -123,7 +123,7 @@ async def test_a_failure_discarded_for_a_tenant_change_is_recorded_as_discarded(
     await db.execute("UPDATE endpoints SET tenant = 'globex'")
     await store.complete(
         db,
-        [store.Result.retry(row["id"], row["attempts"], retry_in=30.0, status=503, error="HTTP 503")],
+        [store.Result.retry(row.id, row.attempts, retry_in=30.0, status=503, error="HTTP 503")],
         CircuitPolicy(),
         ALL,
         "w",
@@ -190,7 +190,7 @@ async def test_a_step_whose_lock_is_held_is_busy_and_the_rest_goes_on(db, dsn):
         # Meanwhile results are recorded: no step holds a lock past itself.
         row = await _one(db)
         await store.complete(
-            db, [store.Result.delivered(row["id"], row["attempts"], status=204)], CircuitPolicy(), ALL, "w"
+            db, [store.Result.delivered(row.id, row.attempts, status=204)], CircuitPolicy(), ALL, "w"
         )
         await reader_tx.rollback()
     finally:
@@ -273,12 +273,12 @@ async def test_a_delivery_shows_its_first_attempts_when_it_has_too_many(db, monk
             """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
                                               started_at, outcome, status)
                VALUES ($1, $2, $3, 'acme', $4, now(), 'retry', 503)""",
-            row["id"],
+            row.id,
             attempt,
-            row["endpoint_id"],
-            row["event_id"],
+            row.endpoint_id,
+            row.event_id,
         )
-    detail = await store.delivery_detail(db, row["id"])
+    detail = await store.delivery_detail(db, row.id)
     assert detail is not None
     assert [a.attempt for a in detail.attempts] == [1, 2]
     assert detail.attempts_truncated
@@ -327,18 +327,18 @@ async def test_deliveries_filter_on_their_last_status_and_failure(db):
     for n in range(3):
         await hooklane.publish(db, tenant="acme", type="order.created", data={}, id=f"e{n}")
     rows = await reserve_round(db)
-    by_event = {r["event_id"]: r for r in rows}
+    by_event = {r.event_id: r for r in rows}
     results = [
-        store.Result.retry(by_event["e0"]["id"], 1, retry_in=60.0, status=503, error="HTTP 503"),
+        store.Result.retry(by_event["e0"].id, 1, retry_in=60.0, status=503, error="HTTP 503"),
         store.Result.retry(
-            by_event["e1"]["id"],
+            by_event["e1"].id,
             1,
             retry_in=60.0,
             status=None,
             error="timeout: no response within 5 s",
             failure=store.FailureClass.TIMEOUT,
         ),
-        store.Result.delivered(by_event["e2"]["id"], 1, status=204),
+        store.Result.delivered(by_event["e2"].id, 1, status=204),
     ]
     await store.complete(db, results, CircuitPolicy(), ALL, "w")
 
@@ -356,13 +356,13 @@ async def test_deliveries_filter_on_their_last_status_and_failure(db):
 async def test_a_resent_delivery_keeps_its_history_and_forgets_its_last_failure(db):
     row = await _one(db)
     dead = store.Result.dead(
-        row["id"], row["attempts"], status=None, error="timeout", failure=store.FailureClass.TIMEOUT
+        row.id, row.attempts, status=None, error="timeout", failure=store.FailureClass.TIMEOUT
     )
     await store.complete(db, [dead], CircuitPolicy(), ALL, "w")
     # Days later: the attempt is old, and the resend starts the delivery anew.
     await db.execute("UPDATE delivery_attempts SET recorded_at = recorded_at - interval '3 days'")
     assert await store.resend_dead(db, "default", "a") == 1
-    detail = await store.delivery_detail(db, row["id"])
+    detail = await store.delivery_detail(db, row.id)
     assert detail is not None
     assert (detail.delivery.state, detail.delivery.last_failure, detail.delivery.last_status) == (
         "pending",
@@ -376,12 +376,12 @@ async def test_a_resent_delivery_keeps_its_history_and_forgets_its_last_failure(
 
 async def test_a_rescued_delivery_shows_the_lease_not_the_status_before_it(db):
     row = await _one(db)
-    retry = store.Result.retry(row["id"], row["attempts"], retry_in=0.0, status=503, error="HTTP 503")
+    retry = store.Result.retry(row.id, row.attempts, retry_in=0.0, status=503, error="HTTP 503")
     await store.complete(db, [retry], CircuitPolicy(), ALL, "w")
     (again,) = await reserve_round(db)
     await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
     await store.rescue_expired(db, ALL)
-    detail = await store.delivery_detail(db, again["id"])
+    detail = await store.delivery_detail(db, again.id)
     assert detail is not None
     assert (detail.delivery.last_status, detail.delivery.last_failure) == (None, "lease_expired")
     page = await store.endpoint_deliveries(db, "default", "a", status=store.check_status_filter("5xx"))

@@ -107,7 +107,7 @@ async def test_the_workers_statements_read_by_index_whatever_the_statistics(db, 
         await db.execute(BULK_DELIVERIES, "pending", 1, first + ENDPOINTS - 1, 0)
         (row,) = await reserve_round(worker, CANDIDATES, tenant_ceiling=ceiling)
         await store.complete(
-            worker, [store.Result.delivered(row["id"], row["attempts"], status=204)], CircuitPolicy(), ALL
+            worker, [store.Result.delivered(row.id, row.attempts, status=204)], CircuitPolicy(), ALL
         )
         await store.rescue_expired(worker, ALL)
 
@@ -162,12 +162,12 @@ async def test_the_workers_statements_read_by_index_whatever_the_statistics(db, 
         reserved = reservations[0].deliveries
         assert len(reserved) == CANDIDATES
 
-        results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in reserved]
+        results = [store.Result.delivered(r.id, r.attempts, status=204) for r in reserved]
         plans = await nested_plans(worker, lambda: store.complete(worker, results, CircuitPolicy(), ALL))
         _assert_lookups(plans, len(results))
         delivered = await db.fetchval(
             "SELECT count(*) FROM deliveries WHERE id = ANY($1) AND state = 'delivered'",
-            [r["id"] for r in reserved],
+            [r.id for r in reserved],
         )
         assert delivered == len(reserved)
     finally:

@@ -15,7 +15,7 @@ import asyncpg
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
-from hooklane.worker.ready import ReadyList, Recorded, Verdict
+from hooklane.worker.ready import ReadyList
 from testsupport.fixtures import add_endpoint
 
 ALL = list(range(32))
@@ -79,19 +79,19 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
             worker, ALL, [c.endpoint_id for c in candidates], [c.floor for c in candidates], 100, 10.0, WORKER
         )
         ready.settle(
-            [Verdict.of(v) for v in reservation.verdicts],
-            [(r["id"], r["endpoint_id"]) for r in reservation.deliveries],
+            reservation.verdicts,
+            [(r.id, r.endpoint_id) for r in reservation.deliveries],
             datetime.now(UTC),
         )
         return reservation.deliveries
 
     try:
         # The plans are made here, on a queue of one, read from its start.
-        ready.wake(busy, partition, None, datetime.now(UTC), rescan=True)
+        ready.wake(busy, partition, None, datetime.now(UTC))
         first = await round_()
-        results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in first]
+        results = [store.Result.delivered(r.id, r.attempts, status=204) for r in first]
         await store.complete(worker, results, CircuitPolicy(), ALL)
-        ready.recorded([r["id"] for r in first], [], datetime.now(UTC))
+        ready.recorded([r.id for r in first], [], datetime.now(UTC))
         await _publish(db, "busy", BACKLOG)
         # In flight elsewhere, as on a busy platform; not woken, so only
         # complete's plan could come near them.
@@ -109,15 +109,15 @@ async def test_kept_plans_stay_lookups_when_the_queue_grows_after_them(db, dsn):
 
         plans.clear()
         rows = await round_()
-        assert [r["endpoint_id"] for r in rows] == [busy] * 4  # its limit
+        assert [r.endpoint_id for r in rows] == [busy] * 4  # its limit
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
 
         plans.clear()
-        results = [store.Result.delivered(r["id"], r["attempts"], status=204) for r in rows]
+        results = [store.Result.delivered(r.id, r.attempts, status=204) for r in rows]
         touched = await store.complete(worker, results, CircuitPolicy(), ALL)
-        assert [t["id"] for t in touched] == [busy]
+        assert [t.id for t in touched] == [busy]
         assert _most_deliveries_read(plans) < FEW, "\n\n".join(plans)
         # its slots are free and its next delivery due
-        assert ready.recorded([r["id"] for r in rows], [Recorded.of(t) for t in touched], datetime.now(UTC))
+        assert ready.recorded([r.id for r in rows], [t.recorded() for t in touched], datetime.now(UTC))
     finally:
         await worker.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -230,9 +231,9 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
 
     new = await reserve_round(db, 10, worker="new")
     third = await db.fetchval("SELECT max(id) FROM deliveries")
-    assert sorted(r["id"] for r in new) == [second["id"], third]
+    assert sorted(r.id for r in new) == [second["id"], third]
     await store.complete(
-        db, [store.Result(r["id"], r["attempts"], "delivered", None, 200, None) for r in new], circuit, ALL
+        db, [store.Result(r.id, r.attempts, "delivered", None, 200, None) for r in new], circuit, ALL
     )
     rows = await db.fetch("SELECT id, state, attempts, attempted_by FROM deliveries ORDER BY id")
     assert [tuple(r) for r in rows] == [
@@ -240,3 +241,32 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
         (second["id"], "delivered", 2, "new"),
         (third, "delivered", 1, "new"),
     ]
+
+
+# Drops that wait for the next release (CONTRIBUTING.md, "Releasing").
+AFTER_NEXT_RELEASE = Path(__file__).parent.parent / "hooklane" / "store" / "after_next_release"
+
+
+@pytest.mark.unit
+def test_each_drop_after_the_next_release_is_named_by_the_release_step():
+    files = sorted(AFTER_NEXT_RELEASE.iterdir())
+    assert files, "nothing waits for the next release: delete the folder and its release step"
+    releasing = (Path(__file__).parent.parent / "CONTRIBUTING.md").read_text().split("### Releasing")[1]
+    queries = (AFTER_NEXT_RELEASE.parent / "queries.sql").read_text()
+    for path in files:
+        assert re.fullmatch(r"[a-z0-9_]+\.sql", path.name), path.name
+        assert f"hooklane/store/after_next_release/{path.name}" in releasing, path.name
+        # What it drops is what only an older release runs.
+        dropped = re.findall(r"^DROP (?:FUNCTION|TABLE) (\w+)", path.read_text(), flags=re.MULTILINE)
+        assert dropped, path.name
+        assert not [name for name in dropped if re.search(rf"\b{name}\b", queries)], path.name
+
+
+async def test_each_drop_after_the_next_release_applies_to_a_migrated_database(db):
+    for path in sorted(AFTER_NEXT_RELEASE.iterdir()):
+        tx = db.transaction()
+        await tx.start()
+        try:
+            await db.execute(path.read_text())
+        finally:
+            await tx.rollback()

@@ -355,10 +355,10 @@ async def test_passes_at_once_publish_each_notice_once(db, dsn, settings):
     await hooklane.publish(db, tenant="acme", type="order.created", data={})
     rows = await reserve_round(db)
     assert len(rows) == 20
-    by_endpoint = {r["endpoint_id"]: r for r in rows}
+    by_endpoint = {r.endpoint_id: r for r in rows}
     results = [
         store.Result.dead(
-            by_endpoint[e]["id"],
+            by_endpoint[e].id,
             1,
             status=410 if n % 5 == 0 else 503,
             error="HTTP 410" if n % 5 == 0 else "HTTP 503",

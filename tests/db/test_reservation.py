@@ -55,9 +55,9 @@ async def test_endpoints_interleave_first_of_each_before_second_of_any(db):
     rows = await _reserve(db, limit=5)
     # a FIFO would hand all five to a; interleaving gives each its first
     # before anyone its second
-    assert sorted(r["name"] for r in rows) == ["a", "a", "b", "b", "c"]
+    assert sorted(r.name for r in rows) == ["a", "a", "b", "b", "c"]
     rows = await _reserve(db, limit=3)
-    assert sorted(r["name"] for r in rows) == ["a", "a", "b"]
+    assert sorted(r.name for r in rows) == ["a", "a", "b"]
 
 
 async def test_interleaving_ignores_queue_depth(db):
@@ -70,7 +70,7 @@ async def test_interleaving_ignores_queue_depth(db):
     for i in range(50):
         await _publish(db, 1, tenant=f"shallow{i}")
     rows = await _reserve(db, limit=51)
-    assert sum(r["name"] == "deep" for r in rows) == 1
+    assert sum(r.name == "deep" for r in rows) == 1
 
 
 async def test_only_due_active_unpaused_signed_endpoints(db):
@@ -87,17 +87,17 @@ async def test_only_due_active_unpaused_signed_endpoints(db):
     await db.execute(
         "UPDATE deliveries SET next_attempt_at = now() + interval '1 minute' WHERE endpoint_id = $1", later
     )
-    assert [r["endpoint_id"] for r in await _reserve(db)] == [ok]
+    assert [r.endpoint_id for r in await _reserve(db)] == [ok]
     # a minute passes: the pause ends and the retry is due
     await _time_passes(db, 61)
-    assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([circuit, later])
+    assert sorted(r.endpoint_id for r in await _reserve(db)) == sorted([circuit, later])
     pending = await db.fetch("SELECT endpoint_id FROM deliveries WHERE state = 'pending'")
     assert sorted(r["endpoint_id"] for r in pending) == sorted([manual, gone, unsigned])
     # unpausing, signing and reactivating wake the endpoints up
     await add_endpoint(db, "manual", "http://127.0.0.1:1/m", paused=False)
     await add_endpoint(db, "unsigned", "http://127.0.0.1:1/u")
     assert await store.reactivate_endpoint(db, "default", "gone") is store.Reactivation.REACTIVATED
-    assert sorted(r["endpoint_id"] for r in await _reserve(db)) == sorted([manual, gone, unsigned])
+    assert sorted(r.endpoint_id for r in await _reserve(db)) == sorted([manual, gone, unsigned])
 
 
 async def _time_passes(db, seconds: float) -> None:
@@ -114,13 +114,13 @@ async def test_only_owned_partitions(db):
     partitions = dict(await db.fetch("SELECT id, partition FROM endpoints"))
     mine = sorted(set(partitions.values()))[:3]
     rows = await reserve_round(db, partitions=mine)
-    assert rows and {partitions[r["endpoint_id"]] for r in rows} <= set(mine)
+    assert rows and {partitions[r.endpoint_id] for r in rows} <= set(mine)
     assert len(rows) == sum(1 for i in ids if partitions[i] in mine)
     # an endpoint of a partition not owned is never reserved, even if named
     other = next(i for i in ids if partitions[i] not in mine)
     named = await store.reserve(db, mine, [other], [None], 100, 10.0, "w")
     assert named.deliveries == []
-    assert [(v["endpoint_id"], v["deliverable"]) for v in named.verdicts] == [(other, False)]
+    assert [(v.endpoint_id, v.deliverable) for v in named.verdicts] == [(other, False)]
 
 
 async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(db):
@@ -131,11 +131,11 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
     await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
     assert await _rescued(db) == 1
     (again,) = await _reserve(db)
-    assert again["attempts"] == lost["attempts"] + 1
+    assert again.attempts == lost.attempts + 1
     # the first worker's late failure arrives and must not touch the new attempt
     await _complete(
         db,
-        [store.Result.retry(lost["id"], lost["attempts"], retry_in=60.0, status=500, error="HTTP 500")],
+        [store.Result.retry(lost.id, lost.attempts, retry_in=60.0, status=500, error="HTTP 500")],
         CircuitPolicy(),
     )
     row = await db.fetchrow("SELECT state, attempts, last_error FROM deliveries")
@@ -145,7 +145,7 @@ async def test_late_result_from_a_worker_that_lost_the_delivery_changes_nothing(
         "lease expired: the worker lost the delivery",
     )
     assert await db.fetchval("SELECT consecutive_failures FROM endpoints") == 0
-    await _complete(db, [store.Result.delivered(again["id"], again["attempts"], status=200)], CircuitPolicy())
+    await _complete(db, [store.Result.delivered(again.id, again.attempts, status=200)], CircuitPolicy())
     assert await db.fetchval("SELECT state FROM deliveries") == "delivered"
 
 
@@ -164,7 +164,7 @@ async def test_retry_schedules_with_the_given_delay(db):
     (row,) = await _reserve(db)
     await _complete(
         db,
-        [store.Result.retry(row["id"], row["attempts"], retry_in=120.0, status=503, error="HTTP 503")],
+        [store.Result.retry(row.id, row.attempts, retry_in=120.0, status=503, error="HTTP 503")],
         CircuitPolicy(),
     )
     delay = await db.fetchval("SELECT extract(epoch FROM next_attempt_at - now()) FROM deliveries")
@@ -177,12 +177,12 @@ async def test_dead_stays_dead_until_resent(db):
     await _publish(db, 1)
     (row,) = await _reserve(db)
     await _complete(
-        db, [store.Result.dead(row["id"], row["attempts"], status=413, error="HTTP 413")], CircuitPolicy()
+        db, [store.Result.dead(row.id, row.attempts, status=413, error="HTTP 413")], CircuitPolicy()
     )
     assert await _reserve(db) == []
     assert await store.resend_dead(db, "default", "a") == 1
     (again,) = await _reserve(db)
-    assert again["id"] == row["id"] and again["attempts"] == 1
+    assert again.id == row.id and again.attempts == 1
 
 
 async def test_circuit_opens_at_threshold_and_success_closes_it(db):
@@ -190,9 +190,7 @@ async def test_circuit_opens_at_threshold_and_success_closes_it(db):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a", max_concurrency=256)
     await _publish(db, 30)
     rows = await _reserve(db)
-    fail = [
-        store.Result.retry(r["id"], r["attempts"], retry_in=30.0, status=500, error="HTTP 500") for r in rows
-    ]
+    fail = [store.Result.retry(r.id, r.attempts, retry_in=30.0, status=500, error="HTTP 500") for r in rows]
     await _complete(db, fail[:19], policy)
     assert await db.fetchval("SELECT paused_until FROM endpoints") is None
     await _complete(db, fail[19:20], policy)
@@ -202,7 +200,7 @@ async def test_circuit_opens_at_threshold_and_success_closes_it(db):
     await _complete(db, fail[20:24], policy)
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 298 <= float(pause) <= 300
-    await _complete(db, [store.Result.delivered(rows[24]["id"], rows[24]["attempts"], status=200)], policy)
+    await _complete(db, [store.Result.delivered(rows[24].id, rows[24].attempts, status=200)], policy)
     row = await db.fetchrow("SELECT consecutive_failures, paused_until, failing_since FROM endpoints")
     assert tuple(row) == (0, None, None)
 
@@ -214,7 +212,7 @@ async def test_pause_is_capped_at_an_hour(db):
     await _publish(db, 1)
     (row,) = await _reserve(db)
     await _complete(
-        db, [store.Result.retry(row["id"], row["attempts"], retry_in=30.0, status=500, error="x")], policy
+        db, [store.Result.retry(row.id, row.attempts, retry_in=30.0, status=500, error="x")], policy
     )
     pause = await db.fetchval("SELECT extract(epoch FROM paused_until - now()) FROM endpoints")
     assert 3598 <= float(pause) <= 3600
@@ -225,7 +223,7 @@ async def test_410_deactivates_the_endpoint_and_keeps_the_rest(db):
     await _publish(db, 3)
     (row, *_rest) = await _reserve(db)
     await _complete(
-        db, [store.Result.dead(row["id"], row["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
+        db, [store.Result.dead(row.id, row.attempts, status=410, error="HTTP 410")], CircuitPolicy()
     )
     ep = await db.fetchrow("SELECT state, deactivated_reason FROM endpoints")
     assert ep["state"] == "deactivated" and "410" in ep["deactivated_reason"]
@@ -283,12 +281,12 @@ async def test_a_coalescing_publish_held_open_does_not_block_reservation(db, dsn
             app, tenant="a", type="order.updated", data={"v": 2}, coalesce_key="order-1"
         )
         rows = await asyncio.wait_for(_reserve(db), timeout=5)
-        assert [r["name"] for r in rows] == ["b"]
+        assert [r.name for r in rows] == ["b"]
         await tx.commit()
     finally:
         await app.close()
     (row,) = await _reserve(db)
-    assert (row["name"], row["event_id"]) == ("a", newer)
+    assert (row.name, row.event_id) == ("a", newer)
 
 
 async def test_pending_endpoints_lists_what_a_ready_list_starts_from(db):
@@ -322,16 +320,6 @@ async def test_pending_endpoints_reads_from_since_but_the_whole_partitions_from_
     assert (await store.pending_endpoints(db, ALL, since=later, whole=[partition])).endpoints == [
         (endpoint, partition, head)
     ]
-
-
-async def test_the_wakeups_of_a_version_8_publisher_are_absorbed(db):
-    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
-    partition = await db.fetchval("SELECT partition FROM endpoints")
-    await db.execute("SELECT hooklane_wake(ARRAY[$1::bigint, $1], ARRAY[$2::int, $2])", a, partition)
-    others = [p for p in ALL if p != partition]
-    assert await store.absorb_wakeups(db, others) == []
-    assert await store.absorb_wakeups(db, ALL) == [(a, partition)] * 2
-    assert await db.fetchval("SELECT count(*) FROM wakeups") == 0
 
 
 async def test_each_statement_that_gives_an_endpoint_work_notifies_its_owner(db):
@@ -419,9 +407,9 @@ async def test_reservation_records_the_worker_and_a_rescue_keeps_it(db):
     await db.execute("UPDATE deliveries SET lease_expires_at = now() - interval '1 second'")
     assert await _rescued(db) == 1
     # who lost it stays on record until another worker takes it
-    assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-1"
+    assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row.id) == "pod-1"
     await reserve_round(db, worker="pod-2")
-    assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row["id"]) == "pod-2"
+    assert await db.fetchval("SELECT attempted_by FROM deliveries WHERE id = $1", row.id) == "pod-2"
     # what `hooklane status` shows
     sending_on = {h.name: h.sending_on for h in await store.endpoint_health(db)}
     assert sending_on == {"a": ("pod-2",), "moved": ()}
@@ -440,8 +428,8 @@ async def test_a_round_says_of_each_candidate_what_its_ready_list_needs(db):
     await db.execute("UPDATE endpoints SET paused_until = now() + interval '1 minute' WHERE id = $1", c)
     gone = 10**9
     round_ = await store.reserve(db, ALL, [a, b, c, gone], [None] * 4, 100, 10.0, "w")
-    assert [r["endpoint_id"] for r in round_.deliveries] == [a, a]
-    verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
+    assert [r.endpoint_id for r in round_.deliveries] == [a, a]
+    verdicts = {v.endpoint_id: v for v in round_.verdicts}
 
     async def head(endpoint):
         return await db.fetchval(
@@ -451,18 +439,18 @@ async def test_a_round_says_of_each_candidate_what_its_ready_list_needs(db):
 
     leases = await db.fetchval("SELECT min(lease_expires_at) FROM deliveries WHERE state = 'sending'")
     # a: its third delivery is next, and both its slots are held until then
-    assert tuple(verdicts[a][k] for k in ("deliverable", "head", "at_limit", "leases_end")) == (
+    assert (verdicts[a].deliverable, verdicts[a].head, verdicts[a].at_limit, verdicts[a].leases_end) == (
         True,
         await head(a),
         True,
         leases,
     )
     # b: nothing due for an hour; c: its circuit pauses it
-    assert (verdicts[b]["head"], verdicts[b]["at_limit"]) == (await head(b), False)
+    assert (verdicts[b].head, verdicts[b].at_limit) == (await head(b), False)
     paused_until = await db.fetchval("SELECT paused_until FROM endpoints WHERE id = $1", c)
-    assert (verdicts[c]["paused_until"], verdicts[c]["head"]) == (paused_until, await head(c))
+    assert (verdicts[c].paused_until, verdicts[c].head) == (paused_until, await head(c))
     # an endpoint that no longer exists says so
-    assert (verdicts[gone]["max_concurrency"], verdicts[gone]["deliverable"]) == (None, False)
+    assert (verdicts[gone].exists, verdicts[gone].deliverable) == (False, False)
 
 
 async def test_a_round_reads_each_queue_from_its_floor(db):
@@ -474,10 +462,10 @@ async def test_a_round_reads_each_queue_from_its_floor(db):
     # what lies before the floor is not read: the ready list moves a floor
     # only to a head a round saw, or down to what it is told of
     round_ = await store.reserve(db, ALL, [a], [floor], 100, 10.0, "w")
-    assert [r["id"] for r in round_.deliveries] == [late]
-    assert round_.verdicts[0]["head"] is None
+    assert [r.id for r in round_.deliveries] == [late]
+    assert round_.verdicts[0].head is None
     round_ = await store.reserve(db, ALL, [a], [None], 100, 10.0, "w")
-    assert [r["id"] for r in round_.deliveries] == [early]
+    assert [r.id for r in round_.deliveries] == [early]
 
 
 async def test_only_live_leases_hold_slots(db):
@@ -486,12 +474,12 @@ async def test_only_live_leases_hold_slots(db):
     (first,) = await _reserve(db)
     assert await _reserve(db) == []  # its one slot is held
     await db.execute(
-        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", first["id"]
+        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", first.id
     )
     # the worker that reserved it has certainly given up on the call: the
     # slot is free before any rescue
     (second,) = await _reserve(db)
-    assert second["id"] != first["id"]
+    assert second.id != first.id
 
 
 async def test_rescue_reads_the_leases_that_ended_since_its_last_run(db):
@@ -499,19 +487,19 @@ async def test_rescue_reads_the_leases_that_ended_since_its_last_run(db):
     await _publish(db, 2)
     old, recent = await _reserve(db)
     await db.execute(
-        "UPDATE deliveries SET lease_expires_at = now() - interval '10 minutes' WHERE id = $1", old["id"]
+        "UPDATE deliveries SET lease_expires_at = now() - interval '10 minutes' WHERE id = $1", old.id
     )
     await db.execute(
-        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", recent["id"]
+        "UPDATE deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = $1", recent.id
     )
     since = await db.fetchval("SELECT now() - interval '1 minute'")
     rescued = await store.rescue_expired(db, ALL, since)
     partition = await db.fetchval("SELECT partition FROM endpoints")
-    due = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", recent["id"])
+    due = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", recent.id)
     assert rescued.endpoints == [(a, partition, due)]
     assert rescued.checked_at == due  # the same statement's time
     states = dict(await db.fetch("SELECT id, state FROM deliveries"))
-    assert states == {old["id"]: "sending", recent["id"]: "pending"}
+    assert states == {old.id: "sending", recent.id: "pending"}
     # the first run for a partition taken reads them all
     assert await _rescued(db) == 1
 
@@ -521,23 +509,23 @@ async def test_complete_says_what_the_ready_list_needs(db):
     await _publish(db, 3)
     delivered, retried, gone = await _reserve(db)
     (touched,) = await _complete(
-        db, [store.Result.delivered(delivered["id"], delivered["attempts"], status=204)], CircuitPolicy()
+        db, [store.Result.delivered(delivered.id, delivered.attempts, status=204)], CircuitPolicy()
     )
-    assert (touched["id"], touched["deliverable"], touched["retried_head"]) == (a, True, None)
+    assert (touched.id, touched.deliverable, touched.retried_head) == (a, True, None)
     policy = CircuitPolicy(threshold=1, step_seconds=30.0, cap_seconds=60.0)
     (touched,) = await _complete(
         db,
-        [store.Result.retry(retried["id"], retried["attempts"], retry_in=60.0, status=503, error="HTTP 503")],
+        [store.Result.retry(retried.id, retried.attempts, retry_in=60.0, status=503, error="HTTP 503")],
         policy,
     )
-    retry_at = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", retried["id"])
+    retry_at = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", retried.id)
     paused_until = await db.fetchval("SELECT paused_until FROM endpoints")
-    assert (touched["retried_head"], touched["paused_until"]) == (retry_at, paused_until)
+    assert (touched.retried_head, touched.paused_until) == (retry_at, paused_until)
     assert paused_until is not None
     (touched,) = await _complete(
-        db, [store.Result.dead(gone["id"], gone["attempts"], status=410, error="HTTP 410")], CircuitPolicy()
+        db, [store.Result.dead(gone.id, gone.attempts, status=410, error="HTTP 410")], CircuitPolicy()
     )
-    assert (touched["state"], touched["deliverable"]) == ("deactivated", False)
+    assert (touched.state, touched.deliverable) == ("deactivated", False)
 
 
 async def test_a_healthy_endpoints_row_is_written_once_per_step_not_per_batch(db):
@@ -548,7 +536,7 @@ async def test_a_healthy_endpoints_row_is_written_once_per_step_not_per_batch(db
     rows = await _reserve(db)
 
     async def deliver(r):
-        await _complete(db, [store.Result.delivered(r["id"], r["attempts"], status=204)], CircuitPolicy())
+        await _complete(db, [store.Result.delivered(r.id, r.attempts, status=204)], CircuitPolicy())
         return tuple(await db.fetchrow("SELECT xmin::text, last_delivered_at FROM endpoints"))
 
     version, first = await deliver(rows[0])
@@ -568,11 +556,11 @@ async def test_a_retry_recorded_by_a_worker_that_lost_the_partition_notifies_its
     partition = await db.fetchval("SELECT partition FROM endpoints")
 
     def retry(r):
-        return [store.Result.retry(r["id"], r["attempts"], retry_in=60.0, status=500, error="HTTP 500")]
+        return [store.Result.retry(r.id, r.attempts, retry_in=60.0, status=500, error="HTTP 500")]
 
     others = [p for p in ALL if p != partition]
     heard = await notified(db, lambda: store.complete(db, retry(lost), CircuitPolicy(), others))
-    due = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", lost["id"])
+    due = await db.fetchval("SELECT next_attempt_at FROM deliveries WHERE id = $1", lost.id)
     assert heard == [Wakeup(partition, due, (a,))]
     # its own partition's: the worker's ready list learns it from the result
     assert await notified(db, lambda: store.complete(db, retry(kept), CircuitPolicy(), ALL)) == []
@@ -585,13 +573,11 @@ async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_dea
     rows = await _reserve(db)
 
     def failed(r, status=500):
-        return store.Result.retry(
-            r["id"], r["attempts"], retry_in=30.0, status=status, error=f"HTTP {status}"
-        )
+        return store.Result.retry(r.id, r.attempts, retry_in=30.0, status=status, error=f"HTTP {status}")
 
     async def flags(results):
         (touched,) = await _complete(db, results, policy)
-        return touched["consecutive_failures"], touched["opened"], touched["deactivated"]
+        return touched.consecutive_failures, touched.opened, touched.deactivated
 
     assert await flags([failed(rows[0])]) == (1, False, False)
     # four failures in one batch take it from 1 to 5, past the threshold of
@@ -600,15 +586,13 @@ async def test_complete_says_which_circuits_it_opened_and_which_endpoints_it_dea
     # open already: a further failure extends the pause, it opens nothing
     assert await flags([failed(rows[5])]) == (6, False, False)
     # a batch with a success in it closes the circuit, whatever failures it holds
-    delivered = store.Result.delivered(rows[6]["id"], rows[6]["attempts"], status=200)
+    delivered = store.Result.delivered(rows[6].id, rows[6].attempts, status=200)
     assert await flags([failed(rows[7]), delivered, failed(rows[8])]) == (0, False, False)
     assert await flags([failed(rows[9])]) == (1, False, False)
     # a 410 deactivates it once; another one later deactivates nothing (and
     # the failure it also is opens the circuit)
     await _publish(db, 2)
-    gone = [
-        store.Result.dead(r["id"], r["attempts"], status=410, error="HTTP 410") for r in await _reserve(db)
-    ]
+    gone = [store.Result.dead(r.id, r.attempts, status=410, error="HTTP 410") for r in await _reserve(db)]
     assert await flags(gone[:1]) == (2, False, True)
     assert await flags(gone[1:]) == (3, True, False)
 
@@ -699,11 +683,11 @@ async def test_adaptive_concurrency_rises_again_after_clean_batches(db):
     )
     await _publish(db, 3)
     first, second, third = await _reserve(db)
-    refused = store.Result.retry(first["id"], first["attempts"], retry_in=60, status=429, error="HTTP 429")
+    refused = store.Result.retry(first.id, first.attempts, retry_in=60, status=429, error="HTTP 429")
     [row] = await store.complete(db, [refused], CircuitPolicy(), ALL, adapt_step_seconds=0)
-    assert (row["effective_concurrency"], row["lowered"]) == (5, True)
+    assert (row.effective_concurrency, row.lowered) == (5, True)
     for ok in (second, third):
-        success = store.Result.delivered(ok["id"], ok["attempts"], status=204)
+        success = store.Result.delivered(ok.id, ok.attempts, status=204)
         await store.complete(db, [success], CircuitPolicy(), ALL, adapt_step_seconds=0)
     limit = await db.fetchval("SELECT effective_concurrency FROM endpoints WHERE id = $1", endpoint)
     assert limit == 7

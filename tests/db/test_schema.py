@@ -145,10 +145,10 @@ async def test_schema_sql_is_what_the_migrations_build(dsn, fresh_dsn):
         ),
         (
             (
-                "max_concurrency integer)\nLANGUAGE plpgsql\nSET plan_cache_mode = force_generic_plan\nAS $$",
-                "max_concurrency integer)\nLANGUAGE plpgsql\nAS $$",
+                "dues timestamptz[])\nRETURNS void\nLANGUAGE plpgsql\nSET plan_cache_mode = force_generic_plan\nAS $$",
+                "dues timestamptz[])\nRETURNS void\nLANGUAGE plpgsql\nAS $$",
             ),
-            "+hooklane_reserve_v2(owned integer[]",
+            "+hooklane_wake_v2(endpoint_ids bigint[]",
         ),
         (
             (

@@ -82,7 +82,7 @@ async def test_listing_and_retention_see_each_tenants_event_apart(db):
     assert await store.purge_events(db, 30 * 24 * 3600.0) == 1
     assert [tuple(r) for r in await db.fetch("SELECT tenant, id FROM events")] == [("globex", "order-1")]
     (row,) = await _reserve(db)
-    assert (row["name"], json.loads(row["data"])) == ("globex", {"who": "globex"})
+    assert (row.name, json.loads(row.data)) == ("globex", {"who": "globex"})
 
 
 # --- the same id again from the same tenant --------------------------------
@@ -221,8 +221,8 @@ async def test_a_tenant_change_discards_the_old_tenants_pending_and_dead_deliver
     await store.complete(
         db,
         [
-            store.Result.delivered(done["id"], done["attempts"], status=200),
-            store.Result.dead(dead["id"], dead["attempts"], status=413, error="HTTP 413"),
+            store.Result.delivered(done.id, done.attempts, status=200),
+            store.Result.dead(dead.id, dead.attempts, status=413, error="HTTP 413"),
         ],
         CircuitPolicy(),
         ALL,
@@ -280,7 +280,7 @@ async def test_a_failure_in_flight_across_a_tenant_change_is_discarded_not_retri
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
     await store.complete(
-        db, [store.Result(row["id"], row["attempts"], outcome, 0.0, 503, "HTTP 503")], CircuitPolicy(), ALL
+        db, [store.Result(row.id, row.attempts, outcome, 0.0, 503, "HTTP 503")], CircuitPolicy(), ALL
     )
     assert await _states(db) == [("acme", "evt-1", "discarded", DISCARDED + " (HTTP 503)")]
     assert await store.resend_dead(db, "default", "a") == 0
@@ -292,9 +292,7 @@ async def test_a_success_in_flight_across_a_tenant_change_is_recorded(db):
     await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="evt-1")
     (row,) = await _reserve(db)
     await _move(db, "a", "http://127.0.0.1:1/a", "globex")
-    await store.complete(
-        db, [store.Result.delivered(row["id"], row["attempts"], status=200)], CircuitPolicy(), ALL
-    )
+    await store.complete(db, [store.Result.delivered(row.id, row.attempts, status=200)], CircuitPolicy(), ALL)
     assert await _states(db) == [("acme", "evt-1", "delivered", None)]
 
 

@@ -77,7 +77,7 @@ async def test_a_capped_candidate_gets_at_most_its_cap_and_the_limit_counts_thos
         caps=[3, 5, 1, 1, None],
         apart=[True, True, False, False, False],
     )
-    got = Counter(r["endpoint_id"] for r in round_.deliveries)
+    got = Counter(r.endpoint_id for r in round_.deliveries)
     assert (got[slow], got[narrow]) == (3, 2)
     assert [got[q] for q in quick] == [1, 1, 2]
     # capped but none apart: the same limit holds for all
@@ -95,7 +95,7 @@ async def test_a_tenants_rows_apart_take_nothing_of_its_place_among_the_others(d
     round_ = await _round(
         db, [b1, b2, a1, a2], limit=2, caps=[None, None, 2, None], apart=[False, False, True, False]
     )
-    got = Counter(r["endpoint_id"] for r in round_.deliveries)
+    got = Counter(r.endpoint_id for r in round_.deliveries)
     assert (got[a1], got[a2], got[b1] + got[b2]) == (2, 1, 1)
 
 
@@ -110,10 +110,10 @@ async def test_when_the_limit_binds_tenants_come_first_then_their_endpoints(db):
     # would get 195 of 200 rows; by tenant, each single's first two come
     # before the crowd's third
     rows = (await _round(db, crowd + singles, limit=12)).deliveries
-    tenants = Counter(r["tenant"] for r in rows)
+    tenants = Counter(r.tenant for r in rows)
     assert tenants == {"crowd": 2, **{f"single{i}": 2 for i in range(5)}}
     # within a tenant, its endpoints interleave as before: two endpoints' firsts
-    assert len({r["endpoint_id"] for r in rows if r["tenant"] == "crowd"}) == 2
+    assert len({r.endpoint_id for r in rows if r.tenant == "crowd"}) == 2
 
 
 async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoints(db):
@@ -124,17 +124,17 @@ async def test_the_ceiling_holds_a_tenants_calls_in_flight_over_all_its_endpoint
     # one call of big's in flight from an earlier round: the first to end
     (early,) = (await _round(db, big[:1], caps=[1], apart=[True], tenant_ceiling=6)).deliveries
     round_ = await _round(db, [*big, other], tenant_ceiling=6)
-    assert Counter(r["tenant"] for r in round_.deliveries) == {"big": 5, "other": 4}
-    assert len({r["endpoint_id"] for r in round_.deliveries if r["tenant"] == "big"}) == 5
+    assert Counter(r.tenant for r in round_.deliveries) == {"big": 5, "other": 4}
+    assert len({r.endpoint_id for r in round_.deliveries if r.tenant == "big"}) == 5
     # every one of big's endpoints is held, those that got a call and those
     # that did not, until the first of its tenant's leases ends
-    verdicts = {v["endpoint_id"]: v for v in round_.verdicts}
-    first_lease = await db.fetchval("SELECT lease_expires_at FROM deliveries WHERE id = $1", early["id"])
+    verdicts = {v.endpoint_id: v for v in round_.verdicts}
+    first_lease = await db.fetchval("SELECT lease_expires_at FROM deliveries WHERE id = $1", early.id)
     for endpoint in big:
         verdict = verdicts[endpoint]
-        assert (verdict["at_limit"], verdict["leases_end"], verdict["tenant"]) == (True, first_lease, "big")
-        assert verdict["head"] is not None
-    assert verdicts[other]["tenant"] is None  # its tenant is under the ceiling
+        assert (verdict.at_limit, verdict.leases_end, verdict.held_by) == (True, first_lease, "big")
+        assert verdict.head is not None
+    assert verdicts[other].held_by is None  # its tenant is under the ceiling
     assert await _in_flight(db, "big") == 6
     assert (await _round(db, big, tenant_ceiling=6)).deliveries == []
 
@@ -163,7 +163,7 @@ async def test_an_endpoint_at_its_own_limit_says_when_its_own_first_lease_ends(d
     own_first = await db.fetchval(
         "SELECT min(lease_expires_at) FROM deliveries WHERE endpoint_id = $1 AND state = 'sending'", a
     )
-    assert (verdict["at_limit"], verdict["leases_end"]) == (True, own_first)
+    assert (verdict.at_limit, verdict.leases_end) == (True, own_first)
     tenants_first = await db.fetchval("SELECT min(lease_expires_at) FROM deliveries WHERE state = 'sending'")
     assert tenants_first < own_first
 
@@ -249,21 +249,7 @@ async def test_without_a_ceiling_a_round_takes_no_tenant_lock(db):
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
         )
     assert (len(round_.deliveries), locks) == (12, 0)
-    assert all(v["at_limit"] for v in round_.verdicts)  # each at its own limit
-
-
-async def test_the_previous_version_still_reserves(db):
-    endpoints = await _endpoints(db, "acme", 2, max_concurrency=3)
-    await _publish(db, 4, "acme")
-    rows = await db.fetch(
-        "SELECT * FROM hooklane_reserve_v6($1::int[], $2::bigint[], $3::timestamptz[], 100, 10.0, 'old', 1.0)",
-        ALL,
-        endpoints,
-        [None, None],
-    )
-    reserved = [r for r in rows if r["id"] is not None]
-    assert Counter(r["endpoint_id"] for r in reserved) == dict.fromkeys(endpoints, 3)
-    assert all(v["at_limit"] for v in rows if v["id"] is None)
+    assert all(v.at_limit for v in round_.verdicts)  # each at its own limit
 
 
 async def test_hostile_arguments_are_refused_before_any_sql(db):

@@ -133,12 +133,11 @@ async def _draining(port: int) -> bool:
 
 
 async def _reservation_waits_on_a_lock(conn: asyncpg.Connection) -> bool:
-    """A worker's reservation round is under way, held by a lock: in its
-    reservation, or absorbing wakeup rows before it."""
+    """A worker's reservation round is under way, held by a lock."""
     return await conn.fetchval(
         "SELECT count(*) > 0 FROM pg_stat_activity"
         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        " AND (query LIKE '%hooklane_reserve%' OR query LIKE '%DELETE FROM wakeups%')"
+        " AND query LIKE '%hooklane_reserve%'"
     )
 
 
@@ -189,26 +188,22 @@ async def test_sigterm_records_a_delivery_reserved_as_it_arrives(one_db, receive
             urls,
         )
         port = free_port()
-        worker = workers.start(**_probes_on(port))
+        # A ceiling has a round take its candidates' tenant locks first.
+        worker = workers.start(**_probes_on(port), HOOKLANE_TENANT_MAX_IN_FLIGHT="10")
         await wait_workers_ready(control, 1)
         await hooklane.publish(conn, tenant="slow", type="x.y", data={})
         await wait_for(lambda: receiver.at("slow"), timeout=20)
         # The next round of reservation waits on this lock, so that it is
         # under way when SIGTERM arrives (in the chaos runs the round trip
-        # alone was enough, once in 20 drains): a notification of a
-        # version 8 publisher makes the round absorb its wakeup rows first.
-        # With it, the hint Hooklane's own publishers send: the probe, on
-        # the worker's pool, finds 'late' while the round waits (the round
-        # holds the lock connection, on which nothing is heard until then).
+        # alone was enough, once in 20 drains): the tenant lock of 'late',
+        # which the probe finds on the worker's pool after the hint
+        # Hooklane's own publishers send.
         locker = await asyncpg.connect(dsn)
         tx = locker.transaction()
         await tx.start()
-        await locker.execute("LOCK TABLE wakeups IN ACCESS EXCLUSIVE MODE")
+        await locker.execute("SELECT pg_advisory_xact_lock(x'686C74'::integer, hashtext('late'))")
         await hooklane.publish(conn, tenant="late", type="x.y", data={})
-        await conn.execute(
-            "SELECT pg_notify('hooklane_ready', partition::text), pg_notify('hooklane_ready', 'published')"
-            " FROM endpoints WHERE tenant = 'late'"
-        )
+        await conn.execute("SELECT pg_notify('hooklane_ready', 'published')")
         await wait_for(lambda: _reservation_waits_on_a_lock(conn), timeout=20)
         workers.signal(worker, signal.SIGTERM)
         await wait_for(lambda: _draining(port), timeout=20)

@@ -293,9 +293,7 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     # Two failures the way the worker records them, against a threshold of
     # two: their retries are due long before the circuit's pause ends.
     reserved = await reserve_round(db, 2, partitions=[upserted.partition])
-    failed = [
-        Result.retry(r["id"], r["attempts"], retry_in=30, status=503, error="HTTP 503") for r in reserved
-    ]
+    failed = [Result.retry(r.id, r.attempts, retry_in=30, status=503, error="HTTP 503") for r in reserved]
     await store.complete(
         db, failed, CircuitPolicy(threshold=2, step_seconds=600, cap_seconds=600), [upserted.partition]
     )
@@ -309,7 +307,7 @@ async def test_an_open_circuit_shows_its_failures_and_next_probe(
     await page.goto(f"{base}/dashboard/endpoints/default/down")
     cells = await page.locator("table.deliveries tbody td:nth-child(6)").all_text_contents()
     assert len(cells) == 2 and all(re.fullmatch(held, cell) for cell in cells), cells
-    await page.goto(f"{base}/dashboard/endpoints/default/down/deliveries/{reserved[0]['id']}")
+    await page.goto(f"{base}/dashboard/endpoints/default/down/deliveries/{reserved[0].id}")
     fact = await page.locator("dl.facts div", has_text="Next attempt").locator("dd").text_content()
     assert re.fullmatch(held, fact or ""), fact
 
@@ -336,7 +334,7 @@ async def test_an_overloaded_adaptive_endpoint_shows_its_limit_and_rate(
     await publish(db, 1)
     reserved = await reserve_round(db, 1, partitions=[upserted.partition])
     overloaded = [
-        Result.retry(r["id"], r["attempts"], retry_in=600, status=503, error="HTTP 503", retry_after=300)
+        Result.retry(r.id, r.attempts, retry_in=600, status=503, error="HTTP 503", retry_after=300)
         for r in reserved
     ]
     await store.complete(db, overloaded, CircuitPolicy(), [upserted.partition])
@@ -425,7 +423,7 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
     [reserved] = await reserve_round(db, 1, partitions=[upserted.partition])
     await store.complete(
         db,
-        [Result.dead(reserved["id"], reserved["attempts"], status=None, error=hostile)],
+        [Result.dead(reserved.id, reserved.attempts, status=None, error=hostile)],
         CircuitPolicy(),
         [upserted.partition],
     )
@@ -441,7 +439,7 @@ async def test_hostile_text_is_shown_as_text(base: str, page: Page, db: asyncpg.
     assert await page.locator("#live script, #live img").count() == 0
 
     # The delivery's own page, and its attempt, show the whole error as text.
-    await page.click(f"tr[data-delivery='{reserved['id']}'] a")
+    await page.click(f"tr[data-delivery='{reserved.id}'] a")
     await page.wait_for_selector("table.attempts")
     assert await page.locator("dl.facts .error").text_content() == hostile
     assert await page.locator("table.attempts .error").get_attribute("title") == hostile

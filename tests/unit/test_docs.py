@@ -272,7 +272,7 @@ def test_operations_names_every_metric_and_no_other():
 
 # A statement changes a state, queues a delivery, or keeps the ready list.
 _TRANSITION = re.compile(
-    r"\bSET\s+state\b|INSERT INTO deliveries|ready_endpoints|hooklane_wake\(|hooklane_make_ready\("
+    r"\bSET\s+state\b|INSERT INTO deliveries|hooklane_wake_v2\("
     r"|hooklane_(reserve|complete)\w*\(|DELETE FROM (endpoints|events)\b"
 )
 

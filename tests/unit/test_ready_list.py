@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from hooklane import store
 from hooklane.worker.ready import (
     NOTHING,
     UNKNOWN,
@@ -67,7 +68,7 @@ def listed(ready: ReadyList, heads: dict[int, datetime | None], *, partition: in
     """The endpoints as a first round leaves them: read from the start, each
     one's floor now its head (None: nothing pending), not in a round."""
     for endpoint_id in heads:
-        ready.wake(endpoint_id, partition, None, NOW, rescan=True)
+        ready.wake(endpoint_id, partition, None, NOW)
     candidates = ready.take(NOW, 1000)
     assert candidates == [Candidate(endpoint_id, UNKNOWN) for endpoint_id in heads]
     ready.settle([verdict(endpoint_id, head=head) for endpoint_id, head in heads.items()], [], NOW)
@@ -114,9 +115,9 @@ def test_a_wakeup_before_the_epoch_counts_back_from_it():
     assert parse_wakeup("3 0 9") == Wakeup(3, EPOCH, (9,))
 
 
-def test_a_version_8_publisher_names_the_partition_alone():
-    assert parse_wakeup("12") == Wakeup(12, None, None)
-    assert parse_wakeup("0") == Wakeup(0, None, None)
+def test_a_partition_alone_is_not_ours():
+    assert parse_wakeup("12") is None
+    assert parse_wakeup("0") is None
 
 
 @pytest.mark.parametrize(
@@ -205,12 +206,8 @@ def test_a_wakeup_comes_back_as_hooklane_wake_v2_wrote_it(partition, due, endpoi
     assert wakeup is not None and (due is None or wakeup.due.utcoffset() == timedelta(0))
 
 
-@given(st.integers(0, 4095))
-def test_a_version_8_payload_comes_back(partition):
-    assert parse_wakeup(str(partition)) == Wakeup(partition, None, None)
-
-
-# Verdict.of and Recorded.of, from rows as the functions of migration 0009 return them
+# Verdict.of, from rows as the reservation returns them, and what the
+# ready list takes of a row of complete
 
 
 def reserve_v3_verdict_row(**columns: object) -> dict[str, object]:
@@ -279,30 +276,15 @@ def test_a_verdict_row_of_a_deleted_endpoint():
 
 
 def test_a_complete_row():
-    row = {
-        "id": 7,
-        "partition": 3,
-        "namespace": "acme",
-        "name": "orders",
-        "state": "active",
-        "paused_until": t(60),
-        "consecutive_failures": 5,
-        "deliverable": True,
-        "retried_head": t(10),
-        "opened": True,
-        "deactivated": False,
-        "throttled_until": None,
-        "effective_concurrency": 4,
-        "lowered": False,
-    }
-    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(60), t(10))
-    row.update(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
-    assert Recorded.of(row) == Recorded(7, row["partition"], False, None, None)
+    row = store.Touched(7, 3, "acme", "orders", "active", t(60), 5, True, t(10), True, False, None, 4, False)
+    assert row.recorded() == Recorded(7, 3, True, t(60), t(10))
+    row = row._replace(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
+    assert row.recorded() == Recorded(7, 3, False, None, None)
     # A Retry-After's hold on an adaptive endpoint waits as a pause does.
-    row.update(state="active", deliverable=True, throttled_until=t(30))
-    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(30), None)
-    row.update(paused_until=t(90))
-    assert Recorded.of(row) == Recorded(7, row["partition"], True, t(90), None)
+    row = row._replace(state="active", deliverable=True, throttled_until=t(30))
+    assert row.recorded() == Recorded(7, 3, True, t(30), None)
+    row = row._replace(paused_until=t(90))
+    assert row.recorded() == Recorded(7, 3, True, t(90), None)
 
 
 # wake
@@ -389,14 +371,6 @@ def test_a_wake_without_due_keeps_the_floor_and_is_due_now():
     assert ready.due(1) == t(1)
 
 
-def test_a_rescan_reads_from_the_start_and_is_due_now():
-    ready = ReadyList()
-    listed(ready, {1: t(100)})
-    ready.wake(1, 0, t(50), t(1), rescan=True)
-    assert ready.floor(1) is UNKNOWN
-    assert ready.due(1) == t(1)
-
-
 def test_a_head_the_sweep_read_from_its_last_run_sets_no_floor_for_an_endpoint_it_did_not_know():
     ready = ReadyList()
     # read from a time on, not from the start: earlier deliveries may be
@@ -457,11 +431,11 @@ def test_an_endpoint_is_not_handed_twice_before_its_verdict():
     assert ready.take(NOW, 10) == [Candidate(1, UNKNOWN)]
     assert ready.scheduled(1)
     ready.wake(1, 0, t(-1), NOW)
-    ready.wake(1, 0, None, NOW, rescan=True)
+    ready.wake(1, 0, None, NOW)
     assert ready.take(t(60), 10) == []
     assert ready.next_due() is None
     ready.settle([verdict(1, head=t(-3))], [], t(1))
-    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
+    assert ready.take(t(1), 10) == [Candidate(1, t(-3))]
 
 
 def test_many_wakes_of_an_endpoint_hand_it_once():
@@ -612,16 +586,6 @@ def test_an_endpoint_changed_during_the_round_is_due_now():
     ready.wake(1, 0, None, t(0.5))
     ready.settle([verdict(1, head=t(60))], [], t(1))
     assert ready.floor(1) == t(60)
-    assert ready.due(1) == t(1)
-
-
-def test_a_rescan_during_the_round_reads_from_the_start():
-    ready = ReadyList()
-    listed(ready, {1: t(-10)})
-    ready.take(NOW, 10)
-    ready.wake(1, 0, None, t(0.5), rescan=True)
-    ready.settle([verdict(1, head=t(60))], [], t(1))
-    assert ready.floor(1) is UNKNOWN
     assert ready.due(1) == t(1)
 
 
@@ -839,15 +803,6 @@ def test_a_wake_during_a_failed_round_lowers_the_floor():
     assert ready.take(t(1), 10) == [Candidate(1, t(-20)), Candidate(2, t(-10))]
 
 
-def test_a_rescan_during_a_failed_round_reads_from_the_start():
-    ready = ReadyList()
-    listed(ready, {1: t(-10)})
-    candidates = ready.take(NOW, 10)
-    ready.wake(1, 0, None, t(0.5), rescan=True)
-    ready.returned(candidates, t(1))
-    assert ready.take(t(1), 10) == [Candidate(1, UNKNOWN)]
-
-
 def test_a_candidate_returned_after_its_partition_was_released_is_forgotten():
     ready = ReadyList()
     ready.wake(1, 3, None, NOW)
@@ -884,8 +839,8 @@ def test_a_change_of_an_endpoint_waiting_for_a_slot_gets_it_visited():
 def test_the_sweep_gets_an_endpoint_waiting_for_a_slot_visited():
     ready = ReadyList()
     waiting(ready)
-    ready.wake(1, 0, None, t(2), rescan=True)
-    assert ready.take(t(2), 10) == [Candidate(1, UNKNOWN)]
+    ready.listed(1, 0, t(-5), t(2), from_start=False)
+    assert ready.take(t(2), 10) == [Candidate(1, t(-5))]
 
 
 def test_a_publish_to_an_endpoint_waiting_for_a_slot_waits_for_a_result():
@@ -958,7 +913,7 @@ def test_a_result_reserved_before_the_partition_moved_frees_no_later_slot():
     ready.take(NOW, 10)
     ready.settle([verdict(1, head=t(-1))], [(100, 1)], t(1))
     ready.retain(set())
-    ready.wake(1, 0, None, t(2), rescan=True)  # taken again: endpoint 1 has a pending delivery
+    ready.wake(1, 0, None, t(2))  # taken again: endpoint 1 has a pending delivery
     ready.take(t(2), 10)
     ready.settle([verdict(1, head=None, at_limit=True)], [(101, 1)], t(2))
     assert ready.busy(1) >= 1
@@ -1328,10 +1283,14 @@ class World:
                 d.announced = True
 
     def rescan(self, partitions: set[int]) -> None:
-        """Every endpoint of ``partitions`` with a pending delivery, read
-        from the start (store.pending_endpoints)."""
-        for e in sorted({d.endpoint for d in self.pending.values() if ENDPOINTS[d.endpoint] in partitions}):
-            self.ready.wake(e, ENDPOINTS[e], None, self.now(), rescan=True)
+        """Every endpoint of ``partitions`` with a pending delivery, with
+        its head read from the start (store.pending_endpoints)."""
+        heads: dict[int, int] = {}
+        for d in self.pending.values():
+            if ENDPOINTS[d.endpoint] in partitions:
+                heads[d.endpoint] = min(d.key, heads.get(d.endpoint, d.key))
+        for e, head in sorted(heads.items()):
+            self.ready.listed(e, ENDPOINTS[e], t(head), self.now())
         for d in self.pending.values():
             if ENDPOINTS[d.endpoint] in partitions:
                 d.announced = True

@@ -57,7 +57,7 @@ async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_f
         (only,) = await reserve_round(db, ready=ready)
         await record(
             pool,
-            [store.Result.delivered(only["id"], only["attempts"], status=204)],
+            [store.Result.delivered(only.id, only.attempts, status=204)],
             settings.circuit,
             trigger,
             ready,
@@ -73,7 +73,7 @@ async def test_a_recorded_result_wakes_the_reservation_only_for_due_work_and_a_f
         assert await reserve_round(db, ready=ready) == []  # it waits for its slot
         await record(
             pool,
-            [store.Result.delivered(first["id"], first["attempts"], status=204)],
+            [store.Result.delivered(first.id, first.attempts, status=204)],
             settings.circuit,
             trigger,
             ready,
@@ -100,10 +100,9 @@ async def test_the_circuit_log_line_follows_what_complete_opened(db, settings, c
             await hooklane.publish(db, tenant="acme", type="t", data={})
         rows = await reserve_round(db, 10)
         failed = [
-            store.Result.retry(r["id"], r["attempts"], retry_in=60.0, status=500, error="HTTP 500")
-            for r in rows
+            store.Result.retry(r.id, r.attempts, retry_in=60.0, status=500, error="HTTP 500") for r in rows
         ]
-        gone = store.Result.dead(rows[-1]["id"], rows[-1]["attempts"], status=410, error="HTTP 410")
+        gone = store.Result.dead(rows[-1].id, rows[-1].attempts, status=410, error="HTTP 410")
         with caplog.at_level(logging.WARNING, logger="hooklane.worker.runner"):
             await record(pool, failed[:2], circuit, trigger, ReadyList(), ALL, "test-worker")
             await record(
