@@ -82,19 +82,6 @@ def retry_pause(tries: int, rng: random.Random | None = None) -> float:
     return (rng or random).uniform(bound / 2, bound)
 
 
-@dataclass(frozen=True)
-class Event:
-    """An event checked by ``hooklane.publish.check_event``, ready to store."""
-
-    id: str
-    tenant: str
-    type: str
-    data_json: str
-    coalesce_key: str | None
-    # The W3C trace context it was published in (hooklane/tracing.py).
-    traceparent: str | None = None
-
-
 class Conflict(Exception):
     """The publish function refused event ``index`` of a unit (an
     ``EventConflict``: it reuses an id for different content); nothing of
@@ -108,7 +95,7 @@ class Conflict(Exception):
 
 @dataclass(eq=False)
 class _Unit:
-    events: Sequence[Event]
+    events: Sequence[store.Event]
     future: asyncio.Future[None]
     # When its request gives up, on the event loop's clock.
     deadline: float
@@ -173,7 +160,7 @@ class GroupCommitter:
         self._wakeup.set()
         await asyncio.gather(*self._tasks)
 
-    async def commit(self, events: Sequence[Event], deadline: float) -> None:
+    async def commit(self, events: Sequence[store.Event], deadline: float) -> None:
         """Return once ``events`` are committed, by ``deadline`` (the event
         loop's clock). ``Conflict`` when one reuses an id (nothing stored),
         ``OutcomeUnknown`` when the COMMIT was not answered in time (the
@@ -353,7 +340,7 @@ async def _insert_singles(conn: asyncpg.Connection, units: list[_Unit]) -> dict[
     # All in one round trip: a refusal stores nothing of its event and
     # leaves the transaction usable, so no savepoint is needed.
     ordered = sorted(units, key=lambda unit: _key(unit.events[0]))
-    refused = await store.insert_events(conn, [_row(unit.events[0]) for unit in ordered])
+    refused = await store.insert_events(conn, [unit.events[0] for unit in ordered])
     return {unit: Conflict(0, refused[i]) if i in refused else None for i, unit in enumerate(ordered)}
 
 
@@ -364,7 +351,7 @@ async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | Non
     # Rolling back to the savepoint undoes the batch's other events.
     savepoint = conn.transaction()
     await savepoint.start()
-    refused = await store.insert_events(conn, [_row(unit.events[i]) for i in order])
+    refused = await store.insert_events(conn, [unit.events[i] for i in order])
     if not refused:
         await savepoint.commit()
         return None
@@ -373,13 +360,9 @@ async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | Non
     return Conflict(order[first], refused[first])
 
 
-def _key(event: Event) -> tuple[str, str]:
+def _key(event: store.Event) -> tuple[str, str]:
     # The order row locks are taken in: the primary key of events.
     return (event.tenant, event.id)
-
-
-def _row(event: Event) -> store.EventRow:
-    return (event.id, event.tenant, event.type, event.data_json, event.coalesce_key, event.traceparent)
 
 
 def _settle(unit: _Unit, outcome: Exception | None) -> None:

@@ -33,11 +33,12 @@ from hooklane import metrics, tracing
 from hooklane.api.auth import Audience, audience, expect_continue
 from hooklane.api.context import SETTINGS, SHARES, deadline, grant, started
 from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, problem
-from hooklane.api.group_commit import Conflict, Event, GroupCommitter
+from hooklane.api.group_commit import Conflict, GroupCommitter
 from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
 from hooklane.api.shares import Share
 from hooklane.errors import EventConflict, InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
+from hooklane.store import Event
 from hooklane.traceparent import parse_traceparent
 
 logger = logging.getLogger(__name__)

@@ -77,7 +77,7 @@ class NextAttempt:
 def next_attempt(due: datetime | None, h: EndpointHealth) -> NextAttempt | None:
     """The next attempt of a delivery due at ``due`` (None: not pending)
     of the endpoint ``h``. The endpoint outranks the delivery's own time,
-    as the reservation has it (hooklane_deliverable, hooklane_ready_at): a
+    as the reservation has it (hooklane_deliverable, hooklane_reserve_v7): a
     delivery of a paused endpoint is not tried at its due time, however
     long ago that was, but when the pause ends."""
     if due is None:

@@ -95,8 +95,8 @@ from hooklane.store.endpoints import (
 )
 from hooklane.store.events import (
     MAX_PAGE,
+    Event,
     EventPage,
-    EventRow,
     StoredEvent,
     check_page,
     insert_event,
@@ -157,8 +157,8 @@ __all__ = [
     "EndpointFilter",
     "EndpointPage",
     "EndpointTotals",
+    "Event",
     "EventPage",
-    "EventRow",
     "FailureClass",
     "Horizon",
     "HorizonHolder",

@@ -83,12 +83,21 @@ async def insert_event(
     return published(row, tenant=tenant, id=id)
 
 
-# An event as insert_events takes it: id, tenant, type, data (JSON text),
-# coalesce_key, traceparent.
-EventRow = tuple[str, str, str, str, str | None, str | None]
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event ready to store: checked (``hooklane.publish.check_event``),
+    its id made, its data as JSON text. ``traceparent``: the W3C trace
+    context it was published in (hooklane/tracing.py)."""
+
+    id: str
+    tenant: str
+    type: str
+    data_json: str
+    coalesce_key: str | None = None
+    traceparent: str | None = None
 
 
-async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) -> dict[int, InvalidInput]:
+async def insert_events(conn: asyncpg.Connection, events: Sequence[Event]) -> dict[int, InvalidInput]:
     """Store many events as :func:`insert_event` stores one, in their order,
     on ``conn`` in whatever transaction it is in, in one round trip whatever
     their number. Returns the refused events by position (0-based), each
@@ -97,10 +106,15 @@ async def insert_events(conn: asyncpg.Connection, events: Sequence[EventRow]) ->
     (or were already, identical), and the transaction is still usable."""
     if not events:
         return {}
-    ids, tenants, types, data, keys, parents = (list(column) for column in zip(*events, strict=True))
+    ids, tenants = [e.id for e in events], [e.tenant for e in events]
     rows = await conn.fetch(
         *QUERIES["publish_many"](
-            ids=ids, tenants=tenants, types=types, data=data, coalesce_keys=keys, traceparents=parents
+            ids=ids,
+            tenants=tenants,
+            types=[e.type for e in events],
+            data=[e.data_json for e in events],
+            coalesce_keys=[e.coalesce_key for e in events],
+            traceparents=[e.traceparent for e in events],
         )
     )
     refused: dict[int, InvalidInput] = {}

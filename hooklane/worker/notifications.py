@@ -91,11 +91,11 @@ def notice_data(notice: store.Notice) -> dict[str, object]:
     return data
 
 
-def notice_event(tenant: str, notice: store.Notice) -> store.EventRow:
+def notice_event(tenant: str, notice: store.Notice) -> store.Event:
     """``notice`` as the notifications tenant's event, as ``insert_events``
     takes it. No coalesce key: a later notice must not replace an earlier
     one still pending, whose dead deliveries it does not count."""
-    return (notice_id(notice), tenant, TYPES[notice.kind], json.dumps(notice_data(notice)), None, None)
+    return store.Event(notice_id(notice), tenant, TYPES[notice.kind], json.dumps(notice_data(notice)))
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,8 @@ class Notifications:
             events = [notice_event(tenant, n) for n in notices]
             refused = await store.insert_events(conn, events)
         for position, (notice, event) in enumerate(zip(notices, events, strict=True)):
-            _log(notice, event[0], tenant, refused.get(position))
-        return Notified(noted, tuple(e[0] for i, e in enumerate(events) if i not in refused))
+            _log(notice, event.id, tenant, refused.get(position))
+        return Notified(noted, tuple(e.id for i, e in enumerate(events) if i not in refused))
 
 
 def _log(notice: store.Notice, event_id: str, tenant: str, refusal: Exception | None) -> None:

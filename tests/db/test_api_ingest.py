@@ -29,7 +29,6 @@ from hooklane.api.app import make_app
 from hooklane.api.group_commit import (
     RETRY_PAUSE_CAP_SECONDS,
     RETRY_PAUSE_SECONDS,
-    Event,
     GroupCommitter,
     _Unit,
     retry_pause,
@@ -40,6 +39,7 @@ from hooklane.api.tokens import TokenSource
 from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput, OutcomeUnknown, TransientStoreError
 from hooklane.settings import Settings
+from hooklane.store import Event
 from hooklane.tokens import Tokens
 from testsupport.fixtures import LOOPBACK, add_endpoint, api_process, wait_api_up, wait_for, worker_process
 
@@ -525,16 +525,16 @@ async def test_a_conflicting_batch_in_a_group_leaves_the_others_committed(
 
 async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Connection) -> None:
     async with db.transaction():
-        assert await store.insert_events(db, [("a", "acme", "a.b", '{"n": 1}', None, None)]) == {}
+        assert await store.insert_events(db, [Event("a", "acme", "a.b", '{"n": 1}')]) == {}
         refused = await store.insert_events(
             db,
             [
-                ("a", "acme", "a.b", '{"n": 1}', None, None),  # the same again: stored once
-                ("a", "acme", "a.b", '{"n": 2}', None, None),  # other content under a stored id
-                ("a", "globex", "a.b", '{"n": 2}', None, None),  # another tenant's id: another event
-                ("b", "acme", "a.b", "{}", "k", None),
-                ("b", "acme", "a.b", "{}", None, None),  # another coalesce key, same call
-                ("c", "acme", "a b", "{}", None, None),  # refused by the function's own check
+                Event("a", "acme", "a.b", '{"n": 1}'),  # the same again: stored once
+                Event("a", "acme", "a.b", '{"n": 2}'),  # other content under a stored id
+                Event("a", "globex", "a.b", '{"n": 2}'),  # another tenant's id: another event
+                Event("b", "acme", "a.b", "{}", "k"),
+                Event("b", "acme", "a.b", "{}"),  # another coalesce key, same call
+                Event("c", "acme", "a b", "{}"),  # refused by the function's own check
             ],
         )
     assert {i: (type(e).__name__, e.field) for i, e in refused.items()} == {
@@ -664,16 +664,12 @@ async def hold_event(dsn: str, event_id: str) -> tuple[asyncpg.Connection, async
     conn = await asyncpg.connect(dsn)
     tx = conn.transaction()
     await tx.start()
-    await store.insert_events(conn, [_row(event_id)])
+    await store.insert_events(conn, [event(event_id)])
     return conn, tx
 
 
-def _row(event_id: str) -> store.EventRow:
-    return (event_id, "acme", EVENT["type"], json.dumps(EVENT["data"]), None, None)
-
-
 def event(event_id: str) -> Event:
-    return Event(*_row(event_id))
+    return Event(event_id, "acme", EVENT["type"], json.dumps(EVENT["data"]))
 
 
 async def settled(db: asyncpg.Connection) -> None:
@@ -793,7 +789,7 @@ async def test_a_group_aborted_by_a_deadlock_is_tried_again(
         await other.execute("SET deadlock_timeout = '60s'")
         tx = other.transaction()
         await tx.start()
-        await store.insert_events(other, [_row("y")])
+        await store.insert_events(other, [event("y")])
         sent = asyncio.create_task(
             post(client, "/v1/events/batch", {"events": [{**EVENT, "id": "y"}, {**EVENT, "id": "x"}]})
         )
@@ -802,7 +798,7 @@ async def test_a_group_aborted_by_a_deadlock_is_tried_again(
             return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
 
         await wait_for(waiting)
-        await store.insert_events(other, [_row("x")])
+        await store.insert_events(other, [event("x")])
         await tx.commit()
     finally:
         await other.close()
@@ -833,7 +829,7 @@ async def test_concurrent_batches_sharing_ids_in_different_orders_are_all_accept
     # conflict whatever the order the others commit in.
     earlier = [f"earlier-{i}" for i in range(12)]
     async with db.transaction():
-        await store.insert_events(db, [_row(i) for i in earlier])
+        await store.insert_events(db, [event(i) for i in earlier])
     shuffle = random.Random(18)
     ids = [f"shared-{i:02d}" for i in range(40)]
     batches = []

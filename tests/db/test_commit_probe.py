@@ -229,7 +229,7 @@ async def test_a_probe_planned_on_empty_tables_reads_each_events_deliveries_by_t
         since = (await store.published_since(worker, None)).snapshot
         async with db.transaction():
             await store.insert_events(
-                db, [(f"bulk-{i}", "acme", "bulk.item", "{}", None, None) for i in range(2000)]
+                db, [store.Event(f"bulk-{i}", "acme", "bulk.item", "{}") for i in range(2000)]
             )
         returned = "SELECT pg_stat_get_xact_tuples_returned('deliveries_queue'::regclass)"
         async with worker.transaction():

@@ -28,7 +28,7 @@ async def _backlog(db, tenant: str, n: int, event_type: str = "bulk.item") -> No
     """``n`` events of ``tenant`` published in one transaction."""
     async with db.transaction():
         await store.insert_events(
-            db, [(f"{tenant}-{i}", tenant, event_type, f'{{"i": {i}}}', None, None) for i in range(n)]
+            db, [store.Event(f"{tenant}-{i}", tenant, event_type, f'{{"i": {i}}}') for i in range(n)]
         )
 
 
@@ -244,7 +244,7 @@ async def test_rate_limits_hold_across_workers_one_killed_and_spare_the_others(d
                     await store.insert_events(
                         db,
                         [
-                            (f"{tenant}-{i}", tenant, "bulk.item", "{}", None, None)
+                            store.Event(f"{tenant}-{i}", tenant, "bulk.item", "{}")
                             for i in range(first, min(n, first + 1000))
                         ],
                     )
