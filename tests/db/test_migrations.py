@@ -244,14 +244,14 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
 
 
 # Drops that wait for the next release (CONTRIBUTING.md, "Releasing").
-AFTER_NEXT_RELEASE = Path(__file__).parent.parent / "hooklane" / "store" / "after_next_release"
+AFTER_NEXT_RELEASE = Path(hooklane.__file__).parent / "store" / "after_next_release"
 
 
 @pytest.mark.unit
 def test_each_drop_after_the_next_release_is_named_by_the_release_step():
     files = sorted(AFTER_NEXT_RELEASE.iterdir())
     assert files, "nothing waits for the next release: delete the folder and its release step"
-    releasing = (Path(__file__).parent.parent / "CONTRIBUTING.md").read_text().split("### Releasing")[1]
+    releasing = (Path(hooklane.__file__).parents[1] / "CONTRIBUTING.md").read_text().split("### Releasing")[1]
     queries = (AFTER_NEXT_RELEASE.parent / "queries.sql").read_text()
     for path in files:
         assert re.fullmatch(r"[a-z0-9_]+\.sql", path.name), path.name
