@@ -20,7 +20,7 @@
 -- Rolling upgrade: 0.1.0's workers keep theirs, hooklane_reserve (which
 -- calls hooklane_absorb_wakeups and hooklane_rerate) and the tables
 -- wakeups and ready_endpoints that these and their complete and sweep
--- statements write (tests/release_0_1_0.sql). Their drop is written
+-- statements write (tests/db/release_0_1_0.sql). Their drop is written
 -- already, in hooklane/store/after_next_release/: the first migration
 -- after the next release (CONTRIBUTING.md, "Releasing").
 
