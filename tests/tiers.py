@@ -42,7 +42,7 @@ FIXTURES = {
     "postgresql": "db",
     "postgresql_noproc": "db",
     "receiver": "db",
-    # testsupport/otlp.py: an OTLP/HTTP trace collector on loopback
+    # testsupport/tracing.py: an OTLP/HTTP trace collector on loopback
     "collector": "db",
     # a PostgreSQL of the module's own, which its tests restart
     "chaos_pg": "processes",
@@ -61,7 +61,7 @@ FIXTURES = {
 }
 
 # The Go binaries hack/test builds, by the tiers whose tests use them:
-# the kube tests install the chart too (tests/tools/test_chart.py, the
+# the kube tests install the chart too (tests/kube/test_chart.py, the
 # operator's RBAC), and the cluster's build starts with envtest's. The
 # publishing examples (a Go binary and node_modules) are run as processes.
 BUILDS = {
