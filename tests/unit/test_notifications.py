@@ -50,11 +50,13 @@ def _notice(kind: str, **fields: object) -> store.Notice:
 @pytest.mark.parametrize("kind", store.NOTICE_KINDS)
 def test_a_notice_is_an_event_the_publish_rules_take(kind):
     notice = _notice(kind)
-    event_id, tenant, type, data, coalesce_key, traceparent = notice_event("ops", notice)
-    assert event_id == f"hooklane.endpoint.{kind}.42.1772366400123456"
-    assert (tenant, type, coalesce_key, traceparent) == ("ops", f"hooklane.endpoint.{kind}", None, None)
-    check_event(tenant=tenant, type=type, data=json.loads(data), id=event_id)
-    assert json.loads(data)["endpoint"] == {"namespace": "shop", "name": "orders-acme"}
+    event = notice_event("ops", notice)
+    assert event.id == f"hooklane.endpoint.{kind}.42.1772366400123456"
+    assert (event.tenant, event.type) == ("ops", f"hooklane.endpoint.{kind}")
+    assert event.coalesce_key is None and event.traceparent is None
+    data = json.loads(event.data_json)
+    check_event(tenant=event.tenant, type=event.type, data=data, id=event.id)
+    assert data["endpoint"] == {"namespace": "shop", "name": "orders-acme"}
 
 
 def test_a_notice_id_is_its_subject_whoever_takes_it():
