@@ -33,11 +33,8 @@ def test_collection_gives_a_test_its_folders_tier_and_refuses_one_in_the_wrong_t
         (tmp_path / tier / "conftest.py").write_text(
             f"from tests.tiers import folder\n\npytest_itemcollected = folder({tier!r})\n"
         )
-    (tmp_path / "db" / "test_tiers.py").write_text(
-        "import pytest\n\n\n"
-        "@pytest.mark.unit\ndef test_pure():\n    pass\n\n\n"
-        "def test_unmarked(db):\n    pass\n"
-    )
+    (tmp_path / "unit" / "test_tiers.py").write_text("def test_pure():\n    pass\n")
+    (tmp_path / "db" / "test_tiers.py").write_text("def test_unmarked(db):\n    pass\n")
 
     def collect(*args: str) -> subprocess.CompletedProcess[str]:
         # this repository's plugins and configuration, on test files of its own
@@ -57,7 +54,8 @@ def test_collection_gives_a_test_its_folders_tier_and_refuses_one_in_the_wrong_t
 
     (tmp_path / "unit" / "test_wrong.py").write_text(
         "import pytest\n\n\ndef test_wrong(db):\n    pass\n\n\n"
-        "@pytest.mark.unit\n@pytest.mark.processes\ndef test_twice():\n    pass\n"
+        "@pytest.mark.processes\ndef test_other():\n    pass\n\n\n"
+        "@pytest.mark.unit\ndef test_same():\n    pass\n"
     )
     (tmp_path / "unit" / "test_module.py").write_text(
         "import pytest\n\npytestmark = pytest.mark.unit\n\n\ndef test_marked():\n    pass\n"
@@ -65,9 +63,10 @@ def test_collection_gives_a_test_its_folders_tier_and_refuses_one_in_the_wrong_t
     (tmp_path / "test_nowhere.py").write_text("def test_nowhere():\n    pass\n")
     done = collect()
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
-    assert "test_wrong is in tier unit but uses postgresql (db): mark it db" in done.stderr
-    assert "test_twice is in 2 tiers (unit, processes): one only" in done.stderr
-    assert "test_marked is in a module marked unit: its folder says its tier" in done.stderr
+    assert "test_wrong is in tier unit but uses postgresql (db): move it to tests/db/" in done.stderr
+    assert "test_other is marked processes: its folder says its tier (unit)" in done.stderr
+    assert "test_same is marked unit: its folder says its tier (unit)" in done.stderr
+    assert "test_marked is marked unit: its folder says its tier (unit)" in done.stderr
     assert "test_nowhere is in no tier's folder: move it to tests/<tier>/" in done.stderr
 
 

@@ -15,19 +15,20 @@ from testsupport.dev_tooling import ROOT
 def test_a_test_is_in_one_tier_and_uses_nothing_heavier():
     # what pytest collects for a test taking ``db`` and ``receiver``
     closure = ["event_loop_policy", "db", "dsn", "postgresql", "receiver", "request"]
-    assert tier_problems(["unit", "parametrize"], ["tmp_path", "monkeypatch"], "db") == ("unit", [])
+    assert tier_problems(["parametrize"], ["tmp_path", "monkeypatch"], "unit") == ("unit", [])
     assert tier_problems(["chaos"], closure, "db") == ("db", [])
-    assert tier_problems(["unit"], closure, "db") == (
+    assert tier_problems([], closure, "unit") == (
         "unit",
-        ["is in tier unit but uses postgresql (db), receiver (db): mark it db"],
+        ["is in tier unit but uses postgresql (db), receiver (db): move it to tests/db/"],
     )
     assert tier_problems([], ["tools", *closure], "db") == (
         "db",
-        ["is in tier db but uses tools (tools): mark it tools"],
+        ["is in tier db but uses tools (tools): move it to tests/tools/"],
     )
-    assert tier_problems(["kube"], ["tools", "control_plane", *closure], "unit") == ("kube", [])
-    assert tier_problems(["unit", "kube"], [], "unit")[1] == ["is in 2 tiers (unit, kube): one only"]
-    assert tier_problems([], [], None) == (None, ["is in no tier's folder: move it to tests/<tier>/"])
+    assert tier_problems([], ["tools", "control_plane", *closure], "kube") == ("kube", [])
+    assert tier_problems(["unit"], [], "db")[1] == ["is marked unit: its folder says its tier (db)"]
+    assert tier_problems(["db", "kube"], [], "db")[1] == ["is marked db, kube: its folder says its tier (db)"]
+    assert tier_problems(["unit"], [], None) == (None, ["is in no tier's folder: move it to tests/<tier>/"])
 
 
 def test_hack_test_builds_only_what_the_selected_tiers_need():
@@ -41,8 +42,7 @@ def test_hack_test_builds_only_what_the_selected_tiers_need():
     assert builds("unit and kube") == []  # no test is in both
     assert builds("((") == []  # pytest says what is wrong with it
 
-    # Paths narrow it: a tier's folder holds its tier's tests and those its
-    # modules mark with another.
+    # Paths narrow it: a tier's folder holds its tier's tests only.
     def at(*paths: str) -> list[str]:
         return [str(ROOT / path) for path in paths]
 
