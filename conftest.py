@@ -8,4 +8,8 @@ pytest_plugins = [
     "testsupport.chart",
     "testsupport.dashboard",
     "testsupport.selfservice",
+    "testsupport.api_admin",
+    "testsupport.bench_smoke",
+    "testsupport.destination_guard",
+    "testsupport.tracing",
 ]

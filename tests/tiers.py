@@ -4,9 +4,9 @@ what the tier needs); CONTRIBUTING.md "Running and testing" gives the
 command for each.
 
 Every test is in exactly one tier: its folder's (``tests/<tier>/``, whose
-conftest.py says which), or the one its own marker names where a module
-holds a few tests of another tier. A test may use the fixtures of its tier
-and of lighter ones only. This module, a plugin of every test run (the
+conftest.py says which); a test never names a tier itself, so moving it
+is what changes its tier. A test may use the fixtures of its tier and of
+lighter ones only. This module, a plugin of every test run (the
 repository's conftest.py), checks both at collection; hack/test builds
 the Go binaries only for a selection that may hold a tier needing them
 (``python3 -m tests.tiers EXPR [PATH...]``).
@@ -42,7 +42,7 @@ FIXTURES = {
     "postgresql": "db",
     "postgresql_noproc": "db",
     "receiver": "db",
-    # testsupport/otlp.py: an OTLP/HTTP trace collector on loopback
+    # testsupport/tracing.py: an OTLP/HTTP trace collector on loopback
     "collector": "db",
     # a PostgreSQL of the module's own, which its tests restart
     "chaos_pg": "processes",
@@ -61,7 +61,7 @@ FIXTURES = {
 }
 
 # The Go binaries hack/test builds, by the tiers whose tests use them:
-# the kube tests install the chart too (tests/tools/test_chart.py, the
+# the kube tests install the chart too (tests/kube/test_chart.py, the
 # operator's RBAC), and the cluster's build starts with envtest's. The
 # publishing examples (a Go binary and node_modules) are run as processes.
 BUILDS = {
@@ -75,26 +75,25 @@ BUILDS = {
 def tier_problems(
     markers: Iterable[str], fixtures: Iterable[str], folder: str | None
 ) -> tuple[str | None, list[str]]:
-    """The tier of a test with these markers (its own and its class's),
-    this fixture closure, in the folder of tier ``folder`` (None: in no
-    tier's folder), and what is wrong with it: no tier, more than one, or
-    fixtures of a heavier tier."""
-    named = sorted(set(markers).intersection(TIERS), key=TIERS.index)
-    tier = named[0] if named else folder
-    if tier is None:
+    """The tier of a test in the folder of tier ``folder`` (None: in no
+    tier's folder), with these markers (its own, its class's and its
+    module's) and this fixture closure, and what is wrong with it: no
+    folder, a tier marker, or fixtures of a heavier tier."""
+    if folder is None:
         return None, ["is in no tier's folder: move it to tests/<tier>/"]
     problems = []
-    if len(named) > 1:
-        problems.append(f"is in {len(named)} tiers ({', '.join(named)}): one only")
+    named = sorted(set(markers).intersection(TIERS), key=TIERS.index)
+    if named:
+        problems.append(f"is marked {', '.join(named)}: its folder says its tier ({folder})")
     heavier = sorted(
         (TIERS.index(FIXTURES[f]), f)
         for f in set(fixtures)
-        if f in FIXTURES and TIERS.index(FIXTURES[f]) > TIERS.index(tier)
+        if f in FIXTURES and TIERS.index(FIXTURES[f]) > TIERS.index(folder)
     )
     if heavier:
         uses = ", ".join(f"{f} ({TIERS[rank]})" for rank, f in heavier)
-        problems.append(f"is in tier {tier} but uses {uses}: mark it {TIERS[heavier[-1][0]]}")
-    return tier, problems
+        problems.append(f"is in tier {folder} but uses {uses}: move it to tests/{TIERS[heavier[-1][0]]}/")
+    return folder, problems
 
 
 def folder(tier: str) -> Callable[[pytest.Item], None]:
@@ -111,18 +110,13 @@ def folder(tier: str) -> Callable[[pytest.Item], None]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test in one tier, using no fixture of a heavier one. First,
-    before -m selects by marker: a test without a tier marker is given its
-    folder's."""
+    """Every test in its folder's tier, using no fixture of a heavier one.
+    First, before -m selects by marker: each test is given its folder's."""
     problems = []
     for item in items:
-        module = item.getparent(pytest.Module)
-        own = {m.name for node in item.listchain() if node is not module for m in node.own_markers}
-        moved = sorted({m.name for m in module.own_markers}.intersection(TIERS)) if module else []
-        tier, wrong = tier_problems(own, getattr(item, "fixturenames", ()), item.stash.get(FOLDER, None))
-        if moved:
-            wrong.append(f"is in a module marked {', '.join(moved)}: its folder says its tier")
-        if tier is not None and tier not in own:
+        marked = {m.name for node in item.listchain() for m in node.own_markers}
+        tier, wrong = tier_problems(marked, getattr(item, "fixturenames", ()), item.stash.get(FOLDER, None))
+        if tier is not None:
             item.add_marker(tier)
         problems += [f"{item.nodeid} {why}" for why in wrong]
     if problems:
@@ -172,22 +166,15 @@ def selected_tiers(expression: str) -> list[str]:
     return found
 
 
-_MARKED = re.compile(rf"\bmark\.({'|'.join(TIERS)})\b")
-
-
 def path_tiers(path: str) -> set[str]:
     """The tiers of the tests a path given to pytest may hold
-    (``tests/db/test_x.py::test_y`` too): its tier folder's and those its
-    tests' markers name; every tier for a path above the tier folders."""
+    (``tests/db/test_x.py::test_y`` too): its tier folder's; every tier for
+    a path above the tier folders."""
     found = Path(path.partition("::")[0])
     below = (
         found.parts[len(found.parts) - found.parts[::-1].index("tests") :] if "tests" in found.parts else ()
     )
-    tier = below[0] if below and below[0] in TIERS else None
-    if tier is None:
-        return set(TIERS)
-    files = [found] if found.is_file() else found.rglob("*.py")
-    return {tier, *(t for file in files for t in _MARKED.findall(file.read_text()))}
+    return {below[0]} if below and below[0] in TIERS else set(TIERS)
 
 
 def builds(expression: str, paths: Iterable[str] = ()) -> list[str]:

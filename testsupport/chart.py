@@ -66,3 +66,9 @@ def tools(tmp_path_factory: pytest.TempPathFactory) -> Tools:
         "KUBECONFIG": str(home / "no-kubeconfig"),
     }
     return Tools(folder, env)
+
+
+EVERYTHING = CHART / "tests" / "values" / "everything.yaml"
+
+
+REQUIRED = ["--set", "database.existingSecret=pg", "--set", f"api.tokens.ingest[0]={INGEST_TOKEN}"]

@@ -134,3 +134,17 @@ async def publish(db: asyncpg.Connection, n: int = 1, tenant: str = "acme") -> l
 
 async def _count(values: Awaitable[list[int]], n: int) -> bool:
     return len(await values) == n
+
+
+@pytest.fixture
+async def base(start_dashboard: StartServer) -> str:
+    return await start_dashboard()
+
+
+def endpoint_rows(page: Page) -> Any:
+    return page.locator("table.endpoints tbody tr")
+
+
+async def shown(page: Page) -> list[str]:
+    names = await endpoint_rows(page).evaluate_all("rows => rows.map(r => r.dataset.endpoint)")
+    return [n.removeprefix("default/") for n in names]

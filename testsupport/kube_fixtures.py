@@ -1,9 +1,10 @@
 """pytest fixtures for tests against a real kube-apiserver.
 
-Load with ``pytest_plugins = ["testsupport.kube_fixtures"]`` and mark such tests
-``@pytest.mark.kube``. One control plane (etcd + kube-apiserver, CRDs
-installed) serves the whole session; the first run on a machine builds the
-binaries, which takes minutes (see hack/envtest/README.md).
+The repository's conftest.py loads them; the tests taking them are in
+tests/kube/ (or a heavier tier's folder). One control plane (etcd +
+kube-apiserver, CRDs installed) serves the whole session; the first run on
+a machine builds the binaries, which takes minutes (see
+hack/envtest/README.md).
 """
 
 from __future__ import annotations

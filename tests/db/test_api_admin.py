@@ -4,12 +4,8 @@ receivers' reconciliation with a stable cursor."""
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from importlib import resources
 from typing import Any
 
 import asyncpg
@@ -18,34 +14,17 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_schema_validator import OAS31Validator
 
 import hooklane
-from hooklane import metrics, store
+from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.auth import token_sources
 from hooklane.dev.postgres import free_port
-from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.times import rfc3339
 from hooklane.tokens import Tokens
-from testsupport.cli import hooklane as run_cli
-from testsupport.fixtures import SECRET, add_endpoint, flaky_history, in_process_api, notified, wait_for
+from testsupport.api_admin import ADMIN, AUTH, INGEST, call, kill, openapi_document
+from testsupport.fixtures import SECRET, add_endpoint, flaky_history, notified, wait_for
 
-ADMIN = "admin-token-0123456789"
-INGEST = "ingest-token-0123456789"
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
 EP = "/v1/admin/endpoints/default"
-
-
-@pytest.fixture
-async def api(dsn: str, settings: Settings) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
-    async with in_process_api(dsn, settings, INGEST, ADMIN) as client:
-        yield client
-
-
-async def call(api: TestClient, method: str, path: str, status: int = 200, **kwargs: Any) -> Any:
-    response = await api.request(method, path, headers=AUTH, **kwargs)
-    body = await response.json()
-    assert response.status == status, body
-    return body
 
 
 async def publish(db: asyncpg.Connection, n: int, tenant: str = "acme", type_: str = "order.paid") -> None:
@@ -62,14 +41,6 @@ async def delivery_ids(db: asyncpg.Connection, name: str) -> list[int]:
             name,
         )
     ]
-
-
-async def kill(db: asyncpg.Connection, ids: list[int]) -> None:
-    await db.execute(
-        "UPDATE deliveries SET state = 'dead', last_status = 500, last_error = 'HTTP 500' "
-        "WHERE id = ANY($1::bigint[])",
-        ids,
-    )
 
 
 # --- access --------------------------------------------------------------------
@@ -115,80 +86,6 @@ async def test_unknown_endpoints_and_bad_names(api):
     assert bad["field"] == "name"
     bad = await call(api, "GET", "/v1/admin/endpoints/-x-/a", 422)
     assert bad["field"] == "namespace"
-
-
-@pytest.mark.processes
-async def test_api_status_and_gauges_agree(api, db, dsn, start_worker):
-    """The same endpoints, in every state, seen by the admin API, `hooklane
-    status` and the worker's gauges: one health function, so one answer."""
-    names = ("active", "manual", "circuit", "probing", "deactivated")
-    for name in names:
-        await add_endpoint(db, name, "http://127.0.0.1:9/never", paused=name == "manual")
-    for i, name in enumerate(names):
-        for j in range(i + 1):
-            await hooklane.publish(db, tenant="acme", type="t.x", data={}, id=f"{name}-{j}")
-    # Each endpoint got every event; keep i+1 pending on endpoint i, kill one
-    # more, and let none come due, so that the worker only reads.
-    await db.execute(
-        "DELETE FROM deliveries d USING endpoints ep WHERE ep.id = d.endpoint_id "
-        "AND NOT starts_with(d.event_id, ep.name || '-')"
-    )
-    await db.execute("UPDATE deliveries SET next_attempt_at = now() + interval '1 hour'")
-    first = await db.fetch(
-        "SELECT min(id) AS id FROM deliveries WHERE event_id <> 'active-0' GROUP BY endpoint_id"
-    )
-    await kill(db, [r["id"] for r in first])
-    await db.execute(
-        """UPDATE endpoints SET consecutive_failures = 20, failing_since = now(),
-                  paused_until = now() + CASE name WHEN 'circuit' THEN interval '1 hour'
-                                                   ELSE interval '-1 minute' END
-           WHERE name IN ('circuit', 'probing')"""
-    )
-    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE name = 'deactivated'")
-
-    seen = {e["name"]: e for e in (await call(api, "GET", "/v1/admin/endpoints"))["endpoints"]}
-    expected = {
-        "active": ("Active", None, 1, 0),
-        "manual": ("Paused", "manual", 1, 1),
-        "circuit": ("Paused", "circuit", 2, 1),
-        "probing": ("Probing", None, 3, 1),
-        "deactivated": ("Deactivated", None, 4, 1),
-    }
-    assert {n: (e["phase"], e["paused_by"], e["pending"], e["dead"]) for n, e in seen.items()} == expected
-
-    lines = run_cli(dsn, "status").stdout.splitlines()
-    header = lines[0]
-    for name, (phase, paused_by, pending, dead) in expected.items():
-        (line,) = [line for line in lines[1:] if line.startswith(f"default/{name} ")]
-        state = f"{phase} ({paused_by})" if paused_by else phase
-        assert line[header.index("STATE") :].startswith(state), line
-        assert line[header.index("PENDING") :].split()[0] == str(pending)
-        assert line[header.index("DEAD") :].split()[0] == str(dead)
-
-    start_worker()
-
-    def gauges() -> dict[str, Any]:
-        return {
-            "paused": {
-                r: metrics.ENDPOINTS_PAUSED.labels(r)._value.get()
-                for r in ("manual", "circuit", "deactivated")
-            },
-            "probing": metrics.ENDPOINTS_PROBING._value.get(),
-            "pending": {n: metrics.ENDPOINT_PENDING.labels("default", n)._value.get() for n in names},
-            "dead": {n: metrics.ENDPOINT_DEAD.labels("default", n)._value.get() for n in names},
-        }
-
-    await wait_for(
-        lambda: (
-            gauges()
-            == {
-                "paused": {"manual": 1, "circuit": 1, "deactivated": 1},
-                "probing": 1,
-                "pending": {n: float(e[2]) for n, e in expected.items()},
-                "dead": {n: float(e[3]) for n, e in expected.items()},
-            }
-        )
-    )
 
 
 # --- endpoint listing: pages and filters ------------------------------------------
@@ -785,7 +682,7 @@ async def test_the_api_answers_503_while_the_database_is_away(api, database_outa
 
 def conforms(body: Any, schema: str) -> None:
     """``body`` is valid by the OpenAPI document's component ``schema``."""
-    components = _document()["components"]
+    components = openapi_document()["components"]
     OAS31Validator({"$ref": f"#/components/schemas/{schema}", "components": components}).validate(body)
 
 
@@ -829,32 +726,6 @@ async def test_answers_match_the_openapi_document(api, db):
         conforms(await call(api, method, path, kwargs.pop("expect", 200), **kwargs), schema)
     listed = await call(api, "GET", f"{EP}/a/attempts")
     assert [(a["delivery_id"], a["failure"]) for a in listed["attempts"]] == [(ids[0], "timeout")]
-
-
-def _document() -> Any:
-    return json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
-
-
-@pytest.mark.unit
-def test_the_documents_enums_are_the_stores():
-    schemas = _document()["components"]["schemas"]
-    assert tuple(schemas["AttemptOutcome"]["enum"]) == store.OUTCOMES
-    assert tuple(schemas["FailureClass"]["enum"]) == store.FAILURES
-    assert tuple(schemas["AdminDelivery"]["properties"]["state"]["enum"]) == store.STATES
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "text", ["503", "5xx", "1xx", "199", "599", "5XX", "600", "099", "50", "5000", "x5x", ""]
-)
-def test_the_documents_status_pattern_is_the_stores_rule(text):
-    pattern = _document()["components"]["schemas"]["StatusFilter"]["pattern"]
-    try:
-        store.check_status_filter(text)
-        taken = True
-    except InvalidInput:
-        taken = False
-    assert (re.search(pattern, text) is not None) == taken
 
 
 async def test_a_malformed_cursor_is_refused_even_with_the_database_away(settings: Settings) -> None:

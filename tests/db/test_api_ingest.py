@@ -1,6 +1,6 @@
 """Publishing over HTTP (``POST /v1/events``, ``/v1/events/batch``): real
-Postgres, real HTTP on loopback, and the real ``hooklane api`` process for
-the end-to-end case."""
+Postgres, real HTTP on loopback. The real ``hooklane api`` process, end to
+end: tests/processes/test_api_ingest.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import asyncio
 import functools
 import json
 import random
-import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +15,6 @@ from dataclasses import replace
 from importlib import resources
 from typing import Any
 
-import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -34,19 +32,17 @@ from hooklane.api.group_commit import (
     retry_pause,
     take,
 )
-from hooklane.api.ingest import COMMITTER, Refused
+from hooklane.api.ingest import COMMITTER
 from hooklane.api.tokens import TokenSource
 from hooklane.dev.postgres import free_port
-from hooklane.errors import InvalidInput, OutcomeUnknown, TransientStoreError
+from hooklane.errors import OutcomeUnknown, TransientStoreError
 from hooklane.settings import Settings
 from hooklane.store import Event
 from hooklane.tokens import Tokens
-from testsupport.fixtures import LOOPBACK, add_endpoint, api_process, wait_api_up, wait_for, worker_process
+from testsupport.api_ingest import AUTH, EVENT, TOKEN, event
+from testsupport.fixtures import add_endpoint, wait_for
 
-TOKEN = "ingest-token-0123456789"
 ACME_ONLY = "acme-only-token-0123456789"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-EVENT = {"type": "order.created", "tenant": "acme", "data": {"order": 1}}
 
 Client = TestClient  # type: ignore[type-arg]
 MakeClient = Callable[..., Awaitable[TestClient]]  # type: ignore[type-arg]
@@ -668,10 +664,6 @@ async def hold_event(dsn: str, event_id: str) -> tuple[asyncpg.Connection, async
     return conn, tx
 
 
-def event(event_id: str) -> Event:
-    return Event(event_id, "acme", EVENT["type"], json.dumps(EVENT["data"]))
-
-
 async def settled(db: asyncpg.Connection) -> None:
     """Wait until no other session of the test's database is inside a
     transaction: whatever the API's backends were doing has committed or
@@ -853,79 +845,5 @@ async def test_concurrent_batches_sharing_ids_in_different_orders_are_all_accept
 # Pure checks
 
 
-@pytest.mark.unit
-def test_media_types() -> None:
-    ingest.check_media_type("application/json", None)
-    ingest.check_media_type("application/json", "UTF-8")
-    for content_type, charset in [
-        ("application/x-www-form-urlencoded", None),
-        ("application/json", "utf-16"),
-    ]:
-        with pytest.raises(Refused) as refused:
-            ingest.check_media_type(content_type, charset)
-        assert refused.value.status == 415
-
-
-@pytest.mark.unit
-def test_parse_json_refuses_what_is_not_one_plain_object() -> None:
-    assert ingest.parse_json(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
-    for raw in [b"\xef\xbb\xbf{}", b"{} {}", b'{"a": 1, "a": 1}', b'{"a": NaN}', b"null", b"\xc3("]:
-        with pytest.raises(Refused) as refused:
-            ingest.parse_json(raw)
-        assert (refused.value.status, refused.value.code) == (400, "malformed")
-
-
-@pytest.mark.unit
-def test_event_of_names_the_field_under_its_prefix() -> None:
-    with pytest.raises(InvalidInput) as invalid:
-        ingest.event_of({"type": "a.b", "tenant": "acme", "data": {}, "coalesce_key": 5}, "events[4].")
-    assert invalid.value.field == "events[4].coalesce_key"
-    event = ingest.event_of({"type": "a.b", "tenant": "acme", "data": {"k": 1}, "id": "own"})
-    assert (event.id, event.data_json) == ("own", '{"k": 1}')
-
-
 # --------------------------------------------------------------------------
 # End to end: the real `hooklane api` process, a worker, a receiver
-
-
-@pytest.mark.processes
-async def test_an_event_posted_to_hooklane_api_is_delivered(
-    dsn: str, db: asyncpg.Connection, receiver
-) -> None:
-    await add_endpoint(db, "orders", receiver.url("/hook"))
-    port = free_port()
-    api = api_process(dsn, port, HOOKLANE_API_TOKENS=TOKEN, HOOKLANE_ALLOWED_NETWORKS=LOOPBACK)
-    worker = worker_process(dsn)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            await wait_api_up(session, base, api)
-            async with session.post(
-                f"{base}/v1/events", json={**EVENT, "id": "e2e-1"}, headers=AUTH
-            ) as response:
-                assert response.status == 202
-                assert await response.json() == {"id": "e2e-1"}
-        [arrived] = await wait_for(lambda: receiver.at("/hook"), timeout=30)
-        assert arrived.headers["webhook-id"] == "e2e-1"
-        assert json.loads(arrived.body)["data"] == {"order": 1}
-        api.send_signal(signal.SIGTERM)
-        assert api.wait(timeout=30) == 0
-    finally:
-        for proc in (api, worker):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.mark.unit
-def test_the_openapi_document_describes_the_events_accepted() -> None:
-    doc = json.loads(resources.files("hooklane.api").joinpath("openapi.json").read_text())
-    schemas = doc["components"]["schemas"]
-    event = schemas["IngestEvent"]
-    assert set(event["properties"]) == ingest.FIELDS
-    assert set(event["required"]) == set(ingest.REQUIRED)
-    assert schemas["IngestBatch"]["properties"]["events"]["maxItems"] == Settings.api_batch_max_events
-    for path in (ingest.EVENTS_PATH, ingest.BATCH_PATH):
-        assert {"202", "400", "401", "403", "409", "413", "415", "422", "503"} <= set(
-            doc["paths"][path]["post"]["responses"]
-        )

@@ -1,25 +1,21 @@
 """Upgrading a database that holds data, from version 1 through every later
-migration, then delivering from it; `hooklane migrate` run concurrently; and
-a worker of the previous release still working against the new schema."""
+migration, then delivering from it; and a worker of the previous release
+still working against the new schema. `hooklane migrate` run concurrently:
+tests/processes/test_migrations.py."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
-import pytest
 from standardwebhooks.webhooks import Webhook
 
 import hooklane
 from hooklane import store
 from hooklane.policies import CircuitPolicy
 from testsupport.fixtures import SECRET, RunningWorker, add_endpoint, reserve_round, wait_for
+from testsupport.migrations import AFTER_NEXT_RELEASE
 
 ALL = list(range(32))
 
@@ -158,39 +154,6 @@ async def test_version_1_data_survives_every_migration_and_is_delivered(fresh_ds
         await conn.close()
 
 
-def _migrate_process(dsn: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLANE_")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "hooklane.cli", "migrate"],
-        env={**env, "HOOKLANE_DATABASE_URL": dsn},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-@pytest.mark.processes
-async def test_concurrent_migrate_runs_apply_each_migration_once(fresh_dsn):
-    runs = [_migrate_process(fresh_dsn) for _ in range(6)]
-    loop = asyncio.get_running_loop()
-    outputs = await asyncio.gather(
-        *(loop.run_in_executor(None, lambda p=p: p.communicate(timeout=120)) for p in runs)
-    )
-    assert [p.returncode for p in runs] == [0] * 6, [err for _, err in outputs]
-    said = sorted(out.strip() for out, _ in outputs)
-    count = len(store.available_migrations())
-    assert said == [f"applied {count} migration(s)"] + ["database is up to date"] * 5
-    conn = await asyncpg.connect(fresh_dsn)
-    try:
-        versions = [
-            r["version"] for r in await conn.fetch("SELECT version FROM hooklane_migrations ORDER BY 1")
-        ]
-        assert versions == [m.version for m in store.available_migrations()]
-        assert await conn.fetchval("SELECT count(*) FROM hooklane_config") == 1
-    finally:
-        await conn.close()
-
-
 # The statements a worker of the 0.1.0 release runs (tests/db/release_0_1_0.sql).
 RELEASE_0_1_0 = store.parse_queries((Path(__file__).parent / "release_0_1_0.sql").read_text())
 
@@ -241,25 +204,6 @@ async def test_a_worker_of_the_previous_release_keeps_working_after_the_upgrade(
         (second["id"], "delivered", 2, "new"),
         (third, "delivered", 1, "new"),
     ]
-
-
-# Drops that wait for the next release (CONTRIBUTING.md, "Releasing").
-AFTER_NEXT_RELEASE = Path(hooklane.__file__).parent / "store" / "after_next_release"
-
-
-@pytest.mark.unit
-def test_each_drop_after_the_next_release_is_named_by_the_release_step():
-    files = sorted(AFTER_NEXT_RELEASE.iterdir())
-    assert files, "nothing waits for the next release: delete the folder and its release step"
-    releasing = (Path(hooklane.__file__).parents[1] / "CONTRIBUTING.md").read_text().split("### Releasing")[1]
-    queries = (AFTER_NEXT_RELEASE.parent / "queries.sql").read_text()
-    for path in files:
-        assert re.fullmatch(r"[a-z0-9_]+\.sql", path.name), path.name
-        assert f"hooklane/store/after_next_release/{path.name}" in releasing, path.name
-        # What it drops is what only an older release runs.
-        dropped = re.findall(r"^DROP (?:FUNCTION|TABLE) (\w+)", path.read_text(), flags=re.MULTILINE)
-        assert dropped, path.name
-        assert not [name for name in dropped if re.search(rf"\b{name}\b", queries)], path.name
 
 
 async def test_each_drop_after_the_next_release_applies_to_a_migrated_database(db):

@@ -1,29 +1,25 @@
-"""Traces from the producer to the receiver (issue 22), end to end: the API,
-a worker and a receiver on loopback, and a real OTLP/HTTP collector
-receiving what the SDK exports."""
+"""Traces from the producer to the receiver (issue 22): the API, a worker
+and a receiver on loopback, and a real OTLP/HTTP collector receiving what
+the SDK exports. From processes: tests/processes/test_tracing.py."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
-import tempfile
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.trace import TracerProvider
 
 import hooklane
-from hooklane import store, tracing
+from hooklane import tracing
 from hooklane.errors import InvalidInput, StoreError
 from hooklane.policies import RetryPolicy
 from hooklane.traceparent import format_traceparent, parse_traceparent
 from hooklane.worker import probes
-from testsupport.cli import hooklane as hooklane_command
-from testsupport.fixtures import add_endpoint, in_process_api, wait_for, worker_process
-from testsupport.otlp import Collector
+from testsupport.fixtures import add_endpoint, in_process_api, wait_for
 from testsupport.receivers import Answer
+from testsupport.tracing import producer_span
 
 INGEST = "ingest-token-tracing-0123456789"
 ADMIN = "admin-token-tracing-0123456789"
@@ -31,29 +27,6 @@ AUTH = {"Authorization": f"Bearer {INGEST}"}
 EVENT = {"type": "order.created", "tenant": "acme", "data": {"order": 1}}
 FAST_RETRY = RetryPolicy(base_seconds=0.2, cap_seconds=1.0)
 _ATTEMPTS = "SELECT attempt, status, trace_id FROM delivery_attempts ORDER BY attempt"
-
-
-def producer_span() -> tuple[str, str, str]:
-    """A producer's span of its own trace: trace id, span id, traceparent."""
-    trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
-    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
-
-
-@pytest.fixture
-async def collector():
-    async with Collector() as c:
-        yield c
-
-
-@pytest.fixture
-async def traced(collector):
-    """Tracing on in this process (the in-process API and worker),
-    exporting to ``collector``; shut down (everything exported) after."""
-    tracing.start("hooklane-test", endpoint=collector.url)
-    yield collector
-    # The exporter posts from the SDK's thread to the collector served by
-    # this loop: flushing from the loop itself would wait on itself.
-    await asyncio.to_thread(tracing.shutdown)
 
 
 async def test_a_trace_runs_from_the_producer_through_the_api_to_each_attempt(
@@ -180,43 +153,6 @@ async def test_publish_takes_the_callers_current_span_or_an_explicit_traceparent
     }
 
 
-async def _deliver_by_process(dsn, receiver, collector, path: str, traceparents: list[str | None], **env):
-    """Events published with ``traceparents``, delivered by a ``hooklane
-    worker`` process whose OTLP endpoint is ``collector``, and ``env``;
-    stopped (SIGTERM: it flushes its spans) once every one was received."""
-    conn = await store.connect(dsn)
-    try:
-        await add_endpoint(conn, path, receiver.on(path, Answer(204)))
-        for traceparent in traceparents:
-            await hooklane.publish(conn, tenant="acme", type="t.x", data={}, traceparent=traceparent)
-        with tempfile.TemporaryFile("w+") as log:
-            worker = worker_process(
-                dsn,
-                stderr=log,
-                OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=collector.url,
-                OTEL_BSP_SCHEDULE_DELAY="100",
-                **env,
-            )
-            try:
-                await wait_for(lambda: len(receiver.at(path)) == len(traceparents), timeout=30)
-                await wait_for(
-                    lambda: conn.fetchval("SELECT count(*) = $1 FROM delivery_attempts", len(traceparents)),
-                    timeout=30,
-                )
-            finally:
-                worker.send_signal(signal.SIGTERM)
-                code = await asyncio.to_thread(worker.wait, 30)
-                log.seek(0)
-                stderr = log.read()
-            assert code == 0, stderr
-        return {
-            r["event_id"]: r["trace_id"]
-            for r in await conn.fetch("SELECT event_id, trace_id FROM delivery_attempts")
-        }
-    finally:
-        await conn.close()
-
-
 @pytest.mark.parametrize("accept", ["text/plain; version=zz", "application/openmetrics-text; version=abc"])
 async def test_a_scrapers_accept_header_that_does_not_parse_gets_the_text_format(accept):
     async with TestClient(TestServer(probes.application(lambda: True))) as metrics:
@@ -246,75 +182,3 @@ async def test_the_database_refuses_a_traceparent_that_is_not_one_whoever_writes
         )
     with pytest.raises(InvalidInput, match="traceparent"):
         parse_traceparent(value, "traceparent")
-
-
-@pytest.mark.processes
-async def test_a_worker_traced_by_its_environment_exports_its_spans(dsn, receiver, collector):
-    trace_id, producer, traceparent = producer_span()
-    await _deliver_by_process(
-        dsn,
-        receiver,
-        collector,
-        "env",
-        [traceparent],
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_SERVICE_NAME="worker-a",
-    )
-    (call,) = collector.named("webhook deliver")
-    assert (call.service, call.trace_id, call.parent_span_id) == ("worker-a", trace_id, producer)
-    (received,) = receiver.at("env")
-    assert received.headers["traceparent"] == f"00-{trace_id}-{call.span_id}-01"
-
-
-@pytest.mark.processes
-async def test_untraced_nothing_is_exported_and_only_a_publishers_traceparent_is_passed_on(
-    dsn, receiver, collector
-):
-    trace_id, _, traceparent = producer_span()
-    # The endpoint is set, as a cluster's may be; OTEL_TRACES_EXPORTER is not.
-    recorded = await _deliver_by_process(dsn, receiver, collector, "off", [traceparent, None])
-    with_trace, without = sorted(receiver.at("off"), key=lambda r: "traceparent" not in r.headers)
-    assert with_trace.headers["traceparent"] == traceparent
-    assert "traceparent" not in without.headers
-    assert sorted(recorded.values(), key=str) == sorted([trace_id, None], key=str)
-    # The worker exited after its deliveries were recorded: any span it made
-    # would have been exported by then.
-    assert collector.requests == 0 and collector.spans == []
-
-
-@pytest.mark.processes
-async def test_hooklane_publish_joins_its_traceparent_traced_or_not(dsn, db, collector):
-    trace_id, producer, traceparent = producer_span()
-
-    def publish(event_id: str, **env: str):
-        return hooklane_command(
-            dsn,
-            "publish",
-            "--tenant",
-            "acme",
-            "--type",
-            "order.created",
-            "--data",
-            "{}",
-            "--id",
-            event_id,
-            "--traceparent",
-            traceparent,
-            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=collector.url,
-            **env,
-        )
-
-    plain = await asyncio.to_thread(publish, "plain")
-    traced = await asyncio.to_thread(publish, "traced", OTEL_TRACES_EXPORTER="otlp")
-    refused = await asyncio.to_thread(publish, "refused", OTEL_TRACES_EXPORTER="console")
-    assert (plain.returncode, traced.returncode) == (0, 0), (plain.stderr, traced.stderr)
-    assert refused.returncode == 2 and "OTEL_TRACES_EXPORTER: must be otlp or none" in refused.stderr
-    (span,) = collector.spans
-    assert (span.name, span.service, span.trace_id, span.parent_span_id) == (
-        "publish",
-        "hooklane-publish",
-        trace_id,
-        producer,
-    )
-    stored = dict(await db.fetch("SELECT id, traceparent FROM events"))
-    assert stored == {"plain": traceparent, "traced": f"00-{trace_id}-{span.span_id}-01"}

@@ -4,7 +4,6 @@ woke, and the loop that runs them (hooklane/worker/jobs.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +16,6 @@ from prometheus_client import REGISTRY
 
 import hooklane
 from hooklane import metrics, store
-from hooklane.errors import DatabaseUnreachable
 from hooklane.settings import Settings
 from hooklane.worker.jobs import (
     SWEEP_WHOLE_EVERY,
@@ -30,14 +28,13 @@ from hooklane.worker.jobs import (
     ReadySweep,
     Rebalanced,
     Rebalancer,
-    held_for,
-    run_every,
 )
 from hooklane.worker.partitions import PartitionOwner
 from hooklane.worker.ready import ReadyList
 from hooklane.worker.runner import Worker
 from hooklane.worker.trigger import Trigger, Wake
 from testsupport.fixtures import add_endpoint, queue_unannounced, reserve_round, wait_for
+from testsupport.worker_jobs import said
 
 ALL = list(range(32))
 
@@ -75,51 +72,7 @@ def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def _said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, object]]:
-    return [(r.getMessage(), r.__dict__.get("action")) for r in caplog.records]
-
-
 # --- the loop ---------------------------------------------------------------
-
-
-class _Scripted:
-    """A job that raises what it is given, one pass at a time, and stops the
-    loop after its last."""
-
-    name = "scripted"
-    period = 0.0
-
-    def __init__(self, stopping: asyncio.Event, *outcomes: BaseException | None) -> None:
-        self._stopping = stopping
-        self._outcomes = list(outcomes)
-        self.passes = 0
-
-    async def run_once(self) -> None:
-        self.passes += 1
-        outcome = self._outcomes.pop(0)
-        if not self._outcomes:
-            self._stopping.set()
-        if outcome is not None:
-            raise outcome
-
-
-@pytest.mark.unit
-async def test_a_lost_database_is_retried_next_period(caplog):
-    stopping = asyncio.Event()
-    job = _Scripted(stopping, DatabaseUnreachable("gone"), DatabaseUnreachable("gone"), None)
-    with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
-        await asyncio.wait_for(run_every(job, stopping), timeout=5)
-    assert job.passes == 3
-    assert _said(caplog) == [("scripted failed, retrying: gone", "retry")] * 2
-
-
-@pytest.mark.unit
-async def test_any_other_error_stops_the_loop():
-    stopping = asyncio.Event()
-    job = _Scripted(stopping, None, RuntimeError("a bug"), None)
-    with pytest.raises(RuntimeError, match="a bug"):
-        await asyncio.wait_for(run_every(job, stopping), timeout=5)
-    assert job.passes == 2 and not stopping.is_set()
 
 
 # --- rebalancer -------------------------------------------------------------
@@ -200,7 +153,7 @@ async def test_maintenance_requeues_expired_leases_and_wakes_the_reservation(
     assert (done.rescued, done.housekeeper) == (3, True)
     assert await db.fetchval("SELECT count(*) FROM deliveries WHERE state = 'pending'") == 3
     assert _sample("hooklane_deliveries_rescued_total") == before + 3
-    assert _said(caplog) == [("requeued 3 deliveries whose worker lost them", "rescue")]
+    assert said(caplog) == [("requeued 3 deliveries whose worker lost them", "rescue")]
     assert await trigger.wait(0) is Wake.FIRED
     # the ready list has their endpoint due, its queue to be read from the
     # start (this list never read it)
@@ -226,7 +179,7 @@ async def test_the_owner_of_partition_0_deactivates_and_purges(db, settings, own
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
         done = await maintenance.run_once()
     assert (done.housekeeper, done.deactivated, done.purged) == (True, ("default/old",), 2)
-    assert _said(caplog) == [
+    assert said(caplog) == [
         (
             "endpoint default/old deactivated after failing for 432000 s; its pending deliveries are kept",
             "deactivate",
@@ -280,7 +233,7 @@ async def test_the_sweep_says_how_many_endpoints_it_made_ready(db, settings, own
     assert sweep.period == settings.sweep_seconds
     with caplog.at_level(logging.WARNING, logger="hooklane.worker.jobs"):
         assert await sweep.run_once() == 1  # not the paused one
-    assert _said(caplog) == [("1 endpoints had pending deliveries but were not ready; made ready", "sweep")]
+    assert said(caplog) == [("1 endpoints had pending deliveries but were not ready; made ready", "sweep")]
     assert [r.endpoints for r in caplog.records] == [[endpoint]]
     assert await trigger.wait(0) is Wake.FIRED
     assert [c.endpoint_id for c in ready.take(datetime.now(UTC), 10)] == [endpoint]
@@ -422,29 +375,6 @@ def _holders() -> list[dict[str, str]]:
         for s in family.samples
         if s.name == "hooklane_xmin_horizon_holder"
     ]
-
-
-def _holder(kind: str, *, xmin: int = 700, pid: int | None = 41, seconds: float | None = None):
-    return store.HorizonHolder(kind, pid, "app", "report", "idle in transaction", None, xmin, 9, seconds)
-
-
-@pytest.mark.unit
-def test_a_holder_is_timed_once_a_pass_sees_it_again_at_the_same_xmin():
-    # A backend whose transaction began 2 minutes ago: its age, from the second sighting.
-    report = _holder("backend", seconds=120.0)
-    first, age = held_for(report, None, now=1000.0)
-    assert age is None
-    again, age = held_for(replace(report, seconds=130.0), first, now=1010.0)
-    assert (again, age) == (first, 130.0)
-    # Its next statement's snapshot (READ COMMITTED), or another session: seen afresh.
-    moved, age = held_for(replace(report, xmin=701, seconds=140.0), again, now=1020.0)
-    assert age is None and moved != first
-    assert held_for(replace(report, pid=42, seconds=150.0), first, now=1030.0)[1] is None
-    # A slot keeps no start: how long it has been seen.
-    slot = replace(_holder("replication_slot", pid=None), name="standby_1")
-    seen, _ = held_for(slot, None, now=1000.0)
-    assert held_for(slot, seen, now=1010.0)[1] == 10.0
-    assert held_for(slot, seen, now=1600.0)[1] == 600.0
 
 
 async def _transaction(dsn: str, application_name: str, sql: str) -> asyncpg.Connection:
@@ -611,7 +541,7 @@ async def test_without_pg_read_all_stats_the_holder_is_named_and_aged_from_first
         assert seen.visible is False and seen.seconds > 0
         assert _sample("hooklane_xmin_horizon_visible") == 0
         assert [h["state"] for h in _holders()] == [""]
-        assert _said(caplog) == [
+        assert said(caplog) == [
             (
                 "the database role cannot see other roles' transactions (grant it pg_read_all_stats): "
                 "the xmin horizon's holder is named, its age counts from when this worker first saw it",
@@ -636,7 +566,7 @@ async def test_a_view_the_role_may_not_read_is_reported_and_the_worker_goes_on(
     assert {t.table for t in seen.tables} == set(store.TABLES)  # the rest is still read
     assert again.refused == seen.refused
     # Said once, not every pass.
-    assert _said(caplog) == [
+    assert said(caplog) == [
         ("xmin_horizon refused: permission denied for view pg_prepared_xacts; not reported", "horizon")
     ]
     assert _sample("hooklane_xmin_horizon_visible") == 0

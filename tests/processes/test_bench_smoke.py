@@ -4,35 +4,12 @@ so that bench/ cannot rot. A few seconds each, on the session's Postgres."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def server_dsn(pg_server) -> str:
-    """The benchmarks create (and drop) their own databases on this server."""
-    return f"postgresql://{pg_server.user}@{pg_server.host}:{pg_server.port}/postgres"
-
-
-def run_bench(module: str, tmp_path: Path, *args: str, timeout: float = 60) -> dict:
-    out = tmp_path / f"{module}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", "--preset", "smoke", "--json", str(out), *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+from testsupport.bench_smoke import REPO, run_bench
 
 
 def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
@@ -306,21 +283,3 @@ def test_tenants_smoke(server_dsn: str, tmp_path: Path) -> None:
             result["notifications"]["all_open_circuits"][size] == result["databases"][size]["endpoints"] - 1
         )
         assert result["notifications"]["plans"]["all_open"][size]["note_notices"]["top_scans"]
-
-
-# From docs/benchmarks.md section 8: an idle operator grows by 39 KB per
-# resource at 1,000 and 17 KB at 10,000; the tree before this bound held
-# 115 KB at 1,000, and the one before the status pass 139 KB. The smoke
-# preset creates its 500 resources 50 at a time, each batch once the last
-# is stored (46 KB per resource measured): a backlog's peak, which Python
-# keeps, made the figure swing from 67 to 117 KB between runs otherwise.
-MAX_KB_PER_RESOURCE = 100
-
-
-@pytest.mark.kube
-def test_scale_smoke_idle_operator_memory_per_resource(server_dsn: str, tmp_path: Path) -> None:
-    result = run_bench("scale", tmp_path, "--dsn", server_dsn, "--log-dir", str(tmp_path), timeout=240)
-    assert result["idle"]["kb_per_resource"] < MAX_KB_PER_RESOURCE, result["idle"]
-    # Nothing changed, so nothing is written.
-    assert result["idle"]["writes_per_second"].get("PATCH", 0) == 0, result["idle"]
-    assert result["restart"]["status_current_seconds"] > 0

@@ -10,13 +10,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import tomllib
-from pathlib import Path
 
 import pytest
 
-from hooklane import __version__, store
 from hooklane import publish as publish_event
+from hooklane import store
 from hooklane.selfservice import resource_name
 from hooklane.times import rfc3339, rfc3339_seconds
 from hooklane.views import detail_json
@@ -174,12 +172,6 @@ def test_publish_refuses_bad_input_and_stores_nothing(dsn, db_sync, args, messag
     result = hooklane(dsn, "publish", *[x for pair in base.items() for x in pair])
     assert result.returncode == 2 and message in result.stderr
     assert db_sync("SELECT count(*) FROM events") == [(0,)]
-
-
-@pytest.mark.unit
-def test_the_version_is_read_from_pyproject():
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    assert __version__ == pyproject["project"]["version"]
 
 
 def test_missing_database_url_is_explained():

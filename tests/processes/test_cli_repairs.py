@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 import hooklane
-from hooklane import store
 from testsupport.cli import hooklane as run_cli
+from testsupport.cli_repairs import published_while_a_was_deactivated
 from testsupport.fixtures import add_endpoint, wait_for
 
 
@@ -66,33 +64,10 @@ async def test_events_list_prints_json_lines_and_the_next_cursor(dsn, db):
         assert refused.returncode == 2 and refused.stderr.startswith(message), refused.stderr
 
 
-async def _published_while_a_was_deactivated(db, url: str) -> str:
-    """Endpoint a (tenant acme, order.* only) deactivated while acme
-    published two order events and an invoice, and globex an order; then
-    reactivated. Returns a time from before them all."""
-    since = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
-    await add_endpoint(db, "a", url, event_types=("order.*",))
-    await add_endpoint(db, "globex", "http://127.0.0.1:9/globex", tenant="globex")
-    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE name = 'a'")
-    await hooklane.publish(db, tenant="acme", type="order.created", data={}, id="o1")
-    await hooklane.publish(db, tenant="acme", type="invoice.paid", data={}, id="i1")
-    await hooklane.publish(db, tenant="acme", type="order.paid", data={}, id="o2")
-    await hooklane.publish(db, tenant="globex", type="order.created", data={}, id="g1")
-    # publish skipped a: it has no delivery of any of them
-    assert (
-        await db.fetchval(
-            "SELECT count(*) FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id WHERE ep.name = 'a'"
-        )
-        == 0
-    )
-    assert await store.reactivate_endpoint(db, "default", "a")
-    return since
-
-
 async def test_replay_catches_up_events_published_while_the_endpoint_was_deactivated(
     dsn, db, receiver, start_worker
 ):
-    since = await _published_while_a_was_deactivated(db, receiver.url("/a"))
+    since = await published_while_a_was_deactivated(db, receiver.url("/a"))
     done = run_cli(dsn, "endpoint", "replay", "default/a", "--since", since)
     assert (done.returncode, done.stdout) == (0, "2 events queued again for default/a\n"), done.stderr
     # pending now: not queued twice
@@ -109,19 +84,3 @@ async def test_replay_catches_up_events_published_while_the_endpoint_was_deactiv
         )
     )
     assert len(receiver.at("/a")) == 2
-
-
-@pytest.mark.db
-async def test_replay_pages_through_the_range(db):
-    since = datetime.fromisoformat(await _published_while_a_was_deactivated(db, "http://127.0.0.1:9/a"))
-    for n in range(5):
-        await hooklane.publish(db, tenant="acme", type="order.updated", data={"n": n})
-    # whatever the page size, the same 7: o1, o2 and the five updates (their
-    # deliveries from the fan-out deleted), never i1 nor g1
-    for page in (1, 2, 3):
-        await db.execute("DELETE FROM deliveries WHERE state = 'pending'")
-        assert await store.replay_since(db, "default", "a", since, page=page) == 7, page
-        replayed = await db.fetchval("SELECT array_agg(event_id ORDER BY id) FROM deliveries")
-        assert replayed[:2] == ["o1", "o2"] and len(set(replayed)) == 7
-    assert await store.replay_since(db, "default", "a", datetime.now(UTC)) == 0
-    assert await store.replay_since(db, "default", "missing", since) is None

@@ -1,39 +1,30 @@
 """The Helm chart (charts/hooklane) through the real tools: helm lint and
-template, the values schema, the helm-unittest suites, the PrometheusRule
-under promtool, and installs against a real kube-apiserver.
+template, the values schema, the helm-unittest suites and the
+PrometheusRule under promtool. Installs against a real kube-apiserver are
+tests/kube/test_chart.py's, what needs no tool tests/unit/test_chart.py's.
 
 ``hack/tools/build`` builds helm, the helm-unittest plugin and promtool from
 their Go modules the first time (minutes), then reuses them; a failed build
 fails these tests rather than skipping them. The operator running with the
-chart's RBAC is tests/kube/test_operator.py::test_the_chart_rbac_is_enough.
-"""
+chart's RBAC is tests/kube/test_operator.py::test_the_chart_rbac_is_enough."""
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 import subprocess
 import tarfile
-import tomllib
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from hooklane.dev.controlplane import ControlPlane
-from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.tokens import Grant, Tokens
-from testsupport.chart import CHART, INGEST_TOKEN, ROOT
+from testsupport.chart import CHART, EVERYTHING, REQUIRED, ROOT
 
-EVERYTHING = CHART / "tests" / "values" / "everything.yaml"
 PROMTOOL_TESTS = CHART / "tests" / "prometheus"
-REQUIRED = ["--set", "database.existingSecret=pg", "--set", f"api.tokens.ingest[0]={INGEST_TOKEN}"]
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
 
 
@@ -56,22 +47,6 @@ def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 # --- Chart.yaml, lint, package ------------------------------------------------
-
-
-@pytest.mark.unit
-def test_chart_metadata_follows_the_python_package():
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert chart["apiVersion"] == "v2"
-    assert chart["name"] == "hooklane"
-    assert chart["appVersion"] == version
-    assert chart["kubeVersion"] == ">=1.29.0-0"
-
-
-@pytest.mark.unit
-def test_the_crds_are_the_repositorys_own():
-    link = CHART / "crds"
-    assert link.is_symlink() and link.resolve() == (ROOT / "crds").resolve()
 
 
 @pytest.mark.parametrize("values", [REQUIRED, ["-f", str(EVERYTHING)]], ids=["defaults", "everything"])
@@ -282,51 +257,6 @@ def test_the_token_file_is_what_the_api_reads(tools):
     assert tokens.check("acme") is None
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "entry",
-    [
-        "a" * 16,
-        "A-Z_a.z~0+9/=-" + "x" * 2,
-        "x" * 512,
-        "t" * 20 + " tenants=acme",
-        "t" * 20 + "  tenants=acme,globex.example",
-        "t" * 20 + " tenants=a=b,#c",
-        "t" * 15,
-        "x" * 513,
-        "t" * 19 + "#",
-        "t" * 19 + ",",
-        "t" * 20 + ",acme",
-        # The syntax before tenants=: refused, not misread.
-        "t" * 20 + " acme",
-        "t" * 20 + " acme globex",
-        "t" * 20 + " acme,globex-corporation-eu",
-        "t" * 20 + " ,acme",
-        "t" * 20 + " tenants=",
-        "t" * 20 + " tenants=acme,",
-        "t" * 20 + " tenants=acme,,globex",
-        "t" * 20 + " tenants=acme tenants=globex",
-        "t" * 20 + " tenants=ac\u2028me",
-        "t" * 20 + " tenant=acme",
-        "t" * 20 + " ",
-        " " + "t" * 20,
-        "t" * 20 + "\n" + "u" * 20,
-    ],
-)
-def test_the_schema_takes_the_token_entries_the_api_takes(entry):
-    """values.schema.json checks token entries at install time; it must take
-    exactly what hooklane/tokens.py takes as one entry of a file (one
-    line, without the spaces around it the API would forgive)."""
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    pattern = schema["definitions"]["tokenEntries"]["items"]["pattern"]
-    try:
-        parsed = len(Tokens.parse(entry, "entry")) == 1
-    except InvalidInput:
-        parsed = False
-    parsed = parsed and entry == entry.strip()
-    assert bool(re.search(pattern, entry)) == parsed, entry
-
-
 @pytest.mark.parametrize(
     "setting, error",
     [
@@ -527,88 +457,3 @@ def test_operator_rbac_for_some_namespaces(tools):
 
 
 # --- Against a real kube-apiserver ---------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def bare_control_plane() -> Iterator[ControlPlane]:
-    """A control plane without the CRDs, so that Helm installs them."""
-    with ControlPlane(crd_dir=None) as cp:
-        yield cp
-
-
-@pytest.mark.kube
-def test_helm_installs_the_chart_with_its_crds(tools, bare_control_plane):
-    cp = bare_control_plane
-    env = {**tools.env, "KUBECONFIG": str(cp.kubeconfig)}
-    namespace = f"hooklane-{uuid.uuid4().hex[:8]}"
-    cp.create_namespace(namespace)
-    # No hooks: no controller manager runs here, so the migration Job would
-    # never finish. Its objects are checked by the dry run below.
-    done = subprocess.run(
-        [
-            str(tools.folder / "helm"),
-            "install",
-            "hooklane",
-            str(CHART),
-            "--namespace",
-            namespace,
-            "--no-hooks",
-            *REQUIRED,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert 'kubectl -n "$NS" get whe' in done.stdout  # the NOTES
-    cp.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/webhookendpoints.hooklane.io",
-        "crd/clusterkopfpeerings.kopf.dev",
-        "crd/kopfpeerings.kopf.dev",
-    )
-    assert cp.kubectl("get", "clusterkopfpeering", "hooklane", "-o", "name").stdout.strip()
-    deployments = cp.kubectl("-n", namespace, "get", "deployments", "-o", "name").stdout.split()
-    assert sorted(deployments) == [
-        "deployment.apps/hooklane-api",
-        "deployment.apps/hooklane-operator",
-        "deployment.apps/hooklane-worker",
-    ]
-    # The example endpoints pass the installed CRD's validation.
-    for example in ("endpoint.yaml", "endpoint-delivery.yaml"):
-        cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(ROOT / "examples" / example))
-    hooks = tools.helm(
-        "template",
-        "hooklane",
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--show-only",
-        "templates/migration-job.yaml",
-        *REQUIRED,
-    ).stdout
-    cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", "-", stdin=hooks)
-
-
-@pytest.mark.kube
-def test_the_api_server_accepts_every_option(tools, bare_control_plane):
-    cp = bare_control_plane
-    # The CRDs come with the chart (Helm installs them; here by hand).
-    crds = [d for d in tools.render("--include-crds", *REQUIRED) if d["kind"] == "CustomResourceDefinition"]
-    cp.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(crds))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/kopfpeerings.kopf.dev")
-    for namespace in ("hooklane", "shop", "billing"):
-        if cp.kubectl("get", "namespace", namespace, check=False).returncode != 0:
-            cp.create_namespace(namespace)
-    # The Prometheus Operator's CRDs are not in this control plane; their two
-    # objects are checked by promtool and the unit tests instead.
-    docs = [
-        d
-        for d in tools.render("-f", str(EVERYTHING))
-        if not d["apiVersion"].startswith("monitoring.coreos.com/")
-    ]
-    done = cp.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(docs))
-    assert done.stdout.count("(server dry run)") == len(docs), done.stdout

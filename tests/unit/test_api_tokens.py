@@ -1,27 +1,22 @@
 """Token lists that could be read two ways are refused, never misread
 (issue 18): a comma used to separate entries, so `TOKEN acme,globex-eu`
 made `globex-eu` a token valid for every tenant. One entry per line,
-`TOKEN` or `TOKEN tenants=t1,t2`, and nothing else."""
+`TOKEN` or `TOKEN tenants=t1,t2`, and nothing else. ``hooklane api``
+refusing to start on one: tests/processes/test_api_tokens.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from hooklane.api.tokens import TokenSource
-from hooklane.dev.postgres import free_port
 from hooklane.errors import InvalidInput
 from hooklane.settings import Settings
 from hooklane.tokens import Grant, Tokens
-from testsupport.fixtures import api_process
+from testsupport.api_tokens import OTHER, TENANT_LIKE_A_TOKEN, TOKEN
 
-TOKEN = "9tq0oZ7qkY8v1H5XyV4m2sT3bQ0cR6eJ"
-OTHER = "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4G5h6"
-# A tenant's name that is also a valid token: the issue's case.
-TENANT_LIKE_A_TOKEN = "globex-corporation-eu"
 SHAPE = "an entry is `TOKEN` (any tenant) or `TOKEN tenants=t1,t2` (those tenants only), one per line"
 
 
@@ -169,32 +164,3 @@ def test_a_misread_rotation_keeps_the_tokens_read_before(
     (record,) = [r for r in caplog.records if "keeping the tokens read before" in r.getMessage()]
     assert "HOOKLANE_API_TOKENS_FILE: line 1: only `tenants=t1,t2`" in record.getMessage()
     assert TOKEN not in record.getMessage() and TENANT_LIKE_A_TOKEN not in record.getMessage()
-
-
-@pytest.mark.processes
-@pytest.mark.parametrize("where", ["variable", "file"])
-def test_hooklane_api_refuses_to_start_on_a_misread_token_list(tmp_path: Path, where: str) -> None:
-    """The issue's configuration: before, `hooklane api` started and took
-    `globex-corporation-eu` as a token for every tenant. It is refused
-    before any connection to the database, which is not there."""
-    entries = f"{TOKEN} acme,{TENANT_LIKE_A_TOKEN}"
-    if where == "variable":
-        env = {"HOOKLANE_API_TOKENS": entries}
-        variable = "HOOKLANE_API_TOKENS"
-    else:
-        (tmp_path / "tokens").write_text(f"{OTHER}\n{entries}\n")
-        env = {"HOOKLANE_API_TOKENS_FILE": str(tmp_path / "tokens")}
-        variable = "HOOKLANE_API_TOKENS_FILE"
-    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/hooklane"
-    api = api_process(nowhere, free_port(), stderr=subprocess.PIPE, **env)
-    try:
-        _, raw = api.communicate(timeout=30)
-    finally:
-        api.kill()
-    stderr = raw.decode()
-    assert api.returncode == 2, stderr
-    line = 1 if where == "variable" else 2
-    assert f"hooklane: {variable}: line {line}: only `tenants=t1,t2` may follow a token" in stderr
-    assert "`TOKEN t1 t2` as `TOKEN tenants=t1,t2`" in stderr
-    assert TOKEN not in stderr and TENANT_LIKE_A_TOKEN not in stderr
-    assert "Traceback" not in stderr

@@ -1,22 +1,12 @@
 """hack/commit-msg: CONTRIBUTING's rule for commit messages, as a pure
-function of one message, and over a range of commits, as `.ci/run`
-checks every commit since the recorded base."""
-
-import subprocess
-from importlib.machinery import SourceFileLoader
-from importlib.util import module_from_spec, spec_from_loader
-from pathlib import Path
+function of one message. Over a range of commits, as `.ci/run` checks
+every commit since the recorded base: tests/processes/test_commit_msg.py."""
 
 import pytest
 
-import hooklane
+from testsupport.commit_msg import BODY, commit_msg, loader
 
-# A script without a .py suffix, so loaded by path rather than imported.
-_loader = SourceFileLoader("commit_msg", str(Path(hooklane.__file__).parents[1] / "hack" / "commit-msg"))
-commit_msg = module_from_spec(spec_from_loader("commit_msg", _loader))
-_loader.exec_module(commit_msg)
-
-BODY = "Why it changed, wrapped at 72.\n"
+loader.exec_module(commit_msg)
 
 
 @pytest.mark.parametrize(
@@ -72,27 +62,3 @@ def test_the_hook_reads_the_message_git_keeps() -> None:
     )
     assert commit_msg.edited(edited) == f"Worker: one reservation\n\n{BODY}".rstrip("\n")
     assert commit_msg.problems(commit_msg.edited(edited)) == []
-
-
-@pytest.mark.processes
-def test_a_range_is_checked_commit_by_commit_without_its_merges(tmp_path, monkeypatch, capsys) -> None:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout.strip()
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
-    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@example.com")
-    monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
-    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@example.com")
-    git("init", "-q", "-b", "main")
-    git("commit", "-q", "--allow-empty", "-m", "the base, before the rule")
-    base = git("rev-parse", "HEAD")
-    git("checkout", "-q", "-b", "side")
-    git("commit", "-q", "--allow-empty", "-m", f"Side: a change\n\n{BODY}")
-    git("checkout", "-q", "main")
-    git("commit", "-q", "--allow-empty", "-m", "Main: another change")
-    git("merge", "-q", "--no-ff", "--no-edit", "side")
-    assert commit_msg.check_range(f"{base}..HEAD") == 0
-    git("commit", "-q", "--allow-empty", "-m", "a subject without its area")
-    assert commit_msg.check_range(f"{base}..HEAD") == 1
-    assert "a subject without its area" in capsys.readouterr().out

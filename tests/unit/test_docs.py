@@ -1,10 +1,10 @@
 """The user documentation cannot drift from the code: the settings and their
 defaults, the command lines, the metric names, the SQL statements and
-functions the state machines name, and the links between the pages."""
+functions the state machines name, and the links between the pages. Each
+documented subcommand run: tests/processes/test_docs.py."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import io
@@ -12,8 +12,6 @@ import os
 import re
 import shlex
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +21,13 @@ from hooklane import cli
 from hooklane.operator import main as operator_main
 from hooklane.settings import _NESTED, _TOOLING, Settings, _variable
 from hooklane.tokens import Tokens
+from testsupport.docs import DOCS, PAGES, ROOT, documented_commands, read, subcommand_path
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs"
 QUERIES = ROOT / "hooklane" / "store" / "queries.sql"
 MIGRATIONS = ROOT / "hooklane" / "store" / "migrations"
-PAGES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
 
 # Defaults the code computes at start, as configuration.md writes them.
 _COMPUTED = {"<hostname>": socket.gethostname(), "<pid>": str(os.getpid())}
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
 
 
 # --- configuration.md -------------------------------------------------------
@@ -76,7 +68,7 @@ def _table_rows(text: str) -> dict[str, list[str]]:
 
 
 def test_every_setting_is_documented_with_its_default():
-    rows = _table_rows(_read(DOCS / "configuration.md"))
+    rows = _table_rows(read(DOCS / "configuration.md"))
     missing = sorted(set(_settings_defaults()) - set(rows))
     assert not missing, f"settings not in docs/configuration.md: {missing}"
     wrong = {}
@@ -91,7 +83,7 @@ def test_every_setting_is_documented_with_its_default():
 
 def test_every_variable_the_configuration_names_exists():
     known = set(_settings_defaults())
-    text = _read(DOCS / "configuration.md")
+    text = read(DOCS / "configuration.md")
     unknown = set()
     for match in re.finditer(r"HOOKLANE_[A-Z0-9_]*[A-Z0-9](_\*)?", text):
         name = match.group(0)
@@ -106,82 +98,6 @@ def test_every_variable_the_configuration_names_exists():
 
 
 # --- command lines ----------------------------------------------------------
-
-
-def _code_lines(text: str) -> list[str]:
-    """Lines of fenced code blocks, continuation lines joined."""
-    lines: list[str] = []
-    fenced = False
-    pending = ""
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced, pending = not fenced, ""
-            continue
-        if not fenced:
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        lines.append(pending + line)
-        pending = ""
-    return lines
-
-
-def _command(line: str) -> list[str] | None:
-    """The arguments of a `hooklane` command line (after any VAR=value
-    assignments), optional `[--x ...]` groups left out; None if the line
-    runs something else."""
-    line = re.sub(r"\s\[-[^\]]*\]", "", line)
-    try:
-        words = shlex.split(line, comments=True)
-    except ValueError:
-        return None
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-        words.pop(0)
-    if not words or words[0] != "hooklane":
-        return None
-    # `hooklane worker &`: the shell's, run in the background
-    return words[1:-1] if words[-1] == "&" else words[1:]
-
-
-def _documented_commands() -> list[tuple[str, list[str], bool]]:
-    """(page, arguments, complete): command lines in code blocks are
-    complete; `hooklane ...` in the text may leave arguments out."""
-    found = []
-    for page in PAGES:
-        text = _read(page)
-        for line in _code_lines(text):
-            args = _command(line)
-            if args is not None:
-                found.append((page.name, args, True))
-        for span in re.findall(r"`(hooklane [^`]+)`", text):
-            args = _command(span.replace("\n", " ").split("|")[0])
-            if args is not None:
-                found.append((page.name, args, False))
-    return found
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices
-    return {}
-
-
-def _path(args: list[str]) -> tuple[str, ...]:
-    """The subcommands an argument list names, checked one level at a time.
-    Raises ValueError on a word that is no subcommand where one is due."""
-    parser = cli._parser()
-    path: list[str] = []
-    for word in args:
-        choices = _subparsers(parser)
-        if not choices or word.startswith("-"):
-            break
-        if word not in choices:
-            raise ValueError(f"hooklane {' '.join(path)}: no subcommand {word!r} (has {sorted(choices)})")
-        parser = choices[word]
-        path.append(word)
-    return tuple(path)
 
 
 def _parse_error(args: list[str]) -> str | None:
@@ -200,17 +116,17 @@ def _parse_error(args: list[str]) -> str | None:
 
 
 def test_the_docs_show_command_lines():
-    commands = _documented_commands()
-    paths = {_path(args) for _, args, _ in commands}
+    commands = documented_commands()
+    paths = {subcommand_path(args) for _, args, _ in commands}
     # what the runbooks rely on is found at all
     assert {("status",), ("endpoint", "reactivate"), ("endpoint", "resend"), ("migrate",)} <= paths
 
 
 def test_every_documented_command_line_parses():
     errors = []
-    for page, args, complete in _documented_commands():
+    for page, args, complete in documented_commands():
         try:
-            _path(args)
+            subcommand_path(args)
         except ValueError as exc:
             errors.append(f"{page}: {exc}")
             continue
@@ -220,25 +136,6 @@ def test_every_documented_command_line_parses():
     assert not errors, "\n".join(errors)
 
 
-@pytest.mark.processes
-def test_every_documented_subcommand_runs_with_help():
-    paths = sorted({_path(args) for _, args, _ in _documented_commands()} - {()})
-    failed = []
-    for path in paths:
-        result = subprocess.run(
-            [sys.executable, "-m", "hooklane.cli", *path, "--help"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if result.returncode != 0 or "usage: hooklane" not in result.stdout:
-            failed.append(
-                f"hooklane {' '.join(path)} --help: exit {result.returncode}: {result.stderr[-300:]}"
-            )
-    assert not failed, "\n".join(failed)
-
-
 # --- metrics ----------------------------------------------------------------
 
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
@@ -246,7 +143,7 @@ _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 
 def _defined_metrics() -> dict[str, str]:
     """Name -> type of every metric hooklane/metrics.py defines."""
-    source = _read(ROOT / "hooklane" / "metrics.py")
+    source = read(ROOT / "hooklane" / "metrics.py")
     return {
         name: kind.lower() for kind, name in re.findall(r"\b(Counter|Gauge|Histogram)\(\s*\"(\w+)\"", source)
     }
@@ -256,7 +153,7 @@ def test_operations_names_every_metric_and_no_other():
     defined = _defined_metrics()
     assert len(defined) >= 10, "the pattern no longer finds the metrics in hooklane/metrics.py"
     named = set()
-    for token in re.findall(r"\bhooklane_[a-z0-9_]*[a-z0-9]", _read(DOCS / "operations.md")):
+    for token in re.findall(r"\bhooklane_[a-z0-9_]*[a-z0-9]", read(DOCS / "operations.md")):
         for suffix in _HISTOGRAM_SERIES:
             base = token.removesuffix(suffix)
             if base != token and defined.get(base) == "histogram":
@@ -279,12 +176,12 @@ _TRANSITION = re.compile(
 
 def _statements() -> dict[str, str]:
     """Named blocks of queries.sql: name -> text."""
-    blocks = re.split(r"^-- name: (\w+)\n", _read(QUERIES), flags=re.MULTILINE)
+    blocks = re.split(r"^-- name: (\w+)\n", read(QUERIES), flags=re.MULTILINE)
     return dict(zip(blocks[1::2], blocks[2::2], strict=True))
 
 
 def _sql_functions() -> set[str]:
-    text = "\n".join(_read(path) for path in sorted(MIGRATIONS.glob("*.sql")))
+    text = "\n".join(read(path) for path in sorted(MIGRATIONS.glob("*.sql")))
     return set(re.findall(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)", text, flags=re.IGNORECASE))
 
 
@@ -293,7 +190,7 @@ def _linked_statements(text: str) -> set[str]:
 
 
 def test_every_statement_the_state_machines_name_exists():
-    text = _read(DOCS / "state-machine.md")
+    text = read(DOCS / "state-machine.md")
     linked = _linked_statements(text)
     statements = _statements()
     assert len(statements) > 20 and linked, "no statements found: has the naming convention changed?"
@@ -303,7 +200,7 @@ def test_every_statement_the_state_machines_name_exists():
 
 
 def test_every_transition_statement_is_in_the_state_machines():
-    linked = _linked_statements(_read(DOCS / "state-machine.md"))
+    linked = _linked_statements(read(DOCS / "state-machine.md"))
     transitions = {name for name, sql in _statements().items() if _TRANSITION.search(sql)}
     # publish's transitions are hooklane_try_publish_v1's, which
     # test_every_sql_function_the_state_machines_name_exists finds named.
@@ -315,14 +212,14 @@ def test_every_transition_statement_is_in_the_state_machines():
 
 
 def test_every_sql_function_the_state_machines_name_exists():
-    text = _read(DOCS / "state-machine.md")
+    text = read(DOCS / "state-machine.md")
     functions = _sql_functions()
     called = set(re.findall(r"\b(hooklane_\w+)\(", text))
     assert called and not called - functions, f"no such SQL function: {sorted(called - functions)}"
-    sql = _read(QUERIES) + "\n".join(_read(p) for p in sorted(MIGRATIONS.glob("*.sql")))
+    sql = read(QUERIES) + "\n".join(read(p) for p in sorted(MIGRATIONS.glob("*.sql")))
     unknown = {t for t in re.findall(r"\bhooklane_\w+", text) if not re.search(rf"\b{t}\b", sql)}
     assert not unknown, f"named in docs/state-machine.md, found in no SQL: {sorted(unknown)}"
-    used = {f for f in re.findall(r"\b(hooklane_\w+)\(", _read(QUERIES)) if f in functions}
+    used = {f for f in re.findall(r"\b(hooklane_\w+)\(", read(QUERIES)) if f in functions}
     assert not used - called, (
         f"functions queries.sql calls, missing from docs/state-machine.md: {used - called}"
     )
@@ -340,9 +237,9 @@ _SHOWN_EXAMPLES = {
 def test_the_docs_show_each_example_as_it_is_run(doc):
     """Each page shows the example programs the tests run, each whole and
     unchanged."""
-    blocks = re.findall(r"^```\w*\n(.*?)^```", _read(DOCS / doc), flags=re.MULTILINE | re.DOTALL)
+    blocks = re.findall(r"^```\w*\n(.*?)^```", read(DOCS / doc), flags=re.MULTILINE | re.DOTALL)
     examples = [ROOT / "examples" / name for name in _SHOWN_EXAMPLES[doc]]
-    missing = [str(path.relative_to(ROOT)) for path in examples if _read(path) not in blocks]
+    missing = [str(path.relative_to(ROOT)) for path in examples if read(path) not in blocks]
     assert not missing, f"not shown whole in docs/{doc}: {missing}"
 
 
@@ -356,13 +253,13 @@ def _anchor(heading: str) -> str:
 
 
 def _anchors(page: Path) -> set[str]:
-    return {_anchor(h) for h in re.findall(r"^#+\s+(.*)$", _read(page), flags=re.MULTILINE)}
+    return {_anchor(h) for h in re.findall(r"^#+\s+(.*)$", read(page), flags=re.MULTILINE)}
 
 
 def test_every_link_between_pages_leads_inside_the_repository():
     broken = []
     for page in PAGES:
-        text = re.sub(r"```.*?```", "", _read(page), flags=re.DOTALL)
+        text = re.sub(r"```.*?```", "", read(page), flags=re.DOTALL)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
                 continue
@@ -378,7 +275,7 @@ def test_every_link_between_pages_leads_inside_the_repository():
 
 
 def test_the_readme_indexes_the_documentation():
-    readme = _read(ROOT / "README.md")
+    readme = read(ROOT / "README.md")
     index = readme[readme.index("## Documentation") :]
     index = index[: index.find("\n## ", 1)]
     for page in [*sorted(p.name for p in DOCS.glob("*.md")), "CONTRIBUTING.md", "CHANGELOG.md"]:

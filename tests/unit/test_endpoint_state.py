@@ -1,5 +1,7 @@
-"""One endpoint state: the rule itself, and the CLI, the operator's phase and
-the worker's gauges showing it alike for the same rows."""
+"""One endpoint state (hooklane/endpoint_state.py): the rule itself, the
+circuit it shows and what the CLI prints. The CLI, the operator's phase
+and the worker's gauges showing it alike for the same rows:
+tests/processes/test_endpoint_state.py."""
 
 from __future__ import annotations
 
@@ -9,11 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hooklane import metrics, store
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing, endpoint_state
-from hooklane.operator import reflect
-from testsupport.cli import hooklane
-from testsupport.fixtures import add_endpoint, wait_for
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -74,55 +72,3 @@ def test_what_the_cli_prints():
         "Probing",
     ]
     assert str(Standing(EndpointState.PAUSED, PauseReason.CIRCUIT)) == "Paused (circuit)"
-
-
-@pytest.mark.processes
-async def test_cli_operator_and_gauges_agree(dsn, db, start_worker):
-    # Nothing is published: no delivery goes out, and the worker only reads.
-    for name in ("active", "manual", "circuit", "probing", "deactivated"):
-        await add_endpoint(db, name, "http://127.0.0.1:9/never", paused=name == "manual")
-    # The circuit's columns as `complete` leaves them, with nothing pending,
-    # so the worker leaves them be.
-    await db.execute(
-        """UPDATE endpoints SET consecutive_failures = 20, failing_since = now(),
-                  paused_until = now() + CASE name WHEN 'circuit' THEN interval '1 hour'
-                                                   ELSE interval '-1 minute' END
-           WHERE name IN ('circuit', 'probing')"""
-    )
-    await db.execute("UPDATE endpoints SET state = 'deactivated' WHERE name = 'deactivated'")
-    expected = {
-        "active": "Active",
-        "manual": "Paused (manual)",
-        "circuit": "Paused (circuit)",
-        "probing": "Probing",
-        "deactivated": "Deactivated",
-    }
-
-    for command in (["status"], ["endpoint", "list"]):
-        lines = hooklane(dsn, *command).stdout.splitlines()[1:]
-        # `status` names an endpoint NAMESPACE/NAME, `endpoint list` in two columns.
-        shown = {
-            name: next(line for line in lines if {name, f"default/{name}"} & set(line.split()[:2]))
-            for name in expected
-        }
-        for name, state in expected.items():
-            assert f"  {state}  " in shown[name], (command, shown[name])
-
-    now = datetime.now(UTC)
-    phases = {
-        h.name: reflect.reflect(
-            previous={}, queue=reflect.Queue.from_health(h), synced=None, now=now, age_resolution=10
-        ).patch["phase"]
-        for h in await store.endpoint_health(db)
-    }
-    assert phases == {name: state.split()[0] for name, state in expected.items()}
-
-    start_worker()
-
-    def gauges() -> dict[str, float]:
-        paused = {
-            r: metrics.ENDPOINTS_PAUSED.labels(r)._value.get() for r in ("manual", "circuit", "deactivated")
-        }
-        return {**paused, "probing": metrics.ENDPOINTS_PROBING._value.get()}
-
-    await wait_for(lambda: gauges() == {"manual": 1, "circuit": 1, "deactivated": 1, "probing": 1})

@@ -1,5 +1,6 @@
 """Statements name their parameters (``%(name)s`` in queries.sql), the
-loader numbers them once for asyncpg, and every call passes them by name."""
+loader numbers them once for asyncpg, and every call passes them by name.
+That each prepares on Postgres: tests/db/test_query_params.py."""
 
 from __future__ import annotations
 
@@ -171,10 +172,3 @@ def test_every_call_in_the_store_passes_exactly_the_statements_names_and_every_s
 
 
 # --- against Postgres ----------------------------------------------------------
-
-
-@pytest.mark.db
-async def test_every_statement_prepares_with_as_many_parameters_as_it_names(db):
-    for name, query in QUERIES.items():
-        statement = await db.prepare(query.sql)
-        assert len(statement.get_parameters()) == len(query.params), name

@@ -1,13 +1,11 @@
 """Settings are read once from the environment and checked whole: a bad
-value names its variable, before anything starts."""
+value names its variable, before anything starts (a process:
+tests/processes/test_settings.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import subprocess
-import sys
 from ipaddress import ip_network
 
 import pytest
@@ -131,24 +129,3 @@ def test_the_tests_timings_reach_a_process_as_they_reach_settings():
     read = Settings.from_env(timings.environment(timed))
     assert {name: getattr(read, name) for name in timed} == timed
     assert all(getattr(Settings(), name) != seconds for name, seconds in timed.items())
-
-
-@pytest.mark.processes
-@pytest.mark.parametrize(
-    "command, variable",
-    [
-        (["worker"], "HOOKLANE_POLL_SECONDS"),
-        # Settings' bound is the operator's only check of its interval.
-        (["operator", "-A", "--standalone"], "HOOKLANE_OPERATOR_STATUS_SECONDS"),
-    ],
-)
-def test_a_process_refuses_to_start_on_a_bad_setting(command, variable):
-    env = {**os.environ, "HOOKLANE_DATABASE_URL": "postgresql://127.0.0.1:1/x", variable: "0"}
-    done = subprocess.run(
-        [sys.executable, "-m", "hooklane.cli", *command], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 2
-    assert (
-        done.stderr.strip().splitlines()[-1]
-        == f"hooklane: {variable}: input should be greater than 0, not '0'"
-    )
