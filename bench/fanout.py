@@ -31,9 +31,10 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.common import SECRET, fresh_database, machine, nested_plans, postgres_server, run_and_report
+from bench.common import SECRET, fresh_database, machine, postgres_server, run_and_report
 from hooklane import store
 from hooklane.store.queries import QUERIES, Query, load
+from testsupport.databases import nested_plans
 
 TENANT = "bench"
 
