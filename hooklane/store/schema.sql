@@ -113,6 +113,12 @@ CREATE TABLE events (
     -- The W3C traceparent the event was published under (migration 0010;
     -- NULL: none), for the attempts' spans and the receiver's header.
     traceparent  text,
+    -- What the catalogue's check found (migration 0023): the version the
+    -- event validated against (NULL: not checked, the mode was off) and,
+    -- under 'warn', why it validated against none (NULL: it did, or it was
+    -- not checked).
+    schema_version integer,
+    schema_problem text,
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
@@ -136,6 +142,8 @@ CREATE INDEX events_tenant_xact ON events (tenant, xact, id) INCLUDE (created_at
 CREATE INDEX events_xact ON events (xact);
 -- unrouted_events: events that matched no endpoint, kept and counted
 CREATE INDEX events_unrouted ON events (created_at) WHERE fanout = 0;
+-- catalogue_counts: the events a warning marked, by time
+CREATE INDEX events_schema_problem ON events (created_at) WHERE schema_problem IS NOT NULL;
 
 -- ---------------------------------------------------------------------------
 -- Deliveries: one row per (event, endpoint), from 'pending' to 'delivered',
@@ -1681,3 +1689,68 @@ AS $$
                        AS u(endpoint_id, pending, oldest_pending_at)
     WHERE s.fresh_until > now()
 $$;
+
+-- ---------------------------------------------------------------------------
+-- The event catalogue (migration 0023, docs/catalogue.md): the platform's
+-- event types, a JSON Schema per version, and how publishes are checked.
+
+-- One row per event type of the catalogue, by its name (the pattern of
+-- an event's type). Cluster-wide, as the resource is: a type means the same
+-- thing for every tenant.
+CREATE TABLE catalogue_types (
+    name             text PRIMARY KEY
+                     CHECK (length(name) BETWEEN 1 AND 255
+                            AND name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$'),
+    description      text NOT NULL DEFAULT '' CHECK (length(description) <= 4096),
+    type_group       text CHECK (length(type_group) BETWEEN 1 AND 255),
+    -- Deprecated from that day on: still accepted, and counted.
+    deprecated_since date,
+    -- Archived: refused at publish whatever the mode, kept to be shown.
+    archived         boolean NOT NULL DEFAULT false,
+    -- Who wrote it: 'kubernetes' (the operator, from a WebhookEventType)
+    -- or 'local' (the CLI); neither overwrites or deletes the other's.
+    source           text NOT NULL CHECK (source IN ('kubernetes', 'local')),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- One JSON Schema (draft 2020-12) per version of a type, numbered from 1;
+-- the highest is the latest. The schema is stored bundled: every $ref it
+-- had outside itself was resolved when it was applied, so that a publish
+-- never fetches anything. The example validates against it (checked at
+-- apply).
+CREATE TABLE catalogue_versions (
+    type     text NOT NULL REFERENCES catalogue_types (name) ON DELETE CASCADE,
+    version  integer NOT NULL CHECK (version BETWEEN 1 AND 1000),
+    schema   jsonb NOT NULL CHECK (jsonb_typeof(schema) IN ('object', 'boolean')),
+    example  jsonb NOT NULL CHECK (jsonb_typeof(example) = 'object'),
+    -- md5 of the schema's text: the publish check's cache key for the
+    -- compiled validator, so that an applied change is never missed.
+    digest   text NOT NULL,
+    PRIMARY KEY (type, version)
+);
+
+-- How published events are checked against the catalogue, per tenant;
+-- the row of tenant '' (which no tenant is: a tenant has 1 to 253
+-- characters) holds the mode of every tenant without a row of its own.
+-- No row at all: 'off'.
+CREATE TABLE catalogue_modes (
+    tenant text PRIMARY KEY CHECK (length(tenant) <= 253),
+    mode   text NOT NULL CHECK (mode IN ('off', 'warn', 'enforce'))
+);
+
+-- The publishes the check refused, one row each, written in the
+-- publisher's transaction (so a refusal its transaction rolled back leaves
+-- none, as nothing else of it does) and purged with the events.
+CREATE TABLE catalogue_refusals (
+    refused_at timestamptz NOT NULL DEFAULT now(),
+    tenant     text NOT NULL,
+    type       text NOT NULL,
+    -- 'unknown', 'archived' or 'schema'
+    reason     text NOT NULL CHECK (reason IN ('unknown', 'archived', 'schema')),
+    message    text NOT NULL
+);
+-- purge_refusals: past retention, oldest first
+CREATE INDEX catalogue_refusals_refused_at ON catalogue_refusals (refused_at);
+-- catalogue_counts: one type's refusals over a time range
+CREATE INDEX catalogue_refusals_type ON catalogue_refusals (type, refused_at);
