@@ -23,8 +23,8 @@ import asyncpg
 import uvloop
 
 from hooklane.guard import parse_networks
-from hooklane.signing import parse_secret
-from hooklane.worker.sender import Sender, event_body
+from hooklane.signing import event_body, parse_secret
+from hooklane.worker.sender import Sender
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS baseline_endpoints (

@@ -20,8 +20,7 @@ import aiohttp
 import uvloop
 
 from bench.common import SECRET
-from hooklane.signing import parse_secret, sign
-from hooklane.worker.sender import event_body
+from hooklane.signing import event_body, parse_secret, sign
 
 DATA = '{"n":%d,"order":{"id":%d,"status":"paid","note":"%s"}}'
 

@@ -1,8 +1,13 @@
-"""Standard Webhooks signing (https://www.standardwebhooks.com/).
+"""Standard Webhooks signing (https://www.standardwebhooks.com/): the
+body a receiver gets, the headers it comes with, and their signature.
 
 The signed content is ``{webhook-id}.{webhook-timestamp}.{body}``; the
 signature is ``v1,`` + base64(HMAC-SHA256(key, content)), where the key is the
 base64 part of a ``whsec_`` secret.
+
+The worker sends what :func:`event_body` and :func:`request_headers` make,
+and the delivery pages show what they make of the stored event: one
+definition, so that what a person reads is what the receiver got.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
 from hooklane.errors import InvalidInput
 
@@ -19,6 +26,37 @@ SECRET_PREFIX = "whsec_"
 # Standard Webhooks asks for 24 to 64 random bytes.
 _MIN_KEY_BYTES = 24
 _MAX_KEY_BYTES = 64
+# No version: telling receivers which release runs tells an attacker which
+# known flaws to try.
+USER_AGENT = "Hooklane"
+CONTENT_TYPE = "application/json"
+
+
+def event_body(event_id: str, event_type: str, created_at: datetime, data_json: str) -> bytes:
+    """The JSON body a receiver gets. ``data_json`` is already JSON text from
+    Postgres and is spliced in as is rather than parsed and dumped again."""
+    timestamp = created_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        f'{{"id":{json.dumps(event_id)},"type":{json.dumps(event_type)},"timestamp":{json.dumps(timestamp)},"data":{data_json}}}'
+    ).encode()
+
+
+def request_headers(
+    extra: Iterable[tuple[str, str]], msg_id: str, timestamp: int, signature: str, traceparent: str | None
+) -> dict[str, str]:
+    """The headers of one delivery's request beyond ``User-Agent`` and
+    ``Content-Type`` (every request's): the endpoint's ``extra`` ones first
+    (which cannot name any of these), then the signature's and the trace
+    context when there is one."""
+    headers = {
+        **dict(extra),
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature,
+    }
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    return headers
 
 
 def parse_secret(secret: str) -> bytes:

@@ -28,7 +28,7 @@ def compact(data: dict) -> str:
 
 
 def data_part(body: bytes) -> bytes:
-    """The "data" of a delivery body, as sent (hooklane.worker.sender.event_body)."""
+    """The "data" of a delivery body, as sent (hooklane.signing.event_body)."""
     return body.split(b',"data":', 1)[1][:-1]
 
 

@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
-from hooklane import store
+from hooklane import signing, store
 from hooklane.api import actions, inputs, pages
 from hooklane.api.auth import Audience, Handler, audience, connection, expect_continue
-from hooklane.api.context import repair_stop, scope
+from hooklane.api.context import SETTINGS, repair_stop, scope
 from hooklane.api.errors import Problem, answers_in
 from hooklane.errors import InvalidInput
 from hooklane.store.grants import Access
@@ -88,6 +89,9 @@ def add_routes(app: web.Application, face: Face, who: Audience) -> None:
     router.add_get(
         face.home + "/endpoints/{namespace}/{name}/deliveries/{id}", _route(who, face, delivery_page)
     )
+    router.add_get(
+        face.home + "/endpoints/{namespace}/{name}/deliveries/{id}/payload", _route(who, face, payload)
+    )
     router.add_post(
         face.home + "/endpoints/{namespace}/{name}/resend",
         _route(who, face, resend, Access.RESEND),
@@ -127,19 +131,23 @@ async def delivery_page(request: web.Request, face: Face) -> web.Response:
         delivery_id = inputs.delivery_id(request.match_info["id"])
     except InvalidInput:
         return face.no_delivery(request, namespace, name, request.match_info["id"])
-    async with connection(request) as conn:
-        found = await actions.with_health(
-            conn,
-            scope(request),
-            namespace,
-            name,
-            lambda c: store.delivery_detail(c, delivery_id, (namespace, name)),
+    keyring = request.config_dict[SETTINGS].encryption_key
+
+    async def read(conn: asyncpg.Connection) -> tuple[store.DeliveryDetail | None, store.SentRequest | None]:
+        key = (namespace, name)
+        detail = await store.delivery_detail(conn, delivery_id, key)
+        return detail, None if detail is None else await store.delivery_payload(
+            conn, delivery_id, key, keyring
         )
+
+    async with connection(request) as conn:
+        found = await actions.with_health(conn, scope(request), namespace, name, read)
     if found is None:
         return face.no_endpoint(request, namespace, name)
-    health, detail = found
+    health, (detail, sent) = found
     if detail is None:
         return face.no_delivery(request, namespace, name, str(delivery_id))
+    path = face.endpoint_path(namespace, name)
     return face.shown_once(
         request,
         "delivery.html",
@@ -148,9 +156,45 @@ async def delivery_page(request: web.Request, face: Face) -> web.Response:
         detail=detail,
         delivery=detail.delivery,
         shown_at_most=store.MAX_ATTEMPTS_SHOWN,
-        path=face.endpoint_path(namespace, name),
+        path=path,
+        # Gone between the two reads (discarded and purged): no payload.
+        payload=None if sent is None else pages.shown_payload(sent.body),
+        request_headers=None if sent is None else pages.sent_headers(sent),
+        terms_unreadable=sent is not None and sent.header_names is None,
+        download=f"{path}/deliveries/{delivery_id}/payload",
         # Where its buttons come back to: this page.
         back=f"?delivery={delivery_id}",
+    )
+
+
+async def payload(request: web.Request, face: Face) -> web.Response:
+    """The whole body a delivery sends, byte for byte, as a file to save:
+    what its page shows the start of."""
+    namespace, name = inputs.endpoint_key(request)
+    try:
+        delivery_id = inputs.delivery_id(request.match_info["id"])
+    except InvalidInput:
+        return face.no_delivery(request, namespace, name, request.match_info["id"])
+    keyring = request.config_dict[SETTINGS].encryption_key
+    async with connection(request) as conn:
+        found = await actions.scoped(
+            conn,
+            scope(request),
+            namespace,
+            name,
+            lambda c: store.delivery_payload(c, delivery_id, (namespace, name), keyring),
+        )
+    if found is None:
+        # An endpoint out of scope answers as a delivery that is not there:
+        # the store's None says the same of both.
+        return face.no_delivery(request, namespace, name, str(delivery_id))
+    return web.Response(
+        body=found.body,
+        content_type=signing.CONTENT_TYPE,
+        headers={
+            **face.headers(request),
+            "Content-Disposition": f'attachment; filename="delivery-{delivery_id}.json"',
+        },
     )
 
 

@@ -1,6 +1,7 @@
 """The dashboard's pages (``/dashboard``): endpoints by oldest pending age,
 one endpoint's recent deliveries, one delivery with its attempts, an
-endpoint's attempts over a time window, and the buttons that repair them.
+endpoint's attempts over a time window, the event types that reached
+nobody (unrouted, refused), and the buttons that repair them.
 
 Server-rendered HTML (Jinja2, every value escaped) and one small script
 that refreshes the live part of a page; without JavaScript a meta refresh
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -35,7 +36,7 @@ from hooklane.api.auth import (
 )
 from hooklane.api.context import ADMIN_TOKENS, scope
 from hooklane.api.errors import Problem, answers_in
-from hooklane.errors import InvalidInput
+from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
 from hooklane.times import rfc3339
 
@@ -45,6 +46,12 @@ FLASH_COOKIE = "hooklane_flash"
 # Enough for the recent past at a glance; older ones are a click ("older") away.
 DELIVERIES_PER_PAGE = 50
 ATTEMPTS_PER_PAGE = 50
+# The event types page: the types most unrouted or refused over the last
+# day, this many a page, and no further than this page (types past it are
+# a long tail of ones and twos).
+TYPES_PER_PAGE = 50
+MAX_TYPE_PAGE = 200
+RECENT = timedelta(hours=24)
 
 _SECURITY_HEADERS = pages.security_headers()
 
@@ -55,6 +62,7 @@ def add_routes(app: web.Application) -> None:
     router = app.router
     router.add_get(LOGIN_PATH, login_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}", endpoint_page)
+    router.add_get(f"{HOME}/event-types", event_types_page)
     router.add_get(f"{HOME}/endpoints/{{namespace}}/{{name}}/attempts", attempts_page)
     router.add_get(f"{HOME}/static/{{file}}", pages.static)
     for path, handler in (
@@ -143,6 +151,16 @@ def attempt_filter(query: Mapping[str, str], now: datetime) -> AttemptFilter:
     outcome = _chosen(query, "outcome")
     store.check_outcomes(None if outcome is None else [outcome])
     return AttemptFilter(since, until, status, store.check_failure(_chosen(query, "failure")), outcome)
+
+
+def type_page(query: Mapping[str, str]) -> int:
+    """The event types page's number (1: the first), as its links write it."""
+    text = _chosen(query, "page")
+    if text is None:
+        return 1
+    if not text.isascii() or not text.isdigit() or len(text) > 4 or not 1 <= int(text) <= MAX_TYPE_PAGE:
+        raise InvalidInput("page", f"must be a page number from 1 to {MAX_TYPE_PAGE}, not {shown(text)}")
+    return int(text)
 
 
 # Rendering.
@@ -282,6 +300,35 @@ async def attempts_page(request: web.Request) -> web.Response:
         }
 
     return await _filtered(request, "attempts.html", read)
+
+
+@audience(Audience.DASHBOARD)
+@browser_page
+async def event_types_page(request: web.Request) -> web.Response:
+    """Per event type, what reached no receiver: events kept unrouted and
+    publishes the catalogue refused. Not a live page: at millions of events
+    its counts cost a read of every unrouted event and of the day's
+    refusals (docs/operations.md), which a refresh every few seconds would
+    repeat for nobody."""
+    number = type_page(request.query)
+    async with connection(request) as conn:
+        found = await store.event_type_counts(
+            conn,
+            datetime.now(UTC) - RECENT,
+            limit=TYPES_PER_PAGE,
+            offset=(number - 1) * TYPES_PER_PAGE,
+        )
+    last = min(-(-found.types // TYPES_PER_PAGE), MAX_TYPE_PAGE)
+    return FACE.shown_once(
+        request,
+        "event_types.html",
+        found=found,
+        number=number,
+        first=(number - 1) * TYPES_PER_PAGE + 1,
+        previous_url=None if number == 1 else f"{HOME}/event-types?page={number - 1}",
+        next_url=None if number >= last else f"{HOME}/event-types?page={number + 1}",
+        recent_hours=int(RECENT.total_seconds() // 3600),
+    )
 
 
 Read = Callable[[asyncpg.Connection, EndpointHealth], Awaitable[dict[str, Any] | None]]

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 import jinja2
 from aiohttp import web
 
-from hooklane import store
+from hooklane import signing, store
 from hooklane.api.auth import Audience, audience
 from hooklane.endpoint_state import EndpointState, PauseReason
 from hooklane.errors import shown
@@ -175,6 +175,105 @@ def resend_flash(ids: list[int] | None, done: store.Progress[int]) -> str:
     if ids is None:
         return flash_value("resent" if done.stopped_at is None else "resent-partly", done.count)
     return flash_value("resent-one" if done.count else "not-dead", ids[0])
+
+
+# What a delivery sent.
+
+# A delivery page shows this much of the payload; the rest is a download
+# away: a page of a few tens of kB whatever the event's size.
+PAYLOAD_SHOWN_BYTES = 64 * 1024
+HIDDEN = "(hidden)"
+# A JSON text's tokens, verbatim: a string (to the end of the text when it
+# was cut inside one), a punctuation mark, or a literal or number.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?$)|[{}\[\],:]|[^\s{}\[\],:"]+')
+
+
+def pretty_json(text: str, indent: str = "  ") -> str:
+    """``text`` indented, one member or item a line, every token as it was:
+    no number or string is parsed and printed again (a ``numeric`` of 309
+    digits stays one), and a text cut anywhere comes out as far as it goes."""
+    out: list[str] = []
+    depth = 0
+    tokens = [m[0] for m in _JSON_TOKEN.finditer(text)]
+    for i, token in enumerate(tokens):
+        if token in ("{", "["):
+            if i + 1 < len(tokens) and tokens[i + 1] in ("}", "]"):
+                out.append(token)
+                continue
+            depth += 1
+            out.append(token + "\n" + indent * depth)
+        elif token in ("}", "]"):
+            if out and out[-1] in ("{", "["):
+                out.append(token)
+                continue
+            depth = max(depth - 1, 0)
+            out.append("\n" + indent * depth + token)
+        elif token == ",":
+            out.append(",\n" + indent * depth)
+        elif token == ":":
+            out.append(": ")
+        else:
+            out.append(token)
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class ShownPayload:
+    """A delivery's body as its page shows it: ``text``, its first
+    ``shown`` bytes pretty-printed, of ``size`` in all."""
+
+    text: str
+    shown: int
+    size: int
+
+    @property
+    def cut(self) -> bool:
+        return self.shown < self.size
+
+
+def shown_payload(body: bytes, limit: int = PAYLOAD_SHOWN_BYTES) -> ShownPayload:
+    # A cut may fall inside a character: its bytes are left out.
+    head = body[:limit].decode("utf-8", errors="ignore")
+    return ShownPayload(pretty_json(head), min(len(body), limit), len(body))
+
+
+@dataclass(frozen=True)
+class SentHeader:
+    name: str
+    value: str
+    # Where the value comes from, when the page cannot show it as sent.
+    note: str | None = None
+
+
+def sent_headers(sent: store.SentRequest) -> list[SentHeader]:
+    """The headers of a delivery's request as its page shows them, made by
+    the worker's own :func:`hooklane.signing.request_headers`, without a
+    secret: the signature (an HMAC of the body under the endpoint's
+    signing secret: shown, it would let anyone who reads the page test
+    guesses of the secret offline, and it is of no use to a person) and
+    the endpoint's extra headers' values (stored sealed with their names,
+    without a mark of which came from a Secret: API keys, most of them)."""
+    extra = [(name, HIDDEN) for name in sent.header_names or ()]
+    trace = sent.traceparent
+    if trace is None and sent.last_trace_id is not None:
+        trace = f"00-{sent.last_trace_id}-…"
+    stamp = 0 if sent.last_started_at is None else int(sent.last_started_at.timestamp())
+    made = signing.request_headers(extra, sent.event_id, stamp, HIDDEN, trace)
+    notes = {
+        "webhook-timestamp": "each attempt's own: its start, in seconds since 1970"
+        if sent.last_started_at is not None
+        else "set by each attempt when it starts",
+        "webhook-signature": "computed with the endpoint's signing secret",
+        "traceparent": "a worker that traces sends its attempt's span, of this trace",
+        **dict.fromkeys(sent.header_names or (), "the endpoint's own (spec.delivery.headers)"),
+    }
+    if sent.last_started_at is None:
+        made["webhook-timestamp"] = "-"
+    return [
+        SentHeader("Content-Type", signing.CONTENT_TYPE),
+        SentHeader("User-Agent", signing.USER_AGENT),
+        *(SentHeader(name, value, notes.get(name)) for name, value in made.items()),
+    ]
 
 
 # Reading the request.

@@ -128,6 +128,8 @@ from hooklane.store.notifications import (
 from hooklane.store.publishers import PublisherScope, grant_publisher, publisher_scopes, revoke_publisher
 from hooklane.store.queries import parse as parse_queries
 from hooklane.store.reflection import Changed, endpoint_health_changed
+from hooklane.store.sent import SentRequest, delivery_payload
+from hooklane.store.type_counts import TypeCountPage, TypeCounts, event_type_counts
 
 __all__ = [
     "ADAPT_STEP_SECONDS",
@@ -174,12 +176,15 @@ __all__ = [
     "Reservation",
     "Reserved",
     "Result",
+    "SentRequest",
     "StatusRange",
     "Stored",
     "StoredEvent",
     "TableStatistics",
     "Timing",
     "Touched",
+    "TypeCountPage",
+    "TypeCounts",
     "Unrouted",
     "Upserted",
     "acquire",
@@ -199,6 +204,7 @@ __all__ = [
     "deactivate_failing",
     "delete_endpoint",
     "delivery_detail",
+    "delivery_payload",
     "delivery_position",
     "discard_dead",
     "endpoint_attempts",
@@ -209,6 +215,7 @@ __all__ = [
     "endpoint_page",
     "endpoint_position",
     "endpoint_totals",
+    "event_type_counts",
     "grant_publisher",
     "hint_published",
     "insert_event",

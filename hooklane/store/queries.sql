@@ -820,6 +820,73 @@ WHERE a.delivery_id = %(delivery_id)s
 ORDER BY a.recorded_at, a.attempt
 LIMIT %(limit)s;
 
+-- name: delivery_payload
+-- What a delivery's request carried, for the delivery pages: its event's
+-- id, type, creation and data as the reservation reads them
+-- (hooklane_reserve_v7: data::text, which the worker splices into the body
+-- as is), the trace context it was published under, the endpoint's sealed
+-- request terms (its extra headers), and of its latest attempt on this
+-- event when it started (the webhook-timestamp it was sent with) and the
+-- trace id the receiver got. When `namespace` and `name` are given, only
+-- if it is that endpoint's. No row when there is none.
+-- Parameters: id, namespace (or NULL), name (or NULL).
+-- Index: primary keys of deliveries, endpoints and events;
+-- delivery_attempts_delivery of each partition for the latest attempt.
+SELECT e.id AS event_id, e.type, e.created_at, e.data::text AS data, e.traceparent,
+       ep.request_terms, ep.namespace, ep.name, last.started_at AS last_started_at,
+       last.trace_id AS last_trace_id
+FROM deliveries d
+JOIN endpoints ep ON ep.id = d.endpoint_id
+JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
+LEFT JOIN LATERAL (
+    SELECT a.started_at, a.trace_id
+    FROM delivery_attempts a
+    WHERE a.delivery_id = d.id AND a.event_id = d.event_id
+    ORDER BY a.recorded_at DESC, a.attempt DESC
+    LIMIT 1
+) last ON true
+WHERE d.id = %(id)s
+  AND (%(namespace)s::text IS NULL OR (ep.namespace = %(namespace)s AND ep.name = %(name)s));
+
+-- name: event_type_counts
+-- Per event type, across tenants: the events kept although no endpoint
+-- matched them (unrouted) since `since` and in all (as long as they are
+-- retained), and the publishes the catalogue's check refused since
+-- `since`, by reason. The types with the most since `since` first, then
+-- the most unrouted in all, then by name; `limit` of them after `offset`
+-- (a page), each row with the number of types there are (`types`).
+-- Parameters: since, limit, offset.
+-- Index: events_unrouted, a partial index holding the unrouted events
+-- only (so its whole is read: as many entries as unrouted events are
+-- retained, however many routed ones there are); catalogue_refusals_refused_at
+-- for the refusals since `since` (the range only).
+WITH unrouted AS (
+    SELECT e.type, count(*) AS total, count(*) FILTER (WHERE e.created_at >= %(since)s) AS recent
+    FROM events e
+    WHERE e.fanout = 0
+    GROUP BY e.type
+), refused AS (
+    SELECT r.type,
+           count(*) FILTER (WHERE r.reason = 'unknown') AS unknown,
+           count(*) FILTER (WHERE r.reason = 'archived') AS archived,
+           count(*) FILTER (WHERE r.reason = 'schema') AS schema
+    FROM catalogue_refusals r
+    WHERE r.refused_at >= %(since)s
+    GROUP BY r.type
+), counted AS (
+    SELECT coalesce(u.type, r.type) AS type,
+           coalesce(u.recent, 0) AS unrouted_recent, coalesce(u.total, 0) AS unrouted_total,
+           coalesce(r.unknown, 0) AS refused_unknown, coalesce(r.archived, 0) AS refused_archived,
+           coalesce(r.schema, 0) AS refused_schema
+    FROM unrouted u
+    FULL JOIN refused r ON r.type = u.type
+)
+SELECT c.*, count(*) OVER () AS types
+FROM counted c
+ORDER BY c.unrouted_recent + c.refused_unknown + c.refused_archived + c.refused_schema DESC,
+         c.unrouted_total DESC, c.type
+LIMIT %(limit)s OFFSET %(offset)s;
+
 -- name: endpoint_attempts
 -- A page of an endpoint's attempts recorded in [since, until), newest
 -- first, after the cursor, filtered by outcome, status and failure class.

@@ -34,7 +34,7 @@ from hooklane.policies import CircuitPolicy
 from hooklane.results import FailureClass, Timing
 from hooklane.secrets import owner, terms_owner, unseal
 from hooklane.settings import Settings
-from hooklane.signing import parse_secret
+from hooklane.signing import event_body, parse_secret
 from hooklane.worker.commits import CommitProbe
 from hooklane.worker.jobs import (
     CallGauges,
@@ -59,7 +59,7 @@ from hooklane.worker.rules import (
     paced_start,
     result_of,
 )
-from hooklane.worker.sender import Sender, event_body
+from hooklane.worker.sender import Sender
 from hooklane.worker.slots import HURRIED_SHARE, LONG_OVERDRAFT, Call, Slots
 from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 import ssl
@@ -11,7 +10,6 @@ import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -23,27 +21,15 @@ from aiohttp.tracing import Trace
 from hooklane import metrics
 from hooklane.guard import DestinationNotAllowed, Network, dialled_address, is_allowed
 from hooklane.results import FailureClass
-from hooklane.signing import sign
+from hooklane.signing import CONTENT_TYPE, USER_AGENT, request_headers, sign
 from hooklane.worker.rules import Attempt
 from hooklane.worker.terms import NONE, Terms
 
 logger = logging.getLogger(__name__)
 
-# No version: telling receivers which release runs tells an attacker which
-# known flaws to try.
-USER_AGENT = "Hooklane"
 # Bytes of a response the client may buffer before it stops reading the
 # socket; the body is never read, so this bounds what a huge answer costs.
 _READ_BUFFER = 16 * 1024
-
-
-def event_body(event_id: str, event_type: str, created_at: datetime, data_json: str) -> bytes:
-    """The JSON body a receiver gets. ``data_json`` is already JSON text from
-    Postgres and is spliced in as is rather than parsed and dumped again."""
-    timestamp = created_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return (
-        f'{{"id":{json.dumps(event_id)},"type":{json.dumps(event_type)},"timestamp":{json.dumps(timestamp)},"data":{data_json}}}'
-    ).encode()
 
 
 def failure_class(
@@ -256,7 +242,7 @@ class Sender:
             auto_decompress=False,
             read_bufsize=_READ_BUFFER,
             cookie_jar=aiohttp.DummyCookieJar(),
-            headers={"User-Agent": USER_AGENT, "Content-Type": "application/json"},
+            headers={"User-Agent": USER_AGENT, "Content-Type": CONTENT_TYPE},
         )
 
     async def send(
@@ -276,14 +262,9 @@ class Sender:
         context and server name. The deadline covers the whole call:
         connect, TLS, send and the response's status line and headers."""
         timestamp = int(time.time())
-        headers = {
-            **terms.headers,
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(key, msg_id, timestamp, body),
-        }
-        if traceparent is not None:
-            headers["traceparent"] = traceparent
+        headers = request_headers(
+            terms.headers.items(), msg_id, timestamp, sign(key, msg_id, timestamp, body), traceparent
+        )
         # Set every phase deliberately: only ``total`` bounds the call, and
         # the others' defaults differ across aiohttp versions.
         timeout = aiohttp.ClientTimeout(

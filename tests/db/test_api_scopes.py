@@ -49,6 +49,7 @@ _SHARED_JSON = [
 _SHARED_PAGES = [
     ("GET", "", READ),
     ("GET", _ENDPOINT + "/deliveries/{id}", READ),
+    ("GET", _ENDPOINT + "/deliveries/{id}/payload", READ),
     ("POST", _ENDPOINT + "/resend", RESEND),
 ]
 
@@ -79,6 +80,7 @@ ROUTES: dict[tuple[str, str], tuple[Audience, Access]] = {
     ("GET", "/dashboard/static/{file}"): (OPEN, READ),
     ("GET", "/dashboard" + _ENDPOINT): (DASHBOARD, READ),
     ("GET", "/dashboard" + _ENDPOINT + "/attempts"): (DASHBOARD, READ),
+    ("GET", "/dashboard/event-types"): (DASHBOARD, READ),
     ("POST", "/dashboard/logout"): (DASHBOARD, READ),
     ("POST", "/dashboard" + _ENDPOINT + "/reactivate"): (DASHBOARD, READ),
     **{(m, "/portal" + p): (PORTAL, access) for m, p, access in _SHARED_PAGES},

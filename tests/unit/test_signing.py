@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from hooklane.errors import InvalidInput
-from hooklane.signing import parse_secret, sign
-from hooklane.worker.sender import event_body
+from hooklane.signing import event_body, parse_secret, sign
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
