@@ -264,8 +264,8 @@ def sent_headers(sent: store.SentRequest) -> list[SentHeader]:
         if sent.last_started_at is not None
         else "set by each attempt when it starts",
         "webhook-signature": "computed with the endpoint's signing secret",
-        "traceparent": "a worker that traces sends its attempt's span, of this trace",
-        **dict.fromkeys(sent.header_names or (), "the endpoint's own (spec.delivery.headers)"),
+        "traceparent": "the trace the event was published in (a worker that traces sends its own span in it)",
+        **dict.fromkeys(sent.header_names or (), "set for this endpoint"),
     }
     if sent.last_started_at is None:
         made["webhook-timestamp"] = "-"
