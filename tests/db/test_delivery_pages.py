@@ -97,7 +97,11 @@ async def test_the_payload_and_headers_shown_are_what_a_real_receiver_got(
 ) -> None:
     # What a second print would change: numeric digits, key order, an
     # escaped line separator, markup.
-    data = {"order": {"total": 1.10, "big": 2**62, "tiny": 1e-7, "note": "é\u2028<b>&amp;"}, "lines": [], "meta": {}}
+    data = {
+        "order": {"total": 1.10, "big": 2**62, "tiny": 1e-7, "note": "é\u2028<b>&amp;"},
+        "lines": [],
+        "meta": {},
+    }
     delivery, got = await delivered(db, receiver, start_worker, data)
     sent = {name.lower(): value for name, value in got.headers.items()}
     for home, auth in await faces(api):
