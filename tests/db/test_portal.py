@@ -416,7 +416,11 @@ async def test_every_route_renders_another_tenants_ids_as_none_at_all(api, db):
             )
             assert mixed[0].status == 404, (method, template)
             assert "No such delivery" in mixed[1]
-        own = "acme" if template.endswith(("/resend", "/replay", "/test-event", "{id}", "{name}")) else "mine"
+        own = (
+            "acme"
+            if template.endswith(("/resend", "/replay", "/test-event", "{id}", "/payload", "{name}"))
+            else "mine"
+        )
         mine_answer = await call(api, method, filled(template, ids[own]), session, data=FORM)
         assert mine_answer[0].status in (200, 303), (
             method,
@@ -545,15 +549,18 @@ async def test_a_resent_delivery_shows_when_it_was_created_and_queued_again(api,
 
         endpoint = f"/endpoints/default/{tenant}-orders"
         row = rf'<tr data-delivery="{delivery}".*?</tr>'
-        facts = r"<dt>Created</dt>.*?</dl>"
+        facts = r"<dt>First created</dt>.*?</dl>"
         for page, auth in (("/portal", {"Cookie": f"{PORTAL_COOKIE}={token}"}), ("/dashboard", ADMIN_AUTH)):
-            for url, part in ((page + endpoint, row), (f"{page}{endpoint}/deliveries/{delivery}", facts)):
+            for url, part, again in (
+                (page + endpoint, row, "queued again"),
+                (f"{page}{endpoint}/deliveries/{delivery}", facts, "Resent"),
+            ):
                 response = await api.get(url, headers=auth, allow_redirects=False)
                 assert response.status == 200, url
                 times, text = created_and_queued(await response.text(), part)
                 # Created, then queued again (the next attempt is the row's first).
                 assert [made[delivery], queued[delivery]] in (times[:2], times[1:3]), (url, times)
-                assert re.search(r"\b3 ?d(ays?)? ago .*queued again (now|\d+ s ago)", text, re.I), (url, text)
+                assert re.search(rf"\b3 ?d(ays?)? ago .*{again} (now|\d+ s ago)", text, re.I), (url, text)
                 api.session.cookie_jar.clear()
 
 
