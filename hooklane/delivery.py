@@ -142,6 +142,10 @@ class RequestTerms:
     cert_pem: str | None = None
     key_pem: str | None = None
     server_name: str | None = None
+    # The names of the headers whose values were read from a Secret, which
+    # the delivery pages hide; None for terms stored before they were kept,
+    # of which every value is hidden.
+    secret_headers: tuple[str, ...] | None = ()
 
     def __repr__(self) -> str:
         # Header values and keys are credentials: a traceback's locals or a
@@ -159,6 +163,7 @@ class RequestTerms:
                 "cert": self.cert_pem,
                 "key": self.key_pem,
                 "server_name": self.server_name,
+                "secret_headers": None if self.secret_headers is None else list(self.secret_headers),
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -170,14 +175,16 @@ class RequestTerms:
         row changed by hand fails its deliveries with a clear error."""
         try:
             doc = json.loads(text)
+            secret = doc.get("secret_headers")
             return cls(
                 tuple((str(n), str(v)) for n, v in doc["headers"]),
                 doc["ca"],
                 doc["cert"],
                 doc["key"],
                 doc["server_name"],
+                None if secret is None else tuple(str(n) for n in secret),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInput("request terms", f"are not stored as Hooklane stores them: {exc}") from None
 
     @property
@@ -243,9 +250,11 @@ def resolve(delivery: DeliverySpec, namespace: str, lookup: SecretLookup) -> Req
     if not delivery.headers and delivery.tls is None:
         return None
     headers = []
+    secret_headers = []
     for i, header in enumerate(delivery.headers):
         value = header.value
         if header.secret is not None:
+            secret_headers.append(header.name)
             field = f"spec.delivery.headers[{i}].valueFrom.secretKeyRef"
             value = _value(lookup, namespace, header.secret, field, _HEADER_TEXT)
             if len(value) > MAX_HEADER_VALUE or not _HEADER_VALUE.fullmatch(value):
@@ -273,7 +282,7 @@ def resolve(delivery: DeliverySpec, namespace: str, lookup: SecretLookup) -> Req
         _key_pair(cert, key, where["client_certificate"])
     if refused := _openssl_refusal(ca, cert, key):
         raise SecretProblem(f"{where[refused.part]} is refused by OpenSSL: {refused.reason}", missing=False)
-    return RequestTerms(tuple(headers), ca, cert, key, tls.server_name)
+    return RequestTerms(tuple(headers), ca, cert, key, tls.server_name, tuple(secret_headers))
 
 
 _HEADER_TEXT = f"a header value (visible ASCII on one line, at most {MAX_HEADER_VALUE} characters)"

@@ -160,7 +160,7 @@ async def delivery_page(request: web.Request, face: Face) -> web.Response:
         # Gone between the two reads (discarded and purged): no payload.
         payload=None if sent is None else pages.shown_payload(sent.body),
         request_headers=None if sent is None else pages.sent_headers(sent),
-        terms_unreadable=sent is not None and sent.header_names is None,
+        terms_unreadable=sent is not None and sent.extra_headers is None,
         download=f"{path}/deliveries/{delivery_id}/payload",
         # Where its buttons come back to: this page.
         back=f"?delivery={delivery_id}",

@@ -251,9 +251,9 @@ def sent_headers(sent: store.SentRequest) -> list[SentHeader]:
     secret: the signature (an HMAC of the body under the endpoint's
     signing secret: shown, it would let anyone who reads the page test
     guesses of the secret offline, and it is of no use to a person) and
-    the endpoint's extra headers' values (stored sealed with their names,
-    without a mark of which came from a Secret: API keys, most of them)."""
-    extra = [(name, HIDDEN) for name in sent.header_names or ()]
+    the values of the endpoint's own headers that were read from a Secret
+    or name a credential (:func:`hooklane.store.delivery_payload`)."""
+    extra = [(name, HIDDEN if value is None else value) for name, value in sent.extra_headers or ()]
     trace = sent.traceparent
     if trace is None and sent.last_trace_id is not None:
         trace = f"00-{sent.last_trace_id}-…"
@@ -265,7 +265,7 @@ def sent_headers(sent: store.SentRequest) -> list[SentHeader]:
         else "set by each attempt when it starts",
         "webhook-signature": "computed with the endpoint's signing secret",
         "traceparent": "the trace the event was published in (a worker that traces sends its own span in it)",
-        **dict.fromkeys(sent.header_names or (), "set for this endpoint"),
+        **{name: "set for this endpoint" for name, _ in sent.extra_headers or ()},
     }
     if sent.last_started_at is None:
         made["webhook-timestamp"] = "-"

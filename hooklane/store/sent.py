@@ -19,15 +19,16 @@ from hooklane.store.queries import QUERIES
 @dataclass(frozen=True)
 class SentRequest:
     """A delivery's request as its latest attempt sent it, or as its next
-    will: ``body``, and of the headers what may be shown. ``header_names``:
-    the endpoint's extra headers, whose values are never read out of this
-    module (None: its terms cannot be opened with the keys at hand).
-    ``last_started_at`` and ``last_trace_id``: of the latest attempt that
-    carried this event (None: none yet)."""
+    will: ``body``, and of the headers what may be shown. ``extra_headers``:
+    the endpoint's own, each with its value, or None for a value that may
+    be a credential, which never leaves this module (None for them all:
+    its terms cannot be opened with the keys at hand). ``last_started_at``
+    and ``last_trace_id``: of the latest attempt that carried this event
+    (None: none yet)."""
 
     event_id: str
     traceparent: str | None
-    header_names: tuple[str, ...] | None
+    extra_headers: tuple[tuple[str, str | None], ...] | None
     last_started_at: datetime | None
     last_trace_id: str | None
     body: bytes
@@ -49,20 +50,31 @@ async def delivery_payload(
     return SentRequest(
         row["event_id"],
         row["traceparent"],
-        _header_names(row["request_terms"], row["namespace"], row["name"], keyring),
+        _extra_headers(row["request_terms"], row["namespace"], row["name"], keyring),
         row["last_started_at"],
         row["last_trace_id"],
         event_body(row["event_id"], row["type"], row["created_at"], row["data"]),
     )
 
 
-def _header_names(
+# Credentials whatever their source: a manifest may write one as a value.
+_CREDENTIALS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def _extra_headers(
     sealed: str | None, namespace: str, name: str, keyring: Keyring | None
-) -> tuple[str, ...] | None:
+) -> tuple[tuple[str, str | None], ...] | None:
+    """The endpoint's own headers, without the values read from a Secret
+    (all of them for terms stored before that was kept) or naming a
+    credential."""
     if sealed is None:
         return ()
     try:
         terms = RequestTerms.from_json(unseal(keyring, sealed, terms_owner(namespace, name)))
     except InvalidInput:
         return None
-    return tuple(header for header, _ in terms.headers)
+    secret = terms.secret_headers
+    return tuple(
+        (header, None if secret is None or header in secret or header.lower() in _CREDENTIALS else value)
+        for header, value in terms.headers
+    )

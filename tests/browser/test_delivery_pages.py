@@ -21,7 +21,7 @@ from playwright.async_api import ConsoleMessage, Page
 
 import hooklane
 from hooklane.api.pages import HIDDEN, pretty_json
-from hooklane.delivery import RequestTerms
+from hooklane.delivery import DeliverySpec, HeaderSpec, SecretKeyRef, resolve
 from testsupport.dashboard import ADMIN_TOKEN, StartServer, cells, log_in
 from testsupport.fixtures import add_endpoint, wait_for
 from testsupport.receivers import Answer, Received, Receiver
@@ -64,7 +64,14 @@ def refusals_of_the_policy(page: Page) -> list[str]:
 
 async def delivered(db: asyncpg.Connection, receiver: Receiver, start_worker: Any) -> tuple[int, Received]:
     url = receiver.on("orders", lambda _n: Answer(204))
-    await add_endpoint(db, "orders", url, terms=RequestTerms(headers=(("X-Api-Key", API_KEY),)))
+    delivery = DeliverySpec(
+        headers=(
+            HeaderSpec("X-Api-Key", secret=SecretKeyRef("receiver", "key")),
+            HeaderSpec("X-Team", "payments"),
+        )
+    )
+    terms = resolve(delivery, "default", {"receiver": {"key": API_KEY}}.get)
+    await add_endpoint(db, "orders", url, terms=terms)
     await hooklane.publish(
         db, tenant="acme", type="order.created", data=ORDER, id="evt-8412", traceparent=TRACEPARENT
     )
@@ -84,6 +91,7 @@ async def check_sent(page: Page, got: Received) -> None:
     assert values["webhook-id"] == sent["webhook-id"] == "evt-8412"
     assert values["traceparent"] == sent["traceparent"] == TRACEPARENT
     assert values["webhook-signature"] == values["X-Api-Key"] == HIDDEN
+    assert values["X-Team"] == sent["x-team"] == "payments"
     assert API_KEY not in await page.content()
     assert await page.locator("pre.payload").evaluate("e => getComputedStyle(e).overflow") == "auto"
     link = page.locator("a.download")

@@ -23,7 +23,7 @@ import hooklane
 from hooklane.api import dashboard
 from hooklane.api.auth import PORTAL_COOKIE
 from hooklane.api.pages import HIDDEN, PAYLOAD_SHOWN_BYTES, pretty_json
-from hooklane.delivery import RequestTerms
+from hooklane.delivery import DeliverySpec, HeaderSpec, SecretKeyRef, resolve
 from hooklane.settings import Settings
 from hooklane.times import rfc3339
 from testsupport.api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, dead_delivery, grant
@@ -33,7 +33,16 @@ from testsupport.receivers import Answer, Received, Receiver
 # Credentials of the endpoint's own headers, which no page may show.
 API_KEY = "key-read-from-a-secret-0123"
 BEARER = "Bearer token-of-the-receiver-4567"
-TERMS = RequestTerms(headers=(("X-Api-Key", API_KEY), ("Authorization", BEARER)))
+# One read from a Secret, one written in the manifest, and a credential
+# written there: as the operator resolves them.
+DELIVERY = DeliverySpec(
+    headers=(
+        HeaderSpec("X-Api-Key", secret=SecretKeyRef("receiver", "key")),
+        HeaderSpec("X-Team", "payments"),
+        HeaderSpec("Authorization", BEARER),
+    )
+)
+TERMS = resolve(DELIVERY, "default", {"receiver": {"key": API_KEY}}.get)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -116,13 +125,14 @@ async def test_the_payload_and_headers_shown_are_what_a_real_receiver_got(
             "content-type",
             "user-agent",
             "x-api-key",
+            "x-team",
             "authorization",
             "webhook-id",
             "webhook-timestamp",
             "webhook-signature",
             "traceparent",
         ]
-        for name in ("content-type", "user-agent", "webhook-id", "traceparent"):
+        for name in ("content-type", "user-agent", "x-team", "webhook-id", "traceparent"):
             assert shown[name] == sent[name], name
         # Set by the attempt as it started, within the same second or so.
         assert abs(int(shown["webhook-timestamp"]) - int(sent["webhook-timestamp"])) <= 1
@@ -298,3 +308,22 @@ async def test_the_event_types_are_paged(
     [_, (_, acme)] = await faces(api)
     status, _ = await get(api, "/dashboard/event-types", acme)
     assert status in (401, 303)
+
+
+async def test_the_values_of_terms_stored_before_secrets_were_marked_are_all_hidden(
+    api: TestClient,  # type: ignore[type-arg]
+    db: asyncpg.Connection,
+) -> None:
+    await add_endpoint(db, "orders", NOWHERE, terms=TERMS)
+    delivery = await dead_delivery(db, "acme", "orders")
+    # As a release before the mark wrote them (no key: no keyring either).
+    assert TERMS is not None
+    await db.execute(
+        "UPDATE endpoints SET request_terms = $1",
+        json.dumps({k: v for k, v in json.loads(TERMS.to_json()).items() if k != "secret_headers"}),
+    )
+    for home, auth in await faces(api):
+        _, page = await get(api, f"{home}/endpoints/default/orders/deliveries/{delivery}", auth)
+        shown = headers_shown(page)
+        assert [shown[n] for n in ("x-api-key", "x-team", "authorization")] == [HIDDEN] * 3
+        assert "payments" not in page

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from hooklane.api import dashboard
 from hooklane.api.pages import HIDDEN, pretty_json, sent_headers, shown_payload
+from hooklane.delivery import RequestTerms
 from hooklane.errors import InvalidInput
 from hooklane.jsonb import jsonb_text
 from hooklane.signing import event_body
@@ -61,7 +62,7 @@ def _sent(**changes: object) -> SentRequest:
     values: dict[str, object] = {
         "event_id": "evt-1",
         "traceparent": None,
-        "header_names": ("X-Api-Key",),
+        "extra_headers": (("X-Api-Key", None), ("X-Team", "payments")),
         "last_started_at": datetime(2026, 3, 1, 12, 0, 0, 700000, tzinfo=UTC),
         "last_trace_id": None,
         "body": b"{}",
@@ -76,6 +77,7 @@ def test_the_headers_shown_hide_every_secret() -> None:
         "Content-Type": "application/json",
         "User-Agent": "Hooklane",
         "X-Api-Key": HIDDEN,
+        "X-Team": "payments",
         "webhook-id": "evt-1",
         "webhook-timestamp": str(int(datetime(2026, 3, 1, 12, tzinfo=UTC).timestamp())),
         "webhook-signature": HIDDEN,
@@ -83,7 +85,7 @@ def test_the_headers_shown_hide_every_secret() -> None:
 
 
 def test_before_any_attempt_the_timestamp_is_to_come_and_a_traced_one_names_its_trace() -> None:
-    shown = {h.name: (h.value, h.note) for h in sent_headers(_sent(last_started_at=None, header_names=None))}
+    shown = {h.name: (h.value, h.note) for h in sent_headers(_sent(last_started_at=None, extra_headers=None))}
     assert shown["webhook-timestamp"] == ("-", "set by each attempt when it starts")
     assert "X-Api-Key" not in shown
     traced = {h.name: h.value for h in sent_headers(_sent(last_trace_id="4bf92f3577b34da6a3ce929d0e0e4736"))}
@@ -99,3 +101,13 @@ def test_a_page_number_out_of_bounds_is_refused(text: str) -> None:
 def test_a_page_number_is_read() -> None:
     assert dashboard.type_page({}) == dashboard.type_page({"page": ""}) == 1
     assert dashboard.type_page({"page": str(dashboard.MAX_TYPE_PAGE)}) == dashboard.MAX_TYPE_PAGE
+
+
+def test_terms_stored_before_secret_headers_were_kept_say_none_is_known() -> None:
+    """Their values are all hidden then (hooklane/store/sent.py)."""
+    stored = (
+        '{"headers": [["X-Team", "payments"]], "ca": null, "cert": null, "key": null, "server_name": null}'
+    )
+    assert RequestTerms.from_json(stored).secret_headers is None
+    made = RequestTerms((("X-Team", "payments"),), secret_headers=("X-Team",))
+    assert RequestTerms.from_json(made.to_json()) == made

@@ -190,6 +190,7 @@ def test_a_good_set_resolves_to_terms_that_round_trip():
         CLIENT.cert,
         CLIENT.key,
         "receiver.test",
+        ("X-Api-Key",),
     )
     assert RequestTerms.from_json(terms.to_json()) == terms
     assert terms.tls
