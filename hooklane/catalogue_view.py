@@ -115,7 +115,9 @@ def _walk(root: Any, node: Any, prefix: str, depth: int, rows: list[SchemaRow], 
     listed = node.get("required")
     required: list[Any] = listed if isinstance(listed, list) else []
     cut = False
-    for name, sub in properties.items():
+    # jsonb keeps no author's order of keys: the required ones first, then
+    # the others, each by name.
+    for name, sub in sorted(properties.items(), key=lambda item: (item[0] not in required, item[0])):
         if len(rows) >= MAX_ROWS:
             return True
         path = f"{prefix}.{name}" if prefix else name

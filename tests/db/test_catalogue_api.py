@@ -31,6 +31,7 @@ from testsupport.api_admin import openapi_document
 from testsupport.catalogue import ORDER_PAID_V2_EXAMPLE, add_order_types
 from testsupport.fixtures import add_endpoint, in_process_api, wait_for
 from testsupport.portal import OWN_URL
+from testsupport.receiver_guide import GUIDE, guide_block
 from testsupport.receivers import Answer
 
 
@@ -176,6 +177,20 @@ async def test_a_real_delivery_validates_against_the_export_and_a_changed_one_do
         check.validate(changed)
     with pytest.raises(ValidationError):
         check.validate({key: value for key, value in delivered.items() if key != "timestamp"})
+    # docs/receivers.md's check, run as written on the same body.
+    example: dict[str, Any] = {}
+    exec(compile(guide_block("python", "def event_checker("), str(GUIDE), "exec"), example)
+    guide_check = example["event_checker"](document)
+    assert guide_check(receiver.at("orders")[0].body) == delivered
+    # Without the email it is still version 1's data; a text amount is no version's.
+    assert guide_check(json.dumps(changed).encode()) == changed
+    with pytest.raises(ValidationError, match="'990' is not of type 'integer'"):
+        guide_check(json.dumps({**delivered, "data": {**delivered["data"], "amount": "990"}}).encode())
+    with pytest.raises(ValidationError, match=r"'order\.payed' is not in the catalogue"):
+        guide_check(json.dumps({**delivered, "type": "order.payed"}).encode())
+    # Data of the older version is checked against it: accepted.
+    older = {**delivered, "data": {"order_id": "ord_1", "amount": 5}}
+    assert guide_check(json.dumps(older).encode()) == older
     # The headers it names are the ones that came.
     sent = {k.lower() for k in receiver.at("orders")[0].headers}
     named = {p["name"] for p in document["webhooks"]["order.paid"]["post"]["parameters"] if p["required"]}
