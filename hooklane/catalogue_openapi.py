@@ -6,6 +6,8 @@ Hooklane sends (hooklane/worker/sender.py: ``id``, ``type``,
 the API's route and ``hooklane catalogue openapi`` read the catalogue and
 hand it here.
 
+The portal's test event (``hooklane.test``) has an entry of its own.
+
 Keys: the latest version of a type is under the type's own name
 (``order.paid``), what a receiver switches on; each older version under
 ``order.paid@1``. ``@`` is no character of a type's name, so an older
@@ -82,6 +84,34 @@ _RESPONSES = {
 }
 
 
+# The test event the portal and the tenant API send to one endpoint
+# (hooklane/store/grants.py: send_test_event): a receiver's generated check
+# meets it too. A catalogue type of the same name replaces it.
+TEST_EVENT = CatalogueEntry(
+    "hooklane.test",
+    "A test event, sent to one endpoint when its owner asks for one (the portal's "
+    '"Send a test event"). Whatever types the endpoint subscribes to.',
+    None,
+    None,
+    False,
+    (
+        CatalogueVersion(
+            1,
+            {
+                "type": "object",
+                "required": ["test", "message", "tenant"],
+                "properties": {
+                    "test": {"const": True},
+                    "message": {"type": "string"},
+                    "tenant": {"type": "string", "description": "The tenant whose endpoint it went to."},
+                },
+            },
+            {"test": True, "message": "A test event sent from the webhook portal.", "tenant": "acme"},
+        ),
+    ),
+)
+
+
 def export_title(portal_name: str) -> str:
     """The document's title: the platform's name, as the portal shows it."""
     return f"{portal_name} events"
@@ -105,7 +135,9 @@ def openapi_document(entries: Sequence[CatalogueEntry], *, title: str) -> dict[s
     webhooks: dict[str, Any] = {}
     schemas: dict[str, Any] = {}
     tags: dict[str, dict[str, str]] = {}
-    for entry in sorted(entries, key=lambda e: e.name):
+    named = {e.name for e in entries}
+    shown = [*entries, *([] if TEST_EVENT.name in named else [TEST_EVENT])]
+    for entry in sorted(shown, key=lambda e: e.name):
         if entry.group is not None:
             tags.setdefault(entry.group, {"name": entry.group})
         for v in entry.versions:

@@ -162,6 +162,7 @@ async def test_a_real_delivery_validates_against_the_export_and_a_changed_one_do
     validate(document)
     assert document["info"]["title"] == "Acme events"
     assert set(document["webhooks"]) == {
+        "hooklane.test",
         "invoice.sent",
         "order.paid",
         "order.paid@1",
@@ -191,6 +192,15 @@ async def test_a_real_delivery_validates_against_the_export_and_a_changed_one_do
     # Data of the older version is checked against it: accepted.
     older = {**delivered, "data": {"order_id": "ord_1", "amount": 5}}
     assert guide_check(json.dumps(older).encode()) == older
+    # The test event an endpoint's owner asks for passes the same checks.
+    resend = {"Authorization": f"Bearer {(await grant(api, 'acme', 'resend'))['token']}"}
+    asked = await api.post("/v1/tenant/endpoints/default/orders/test-event", headers=resend)
+    assert asked.status == 202, await asked.text()
+    await wait_for(lambda: len(receiver.at("orders")) == 2)
+    test_event = json.loads(receiver.at("orders")[1].body)
+    assert test_event["type"] == "hooklane.test"
+    body_check(document, "hooklane.test").validate(test_event)
+    assert guide_check(receiver.at("orders")[1].body) == test_event
     # The headers it names are the ones that came.
     sent = {k.lower() for k in receiver.at("orders")[0].headers}
     named = {p["name"] for p in document["webhooks"]["order.paid"]["post"]["parameters"] if p["required"]}
@@ -204,10 +214,11 @@ async def test_a_real_delivery_validates_against_the_export_and_a_changed_one_do
     assert await portal.json() == document
 
 
-async def test_an_empty_catalogue_is_a_valid_document_with_no_webhooks(api):
+async def test_an_empty_catalogue_is_a_valid_document(api):
     document = await get(api, "/v1/catalogue/openapi.json", ADMIN_AUTH)
     validate(document)
-    assert document["webhooks"] == {}
+    # But for the test event, which every endpoint may be sent.
+    assert list(document["webhooks"]) == ["hooklane.test"]
 
 
 # --- the portal ----------------------------------------------------------------------

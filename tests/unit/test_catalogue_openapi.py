@@ -71,7 +71,13 @@ def test_the_document_is_valid_openapi_3_1_with_a_webhook_per_type_and_version()
     validate(document)
     assert document["openapi"] == "3.1.0"
     assert document["info"]["title"] == "Acme events"
-    assert sorted(document["webhooks"]) == ["invoice.sent", "order.paid", "order.paid@1", "order.refunded"]
+    assert sorted(document["webhooks"]) == [
+        "hooklane.test",
+        "invoice.sent",
+        "order.paid",
+        "order.paid@1",
+        "order.refunded",
+    ]
     latest = document["webhooks"]["order.paid"]["post"]
     assert (latest["x-hooklane-version"], latest["summary"], latest["tags"]) == (
         2,
@@ -92,6 +98,17 @@ def test_the_document_is_valid_openapi_3_1_with_a_webhook_per_type_and_version()
     assert [t["name"] for t in document["tags"]] == ["billing", "orders"]
     # Every component name is one OpenAPI allows.
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", k) for k in document["components"]["schemas"])
+
+
+def test_the_test_event_has_an_entry_unless_the_catalogue_names_its_type() -> None:
+    sent = {"test": True, "message": "A test event sent from the webhook portal.", "tenant": "acme"}
+    body = {"id": "test_1", "type": "hooklane.test", "timestamp": "2026-01-01T00:00:00.000Z", "data": sent}
+    body_validator(openapi_document([], title="T"), "hooklane.test").validate(body)
+    own = CatalogueEntry("hooklane.test", "Ours.", None, None, False, (CatalogueVersion(1, False, {}),))
+    document = openapi_document([own], title="T")
+    assert document["webhooks"]["hooklane.test"]["post"]["description"] == "Ours."
+    with pytest.raises(ValidationError):
+        body_validator(document, "hooklane.test").validate(body)
 
 
 def test_the_version_is_a_digest_of_what_the_document_describes() -> None:
