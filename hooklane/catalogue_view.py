@@ -13,6 +13,8 @@ from datetime import date
 from typing import Any
 from urllib.parse import unquote
 
+from hooklane.selfservice import within
+
 # How deep the portal's table follows nested objects, and how many rows it
 # shows of one schema: a schema is the platform's, but a deep or huge one
 # must not make a page of megabytes. What is cut is still in the raw JSON.
@@ -201,6 +203,13 @@ def _literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def pickable(entries: Iterable[CatalogueEntry], rules: Sequence[str]) -> list[CatalogueEntry]:
+    """The types the portal's picker offers: not archived (refused at
+    publish: nothing would come), and among the types the platform lets
+    tenants choose (``HOOKLANE_PORTAL_EVENT_TYPES``; none: every type)."""
+    return [e for e in entries if not e.archived and (not rules or any(within(e.name, r) for r in rules))]
 
 
 def picker_split(patterns: Sequence[str], names: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -55,6 +55,7 @@ from hooklane.catalogue_view import (
     CatalogueEntry,
     SchemaRow,
     grouped,
+    pickable,
     picked_types,
     picker_split,
     schema_rows,
@@ -613,8 +614,9 @@ async def edit_page(request: web.Request) -> web.Response:
     )
     entries = await _catalogue(request)
     # The catalogue's types tick their boxes; patterns, and names the
-    # picker does not show (archived), stay typed, so that a save keeps them.
-    picked, typed = picker_split(form.event_types, [e.name for e in entries if not e.archived])
+    # picker does not offer, stay typed, so that a save keeps them.
+    offered = pickable(entries, request.app[SETTINGS].portal_event_types)
+    picked, typed = picker_split(form.event_types, [e.name for e in offered])
     return _form_page(
         request,
         form_values(replace(form, event_types=tuple(typed))),
@@ -753,8 +755,7 @@ def _form_page(
         grant=tenant_grant(request),
         form=values,
         picked=set(picked),
-        # Archived types are refused at publish: nothing to subscribe to.
-        picker=grouped(e for e in entries if not e.archived),
+        picker=grouped(pickable(entries, settings.portal_event_types)),
         action=action,
         path=path,
         refused=refused,

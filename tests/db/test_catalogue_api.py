@@ -289,3 +289,16 @@ async def test_the_picker_posts_without_javascript_and_the_server_merges_typed_p
     status, form = await portal(api, "POST", path, session, aiohttp.FormData(bad))
     assert status == 422
     assert 'value="order.refunded" checked' in form
+
+
+async def test_the_picker_offers_only_the_types_the_platform_allows(dsn, settings, db):
+    await add_order_types(db)
+    bounded = replace(
+        settings, portal_endpoints="local", portal_https_only=False, portal_event_types=("order.*",)
+    )
+    async with in_process_api(dsn, bounded, INGEST, ADMIN) as api:
+        session = (await grant(api, "acme", "manage"))["token"]
+        status, form = await portal(api, "GET", "/portal/new", session)
+    assert status == 200
+    assert 'value="order.paid"' in form and 'value="order.refunded"' in form
+    assert 'value="user.created"' not in form

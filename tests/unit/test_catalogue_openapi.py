@@ -24,6 +24,7 @@ from hooklane.catalogue_view import (
     CatalogueVersion,
     entry_json,
     grouped,
+    pickable,
     picked_types,
     picker_split,
     schema_rows,
@@ -239,6 +240,13 @@ def test_entry_json_and_groups() -> None:
         ("orders", ["order.paid", "order.refunded"]),
         (None, ["user.created"]),
     ]
+
+
+def test_the_picker_offers_what_may_be_chosen() -> None:
+    everything = [ORDER_PAID, REFUNDED, ARCHIVED, LOOSE]
+    assert [e.name for e in pickable(everything, ())] == ["order.paid", "order.refunded", "user.created"]
+    assert [e.name for e in pickable(everything, ("order.*",))] == ["order.paid", "order.refunded"]
+    assert [e.name for e in pickable(everything, ("user.created", "invoice.*"))] == ["user.created"]
 
 
 def test_the_picker_splits_and_merges_event_types() -> None:
