@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ import uvloop
 
 from hooklane import __version__, store, tracing
 from hooklane.bounded_yaml import MAX_MANIFEST_BYTES, load_yaml_documents
+from hooklane.catalogue_openapi import export_title, openapi_document
 from hooklane.checks import check_name, check_namespace
 from hooklane.delivery import RequestTerms, SecretProblem, resolve, secrets_of
 from hooklane.errors import (
@@ -111,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
         chosen.add_argument("--tenant", action="append", help="a tenant (repeatable)")
         chosen.add_argument("--all-tenants", action="store_true", help="every tenant, present and future")
     psub.add_parser("list", help="every role with a scope or with EXECUTE, and its tenants")
+
+    catalogue = sub.add_parser("catalogue", help="the event catalogue (docs/catalogue.md)")
+    csub = catalogue.add_subparsers(dest="catalogue_command", required=True, metavar="ACTION")
+    export = csub.add_parser("openapi", help="the catalogue as an OpenAPI 3.1 document, for receivers")
+    export.add_argument("-o", "--output", metavar="FILE", help="write it to FILE rather than standard output")
 
     endpoint = sub.add_parser("endpoint", help="endpoints in local mode (without Kubernetes)")
     esub = endpoint.add_subparsers(dest="endpoint_command", required=True, metavar="ACTION")
@@ -359,6 +366,23 @@ async def _publisher(args: argparse.Namespace, settings: Settings) -> int:
         removed, remaining = await store.revoke_publisher(conn, args.role, tenants)
     left = f"{remaining} left" if remaining else "none left, EXECUTE revoked"
     print(f"{removed} of {role}'s tenants revoked ({left})")
+    return 0
+
+
+async def _catalogue(args: argparse.Namespace, settings: Settings) -> int:
+    """``hooklane catalogue openapi``: the document ``GET
+    /v1/catalogue/openapi.json`` answers, from the database."""
+    async with _database(settings) as conn:
+        entries = await store.catalogue_entries(conn)
+    text = json.dumps(openapi_document(entries, title=export_title(settings.portal_name)), indent=2)
+    if args.output is None:
+        print(text)
+        return 0
+    try:
+        await asyncio.to_thread(Path(args.output).write_text, text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput("--output", f"cannot be written: {exc.strerror or exc}") from None
+    print(f"{len(entries)} event types written to {printable(args.output)}", file=sys.stderr)
     return 0
 
 
@@ -656,6 +680,7 @@ _COMMANDS = {
     "worker": _worker,
     "publish": _publish,
     "publisher": _publisher,
+    "catalogue": _catalogue,
     "endpoint": _endpoint,
     "status": _status,
     "events": _events,

@@ -19,7 +19,7 @@ import asyncpg
 from aiohttp import web
 
 from hooklane import metrics, store
-from hooklane.api import admin, dashboard, ingest, portal, server, tenant
+from hooklane.api import admin, catalogue, dashboard, ingest, portal, server, tenant
 from hooklane.api.auth import Audience, Handler, audience, audience_of, authenticate, count, token_sources
 from hooklane.api.context import (
     ADMIN_TOKENS,
@@ -64,6 +64,7 @@ def make_app(
     app.router.add_get("/readyz", _readyz)
     ingest.add_routes(app)
     admin.add_routes(app)
+    catalogue.add_routes(app)
     dashboard.add_routes(app)
     tenant.add_routes(app)
     portal.add_routes(app)

@@ -22,11 +22,12 @@ renders exactly as one that does not exist.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -46,9 +47,19 @@ from hooklane.api.auth import (
     same_origin,
     tenant_token,
 )
+from hooklane.api.catalogue import openapi_response
 from hooklane.api.context import SETTINGS, WRITER, scope, tenant_grant
 from hooklane.api.endpoints import replay_fields, replay_of, replayed
 from hooklane.api.errors import Problem, Refused, answers_in
+from hooklane.catalogue_view import (
+    CatalogueEntry,
+    SchemaRow,
+    grouped,
+    pickable,
+    picked_types,
+    picker_split,
+    schema_rows,
+)
 from hooklane.errors import InvalidInput
 from hooklane.selfservice import (
     EndpointForm,
@@ -85,6 +96,8 @@ def add_routes(app: web.Application) -> None:
     router = app.router
     router.add_get(PORTAL_ENTRY + "{token}", entry_page)
     router.add_get(HOME + "/new", new_endpoint_page)
+    router.add_get(HOME + "/catalogue", catalogue_page)
+    router.add_get(HOME + "/catalogue/openapi.json", catalogue_openapi)
     router.add_get(ENDPOINT, endpoint_page)
     router.add_get(ENDPOINT + "/edit", edit_page)
     router.add_get(HOME + "/brand.css", brand_stylesheet)
@@ -194,16 +207,20 @@ def endpoint_label(tenant: str, name: str) -> str:
 _TYPES_SEPARATOR = re.compile(r"[\s,]+")
 
 
-def endpoint_form(posted: Mapping[str, str], name: str | None = None) -> EndpointForm:
+def endpoint_form(
+    posted: Mapping[str, str], name: str | None = None, picked: Sequence[str] = ()
+) -> EndpointForm:
     """The endpoint form as the page posts it (``name``: the one it has
-    already, when editing): event types comma-separated, a number left
-    empty taking the spec's default. What is not understood is passed on
-    as it came, for the spec's parser to refuse in its own words."""
+    already, when editing): the types ticked in the picker (``picked``)
+    and the ones typed, comma-separated; a number left empty taking the
+    spec's default. What is not understood is passed on as it came, for
+    the spec's parser to refuse in its own words."""
+    typed = [t for t in _TYPES_SEPARATOR.split(posted.get("event_types", "")) if t]
     return EndpointForm.from_json(
         {
             "name": name if name is not None else posted.get("name", "").strip(),
             "url": posted.get("url", "").strip(),
-            "event_types": [t for t in _TYPES_SEPARATOR.split(posted.get("event_types", "")) if t],
+            "event_types": picked_types(picked, typed),
             "max_concurrency": _number(posted.get("max_concurrency", "")),
             "timeout_seconds": _number(posted.get("timeout_seconds", "")),
         }
@@ -548,18 +565,18 @@ def _back(query: Mapping[str, str], namespace: str, name: str) -> str:
 async def new_endpoint_page(request: web.Request) -> web.Response:
     # Self-service off: refused (409) here already, as the form's POST would be.
     tenant.writer(request)
-    return _form_page(request, form_values({}), action=HOME + "/endpoints")
+    return _form_page(request, form_values({}), (), await _catalogue(request), action=HOME + "/endpoints")
 
 
 @audience(Audience.PORTAL, access=Access.MANAGE)
 @portal_page
 async def create(request: web.Request) -> web.Response:
-    posted = await _posted(request)
+    posted, picked = await _posted(request), await _picked(request)
     grant = tenant_grant(request)
     try:
-        created = await tenant.writer(request).create(grant.tenant, endpoint_form(posted))
+        created = await tenant.writer(request).create(grant.tenant, endpoint_form(posted, picked=picked))
     except (InvalidInput, Refused) as refused:
-        return _form_refused(request, refused, posted, action=HOME + "/endpoints")
+        return await _form_refused(request, refused, posted, picked, action=HOME + "/endpoints")
     logger.info(
         "portal: tenant %s created endpoint %s/%s",
         grant.tenant,
@@ -595,9 +612,16 @@ async def edit_page(request: web.Request) -> web.Response:
     form = EndpointForm(
         chosen, stored.url, stored.event_types, stored.max_concurrency, stored.timeout_seconds
     )
+    entries = await _catalogue(request)
+    # The catalogue's types tick their boxes; patterns, and names the
+    # picker does not offer, stay typed, so that a save keeps them.
+    offered = pickable(entries, request.app[SETTINGS].portal_event_types)
+    picked, typed = picker_split(form.event_types, [e.name for e in offered])
     return _form_page(
         request,
-        form_values(form),
+        form_values(replace(form, event_types=tuple(typed))),
+        picked,
+        entries,
         action=f"{FACE.endpoint_path(namespace, name)}/edit",
         path=FACE.endpoint_path(namespace, name),
         over=over_bounds(Limits(stored.max_concurrency, stored.timeout_seconds), request.app[SETTINGS]),
@@ -608,7 +632,7 @@ async def edit_page(request: web.Request) -> web.Response:
 @portal_page
 async def edit(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
-    posted = await _posted(request)
+    posted, picked = await _posted(request), await _picked(request)
     grant = tenant_grant(request)
     path = FACE.endpoint_path(namespace, name)
     chosen = self_service_name(request.app[SETTINGS], grant.tenant, namespace, name)
@@ -616,10 +640,12 @@ async def edit(request: web.Request) -> web.Response:
         return await _unchanged(request, namespace, name)
     try:
         # The name is the endpoint's own: whatever the form says, it stays.
-        form = endpoint_form(posted, chosen)
+        form = endpoint_form(posted, chosen, picked)
         saved = await tenant.writer(request).update(grant.tenant, namespace, name, form)
     except (InvalidInput, Refused) as refused:
-        return _form_refused(request, refused, {**posted, "name": chosen}, action=f"{path}/edit", path=path)
+        return await _form_refused(
+            request, refused, {**posted, "name": chosen}, picked, action=f"{path}/edit", path=path
+        )
     if not saved:
         return await _unchanged(request, namespace, name)
     return FACE.redirect(request, path, pages.flash_value("saved"))
@@ -672,6 +698,11 @@ async def _posted(request: web.Request) -> dict[str, str]:
     return {key: value for key, value in (await request.post()).items() if isinstance(value, str)}
 
 
+async def _picked(request: web.Request) -> list[str]:
+    """The types ticked in the form's picker (one ``event_type`` each)."""
+    return [value for value in (await request.post()).getall("event_type", []) if isinstance(value, str)]
+
+
 async def _stored(
     request: web.Request, conn: asyncpg.Connection, namespace: str, name: str
 ) -> store.Stored | None:
@@ -707,6 +738,8 @@ def _platforms(request: web.Request, namespace: str, name: str) -> web.Response:
 def _form_page(
     request: web.Request,
     values: dict[str, str],
+    picked: Sequence[str],
+    entries: Sequence[CatalogueEntry],
     *,
     action: str,
     status: int = 200,
@@ -721,6 +754,8 @@ def _form_page(
         status=status,
         grant=tenant_grant(request),
         form=values,
+        picked=set(picked),
+        picker=grouped(pickable(entries, settings.portal_event_types)),
         action=action,
         path=path,
         refused=refused,
@@ -731,10 +766,11 @@ def _form_page(
     )
 
 
-def _form_refused(
+async def _form_refused(
     request: web.Request,
     refused: InvalidInput | Refused,
     posted: Mapping[str, str],
+    picked: Sequence[str],
     *,
     action: str,
     path: str | None = None,
@@ -749,7 +785,16 @@ def _form_refused(
         status, text = refused.status, pages.refusal_text(None, refused.detail)
     else:
         status, text = 422, pages.refusal_text(refused.field, refused.message)
-    return _form_page(request, form_values(posted), action=action, status=status, refused=text, path=path)
+    return _form_page(
+        request,
+        form_values(posted),
+        picked,
+        await _catalogue(request),
+        action=action,
+        status=status,
+        refused=text,
+        path=path,
+    )
 
 
 def _secret_page(
@@ -771,6 +816,69 @@ def _secret_page(
         # is there once it has.
         applied_later=settings.portal_endpoints == "kubernetes",
     )
+
+
+# The event catalogue (docs/catalogue.md): the platform's, the same for
+# every tenant.
+
+
+@dataclass(frozen=True)
+class ShownVersion:
+    """One version of a type as the catalogue page shows it."""
+
+    version: int
+    latest: bool
+    rows: list[SchemaRow]
+    # Rows were left out of the table (the raw JSON has them all).
+    cut: bool
+    schema_json: str
+    example_json: str
+
+
+def shown_versions(entry: CatalogueEntry) -> list[ShownVersion]:
+    """The versions of ``entry``, latest first, ready to render."""
+    shown = []
+    for v in reversed(entry.versions):
+        rows, cut = schema_rows(v.schema)
+        shown.append(
+            ShownVersion(
+                v.version,
+                v is entry.latest,
+                rows,
+                cut,
+                json.dumps(v.schema, indent=2, ensure_ascii=False),
+                json.dumps(v.example, indent=2, ensure_ascii=False),
+            )
+        )
+    return shown
+
+
+async def _catalogue(request: web.Request) -> list[CatalogueEntry]:
+    async with connection(request) as conn:
+        return await store.catalogue_entries(conn)
+
+
+@audience(Audience.PORTAL)
+@portal_page
+async def catalogue_page(request: web.Request) -> web.Response:
+    entries = await _catalogue(request)
+    return render(
+        request,
+        "catalogue.html",
+        grant=tenant_grant(request),
+        groups=grouped(entries),
+        versions={e.name: shown_versions(e) for e in entries},
+    )
+
+
+@audience(Audience.PORTAL)
+@portal_page
+async def catalogue_openapi(request: web.Request) -> web.Response:
+    """The export (:mod:`hooklane.catalogue_openapi`), to download."""
+    response = openapi_response(request.app[SETTINGS], await _catalogue(request))
+    response.headers["Content-Disposition"] = 'attachment; filename="events.openapi.json"'
+    response.headers.update(_headers(request.app[SETTINGS]))
+    return response
 
 
 @audience(Audience.OPEN)

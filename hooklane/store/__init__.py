@@ -19,6 +19,13 @@ from hooklane.store.attempts import (
     endpoint_attempts,
     keep_attempt_partitions,
 )
+from hooklane.store.catalogue_reads import (
+    CataloguePage,
+    catalogue_entries,
+    catalogue_page,
+    catalogue_type,
+    check_catalogue_filter,
+)
 from hooklane.store.connection import (
     API_SESSION,
     CONNECTION_LOST,
@@ -27,7 +34,7 @@ from hooklane.store.connection import (
     connect,
     create_pool,
 )
-from hooklane.store.cursor import attempt_position, delivery_position, endpoint_position
+from hooklane.store.cursor import attempt_position, catalogue_position, delivery_position, endpoint_position
 from hooklane.store.deliveries import (
     ADAPT_STEP_SECONDS,
     DELIVERED_STEP_SECONDS,
@@ -151,6 +158,7 @@ __all__ = [
     "WORKER_SESSION",
     "AttemptPage",
     "AttemptView",
+    "CataloguePage",
     "Changed",
     "Committed",
     "DeliveryDetail",
@@ -190,6 +198,11 @@ __all__ = [
     "acquire",
     "attempt_position",
     "available_migrations",
+    "catalogue_entries",
+    "catalogue_page",
+    "catalogue_position",
+    "catalogue_type",
+    "check_catalogue_filter",
     "check_delivery_id",
     "check_failure",
     "check_name_prefix",

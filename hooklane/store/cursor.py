@@ -144,3 +144,20 @@ def attempt_position(cursor: str | None, field: str = "cursor") -> AttemptPositi
     except OverflowError:
         raise InvalidInput(field, "is not a cursor this listing returned") from None
     return AttemptPosition(at, delivery_id, attempt)
+
+
+# The catalogue listing's position: the last type's name (the catalogue's
+# pattern of a type's name: no colon in it).
+_CATALOGUE = re.compile(r"t1:([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)")
+
+
+def catalogue_cursor(name: str) -> str:
+    """The position after the type ``name`` in the by-name listing."""
+    return _encode(f"t1:{name}")
+
+
+def catalogue_position(cursor: str | None, field: str = "cursor") -> str | None:
+    """The type name of a :func:`catalogue_cursor`; None for the first page."""
+    if cursor is None:
+        return None
+    return _decode(cursor, _CATALOGUE, field)[1]

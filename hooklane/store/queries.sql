@@ -1027,6 +1027,36 @@ ORDER BY tenant, type;
 -- Parameters: none. Index: events_unrouted.
 SELECT count(*) FROM events WHERE fanout = 0;
 
+-- name: catalogue_page
+-- A page of the event catalogue's types by name, after the previous page's
+-- last name (NULL: from the first), of one group and with a name prefix
+-- when asked.
+-- Parameters: after, type_group, name_prefix, limit.
+-- Index: catalogue_types_pkey (the keyset by name; the group and the prefix
+-- filter that scan: a catalogue holds hundreds of types, not millions).
+SELECT name, description, type_group, deprecated_since, archived
+FROM catalogue_types
+WHERE (%(after)s::text IS NULL OR name > %(after)s::text)
+  AND (%(type_group)s::text IS NULL OR type_group = %(type_group)s::text)
+  AND (%(name_prefix)s::text IS NULL OR starts_with(name, %(name_prefix)s::text))
+ORDER BY name
+LIMIT %(limit)s;
+
+-- name: catalogue_type
+-- One type of the event catalogue by its name.
+-- Parameters: name. Index: catalogue_types_pkey.
+SELECT name, description, type_group, deprecated_since, archived
+FROM catalogue_types
+WHERE name = %(name)s;
+
+-- name: catalogue_versions_of
+-- Every version of the given types, each type's oldest first.
+-- Parameters: types. Index: catalogue_versions_pkey.
+SELECT type, version, schema::text AS schema, example::text AS example
+FROM catalogue_versions
+WHERE type = ANY(%(types)s::text[])
+ORDER BY type, version;
+
 -- name: live_workers
 -- Workers alive right now: each holds its member advisory lock on its
 -- partition-lock connection for as long as it lives, so a worker that dies

@@ -63,8 +63,13 @@ ROUTES: dict[tuple[str, str], tuple[Audience, Access]] = {
     ("POST", "/v1/admin" + _ENDPOINT + "/discard-dead"): (ADMINS, READ),
     ("POST", "/v1/admin" + _ENDPOINT + "/reactivate"): (ADMINS, READ),
     ("GET", "/v1/admin/unrouted"): (ADMINS, READ),
+    ("GET", "/v1/admin/catalogue"): (ADMINS, READ),
+    ("GET", "/v1/admin/catalogue/{type}"): (ADMINS, READ),
+    ("GET", "/v1/catalogue/openapi.json"): (ADMINS, READ),
     ("POST", "/v1/admin/portal-sessions"): (ADMINS, READ),
     **{(m, "/v1/tenant" + p): (TENANT, access) for m, p, access in _SHARED_JSON},
+    ("GET", "/v1/tenant/catalogue"): (TENANT, READ),
+    ("GET", "/v1/tenant/catalogue/{type}"): (TENANT, READ),
     ("GET", "/v1/tenant/session"): (TENANT, READ),
     ("DELETE", "/v1/tenant/session"): (TENANT, READ),
     ("POST", "/v1/tenant" + _ENDPOINT + "/test-event"): (TENANT, RESEND),
@@ -92,6 +97,8 @@ ROUTES: dict[tuple[str, str], tuple[Audience, Access]] = {
     ("GET", "/portal" + _ENDPOINT): (PORTAL, READ),
     ("POST", "/portal" + _ENDPOINT + "/replay"): (PORTAL, RESEND),
     ("POST", "/portal" + _ENDPOINT + "/test-event"): (PORTAL, RESEND),
+    ("GET", "/portal/catalogue"): (PORTAL, READ),
+    ("GET", "/portal/catalogue/openapi.json"): (PORTAL, READ),
     ("GET", "/portal/new"): (PORTAL, MANAGE),
     ("POST", "/portal/endpoints"): (PORTAL, MANAGE),
     ("GET", "/portal" + _ENDPOINT + "/edit"): (PORTAL, MANAGE),
@@ -118,6 +125,7 @@ _PARAMETERS = {
     "id": "1",
     "file": "style.css",
     "token": "hlpl_" + "x" * 43,
+    "type": "order.paid",
 }
 
 

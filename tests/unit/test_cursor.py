@@ -9,11 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hooklane.checks import EVENT_TYPE
 from hooklane.errors import InvalidInput
 from hooklane.publish import _ID as PUBLISHED_ID
 from hooklane.store.cursor import (
     EVENT_ID,
     EndpointPosition,
+    catalogue_cursor,
+    catalogue_position,
     delivery_cursor,
     delivery_position,
     endpoint_cursor,
@@ -116,3 +119,15 @@ def _encode_text(text: str) -> str:
     import base64
 
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@given(st.from_regex(EVENT_TYPE, fullmatch=True))
+def test_a_catalogue_cursor_comes_back_as_the_name_it_was(name):
+    assert catalogue_position(catalogue_cursor(name)) == name
+
+
+@pytest.mark.parametrize("text", ["t1:", "t1:a..b", "t1:a:b", "n1::default:orders", "t1:order.*"])
+def test_what_no_catalogue_listing_returned_is_refused(text):
+    with pytest.raises(InvalidInput, match="cursor: is not a cursor this listing returned"):
+        catalogue_position(_encode_text(text))
+    assert catalogue_position(None) is None

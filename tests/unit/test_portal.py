@@ -80,6 +80,12 @@ def test_the_endpoint_form_as_posted() -> None:
     assert pages.endpoint_form({"name": "a", "url": "u", "timeout_seconds": "07"}).timeout_seconds == 7
     assert pages.endpoint_form({"url": "u"}, name="kept").name == "kept"
     assert pages.form_values(form)["event_types"] == "order.*, invoice.paid, order.x"
+    # The picker's ticked types first, then the typed ones, each once.
+    picked = pages.endpoint_form(
+        {"name": "a", "url": "u", "event_types": "order.*, user.created"},
+        picked=["user.created", "order.paid"],
+    )
+    assert picked.event_types == ("user.created", "order.paid", "order.*")
     with pytest.raises(InvalidInput):
         inputs.tenant_filter({"phase": "Sleeping"}, "acme")
     assert inputs.tenant_filter({"tenant": "globex", "name_prefix": "ep-"}, "acme") == store.EndpointFilter(
