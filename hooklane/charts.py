@@ -353,11 +353,16 @@ def latency_chart(span: Span, buckets: Sequence[Bucket]) -> Chart:
     return Chart(title, _svg("latency", summary, parts), summary)
 
 
+# Longer than any call lasts (the whole-call timeout is bounded far below):
+# a bound that keeps the axis' arithmetic finite whatever a row holds.
+LONGEST_SECONDS = 1e9
+
+
 def _finite(value: float | None) -> float:
     # What the database gave, made safe to draw: never NaN, never negative.
     if value is None or not math.isfinite(value):
         return 0.0
-    return max(value, 0.0)
+    return min(max(value, 0.0), LONGEST_SECONDS)
 
 
 def _runs(buckets: Sequence[Bucket], key: str) -> list[list[tuple[int, float]]]:

@@ -200,10 +200,9 @@ async def endpoint_attempts(
 async def endpoint_chart(
     conn: asyncpg.Connection, namespace: str, name: str, span: Span
 ) -> list[Bucket] | None:
-    """The endpoint's attempts per bucket of ``span``, the last bucket
-    holding the database's now(): only the buckets that hold attempts,
-    oldest first (:func:`hooklane.charts.fill` adds the others); None if
-    there is no such endpoint."""
+    """The endpoint's attempts per bucket of ``span``, oldest first, the
+    last bucket holding the database's now(); None if there is no such
+    endpoint."""
     terms = SPANS[span]
     rows = await conn.fetch(
         *QUERIES["endpoint_chart"](
@@ -213,7 +212,13 @@ async def endpoint_chart(
     if not rows:
         return None
     return [
-        Bucket(r["bucket"], r["delivered"], r["retry"], r["dead"], r["discarded"], r["p50"], r["p99"])
+        Bucket(
+            r["bucket"],
+            r["delivered"],
+            r["retry"],
+            r["dead"],
+            r["discarded"],
+            *(r["latency"] or (None, None)),
+        )
         for r in rows
-        if r["bucket"] is not None
     ]

@@ -731,40 +731,41 @@ SELECT (SELECT count(id) FROM chosen) AS endpoints,
         WHERE d.state = 'dead') AS dead;
 
 -- name: endpoint_chart
--- The charts of an endpoint's page (hooklane/charts.py): its attempts of
--- the last `buckets` buckets of `bucket_seconds`, cut on the Unix epoch
--- (UTC hours and days), the last one holding now(), counted by outcome,
--- with the median and the 99th percentile of the timed ones' durations (a
--- lease that ran out has none, which percentile_cont leaves out). Only the
--- buckets that hold attempts. One statement for both charts of a page: one
--- walk of the range. No row when there is no such endpoint; a NULL bucket
--- when it has no attempts in the range.
+-- The charts of an endpoint's page (hooklane/charts.py): its attempts in
+-- each of the last `buckets` buckets of `bucket_seconds`, cut on the Unix
+-- epoch (UTC hours and days), the last one holding now(), counted by
+-- outcome, with the median and the 99th percentile of the timed ones'
+-- durations (a lease that ran out has none, which percentile_cont leaves
+-- out). A row per bucket, oldest first; none when there is no such
+-- endpoint. One statement for both charts of a page; each bucket is a
+-- range of its own, aggregated as it is read: no sort of the whole span
+-- (which spilt to disk for a busy endpoint's week), only each bucket's
+-- durations for their percentiles.
 -- Parameters: namespace, name, bucket_seconds, buckets.
 -- Index: the unique (namespace, name) constraint;
--- delivery_attempts_endpoint from the first bucket on, in the partitions
--- of the days it spans (pruned at execution, a generic plan too). Each
--- row is read from the table for its outcome and duration: what 7 days of
--- a busy endpoint cost is in docs/benchmarks.md, section 19.
+-- delivery_attempts_endpoint_chart, a range per bucket, in the partition
+-- of its day (pruned at execution), read from the index alone where the
+-- visibility map allows: docs/benchmarks.md, section 19.
 WITH span AS (
     SELECT make_interval(secs => %(bucket_seconds)s::float8) AS width,
-           timestamptz '1970-01-01 00:00:00+00' AS origin
+           date_bin(make_interval(secs => %(bucket_seconds)s::float8), now(),
+                    timestamptz '1970-01-01 00:00:00+00') AS last
 )
-SELECT ep.id AS endpoint_id, b.*
+SELECT ep.id AS endpoint_id, b.bucket, c.*
 FROM endpoints ep
 CROSS JOIN span s
-LEFT JOIN LATERAL (
-    SELECT date_bin(s.width, a.recorded_at, s.origin) AS bucket,
-           count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
+CROSS JOIN LATERAL generate_series(s.last - (%(buckets)s::int - 1) * s.width, s.last, s.width) AS b(bucket)
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
            count(*) FILTER (WHERE a.outcome = 'retry') AS retry,
            count(*) FILTER (WHERE a.outcome = 'dead') AS dead,
            count(*) FILTER (WHERE a.outcome = 'discarded') AS discarded,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.duration_seconds) AS p50,
-           percentile_cont(0.99) WITHIN GROUP (ORDER BY a.duration_seconds) AS p99
+           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY a.duration_seconds) AS latency
     FROM delivery_attempts a
     WHERE a.endpoint_id = ep.id
-      AND a.recorded_at >= date_bin(s.width, now(), s.origin) - (%(buckets)s::int - 1) * s.width
-    GROUP BY 1
-) b ON true
+      AND a.recorded_at >= b.bucket
+      AND a.recorded_at < b.bucket + s.width
+) c
 WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
 ORDER BY b.bucket;
 
@@ -864,7 +865,7 @@ LIMIT %(limit)s;
 -- Parameters: namespace, name, since, until, outcomes, status_min,
 -- status_max, failure, after_at, after_delivery, after_attempt, limit.
 -- Index: the unique (namespace, name) constraint;
--- delivery_attempts_endpoint from `until` down to `since`.
+-- delivery_attempts_endpoint_chart from `until` down to `since`.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (

@@ -21,6 +21,7 @@ from hooklane import charts
 from hooklane.api.auth import PORTAL_COOKIE
 from hooklane.settings import Settings
 from testsupport.api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, grant
+from testsupport.attempts import record_attempts
 from testsupport.fixtures import add_endpoint, flaky_history, in_process_api
 from testsupport.receivers import Receiver
 
@@ -103,38 +104,15 @@ async def test_both_faces_chart_what_a_real_worker_recorded(
         assert re.search(r'href="[^"]*span=7d">7 days', page)
 
 
-async def _attempts(
-    db: asyncpg.Connection, endpoint: int, outcome: str, ago: str, n: int, **columns: Any
-) -> None:
-    """``n`` attempt rows of ``endpoint`` recorded ``ago`` (an interval), as
-    the worker's complete (or the rescue, ``duration_seconds`` None) writes
-    them: the day's partition, or the default one for a day that has none."""
-    await db.execute(
-        """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
-                                          attempted_by, started_at, duration_seconds, outcome, status,
-                                          failure, recorded_at)
-           SELECT 1000 + i, 1, $1, 'acme', 'evt-' || i, 'test-worker', now() - $3::text::interval,
-                  $5, $2, $6, $7, now() - $3::text::interval
-           FROM generate_series(1, $4) AS i""",
-        endpoint,
-        outcome,
-        ago,
-        n,
-        columns.get("duration_seconds", 0.25),
-        columns.get("status"),
-        columns.get("failure"),
-    )
-
-
 async def test_seven_days_count_per_day_and_leave_older_attempts_out(
     api: Any, db: asyncpg.Connection
 ) -> None:
     endpoint = await add_endpoint(db, "weekly", NOWHERE)
-    await _attempts(db, endpoint, "delivered", "30 minutes", 4, status=204)
-    await _attempts(db, endpoint, "dead", "2 days", 5, status=500)
+    await record_attempts(db, endpoint, "delivered", "30 minutes", 4, status=204)
+    await record_attempts(db, endpoint, "dead", "2 days", 5, status=500)
     # Leases that ran out: counted, but untimed.
-    await _attempts(db, endpoint, "retry", "3 days", 2, duration_seconds=None, failure="lease_expired")
-    await _attempts(db, endpoint, "delivered", "8 days", 7, status=204)
+    await record_attempts(db, endpoint, "retry", "3 days", 2, duration_seconds=None, failure="lease_expired")
+    await record_attempts(db, endpoint, "delivered", "8 days", 7, status=204)
 
     status, week = await dashboard(api, "weekly?span=7d")
     assert status == 200, week
