@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient
 from hooklane import charts
 from hooklane.api.auth import PORTAL_COOKIE
 from hooklane.settings import Settings
+from hooklane.store.queries import QUERIES
 from testsupport.api import ADMIN, ADMIN_AUTH, INGEST, NOWHERE, grant
 from testsupport.attempts import record_attempts
 from testsupport.fixtures import add_endpoint, flaky_history, in_process_api
@@ -154,3 +155,33 @@ async def test_an_endpoint_without_attempts_says_so_and_a_bad_span_is_refused(
     # Another tenant's endpoint has no charts to show: there is none.
     status, page = await portal(api, "quiet", tenant="globex")
     assert status == 404 and "<svg" not in page
+
+
+async def test_the_charts_read_an_endpoints_attempts_from_the_index_alone(db: asyncpg.Connection) -> None:
+    # 200 endpoints' attempts of the last hours, interleaved as workers
+    # append them, vacuumed and analysed as autovacuum leaves them.
+    await db.execute(
+        """INSERT INTO endpoints (namespace, name, tenant, url, secret, partition)
+           SELECT 'default', 'ep-' || i, 'acme', 'https://receiver.example/' || i, 'whsec_x', i % 32
+           FROM generate_series(0, 199) AS i"""
+    )
+    await db.execute(
+        """INSERT INTO delivery_attempts (delivery_id, attempt, endpoint_id, event_tenant, event_id,
+                                          started_at, duration_seconds, outcome, recorded_at)
+           SELECT n, 1, (SELECT min(id) FROM endpoints) + n % 200, 'acme', 'evt-' || n,
+                  r.at, 0.1, 'delivered', r.at
+           FROM generate_series(1, 40000) AS n,
+                LATERAL (SELECT greatest(date_trunc('day', now()), now() - n * interval '1 second') AS at) r"""
+    )
+    await db.execute("VACUUM (ANALYZE) delivery_attempts")
+    chart = QUERIES["endpoint_chart"]
+    plan = "\n".join(
+        r[0]
+        for r in await db.fetch(
+            "EXPLAIN (ANALYZE, COSTS OFF) " + chart.sql,
+            *chart.args(namespace="default", name="ep-7", bucket_seconds=3600.0, buckets=24),
+        )
+    )
+    today = await db.fetchval("SELECT 'delivery_attempts_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')")
+    assert f"Index Only Scan using {today}_endpoint_id_recorded_at_outcome__idx" in plan, plan
+    assert f"Seq Scan on {today}" not in plan, plan
