@@ -147,7 +147,9 @@ def step_for(most: float) -> float:
     four steps reach ``most``: the axis' gridlines."""
     if not math.isfinite(most) or most <= 0:
         return 1.0
-    rough = most / 4
+    # A value too small for its quarter to be a float (a subnormal) still
+    # gets a step.
+    rough = max(most / 4, 1e-12)
     power = 10.0 ** math.floor(math.log10(rough))
     for multiple in (1.0, 2.0, 5.0, 10.0):
         if multiple * power >= rough:
@@ -326,7 +328,8 @@ def latency_chart(span: Span, buckets: Sequence[Bucket]) -> Chart:
         f" the highest 99th percentile {duration_text(_finite(slowest.p99))}"
         f" ({bucket_text(span, slowest.start)})."
     )
-    top, step = axis_top(_finite(slowest.p99), whole=False)
+    # A millisecond at least: a shorter axis would only draw noise.
+    top, step = axis_top(max(_finite(slowest.p99), 0.001), whole=False)
     parts = _frame(span, starts, top, step, "seconds")
     width = PLOT_WIDTH / len(buckets)
     for key, _ in LINES:
