@@ -128,6 +128,14 @@ async def test_both_faces_chart_the_history_and_switch_between_a_day_and_a_week(
         # The numbers, for whoever cannot see the drawing.
         await page.click(".chart-numbers summary")
         assert await page.locator("table.chart-table tbody tr").count() == 7
+        if face == "dashboard":
+            # The page's refresh swaps the charts for fresh ones: what was
+            # opened stays open.
+            await page.locator("#refresh-status").evaluate("e => { e.textContent = ''; }")
+            await page.locator("main h1").click()
+            await page.wait_for_selector("#refresh-status:has-text('updated')")
+            assert await page.locator("#chart-numbers").evaluate("d => d.open")
+            assert await page.locator("table.chart-table").is_visible()
     assert refused == []
 
 
