@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 import asyncpg
 from aiohttp import web
 
-from hooklane import store
+from hooklane import charts, store
 from hooklane.api import actions, browser, inputs, pages
 from hooklane.api.auth import (
     LOGIN_PATH,
@@ -253,6 +253,7 @@ async def log_out(request: web.Request) -> web.Response:
 async def endpoint_page(request: web.Request) -> web.Response:
     async def read(conn: asyncpg.Connection, h: EndpointHealth) -> dict[str, Any] | None:
         chosen = delivery_filter(request.query)
+        span = charts.check_span(request.query.get("span"))
         page = await store.endpoint_deliveries(
             conn,
             h.namespace,
@@ -263,9 +264,16 @@ async def endpoint_page(request: web.Request) -> web.Response:
             cursor=inputs.delivery_cursor(request.query, "before"),
             limit=DELIVERIES_PER_PAGE,
         )
-        return (
-            None if page is None else {"page": page, **_endpoint_links(h.namespace, h.name, chosen.query())}
-        )
+        found = await store.endpoint_chart(conn, h.namespace, h.name, span)
+        if page is None or found is None:
+            return None
+        links = _endpoint_links(h.namespace, h.name, chosen.query())
+        return {
+            "page": page,
+            "charts": charts.endpoint_charts(span, h.observed_at, found),
+            "span_links": pages.span_links(links["path"], chosen.query(), span),
+            **links,
+        }
 
     return await _filtered(request, "endpoint.html", read)
 
@@ -367,6 +375,7 @@ def _refused(
         chosen=None,
         health=health,
         page=None,
+        charts=None,
         **_endpoint_links(health.namespace, health.name, []),
     )
 

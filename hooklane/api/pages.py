@@ -20,8 +20,9 @@ from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
+from markupsafe import Markup
 
-from hooklane import signing, store
+from hooklane import charts, signing, store
 from hooklane.api.auth import Audience, audience
 from hooklane.endpoint_state import EndpointState, PauseReason
 from hooklane.errors import shown
@@ -332,6 +333,31 @@ def endpoint_list(
     }
 
 
+@dataclass(frozen=True)
+class SpanLink:
+    """A link of an endpoint page's span switch: the same page, its charts
+    over ``words`` (``current``: the span shown)."""
+
+    words: str
+    url: str
+    current: bool
+
+
+def span_links(path: str, kept: Sequence[tuple[str, str]], shown: charts.Span) -> list[SpanLink]:
+    """The span switch of the endpoint page at ``path`` whose query string
+    keeps ``kept`` (its filter): a link, not a script."""
+    return [
+        SpanLink(charts.SPANS[span].name, f"{path}?{urlencode([*kept, ('span', str(span))])}", span is shown)
+        for span in charts.Span
+    ]
+
+
+def chart_svg(chart: charts.Chart) -> Markup:
+    """A chart's drawing, as markup: :mod:`hooklane.charts` escapes every
+    text it puts in it."""
+    return Markup(chart.svg)
+
+
 # Rendering.
 
 
@@ -369,9 +395,17 @@ def environment(home: str, **globals: Any) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    templates.filters.update(age=age_text, short=short_text, rfc3339=rfc3339)
+    templates.filters.update(age=age_text, short=short_text, rfc3339=rfc3339, svg=chart_svg)
     templates.globals.update(
-        relative=relative_text, next_attempt=next_attempt, home=home, states=store.STATES, **globals
+        relative=relative_text,
+        next_attempt=next_attempt,
+        home=home,
+        states=store.STATES,
+        chart_outcomes=charts.OUTCOMES,
+        chart_lines=charts.LINES,
+        bucket_text=charts.bucket_text,
+        duration_text=charts.duration_text,
+        **globals,
     )
     return templates
 

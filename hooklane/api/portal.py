@@ -35,7 +35,7 @@ from urllib.parse import urlencode
 import asyncpg
 from aiohttp import web
 
-from hooklane import store
+from hooklane import charts, store
 from hooklane.api import actions, browser, inputs, pages, tenant
 from hooklane.api.admin import PORTAL_ENTRY
 from hooklane.api.auth import (
@@ -451,25 +451,28 @@ async def endpoint_page(request: web.Request) -> web.Response:
     namespace, name = inputs.endpoint_key(request)
     state = pages.state_filter(request.query.get("state"))
     before = inputs.delivery_cursor(request.query, "before")
+    span = charts.check_span(request.query.get("span"))
     grant = tenant_grant(request)
-    async with connection(request) as conn:
-        found = await actions.with_health(
+
+    async def read(conn: asyncpg.Connection) -> tuple[store.DeliveryPage | None, list[charts.Bucket] | None]:
+        page = await store.endpoint_deliveries(
             conn,
-            scope(request),
             namespace,
             name,
-            lambda c: store.endpoint_deliveries(
-                c,
-                namespace,
-                name,
-                states=None if state is None else [state],
-                cursor=before,
-                limit=DELIVERIES_PER_PAGE,
-            ),
+            states=None if state is None else [state],
+            cursor=before,
+            limit=DELIVERIES_PER_PAGE,
         )
+        return page, await store.endpoint_chart(conn, namespace, name, span)
+
+    async with connection(request) as conn:
+        found = await actions.with_health(conn, scope(request), namespace, name, read)
     if found is None:
         return FACE.no_endpoint(request, namespace, name)
-    health, page = found
+    health, (page, buckets) = found
+    if buckets is None:
+        # Deleted between the two reads.
+        return FACE.no_endpoint(request, namespace, name)
     path = FACE.endpoint_path(namespace, name)
     kept = [("state", state)] if state else []
     return FACE.shown_once(
@@ -479,6 +482,8 @@ async def endpoint_page(request: web.Request) -> web.Response:
         changeable=self_service_name(request.app[SETTINGS], grant.tenant, namespace, name) is not None,
         health=health,
         page=page,
+        charts=charts.endpoint_charts(span, health.observed_at, buckets),
+        span_links=pages.span_links(path, kept, span),
         state=state,
         path=path,
         older_url=None

@@ -17,6 +17,7 @@ from hooklane.store.attempts import (
     check_outcomes,
     delivery_detail,
     endpoint_attempts,
+    endpoint_chart,
     keep_attempt_partitions,
 )
 from hooklane.store.catalogue_reads import (
@@ -221,6 +222,7 @@ __all__ = [
     "delivery_position",
     "discard_dead",
     "endpoint_attempts",
+    "endpoint_chart",
     "endpoint_deliveries",
     "endpoint_health",
     "endpoint_health_changed",

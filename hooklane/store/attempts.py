@@ -10,6 +10,7 @@ from datetime import datetime
 
 import asyncpg
 
+from hooklane.charts import SPANS, Bucket, Span
 from hooklane.store.cursor import AttemptPosition, attempt_cursor, attempt_position
 from hooklane.store.deliveries import DeliveryView, StatusRange, check_among, check_failure, delivery_view
 from hooklane.store.events import check_page, check_time
@@ -194,3 +195,30 @@ async def endpoint_attempts(
         page,
         attempt_cursor(AttemptPosition(last.recorded_at, last.delivery_id, last.attempt)) if last else None,
     )
+
+
+async def endpoint_chart(
+    conn: asyncpg.Connection, namespace: str, name: str, span: Span
+) -> list[Bucket] | None:
+    """The endpoint's attempts per bucket of ``span``, oldest first, the
+    last bucket holding the database's now(); None if there is no such
+    endpoint."""
+    terms = SPANS[span]
+    rows = await conn.fetch(
+        *QUERIES["endpoint_chart"](
+            namespace=namespace, name=name, bucket_seconds=terms.width.total_seconds(), buckets=terms.count
+        )
+    )
+    if not rows:
+        return None
+    return [
+        Bucket(
+            r["bucket"],
+            r["delivered"],
+            r["retry"],
+            r["dead"],
+            r["discarded"],
+            *(r["latency"] or (None, None)),
+        )
+        for r in rows
+    ]

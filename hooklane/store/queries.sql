@@ -730,6 +730,45 @@ SELECT (SELECT count(id) FROM chosen) AS endpoints,
        (SELECT count(*) FROM deliveries d JOIN chosen c ON c.id = d.endpoint_id
         WHERE d.state = 'dead') AS dead;
 
+-- name: endpoint_chart
+-- The charts of an endpoint's page (hooklane/charts.py): its attempts in
+-- each of the last `buckets` buckets of `bucket_seconds`, cut on the Unix
+-- epoch (UTC hours and days), the last one holding now(), counted by
+-- outcome, with the median and the 99th percentile of the timed ones'
+-- durations (a lease that ran out has none, which percentile_cont leaves
+-- out). A row per bucket, oldest first; none when there is no such
+-- endpoint. One statement for both charts of a page; each bucket is a
+-- range of its own, aggregated as it is read: no sort of the whole span
+-- (which spilt to disk for a busy endpoint's week), only each bucket's
+-- durations for their percentiles.
+-- Parameters: namespace, name, bucket_seconds, buckets.
+-- Index: the unique (namespace, name) constraint;
+-- delivery_attempts_endpoint_chart, a range per bucket, in the partition
+-- of its day (pruned at execution), read from the index alone where the
+-- visibility map allows: docs/benchmarks.md, section 19.
+WITH span AS (
+    SELECT make_interval(secs => %(bucket_seconds)s::float8) AS width,
+           date_bin(make_interval(secs => %(bucket_seconds)s::float8), now(),
+                    timestamptz '1970-01-01 00:00:00+00') AS last
+)
+SELECT ep.id AS endpoint_id, b.bucket, c.*
+FROM endpoints ep
+CROSS JOIN span s
+CROSS JOIN LATERAL generate_series(s.last - (%(buckets)s::int - 1) * s.width, s.last, s.width) AS b(bucket)
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
+           count(*) FILTER (WHERE a.outcome = 'retry') AS retry,
+           count(*) FILTER (WHERE a.outcome = 'dead') AS dead,
+           count(*) FILTER (WHERE a.outcome = 'discarded') AS discarded,
+           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY a.duration_seconds) AS latency
+    FROM delivery_attempts a
+    WHERE a.endpoint_id = ep.id
+      AND a.recorded_at >= b.bucket
+      AND a.recorded_at < b.bucket + s.width
+) c
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
+ORDER BY b.bucket;
+
 -- name: write_queue_summaries
 -- Store what a worker's gauge pass counted: a queue_summaries row per
 -- partition, fresh for `fresh_seconds`, unless a later count wrote it.
@@ -893,7 +932,7 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- Parameters: namespace, name, since, until, outcomes, status_min,
 -- status_max, failure, after_at, after_delivery, after_attempt, limit.
 -- Index: the unique (namespace, name) constraint;
--- delivery_attempts_endpoint from `until` down to `since`.
+-- delivery_attempts_endpoint_chart from `until` down to `since`.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (

@@ -301,8 +301,11 @@ CREATE TABLE delivery_attempts_default PARTITION OF delivery_attempts DEFAULT;
 
 -- delivery_attempts_of: a delivery's attempts, in order
 CREATE INDEX delivery_attempts_delivery ON delivery_attempts (delivery_id, recorded_at);
--- endpoint_attempts: an endpoint's attempts over a time range, newest first
-CREATE INDEX delivery_attempts_endpoint ON delivery_attempts (endpoint_id, recorded_at);
+-- endpoint_attempts: an endpoint's attempts over a time range, newest
+-- first; endpoint_chart: their outcomes and durations per hour or day,
+-- read from the index alone (migration 0025).
+CREATE INDEX delivery_attempts_endpoint_chart ON delivery_attempts (endpoint_id, recorded_at)
+    INCLUDE (outcome, duration_seconds);
 
 -- ---------------------------------------------------------------------------
 -- 0.1.0's ready index (migration 0002), kept for its workers during a

@@ -47,6 +47,13 @@
     if (busy()) {
       return;
     }
+    // What the person opened (the charts' numbers) stays open.
+    for (const opened of live.querySelectorAll("details[open][id]")) {
+      const again = fresh.querySelector("#" + CSS.escape(opened.id));
+      if (again !== null) {
+        again.open = true;
+      }
+    }
     live.replaceWith(fresh);
     live = fresh;
     say("updated " + new Date().toLocaleTimeString());
