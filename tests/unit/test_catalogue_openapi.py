@@ -30,7 +30,7 @@ from hooklane.catalogue_view import (
     schema_rows,
     type_text,
 )
-from hooklane.worker.sender import event_body
+from hooklane.signing import event_body
 from testsupport.catalogue import (
     ORDER_PAID_V1,
     ORDER_PAID_V1_EXAMPLE,
