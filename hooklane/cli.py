@@ -112,6 +112,19 @@ def _parser() -> argparse.ArgumentParser:
         chosen.add_argument("--all-tenants", action="store_true", help="every tenant, present and future")
     psub.add_parser("list", help="every role with a scope or with EXECUTE, and its tenants")
 
+    catalogue = sub.add_parser("catalogue", help="the event catalogue: how published events are checked")
+    csub = catalogue.add_subparsers(dest="catalogue_command", required=True, metavar="ACTION")
+    mode = csub.add_parser(
+        "mode",
+        help="check published events against the catalogue: off, warn or enforce (none: print the modes)",
+    )
+    mode.add_argument(
+        "mode", nargs="?", choices=store.MODES, help="off, warn (store and mark) or enforce (refuse)"
+    )
+    whose = mode.add_mutually_exclusive_group()
+    whose.add_argument("--tenant", help="this tenant's mode")
+    whose.add_argument("--default", action="store_true", help="every tenant's without a mode of its own")
+
     endpoint = sub.add_parser("endpoint", help="endpoints in local mode (without Kubernetes)")
     esub = endpoint.add_subparsers(dest="endpoint_command", required=True, metavar="ACTION")
     apply = esub.add_parser("apply", help="create or update an endpoint from a WebhookEndpoint manifest")
@@ -359,6 +372,29 @@ async def _publisher(args: argparse.Namespace, settings: Settings) -> int:
         removed, remaining = await store.revoke_publisher(conn, args.role, tenants)
     left = f"{remaining} left" if remaining else "none left, EXECUTE revoked"
     print(f"{removed} of {role}'s tenants revoked ({left})")
+    return 0
+
+
+async def _catalogue(args: argparse.Namespace, settings: Settings) -> int:
+    """``hooklane catalogue``: how published events are checked against the
+    event catalogue (docs/catalogue.md)."""
+    tenant = None if args.tenant is None else check_tenant(args.tenant, "--tenant")
+    async with _database(settings) as conn:
+        if args.mode is None:
+            if tenant is not None:
+                mode, own = await store.catalogue_mode_of(conn, tenant)
+                print(f"{printable(tenant)}: {mode}" + ("" if own else " (the default)"))
+                return 0
+            modes = await store.catalogue_modes(conn)
+            if not any(m.tenant == store.DEFAULT_TENANT for m in modes):
+                modes.insert(0, store.TenantMode(store.DEFAULT_TENANT, "off"))
+            _print_table(["TENANT", "MODE"], [[m.tenant or "(default)", m.mode] for m in modes])
+            return 0
+        if tenant is None and not args.default:
+            raise InvalidInput("--tenant", "or --default is required: whose mode is set")
+        await store.set_catalogue_mode(conn, tenant or store.DEFAULT_TENANT, args.mode)
+    whose = "every tenant without a mode of its own" if tenant is None else printable(tenant)
+    print(f"published events of {whose} are checked: {args.mode}")
     return 0
 
 
@@ -656,6 +692,7 @@ _COMMANDS = {
     "worker": _worker,
     "publish": _publish,
     "publisher": _publisher,
+    "catalogue": _catalogue,
     "endpoint": _endpoint,
     "status": _status,
     "events": _events,
