@@ -71,7 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="apply the database migrations (idempotent)")
+    migrate = sub.add_parser("migrate", help="apply the database migrations (idempotent)")
+    migrate.add_argument(
+        "--catalogue-mode",
+        choices=store.MODES,
+        help="then set every tenant's default catalogue mode (the chart's catalogue.mode)",
+    )
     sub.add_parser("worker", help="deliver: reserve, send, record; SIGTERM drains then exits")
     status = sub.add_parser(
         "status",
@@ -286,6 +291,9 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
             print(
                 f"{resealed} endpoint(s) with signing secrets sealed with key {settings.encryption_key.active}"
             )
+        if args.catalogue_mode is not None:
+            await store.set_catalogue_mode(conn, store.DEFAULT_TENANT, args.catalogue_mode)
+            print(f"catalogue mode of every tenant without one of its own: {args.catalogue_mode}")
     return 0
 
 

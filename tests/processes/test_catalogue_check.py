@@ -65,3 +65,10 @@ async def test_publish_is_refused_under_enforce(dsn: str, db: asyncpg.Connection
     published = hooklane(dsn, *args, '{"amount": 12}')
     assert published.returncode == 0, published.stderr
     assert await db.fetchval("SELECT schema_version FROM events") == 1
+
+
+async def test_migrate_sets_the_default_mode_as_the_chart_asks(dsn: str) -> None:
+    done = hooklane(dsn, "migrate", "--catalogue-mode", "warn")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "catalogue mode of every tenant without one of its own: warn"
+    assert hooklane(dsn, "catalogue", "mode", "--tenant", "acme").stdout == "acme: warn (the default)\n"
