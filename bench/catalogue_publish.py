@@ -341,7 +341,11 @@ async def validator_alone(dsn: str, calls: int) -> dict:
         cached = await conn.fetchval(timed, TYPE, sample, calls)
     finally:
         await conn.close()
-    return {"first_call_us": round(float(first), 1), "cached_us_per_call": round(float(cached), 2), "calls": calls}
+    return {
+        "first_call_us": round(float(first), 1),
+        "cached_us_per_call": round(float(cached), 2),
+        "calls": calls,
+    }
 
 
 @contextlib.asynccontextmanager
