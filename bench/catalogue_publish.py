@@ -27,9 +27,12 @@ bench/steady.py's sampler). The setups take turns, ``rounds`` windows
 each, in rotated order; each window starts on empty tables and warms up
 first. Medians over the rounds, and each setup's over main's.
 
-Apart: the validator alone (``hooklane_catalogue_problem_v1`` called
-``validator_calls`` times in one statement, timed by the server), its
-cached compile and its first call.
+Apart, timed by the server, less exposed to a shared machine's noise:
+the function alone (``function_calls`` publishes of each setup in one
+statement, rolled back, ``function_rounds`` times in turns), and the
+validator alone (``hooklane_catalogue_problem_v1`` called
+``validator_calls`` times in one statement; and its first call in a new
+session, which imports jsonschema and compiles the schema).
 
 Run: ``python -m bench.catalogue_publish --preset full`` (~3 min;
 ``smoke`` is what the tests run; ``--dsn``: a server of this machine to
@@ -81,12 +84,20 @@ class Config:
     warmup: int  # events published before each window
     events: int  # measured, per window
     validator_calls: int
+    function_calls: int  # publishes per statement of the function alone
+    function_rounds: int
 
 
 PRESETS = {
-    "full": Config(rounds=3, warmup=200, events=2000, validator_calls=20000),
-    "quick": Config(rounds=2, warmup=100, events=500, validator_calls=5000),
-    "smoke": Config(rounds=1, warmup=10, events=40, validator_calls=200),
+    "full": Config(
+        rounds=3, warmup=200, events=2000, validator_calls=20000, function_calls=2000, function_rounds=9
+    ),
+    "quick": Config(
+        rounds=2, warmup=100, events=500, validator_calls=5000, function_calls=500, function_rounds=3
+    ),
+    "smoke": Config(
+        rounds=1, warmup=10, events=40, validator_calls=200, function_calls=20, function_rounds=1
+    ),
 }
 
 
@@ -348,6 +359,43 @@ async def validator_alone(dsn: str, calls: int) -> dict:
     }
 
 
+async def function_alone(publishers: list[Publisher], calls: int, rounds: int) -> list[dict]:
+    """Microseconds per hooklane_try_publish_v1 call of each setup, timed by
+    the server: ``calls`` publishes in one statement, with no client, no
+    round trip and no commit in the time (the statement is rolled back), in
+    turns, ``rounds`` times. Less exposed to a shared machine's noise than
+    the windows: what the check adds to the function itself."""
+    timed = (
+        "WITH s AS MATERIALIZED (SELECT clock_timestamp() AS t), "
+        "v AS MATERIALIZED (SELECT count(p.stored) AS n FROM s, generate_series(1, $4) g, "
+        "      LATERAL hooklane_try_publish_v1($1, $2, $3::jsonb, $5 || g) p) "
+        "SELECT extract(epoch FROM clock_timestamp() - s.t) * 1e6 / v.n FROM s, v"
+    )
+    found: dict[str, list[float]] = {p.setup: [] for p in publishers}
+    for round_ in range(rounds):
+        for publisher in [*publishers[round_ % 3 :], *publishers[: round_ % 3]]:
+            tx = publisher.conn.transaction()
+            await tx.start()
+            try:
+                await publisher.conn.execute("SET LOCAL enable_memoize = off")
+                us = await publisher.conn.fetchval(
+                    timed, TENANT, TYPE, json.dumps(data(round_)), calls, f"alone-{round_}-"
+                )
+            finally:
+                await tx.rollback()
+            found[publisher.setup].append(float(us))
+    main = statistics.median(found["main"])
+    return [
+        {
+            "setup": setup,
+            "median_us": round(statistics.median(us), 1),
+            "min_us": round(min(us), 1),
+            "over_main": round(statistics.median(us) / main, 3),
+        }
+        for setup, us in found.items()
+    ]
+
+
 @contextlib.asynccontextmanager
 async def setup_database(server_dsn: str, setup: str, token: str) -> AsyncIterator[Publisher]:
     dsn = await create_database(server_dsn, f"catalogue_{setup}")
@@ -403,6 +451,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                             runs.append(
                                 {"round": round_, **await window(publisher, path, session, server, cfg)}
                             )
+            result["function"] = await function_alone(publishers, cfg.function_calls, cfg.function_rounds)
             enforce = publishers[SETUPS.index("enforce")]
             result["validator"] = await validator_alone(enforce.dsn, cfg.validator_calls)
     result["runs"] = runs
@@ -422,7 +471,12 @@ def main() -> None:
     run_and_report(
         main_async,
         args,
-        lambda r: {"seconds": r["seconds"], "validator": r["validator"], "summary": r["summary"]},
+        lambda r: {
+            "seconds": r["seconds"],
+            "validator": r["validator"],
+            "function": r["function"],
+            "summary": r["summary"],
+        },
     )
 
 

@@ -89,6 +89,13 @@ def validator(number, digest):
             cache.clear()
         rows = plpy.execute(GD["hooklane_catalogue_schema"], [type, number])
         schema = json.loads(rows[0]["schema"])
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            # Checked at apply: a row written some other way is reported,
+            # as the event's problem, rather than raised at the publisher.
+            found = cache[key] = f"the schema is not a valid JSON Schema: {exc.message}"
+            return found
         found = cache[key] = jsonschema.Draft202012Validator(
             schema, resolver=GD["hooklane_catalogue_resolver"].from_schema(schema)
         )
@@ -102,16 +109,24 @@ instance = json.loads(data)
 first = None
 for row in versions:
     checker = validator(row["version"], row["digest"])
-    try:
-        error = best_match(checker.iter_errors(instance))
-    except jsonschema.RefResolutionError as exc:
-        error = exc
+    if isinstance(checker, str):
+        error = checker
+    else:
+        try:
+            error = best_match(checker.iter_errors(instance))
+        except jsonschema.RefResolutionError as exc:
+            error = exc
+        except (jsonschema.exceptions.UnknownType, RecursionError) as exc:
+            error = f"the schema could not be checked: {exc.__class__.__name__}"
     if error is None:
         return (row["version"], None)
     if first is None:
         first = (row["version"], error)
 number, error = first
-if isinstance(error, jsonschema.RefResolutionError):
+if isinstance(error, str):
+    what = f"data: {error}"
+    rule = "schema"
+elif isinstance(error, jsonschema.RefResolutionError):
     what = f"data: the schema refers to what it does not hold: {error}"
     rule = "$ref"
 else:

@@ -530,3 +530,14 @@ async def test_a_refused_event_in_a_group_leaves_the_others_committed(
     rows = {r["id"]: r["xact"] for r in await db.fetch("SELECT id, xact FROM events")}
     assert sorted(rows) == ["first", "s-0", "s-1", "s-3", "s-4"]
     assert len({rows[f"s-{i}"] for i in (0, 1, 3, 4)}) == 1
+
+
+async def test_a_schema_written_around_apply_is_reported_not_raised(enforced: asyncpg.Connection) -> None:
+    db = enforced
+    # `hooklane eventtype apply` and the operator refuse such a schema; a
+    # row written by hand still gets an answer, not a traceback.
+    await add_type(db, "order.odd", {"type": "decimal"})
+    refused = await try_publish(db, "order.odd", GOOD)
+    assert (refused["error_code"], refused["error_field"]) == ("WH422", "data")
+    assert refused["error_message"].startswith("data: the schema is not a valid JSON Schema: ")
+    assert refused["error_message"].endswith("(schema version 1, rule schema)")

@@ -268,6 +268,8 @@ def test_catalogue_publish_smoke(server_dsn: str, tmp_path: Path) -> None:
             run["events"] + result["config"]["warmup"] if run["setup"] == "enforce" else 0
         )
     assert result["validator"]["cached_us_per_call"] > 0
+    assert [row["setup"] for row in result["function"]] == ["main", "off", "enforce"]
+    assert all(row["median_us"] > 0 for row in result["function"])
     assert {row["setup"] for row in result["summary"] if "over_main" in row} == {"off", "enforce"}
 
 
