@@ -26,7 +26,7 @@ from hooklane import store
 from hooklane.api.app import make_app
 from hooklane.api.ingest import COMMITTER
 from hooklane.api.tokens import TokenSource
-from hooklane.errors import InvalidInput
+from hooklane.errors import CatalogueRefused, InvalidInput
 from hooklane.publish import psycopg as with_psycopg
 from hooklane.publish import sqlalchemy as with_sqlalchemy
 from hooklane.settings import Settings
@@ -425,7 +425,7 @@ async def test_every_python_caller_is_refused(enforced: asyncpg.Connection, dsn:
         else:
             await _sqlalchemy_async(dsn, data)
 
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(CatalogueRefused) as refused:
         await run(BAD)
     assert (refused.value.field, refused.value.message) == ("data", BAD_MESSAGE)
     # The exception left the block: its transaction rolled back, the
