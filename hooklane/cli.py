@@ -401,6 +401,12 @@ async def _catalogue(args: argparse.Namespace, settings: Settings) -> int:
         if tenant is None and not args.default:
             raise InvalidInput("--tenant", "or --default is required: whose mode is set")
         await store.set_catalogue_mode(conn, tenant or store.DEFAULT_TENANT, args.mode)
+        if args.mode == "enforce" and await store.catalogue_type_count(conn) == 0:
+            print(
+                "hooklane: note: the catalogue holds no type yet, so every event of these tenants is "
+                "refused until one is applied (hooklane eventtype apply, or a WebhookEventType)",
+                file=sys.stderr,
+            )
     whose = "every tenant without a mode of its own" if tenant is None else printable(tenant)
     print(f"published events of {whose} are checked: {args.mode}")
     return 0

@@ -27,6 +27,7 @@ from hooklane.store.catalogue_check import (
     catalogue_deprecated_counts,
     catalogue_mode_of,
     catalogue_modes,
+    catalogue_type_count,
     check_mode,
     set_catalogue_mode,
 )
@@ -203,6 +204,7 @@ __all__ = [
     "catalogue_deprecated_counts",
     "catalogue_mode_of",
     "catalogue_modes",
+    "catalogue_type_count",
     "check_delivery_id",
     "check_failure",
     "check_mode",

@@ -106,6 +106,11 @@ async def catalogue_mode_of(conn: asyncpg.Connection, tenant: str) -> tuple[str,
     return row["mode"], row["own"]
 
 
+async def catalogue_type_count(conn: asyncpg.Connection) -> int:
+    """How many types the catalogue holds."""
+    return int(await conn.fetchval(*QUERIES["catalogue_type_count"]()))
+
+
 async def catalogue_deprecated_counts(conn: asyncpg.Connection, since: datetime) -> list[DeprecatedUse]:
     """The events of deprecated types published since ``since``, per type
     and tenant."""

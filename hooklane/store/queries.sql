@@ -280,6 +280,13 @@ SELECT coalesce((SELECT m.mode FROM catalogue_modes m WHERE m.tenant IN (%(tenan
                  ORDER BY m.tenant DESC LIMIT 1), 'off') AS mode,
        EXISTS (SELECT FROM catalogue_modes m WHERE m.tenant = %(tenant)s) AS own;
 
+-- name: catalogue_type_count
+-- How many types the catalogue holds, archived ones included: `hooklane
+-- catalogue mode enforce` warns when none is (every event would be refused).
+-- Parameters: none. Index: primary key of catalogue_types (a count of a
+-- table of a row per type).
+SELECT count(*) FROM catalogue_types;
+
 -- name: catalogue_deprecated_counts
 -- The events of deprecated types published since a time, per type and
 -- tenant (hooklane_try_publish_v1 marks them schema_deprecated).

@@ -32,6 +32,10 @@ async def test_modes_are_set_and_printed(dsn: str) -> None:
     ]
     assert hooklane(dsn, "catalogue", "mode", "--tenant", "acme").stdout == "acme: warn (the default)\n"
     assert hooklane(dsn, "catalogue", "mode", "--tenant", "globex").stdout == "globex: off\n"
+    # enforce on an empty catalogue refuses every event: said.
+    empty = hooklane(dsn, "catalogue", "mode", "enforce", "--tenant", "initech")
+    assert empty.returncode == 0
+    assert empty.stderr.startswith("hooklane: note: the catalogue holds no type yet")
 
 
 async def test_bad_input_is_refused_in_one_line(dsn: str) -> None:
@@ -52,7 +56,8 @@ async def test_publish_is_refused_under_enforce(dsn: str, db: asyncpg.Connection
         "VALUES ('order.paid', 1, $1::jsonb, '{\"amount\": 1}', md5($1::jsonb::text))",
         json.dumps(SCHEMA),
     )
-    assert hooklane(dsn, "catalogue", "mode", "enforce", "--tenant", "acme").returncode == 0
+    enforced = hooklane(dsn, "catalogue", "mode", "enforce", "--tenant", "acme")
+    assert (enforced.returncode, enforced.stderr) == (0, "")
     args = ["publish", "--tenant", "acme", "--type", "order.paid", "--data"]
     refused = hooklane(dsn, *args, '{"amount": "12"}')
     assert (refused.returncode, refused.stderr) == (
