@@ -73,7 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="apply the database migrations (idempotent)")
+    migrate = sub.add_parser("migrate", help="apply the database migrations (idempotent)")
+    migrate.add_argument(
+        "--catalogue-mode",
+        choices=store.MODES,
+        help="then set every tenant's default catalogue mode (the chart's catalogue.mode)",
+    )
     sub.add_parser("worker", help="deliver: reserve, send, record; SIGTERM drains then exits")
     status = sub.add_parser(
         "status",
@@ -114,8 +119,20 @@ def _parser() -> argparse.ArgumentParser:
         chosen.add_argument("--all-tenants", action="store_true", help="every tenant, present and future")
     psub.add_parser("list", help="every role with a scope or with EXECUTE, and its tenants")
 
-    catalogue = sub.add_parser("catalogue", help="the event catalogue (docs/catalogue.md)")
+    catalogue = sub.add_parser(
+        "catalogue", help="the event catalogue: how published events are checked, its OpenAPI export"
+    )
     csub = catalogue.add_subparsers(dest="catalogue_command", required=True, metavar="ACTION")
+    mode = csub.add_parser(
+        "mode",
+        help="check published events against the catalogue: off, warn or enforce (none: print the modes)",
+    )
+    mode.add_argument(
+        "mode", nargs="?", choices=store.MODES, help="off, warn (store and mark) or enforce (refuse)"
+    )
+    whose = mode.add_mutually_exclusive_group()
+    whose.add_argument("--tenant", help="this tenant's mode")
+    whose.add_argument("--default", action="store_true", help="every tenant's without a mode of its own")
     export = csub.add_parser("openapi", help="the catalogue as an OpenAPI 3.1 document, for receivers")
     export.add_argument("-o", "--output", metavar="FILE", help="write it to FILE rather than standard output")
 
@@ -280,6 +297,9 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
             print(
                 f"{resealed} endpoint(s) with signing secrets sealed with key {settings.encryption_key.active}"
             )
+        if args.catalogue_mode is not None:
+            await store.set_catalogue_mode(conn, store.DEFAULT_TENANT, args.catalogue_mode)
+            print(f"catalogue mode of every tenant without one of its own: {args.catalogue_mode}")
     return 0
 
 
@@ -370,6 +390,12 @@ async def _publisher(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _catalogue(args: argparse.Namespace, settings: Settings) -> int:
+    if args.catalogue_command == "openapi":
+        return await _catalogue_openapi(args, settings)
+    return await _catalogue_mode(args, settings)
+
+
+async def _catalogue_openapi(args: argparse.Namespace, settings: Settings) -> int:
     """``hooklane catalogue openapi``: the document ``GET
     /v1/catalogue/openapi.json`` answers, from the database."""
     async with _database(settings) as conn:
@@ -383,6 +409,35 @@ async def _catalogue(args: argparse.Namespace, settings: Settings) -> int:
     except OSError as exc:
         raise InvalidInput("--output", f"cannot be written: {exc.strerror or exc}") from None
     print(f"{len(entries)} event types written to {printable(args.output)}", file=sys.stderr)
+    return 0
+
+
+async def _catalogue_mode(args: argparse.Namespace, settings: Settings) -> int:
+    """``hooklane catalogue mode``: how published events are checked against the
+    event catalogue (docs/catalogue.md)."""
+    tenant = None if args.tenant is None else check_tenant(args.tenant, "--tenant")
+    async with _database(settings) as conn:
+        if args.mode is None:
+            if tenant is not None:
+                mode, own = await store.catalogue_mode_of(conn, tenant)
+                print(f"{printable(tenant)}: {mode}" + ("" if own else " (the default)"))
+                return 0
+            modes = await store.catalogue_modes(conn)
+            if not any(m.tenant == store.DEFAULT_TENANT for m in modes):
+                modes.insert(0, store.TenantMode(store.DEFAULT_TENANT, "off"))
+            _print_table(["TENANT", "MODE"], [[m.tenant or "(default)", m.mode] for m in modes])
+            return 0
+        if tenant is None and not args.default:
+            raise InvalidInput("--tenant", "or --default is required: whose mode is set")
+        await store.set_catalogue_mode(conn, tenant or store.DEFAULT_TENANT, args.mode)
+        if args.mode == "enforce" and await store.catalogue_type_count(conn) == 0:
+            print(
+                "hooklane: note: the catalogue holds no type yet, so every event of these tenants is "
+                "refused until one is applied (hooklane eventtype apply, or a WebhookEventType)",
+                file=sys.stderr,
+            )
+    whose = "every tenant without a mode of its own" if tenant is None else printable(tenant)
+    print(f"published events of {whose} are checked: {args.mode}")
     return 0
 
 

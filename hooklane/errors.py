@@ -89,6 +89,15 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class CatalogueRefused(InvalidInput):
+    """The event catalogue's check at publish refused the event
+    (docs/catalogue.md): its type is not in the catalogue or is archived
+    (``field`` 'type'), or its data matches no version of the type's
+    schema (``field`` 'data', the message naming the path inside the data
+    and the schema's rule). Nothing of it was stored, and the caller's
+    transaction is still usable."""
+
+
 class EventConflict(InvalidInput):
     """An event id the tenant already published, with different content.
     Nothing was stored, and the caller's transaction is still usable."""

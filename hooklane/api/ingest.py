@@ -36,7 +36,7 @@ from hooklane.api.errors import RETRY_AFTER_SECONDS, Refused, problem
 from hooklane.api.group_commit import Conflict, GroupCommitter
 from hooklane.api.inputs import READ_TIMEOUT_SECONDS, check_length, check_media_type, parse_json
 from hooklane.api.shares import Share
-from hooklane.errors import EventConflict, InvalidInput, OutcomeUnknown, StoreError
+from hooklane.errors import CatalogueRefused, EventConflict, InvalidInput, OutcomeUnknown, StoreError
 from hooklane.publish import check_event, new_event_id
 from hooklane.store import Event
 from hooklane.traceparent import parse_traceparent
@@ -231,6 +231,10 @@ async def _ingest(request: web.Request, batch: bool, traceparent: str | None) ->
         if isinstance(exc.refusal, EventConflict):
             metrics.API_EVENTS_REFUSED.labels("conflict").inc()
             return problem(409, "conflict", exc.refusal.message, field=field)
+        if isinstance(exc.refusal, CatalogueRefused):
+            # The catalogue's check (docs/catalogue.md): the event, not a bug.
+            metrics.API_EVENTS_REFUSED.labels("catalogue").inc()
+            return problem(422, "invalid", exc.refusal.message, field=field)
         # The publish function refused what check_event passed: its rules
         # are the same (tests/db/test_publish_function.py), so this is a bug,
         # and still the input's refusal, nothing stored.

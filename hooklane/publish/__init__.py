@@ -149,8 +149,10 @@ async def publish(
     is its child and the receiver gets it; left out, the caller's current
     OpenTelemetry span (of the application's own tracer provider) is.
 
-    Raises ``InvalidInput`` (bad arguments, before any SQL) and
-    ``EventConflict``; neither costs the transaction. Errors of the
+    Raises ``InvalidInput`` (bad arguments, before any SQL),
+    ``EventConflict`` and ``CatalogueRefused`` (an ``InvalidInput``: the
+    event catalogue's check, docs/catalogue.md); none costs the
+    transaction. Errors of the
     connection itself are left as ``conn`` raises them, as for the caller's
     own statements in the same transaction: asyncpg's on an application's
     connection (``CONNECTION_LOST`` in :mod:`hooklane.store.connection`

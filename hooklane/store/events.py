@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -9,7 +10,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from hooklane.errors import EventConflict, InvalidInput
+from hooklane.errors import CatalogueRefused, EventConflict, InvalidInput
 from hooklane.store.cursor import event_cursor, event_position
 from hooklane.store.queries import QUERIES
 
@@ -49,7 +50,25 @@ def published(row: PublishRow, *, tenant: str, id: str | None) -> Published:
         return Published(row["event_id"], row["fanout"])
     if code == REFUSED_CONFLICT and id is not None:
         raise EventConflict(id, tenant)
-    raise InvalidInput(row["error_field"], row["error_message"])
+    field, message = row["error_field"], row["error_message"]
+    if catalogue_refusal(field, message):
+        raise CatalogueRefused(field, message)
+    raise InvalidInput(field, message)
+
+
+# How the catalogue's check words its refusals (migration 0024): a type
+# "... in the event catalogue ...", data "... (schema version N, rule R)".
+# The rest of the function's WH422s are check_event's rules again.
+_SCHEMA_RULE = re.compile(r" \(schema version \d+, rule [^()]*\)\Z")
+
+
+def catalogue_refusal(field: str, message: str) -> bool:
+    """Whether a WH422 of the publish function is the catalogue's check's:
+    the same answer shape as every refusal, and the only one check_event
+    cannot make before any SQL."""
+    if field == "type":
+        return " in the event catalogue" in message
+    return field == "data" and _SCHEMA_RULE.search(message) is not None
 
 
 async def insert_event(

@@ -244,6 +244,60 @@ CROSS JOIN LATERAL hooklane_try_publish_v1(x.tenant, x.type, x.data::jsonb, x.id
 WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
 
+-- name: catalogue_check_installed
+-- Whether hooklane_catalogue_problem_v1 exists (catalogue_check.sql ran):
+-- a mode other than 'off' needs it.
+-- Parameters: none. Index: pg_proc's on the name and arguments.
+SELECT to_regprocedure('hooklane_catalogue_problem_v1(text, text)') IS NOT NULL;
+
+-- name: server_major_version
+-- The PostgreSQL server's major version, for the name of the PL/Python
+-- package it needs (postgresql-plpython3-<major>).
+-- Parameters: none. Index: none (a setting).
+SELECT current_setting('server_version_num')::integer / 10000;
+
+-- name: set_catalogue_mode
+-- How a tenant's published events are checked against the catalogue
+-- (tenant '': every tenant without a mode of its own).
+-- Parameters: tenant, mode. Index: primary key of catalogue_modes (ON
+-- CONFLICT).
+INSERT INTO catalogue_modes (tenant, mode)
+VALUES (%(tenant)s, %(mode)s)
+ON CONFLICT (tenant) DO UPDATE SET mode = EXCLUDED.mode;
+
+-- name: catalogue_modes
+-- Every mode set, the default ('') first.
+-- Parameters: none. Index: primary key of catalogue_modes (a table of a
+-- row per tenant with a mode of its own).
+SELECT tenant, mode FROM catalogue_modes ORDER BY tenant;
+
+-- name: catalogue_mode_of
+-- The mode a tenant's publishes are checked under, as
+-- hooklane_try_publish_v1 reads it: its own row, else the default's, else
+-- 'off'; and whether it is its own.
+-- Parameters: tenant. Index: primary key of catalogue_modes.
+SELECT coalesce((SELECT m.mode FROM catalogue_modes m WHERE m.tenant IN (%(tenant)s, '')
+                 ORDER BY m.tenant DESC LIMIT 1), 'off') AS mode,
+       EXISTS (SELECT FROM catalogue_modes m WHERE m.tenant = %(tenant)s) AS own;
+
+-- name: catalogue_type_count
+-- How many types the catalogue holds, archived ones included: `hooklane
+-- catalogue mode enforce` warns when none is (every event would be refused).
+-- Parameters: none. Index: primary key of catalogue_types (a count of a
+-- table of a row per type).
+SELECT count(*) FROM catalogue_types;
+
+-- name: catalogue_deprecated_counts
+-- The events of deprecated types published since a time, per type and
+-- tenant (hooklane_try_publish_v1 marks them schema_deprecated).
+-- Parameters: since. Index: events_schema_deprecated (partial: only those
+-- events are in it).
+SELECT type, tenant, count(*) AS events, max(created_at) AS last_at
+FROM events
+WHERE schema_deprecated AND created_at >= %(since)s
+GROUP BY type, tenant
+ORDER BY type, tenant;
+
 -- name: pending_endpoints
 -- The deliverable endpoints of the partitions with pending deliveries,
 -- each with its head, read from `since` (NULL: the start) except the

@@ -119,6 +119,10 @@ CREATE TABLE events (
     -- not checked).
     schema_version integer,
     schema_problem text,
+    -- Whether the type was deprecated when the event was published
+    -- (migration 0024; NULL: it was not, or the type is not in the
+    -- catalogue).
+    schema_deprecated boolean,
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
@@ -144,6 +148,9 @@ CREATE INDEX events_xact ON events (xact);
 CREATE INDEX events_unrouted ON events (created_at) WHERE fanout = 0;
 -- catalogue_counts: the events a warning marked, by time
 CREATE INDEX events_schema_problem ON events (created_at) WHERE schema_problem IS NOT NULL;
+-- catalogue_deprecated_counts: the events of deprecated types, by type and
+-- time; only those are in it
+CREATE INDEX events_schema_deprecated ON events (type, created_at) WHERE schema_deprecated;
 
 -- ---------------------------------------------------------------------------
 -- Deliveries: one row per (event, endpoint), from 'pending' to 'delivered',
@@ -1396,8 +1403,15 @@ $$;
 -- endpoint of its tenant, a refusal reported in the result rather than
 -- raised. SECURITY DEFINER with its search_path pinned, EXECUTE revoked
 -- from PUBLIC (below). Why it is written so: docs/state-machine.md.
+-- The event catalogue's check (migration 0024, docs/catalogue.md) comes
+-- after the scope: an archived type is refused in every mode; under
+-- 'warn' or 'enforce' an unknown type, or data that validates against
+-- none of the type's versions (hooklane_catalogue_problem_v1, created
+-- with the first such mode), is marked or refused, each refusal a row of
+-- catalogue_refusals.
 -- Index: endpoints_tenant; primary key of events; deliveries_coalesce for
--- the ON CONFLICT of a keyed publish; publisher_scopes_role_tenant.
+-- the ON CONFLICT of a keyed publish; publisher_scopes_role_tenant; the
+-- primary keys of catalogue_modes and catalogue_types.
 CREATE FUNCTION hooklane_try_publish_v1(tenant text, type text, data jsonb, id text DEFAULT NULL,
                                         coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
                                         OUT event_id text, OUT stored boolean, OUT fanout integer,
@@ -1415,6 +1429,13 @@ DECLARE
     p_traceparent text := $6;
     refusal record;
     differs boolean;
+    check_mode text;
+    type_archived boolean;
+    type_deprecated boolean;
+    checked record;
+    p_version integer;
+    p_problem text;
+    refused_reason text;
 BEGIN
     refusal := hooklane_publish_refusal_v1(p_tenant, p_type, p_data, $4, p_key, p_traceparent);
     IF refusal.field IS NOT NULL THEN
@@ -1430,6 +1451,48 @@ BEGIN
                                 'include it (hooklane publisher grant)', session_user, p_tenant);
         RETURN;
     END IF;
+    -- The event catalogue's check (migration 0024). Index: the primary
+    -- keys of catalogue_modes and catalogue_types.
+    SELECT m.mode INTO check_mode
+    FROM catalogue_modes m
+    WHERE m.tenant IN (p_tenant, '')
+    ORDER BY m.tenant DESC
+    LIMIT 1;
+    SELECT t.archived, t.deprecated_since <= current_date INTO type_archived, type_deprecated
+    FROM catalogue_types t
+    WHERE t.name = p_type;
+    IF type_archived THEN
+        error_field := 'type'; refused_reason := 'archived';
+        error_message := format('%s is archived in the event catalogue: it is no longer published', p_type);
+    ELSIF coalesce(check_mode, 'off') = 'off' THEN
+        NULL;
+    ELSIF type_archived IS NULL THEN
+        -- Not in the catalogue (archived is NOT NULL in every row).
+        error_field := 'type'; refused_reason := 'unknown';
+        error_message := format('%s is not in the event catalogue (hooklane eventtype apply, or a '
+                                'WebhookEventType resource, adds it)', p_type);
+    ELSE
+        -- hooklane_catalogue_problem_v1 exists once a mode other than
+        -- 'off' was set (hooklane/store/catalogue_check.sql). The data goes
+        -- as text: the jsonb transform would make every number a Decimal,
+        -- which JSON Schema's "integer" refuses.
+        checked := hooklane_catalogue_problem_v1(p_type, p_data::text);
+        p_version := checked.version;
+        IF checked.problem IS NOT NULL THEN
+            error_field := 'data'; refused_reason := 'schema'; error_message := checked.problem;
+        END IF;
+    END IF;
+    IF refused_reason IS NOT NULL THEN
+        IF refused_reason = 'archived' OR check_mode = 'enforce' THEN
+            INSERT INTO catalogue_refusals (tenant, type, reason, message)
+            VALUES (p_tenant, p_type, refused_reason, error_message);
+            error_code := 'WH422';
+            RETURN;
+        END IF;
+        -- 'warn': stored, and marked.
+        p_problem := format('%s: %s', error_field, error_message);
+        error_field := NULL; error_message := NULL;
+    END IF;
     event_id := coalesce($4, 'msg_' || replace(gen_random_uuid()::text, '-', ''));
     WITH matched AS (
         SELECT ep.id, ep.partition
@@ -1439,8 +1502,10 @@ BEGIN
           AND hooklane_type_matches(ep.event_types, p_type)
     ),
     event AS (
-        INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent)
-        SELECT hooklane_try_publish_v1.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent
+        INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent,
+                            schema_version, schema_problem, schema_deprecated)
+        SELECT hooklane_try_publish_v1.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent,
+               p_version, p_problem, nullif(type_deprecated, false)
         FROM matched
         ON CONFLICT (tenant, id) DO NOTHING
         RETURNING fanout

@@ -255,6 +255,24 @@ def test_publish_function_smoke(server_dsn: str, tmp_path: Path) -> None:
     assert {v["part"] for v in result["verdict"]} == {"direct", "ingest"}
 
 
+def test_catalogue_publish_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("catalogue_publish", tmp_path, "--dsn", server_dsn, timeout=180)
+    runs = result["runs"]
+    assert {(r["setup"], r["path"]) for r in runs} == {
+        (setup, path) for setup in ("main", "off", "enforce") for path in ("sql", "library", "api")
+    }
+    for run in runs:
+        assert run["p99_ms"] >= run["p50_ms"] > 0 and run["postgres_us_per_event"] >= 0
+        # Only under enforce was each event validated (and stored with its version).
+        assert run["validated"] == (
+            run["events"] + result["config"]["warmup"] if run["setup"] == "enforce" else 0
+        )
+    assert result["validator"]["cached_us_per_call"] > 0
+    assert [row["setup"] for row in result["function"]] == ["main", "off", "enforce"]
+    assert all(row["median_us"] > 0 for row in result["function"])
+    assert {row["setup"] for row in result["summary"] if "over_main" in row} == {"off", "enforce"}
+
+
 def test_tenants_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("tenants", tmp_path, "--dsn", server_dsn, timeout=120)
     sizes = [f"{n:,}" for n in result["config"]["sizes"]]

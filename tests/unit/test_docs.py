@@ -181,7 +181,10 @@ def _statements() -> dict[str, str]:
 
 
 def _sql_functions() -> set[str]:
-    text = "\n".join(read(path) for path in sorted(MIGRATIONS.glob("*.sql")))
+    # catalogue_check.sql: the function the first catalogue mode that needs
+    # PL/Python creates, not a migration (migration 0024).
+    paths = [*sorted(MIGRATIONS.glob("*.sql")), MIGRATIONS.parent / "catalogue_check.sql"]
+    text = "\n".join(read(path) for path in paths)
     return set(re.findall(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)", text, flags=re.IGNORECASE))
 
 
