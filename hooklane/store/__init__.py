@@ -20,12 +20,6 @@ from hooklane.store.attempts import (
     endpoint_chart,
     keep_attempt_partitions,
 )
-from hooklane.store.catalogue_reads import (
-    CataloguePage,
-    catalogue_entries,
-    catalogue_page,
-    catalogue_type,
-    check_catalogue_filter,
 from hooklane.store.catalogue_check import (
     DEFAULT_TENANT,
     MODES,
@@ -37,6 +31,13 @@ from hooklane.store.catalogue_check import (
     catalogue_type_count,
     check_mode,
     set_catalogue_mode,
+)
+from hooklane.store.catalogue_reads import (
+    CataloguePage,
+    catalogue_entries,
+    catalogue_page,
+    catalogue_type,
+    check_catalogue_filter,
 )
 from hooklane.store.connection import (
     API_SESSION,
@@ -214,15 +215,15 @@ __all__ = [
     "acquire",
     "attempt_position",
     "available_migrations",
+    "catalogue_deprecated_counts",
     "catalogue_entries",
+    "catalogue_mode_of",
+    "catalogue_modes",
     "catalogue_page",
     "catalogue_position",
     "catalogue_type",
-    "check_catalogue_filter",
-    "catalogue_deprecated_counts",
-    "catalogue_mode_of",
-    "catalogue_modes",
     "catalogue_type_count",
+    "check_catalogue_filter",
     "check_delivery_id",
     "check_failure",
     "check_mode",
