@@ -119,6 +119,10 @@ def check_resource_name(resource_name: str, spec_name: Any) -> None:
         )
 
 
+def is_type_name(value: str) -> bool:
+    return len(value) <= MAX_NAME and _NAME.fullmatch(value) is not None
+
+
 def resource_name_for(type_name: str) -> str:
     return type_name.lower().replace("_", "-")
 
