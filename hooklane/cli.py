@@ -20,8 +20,8 @@ import uvloop
 
 from hooklane import __version__, store, tracing
 from hooklane.bounded_yaml import MAX_MANIFEST_BYTES, load_yaml, load_yaml_documents
-from hooklane.catalogue import MAX_NAME, MAX_SCHEMA_BYTES, load_manifests, resource_name_for
-from hooklane.checks import EVENT_TYPE, check_name, check_namespace
+from hooklane.catalogue import MAX_SCHEMA_BYTES, is_type_name, load_manifests, resource_name_for
+from hooklane.checks import check_name, check_namespace
 from hooklane.delivery import RequestTerms, SecretProblem, resolve, secrets_of
 from hooklane.errors import (
     DatabaseUnreachable,
@@ -468,7 +468,7 @@ async def _eventtype(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
     name = args.name
-    if not isinstance(name, str) or not EVENT_TYPE.fullmatch(name) or len(name) > MAX_NAME:
+    if not is_type_name(name):
         raise InvalidInput("name", f"must be an event type like 'order.paid', not {shown(name)}")
     async with _database(settings) as conn:
         removed = await store.delete_event_type(conn, name, store.EventTypeSource.LOCAL)
