@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 from typing import Any
 
 import asyncpg
@@ -24,9 +25,9 @@ from testsupport.kube_fixtures import EXAMPLES, Kube
 ORDER_PAID = EXAMPLES / "eventtypes" / "order-paid.yaml"
 
 
-def _doc(name: str, **spec: Any) -> dict[str, Any]:
+def _doc(resource: str, **spec: Any) -> dict[str, Any]:
     doc = yaml.safe_load(ORDER_PAID.read_text())
-    doc["metadata"]["name"] = name
+    doc["metadata"]["name"] = resource
     doc["spec"].update(spec)
     return doc
 
@@ -42,6 +43,15 @@ async def _ready(kube: Kube, name: str, reason: str, generation: int = 1) -> dic
     if ready is None or ready["reason"] != reason or ready.get("observedGeneration") != generation:
         return None
     return body
+
+
+async def _columns(kube: Kube, name: str) -> dict[str, str]:
+    """`kubectl get webhookeventtypes NAME`, by column: cut at the headers'
+    offsets, as an empty cell leaves only spaces."""
+    header, row = (await kube.run("get", "webhookeventtypes", name)).splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
 async def _versions(db: asyncpg.Connection, name: str) -> list[int]:
@@ -78,10 +88,15 @@ async def test_kubectl_apply_stores_the_type_and_edits_and_deletion_follow(kube,
     assert await _versions(db, "order.paid") == [1, 2]
 
     # kubectl get shows the name, then the CRD's printer columns.
-    lines = (await kube.run("get", "webhookeventtypes", "order.paid")).splitlines()
-    headers = lines[0].split()
-    assert headers == ["NAME", *(c["name"].upper() for c in EVENTTYPE_PRINTER_COLUMNS)]
-    assert lines[1].split()[:5] == ["order.paid", "order.paid", "Orders", "2", "<none>"]
+    columns = await _columns(kube, "order.paid")
+    assert list(columns) == ["NAME", *(c["name"].upper() for c in EVENTTYPE_PRINTER_COLUMNS)]
+    assert [columns[c] for c in ("NAME", "TYPE", "GROUP", "LATEST", "DEPRECATED")] == [
+        "order.paid",
+        "order.paid",
+        "Orders",
+        "2",
+        "",
+    ]
 
     # Version 1 dropped, version 3 added, deprecated: stored in one go.
     edited = _doc("order.paid", deprecated={"since": "2026-09-30"})
@@ -94,8 +109,8 @@ async def test_kubectl_apply_stores_the_type_and_edits_and_deletion_follow(kube,
     assert await _versions(db, "order.paid") == [2, 3]
     deprecated = await db.fetchval("SELECT deprecated_since FROM catalogue_types WHERE name = 'order.paid'")
     assert str(deprecated) == "2026-09-30"
-    lines = (await kube.run("get", "webhookeventtypes", "order.paid")).splitlines()
-    assert lines[1].split()[:5] == ["order.paid", "order.paid", "Orders", "3", "2026-09-30"]
+    columns = await _columns(kube, "order.paid")
+    assert (columns["LATEST"], columns["DEPRECATED"]) == ("3", "2026-09-30")
 
     await kube.run("delete", "webhookeventtype", "order.paid", "--timeout=30s")
     assert await db.fetchval("SELECT count(*) FROM catalogue_types") == 0
