@@ -60,10 +60,11 @@ async def sync(
         _report(patch, status, generation, Condition(False, Reason.INVALID_SPEC, str(exc)))
         return
     try:
-        async with store.acquire(memo.pool) as conn:
+        async with store.acquire(memo.pool) as conn, conn.transaction():
             renamed = _stored_name(name, old)
             if renamed is not None and renamed != checked.name:
-                # spec.name changed (only its case can): the old type goes.
+                # spec.name changed (only its case can): the old type goes,
+                # in the transaction that stores the new one.
                 await store.delete_event_type(conn, renamed, store.EventTypeSource.KUBERNETES)
             applied = await store.apply_event_type(conn, checked, store.EventTypeSource.KUBERNETES)
     except StoreError as exc:
@@ -92,11 +93,11 @@ async def delete(*, name: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Lo
     type_name = _stored_name(name, body.get("spec"))
     if type_name is None:
         return
-    async with store.acquire(memo.pool) as conn:
-        try:
+    try:
+        async with store.acquire(memo.pool) as conn:
             removed = await store.delete_event_type(conn, type_name, store.EventTypeSource.KUBERNETES)
-        except StoreError as exc:
-            raise kopf_error(exc) from exc
+    except StoreError as exc:
+        raise kopf_error(exc) from exc
     if removed.found:
         logger.info(f"{type_name} removed from the catalogue")
     elif removed.held_by is not None:

@@ -112,6 +112,15 @@ async def test_kubectl_apply_stores_the_type_and_edits_and_deletion_follow(kube,
     columns = await _columns(kube, "order.paid")
     assert (columns["LATEST"], columns["DEPRECATED"]) == ("3", "2026-09-30")
 
+    # spec.name may change the type's case only (its resource name stays):
+    # the old type gives way to the new one in one transaction.
+    edited["spec"]["name"] = "Order.Paid"
+    await kube.apply(edited)
+    body = await wait_for(lambda: _ready(kube, "order.paid", "Synced", generation=3))
+    assert body["status"]["type"] == "Order.Paid"
+    assert [r["name"] for r in await db.fetch("SELECT name FROM catalogue_types")] == ["Order.Paid"]
+    assert await _versions(db, "Order.Paid") == [2, 3]
+
     await kube.run("delete", "webhookeventtype", "order.paid", "--timeout=30s")
     assert await db.fetchval("SELECT count(*) FROM catalogue_types") == 0
     assert await db.fetchval("SELECT count(*) FROM catalogue_versions") == 0
