@@ -52,8 +52,8 @@ exactly these rules against a real API server.
 - apiGroups: [hooklane.io]
   resources: [webhookeventtypes/status]
   verbs: [patch]
-# kopf notices the WebhookEndpoint, WebhookEventType and peering CRDs being installed or
-# upgraded without a restart.
+# kopf notices the WebhookEndpoint, WebhookEventType and peering CRDs being
+# installed or upgraded without a restart.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
