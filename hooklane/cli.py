@@ -20,7 +20,8 @@ import asyncpg
 import uvloop
 
 from hooklane import __version__, store, tracing
-from hooklane.bounded_yaml import MAX_MANIFEST_BYTES, load_yaml_documents
+from hooklane.bounded_yaml import MAX_MANIFEST_BYTES, load_yaml, load_yaml_documents
+from hooklane.catalogue import MAX_SCHEMA_BYTES, is_type_name, load_manifests, resource_name_for
 from hooklane.catalogue_openapi import export_title, openapi_document
 from hooklane.checks import check_name, check_namespace
 from hooklane.delivery import RequestTerms, SecretProblem, resolve, secrets_of
@@ -164,6 +165,26 @@ def _parser() -> argparse.ArgumentParser:
             )
         if action == "replay":
             p.add_argument("--since", required=True, help="RFC 3339 time with a timezone")
+
+    eventtype = sub.add_parser(
+        "eventtype", help="the event catalogue's types in local mode (without Kubernetes)"
+    )
+    etsub = eventtype.add_subparsers(dest="eventtype_command", required=True, metavar="ACTION")
+    et_apply = etsub.add_parser(
+        "apply",
+        help="create or update event types from WebhookEventType manifests (--- between them)",
+    )
+    et_apply.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        help="the manifests (YAML), or - for stdin; schema files they refer to are read relative to it",
+    )
+    etsub.add_parser("list", help="every event type of the catalogue, by name")
+    et_delete = etsub.add_parser(
+        "delete", help="remove an event type applied in local mode, with its versions"
+    )
+    et_delete.add_argument("name", help="the event type, as events carry it (order.paid)")
 
     delivery = sub.add_parser("delivery", help="one delivery and its attempts")
     dlsub = delivery.add_subparsers(dest="delivery_command", required=True, metavar="ACTION")
@@ -500,6 +521,84 @@ async def _endpoint(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _eventtype(args: argparse.Namespace, settings: Settings) -> int:
+    """Event types in local mode: written as source 'local', which the
+    operator's WebhookEventTypes never overwrite or delete (nor these them)."""
+    action = args.eventtype_command
+    if action == "apply":
+        return await _eventtype_apply(args, settings)
+    if action == "list":
+        async with _database(settings) as conn:
+            types = await store.applied_event_types(conn)
+        _print_table(
+            ["NAME", "GROUP", "LATEST", "VERSIONS", "DEPRECATED", "ARCHIVED", "SOURCE"],
+            [
+                [
+                    t.name,
+                    t.group or "-",
+                    t.latest or "-",
+                    t.versions,
+                    t.deprecated_since or "-",
+                    "yes" if t.archived else "no",
+                    t.source,
+                ]
+                for t in types
+            ],
+        )
+        return 0
+    name = args.name
+    if not is_type_name(name):
+        raise InvalidInput("name", f"must be an event type like 'order.paid', not {shown(name)}")
+    async with _database(settings) as conn:
+        removed = await store.delete_event_type(conn, name, store.EventTypeSource.LOCAL)
+    if removed.found:
+        print(f"webhookeventtype {name} deleted")
+        return 0
+    if removed.held_by is not None:
+        print(
+            f"hooklane: {name} was applied from Kubernetes (a WebhookEventType): "
+            f"delete it there (kubectl delete webhookeventtype {resource_name_for(name)})",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"hooklane: no event type {name}", file=sys.stderr)
+    return 1
+
+
+async def _eventtype_apply(args: argparse.Namespace, settings: Settings) -> int:
+    raw = read_bounded(args.filename, "--filename", MAX_MANIFEST_BYTES, stdin=True)
+    # Schema files are named relative to the manifest (to the working
+    # directory for stdin, whose dirname is "").
+    specs = load_manifests(raw, "--filename", _schema_file, args.filename)
+    refused = 0
+    async with _database(settings) as conn:
+        for spec in specs:
+            applied = await store.apply_event_type(conn, spec, store.EventTypeSource.LOCAL)
+            if applied.held_by is not None:
+                refused += 1
+                print(
+                    f"hooklane: {spec.name} was applied from Kubernetes (a WebhookEventType): "
+                    "left as it is; change it there",
+                    file=sys.stderr,
+                )
+                continue
+            done = "created" if applied.created else "configured"
+            print(f"webhookeventtype {spec.name} {done} (latest version {spec.latest})")
+            if applied.removed_versions:
+                print(
+                    f"  versions no longer listed, removed: {', '.join(map(str, applied.removed_versions))}"
+                )
+    return 2 if refused else 0
+
+
+def _schema_file(target: str, here: str) -> tuple[Any, str]:
+    """A schema file a manifest refers to, by a path relative to the file
+    holding the reference; YAML or JSON."""
+    path = os.path.normpath(os.path.join(os.path.dirname(here), target))
+    raw = read_bounded(path, target, MAX_SCHEMA_BYTES)
+    return load_yaml(raw, target), path
+
+
 async def _over_bounds(settings: Settings) -> int:
     """The endpoints tenants made in the portal's namespace that hold more
     than the platform's current bounds let a tenant choose: kept as they
@@ -737,6 +836,7 @@ _COMMANDS = {
     "publisher": _publisher,
     "catalogue": _catalogue,
     "endpoint": _endpoint,
+    "eventtype": _eventtype,
     "status": _status,
     "events": _events,
     "delivery": _delivery,

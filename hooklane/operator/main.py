@@ -8,7 +8,7 @@ import secrets
 import kopf
 
 from hooklane.errors import InvalidInput
-from hooklane.operator import handlers
+from hooklane.operator import eventtypes, handlers
 from hooklane.settings import Settings
 
 
@@ -16,7 +16,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hooklane operator",
         description="Sync WebhookEndpoint resources into Postgres (HOOKLANE_DATABASE_URL) "
-        "and write their queue health back onto their status. See docs/operator.md.",
+        "and write their queue health back onto their status, and WebhookEventType resources "
+        "(cluster-scoped, watched in every mode) into the event catalogue. See docs/operator.md.",
     )
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument(
@@ -50,6 +51,7 @@ def main(argv: list[str]) -> int:
         raise InvalidInput("HOOKLANE_DATABASE_URL", "is not set: point it at the PostgreSQL database")
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
+    eventtypes.register(registry)
     kopf.run(
         registry=registry,
         memo=kopf.Memo(config=config),

@@ -60,6 +60,9 @@ class Reason(StrEnum):
     UNSIGNED = "NoSigningSecret"
     # The URL leads to an address the destination guard refuses (hooklane/guard.py).
     DESTINATION_DENIED = "DestinationNotAllowed"
+    # A WebhookEventType's name is held by a type `hooklane eventtype apply`
+    # stored (local mode), which the operator neither overwrites nor deletes.
+    DECLARED_LOCALLY = "DeclaredLocally"
 
 
 class EventReason(StrEnum):

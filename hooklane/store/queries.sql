@@ -1592,3 +1592,75 @@ FROM (SELECT role, array_agg(tenant ORDER BY tenant NULLS FIRST) AS tenants
       FROM publisher_scopes GROUP BY role) AS s
 FULL JOIN (SELECT * FROM roles WHERE execute_v1 OR execute_v2) AS r ON r.role = s.role
 ORDER BY 1;
+
+-- The event catalogue: applied types (operator, CLI)
+
+-- name: upsert_catalogue_type
+-- Create or update one event type of the catalogue, unless the other
+-- source wrote it: a type the CLI applied ('local') is not overwritten by
+-- the operator ('kubernetes'), nor the other way round. No row comes back
+-- then. updated_at moves only when something changed.
+-- Parameters: name, description, type_group, deprecated_since, archived,
+-- source. Index: catalogue_types primary key (name).
+INSERT INTO catalogue_types AS t (name, description, type_group, deprecated_since, archived, source)
+VALUES (%(name)s, %(description)s, %(type_group)s, %(deprecated_since)s, %(archived)s, %(source)s)
+ON CONFLICT (name) DO UPDATE
+SET description = EXCLUDED.description,
+    type_group = EXCLUDED.type_group,
+    deprecated_since = EXCLUDED.deprecated_since,
+    archived = EXCLUDED.archived,
+    updated_at = CASE
+        WHEN (t.description, t.type_group, t.deprecated_since, t.archived)
+             IS DISTINCT FROM (EXCLUDED.description, EXCLUDED.type_group, EXCLUDED.deprecated_since,
+                               EXCLUDED.archived)
+        THEN now() ELSE t.updated_at END
+WHERE t.source = EXCLUDED.source
+RETURNING (xmax = 0) AS created;
+
+-- name: upsert_catalogue_versions
+-- Write every listed version of a type (its schema, example and the
+-- schema's digest, md5 of its jsonb text), in the arrays' order; a version
+-- whose schema and example are unchanged is not written again.
+-- Parameters: name, versions (integer[]), schemas (text[] of JSON),
+-- examples (text[] of JSON). Index: catalogue_versions primary key.
+INSERT INTO catalogue_versions AS v (type, version, schema, example, digest)
+SELECT %(name)s, l.version, CAST(l.schema AS jsonb), CAST(l.example AS jsonb), md5(CAST(l.schema AS jsonb)::text)
+FROM unnest(%(versions)s::integer[], %(schemas)s::text[], %(examples)s::text[]) AS l (version, schema, example)
+ON CONFLICT (type, version) DO UPDATE
+SET schema = EXCLUDED.schema, example = EXCLUDED.example, digest = EXCLUDED.digest
+WHERE (v.schema, v.example) IS DISTINCT FROM (EXCLUDED.schema, EXCLUDED.example)
+RETURNING version;
+
+-- name: delete_catalogue_versions_unlisted
+-- Remove the versions of a type its spec no longer lists.
+-- Parameters: name, versions (integer[]). Index: catalogue_versions
+-- primary key (type, version), by its leading column.
+DELETE FROM catalogue_versions
+WHERE type = %(name)s AND version <> ALL (%(versions)s::integer[])
+RETURNING version;
+
+-- name: catalogue_type_source
+-- Who wrote a type, if anyone: 'kubernetes' or 'local'.
+-- Parameters: name. Index: catalogue_types primary key (name).
+SELECT source FROM catalogue_types WHERE name = %(name)s;
+
+-- name: delete_catalogue_type
+-- Remove a type and, by the foreign key's cascade, its versions, when this
+-- source wrote it; the other source's row of the same name stays.
+-- Parameters: name, source. Index: catalogue_types primary key (name);
+-- catalogue_versions primary key for the cascade.
+DELETE FROM catalogue_types WHERE name = %(name)s AND source = %(source)s
+RETURNING name;
+
+-- name: catalogue_types_applied
+-- Every type of the catalogue by name, with its latest version and how
+-- many versions it has: `hooklane eventtype list`.
+-- Parameters: none. Index: catalogue_types primary key, in order;
+-- catalogue_versions primary key per type.
+SELECT t.name, t.type_group, t.deprecated_since, t.archived, t.source, t.updated_at,
+       v.latest, coalesce(v.versions, 0) AS versions
+FROM catalogue_types t
+LEFT JOIN LATERAL (
+    SELECT max(version) AS latest, count(*) AS versions FROM catalogue_versions WHERE type = t.name
+) AS v ON true
+ORDER BY t.name;

@@ -51,6 +51,7 @@ def test_helm_installs_the_chart_with_its_crds(tools, bare_control_plane):
         "--for=condition=Established",
         "--timeout=30s",
         "crd/webhookendpoints.hooklane.io",
+        "crd/webhookeventtypes.hooklane.io",
         "crd/clusterkopfpeerings.kopf.dev",
         "crd/kopfpeerings.kopf.dev",
     )
@@ -62,7 +63,7 @@ def test_helm_installs_the_chart_with_its_crds(tools, bare_control_plane):
         "deployment.apps/hooklane-worker",
     ]
     # The example endpoints pass the installed CRD's validation.
-    for example in ("endpoint.yaml", "endpoint-delivery.yaml"):
+    for example in ("endpoint.yaml", "endpoint-delivery.yaml", "eventtypes/order-paid.yaml"):
         cp.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(ROOT / "examples" / example))
     hooks = tools.helm(
         "template",

@@ -399,6 +399,8 @@ def test_every_alert_is_shown_to_fire_and_to_stay_quiet(tools, rules_dir):
 ALLOWED_VERBS = {
     "webhookendpoints": {"list", "watch", "patch"},
     "webhookendpoints/status": {"patch"},
+    "webhookeventtypes": {"list", "watch", "patch"},
+    "webhookeventtypes/status": {"patch"},
     "secrets": {"list", "watch"},
     "events": {"create"},
     "clusterkopfpeerings": {"list", "watch", "patch"},
@@ -438,6 +440,8 @@ def test_operator_rbac_for_some_namespaces(tools):
     )
     cluster_role = one(docs, "ClusterRole")
     assert grants(cluster_role) == {
+        "webhookeventtypes": {"list", "watch", "patch"},
+        "webhookeventtypes/status": {"patch"},
         "customresourcedefinitions": {"list", "watch"},
         "namespaces": {"list", "watch"},
     }
@@ -447,7 +451,14 @@ def test_operator_rbac_for_some_namespaces(tools):
         assert grants(role) == {
             k: v
             for k, v in ALLOWED_VERBS.items()
-            if k not in ("clusterkopfpeerings", "customresourcedefinitions", "namespaces")
+            if k
+            not in (
+                "clusterkopfpeerings",
+                "customresourcedefinitions",
+                "namespaces",
+                "webhookeventtypes",
+                "webhookeventtypes/status",
+            )
         }
     bindings = [d for d in docs if d["kind"] == "RoleBinding"]
     assert {(b["metadata"]["namespace"], b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings} == {

@@ -42,8 +42,18 @@ exactly these rules against a real API server.
 
 {{/* Rules on cluster-scoped objects, needed in both modes. */}}
 {{- define "hooklane.operator.clusterRules" -}}
-# kopf notices the WebhookEndpoint and peering CRDs being installed or
-# upgraded without a restart.
+# The event catalogue's types (cluster-scoped, so watched in both modes):
+# list and watch them; patch for its finalizer and kopf's annotations. No
+# get, create, update or delete: the platform owns WebhookEventTypes.
+- apiGroups: [hooklane.io]
+  resources: [webhookeventtypes]
+  verbs: [list, watch, patch]
+# Ready, the stored type and its latest version, written back onto each.
+- apiGroups: [hooklane.io]
+  resources: [webhookeventtypes/status]
+  verbs: [patch]
+# kopf notices the WebhookEndpoint, WebhookEventType and peering CRDs being
+# installed or upgraded without a restart.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
