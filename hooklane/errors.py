@@ -97,6 +97,15 @@ class CatalogueRefused(InvalidInput):
     and the schema's rule). Nothing of it was stored, and the caller's
     transaction is still usable."""
 
+    @property
+    def reason(self) -> str:
+        """The refusal's reason as table catalogue_refusals records it:
+        'schema', 'archived' or 'unknown' (the function's wording of each,
+        migration 0024)."""
+        if self.field == "data":
+            return "schema"
+        return "archived" if " is archived in the event catalogue" in self.message else "unknown"
+
 
 class EventConflict(InvalidInput):
     """An event id the tenant already published, with different content.

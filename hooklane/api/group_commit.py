@@ -55,6 +55,7 @@ import asyncpg
 from hooklane import metrics, store
 from hooklane.api.shares import Connect
 from hooklane.errors import (
+    CatalogueRefused,
     DatabaseUnreachable,
     InvalidInput,
     OutcomeUnknown,
@@ -356,6 +357,16 @@ async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | Non
         await savepoint.commit()
         return None
     await savepoint.rollback()
+    # The rollback took the catalogue's refusal rows with it; the
+    # transaction goes on, so they are counted as a single event's are.
+    await store.record_catalogue_refusals(
+        conn,
+        [
+            (unit.events[order[p]].tenant, unit.events[order[p]].type, r)
+            for p, r in sorted(refused.items())
+            if isinstance(r, CatalogueRefused)
+        ],
+    )
     first = min(refused, key=lambda position: order[position])
     return Conflict(order[first], refused[first])
 

@@ -4,13 +4,13 @@ the PL/Python validator the modes warn and enforce need."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from importlib import resources
 
 import asyncpg
 
-from hooklane.errors import InvalidInput, StoreError
+from hooklane.errors import CatalogueRefused, InvalidInput, StoreError
 from hooklane.store.queries import QUERIES
 
 MODES = ("off", "warn", "enforce")
@@ -29,16 +29,6 @@ class TenantMode:
 
     tenant: str
     mode: str
-
-
-@dataclass(frozen=True)
-class DeprecatedUse:
-    """How many events of a deprecated type a tenant published."""
-
-    type: str
-    tenant: str
-    events: int
-    last_at: datetime
 
 
 def check_mode(value: str) -> str:
@@ -111,8 +101,36 @@ async def catalogue_type_count(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval(*QUERIES["catalogue_type_count"]()))
 
 
-async def catalogue_deprecated_counts(conn: asyncpg.Connection, since: datetime) -> list[DeprecatedUse]:
-    """The events of deprecated types published since ``since``, per type
-    and tenant."""
-    rows = await conn.fetch(*QUERIES["catalogue_deprecated_counts"](since=since))
-    return [DeprecatedUse(r["type"], r["tenant"], r["events"], r["last_at"]) for r in rows]
+async def record_catalogue_refusals(
+    conn: asyncpg.Connection, refused: Sequence[tuple[str, str, CatalogueRefused]]
+) -> None:
+    """Write again the refusal rows of ``refused`` (tenant, type, refusal),
+    whose transaction rolled back to a savepoint before the row's and goes
+    on: an API batch refused whole."""
+    if refused:
+        await conn.execute(
+            *QUERIES["record_catalogue_refusals"](
+                tenants=[tenant for tenant, _, _ in refused],
+                types=[type for _, type, _ in refused],
+                reasons=[r.reason for _, _, r in refused],
+                messages=[r.message for _, _, r in refused],
+            )
+        )
+
+
+async def purge_catalogue_refusals(
+    conn: asyncpg.Connection, retention_seconds: float, batch: int = 1000
+) -> int:
+    """Drop the refusals past retention, a batch at a time, oldest first;
+    returns how many. A producer refused a thousand times a second writes
+    as many rows: they go as its events would."""
+    purged = 0
+    while True:
+        deleted = int(
+            await conn.fetchval(
+                *QUERIES["purge_catalogue_refusals"](retention_seconds=retention_seconds, batch_size=batch)
+            )
+        )
+        purged += deleted
+        if deleted < batch:
+            return purged

@@ -244,6 +244,22 @@ CROSS JOIN LATERAL hooklane_try_publish_v1(x.tenant, x.type, x.data::jsonb, x.id
 WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
 
+-- name: purge_catalogue_refusals
+-- Delete one batch of the catalogue's refusals past retention (the events'
+-- retention: they are counted beside the events), oldest first; returns
+-- how many.
+-- Parameters: retention_seconds, batch_size.
+-- Index: catalogue_refusals_refused_at, from its start.
+WITH gone AS (
+    DELETE FROM catalogue_refusals r
+    WHERE r.ctid IN (SELECT o.ctid FROM catalogue_refusals o
+                     WHERE o.refused_at < now() - make_interval(secs => %(retention_seconds)s)
+                     ORDER BY o.refused_at
+                     LIMIT %(batch_size)s)
+    RETURNING 1
+)
+SELECT count(*) AS deleted FROM gone;
+
 -- name: catalogue_check_installed
 -- Whether hooklane_catalogue_problem_v1 exists (catalogue_check.sql ran):
 -- a mode other than 'off' needs it.
@@ -287,16 +303,15 @@ SELECT coalesce((SELECT m.mode FROM catalogue_modes m WHERE m.tenant IN (%(tenan
 -- table of a row per type).
 SELECT count(*) FROM catalogue_types;
 
--- name: catalogue_deprecated_counts
--- The events of deprecated types published since a time, per type and
--- tenant (hooklane_try_publish_v1 marks them schema_deprecated).
--- Parameters: since. Index: events_schema_deprecated (partial: only those
--- events are in it).
-SELECT type, tenant, count(*) AS events, max(created_at) AS last_at
-FROM events
-WHERE schema_deprecated AND created_at >= %(since)s
-GROUP BY type, tenant
-ORDER BY type, tenant;
+-- name: record_catalogue_refusals
+-- The catalogue's refusals of an API batch refused whole: rolling back to
+-- the batch's savepoint undid the rows the publish function wrote, and
+-- the API's transaction goes on, so it writes them again.
+-- Parameters: tenants, types, reasons, messages, arrays of equal length.
+-- Index: none read (an insert; catalogue_refusals_refused_at is
+-- maintained).
+INSERT INTO catalogue_refusals (tenant, type, reason, message)
+SELECT * FROM unnest(%(tenants)s::text[], %(types)s::text[], %(reasons)s::text[], %(messages)s::text[]);
 
 -- name: pending_endpoints
 -- The deliverable endpoints of the partitions with pending deliveries,
@@ -944,15 +959,19 @@ WHERE d.id = %(id)s
 -- name: event_type_counts
 -- Per event type, across tenants: the events kept although no endpoint
 -- matched them (unrouted) since `since` and in all (as long as they are
--- retained), and the publishes the catalogue's check refused since
--- `since`, by reason. The types with the most since `since` first, then
--- the most unrouted in all, then by name; `limit` of them after `offset`
--- (a page), each row with the number of types there are (`types`).
+-- retained); the publishes the catalogue's check refused since `since`,
+-- by reason; and the events it stored marked since `since`: under 'warn'
+-- (schema_problem), or of a deprecated type. The types with the most
+-- since `since` first, then the most unrouted in all, then by name;
+-- `limit` of them after `offset` (a page), each row with the number of
+-- types there are (`types`).
 -- Parameters: since, limit, offset.
 -- Index: events_unrouted, a partial index holding the unrouted events
 -- only (so its whole is read: as many entries as unrouted events are
 -- retained, however many routed ones there are); catalogue_refusals_refused_at
--- for the refusals since `since` (the range only).
+-- for the refusals since `since` (the range only); events_schema_problem
+-- and events_schema_deprecated, partial, for the marked events (the range
+-- of each, combined by a BitmapOr).
 WITH unrouted AS (
     SELECT e.type, count(*) AS total, count(*) FILTER (WHERE e.created_at >= %(since)s) AS recent
     FROM events e
@@ -966,17 +985,29 @@ WITH unrouted AS (
     FROM catalogue_refusals r
     WHERE r.refused_at >= %(since)s
     GROUP BY r.type
+), marked AS (
+    SELECT e.type,
+           count(*) FILTER (WHERE e.schema_problem IS NOT NULL) AS warned,
+           count(*) FILTER (WHERE e.schema_deprecated) AS deprecated
+    FROM events e
+    WHERE (e.schema_problem IS NOT NULL AND e.created_at >= %(since)s)
+       OR (e.schema_deprecated AND e.created_at >= %(since)s)
+    GROUP BY e.type
 ), counted AS (
-    SELECT coalesce(u.type, r.type) AS type,
+    SELECT t.type,
            coalesce(u.recent, 0) AS unrouted_recent, coalesce(u.total, 0) AS unrouted_total,
            coalesce(r.unknown, 0) AS refused_unknown, coalesce(r.archived, 0) AS refused_archived,
-           coalesce(r.schema, 0) AS refused_schema
-    FROM unrouted u
-    FULL JOIN refused r ON r.type = u.type
+           coalesce(r.schema, 0) AS refused_schema,
+           coalesce(m.warned, 0) AS warned_recent, coalesce(m.deprecated, 0) AS deprecated_recent
+    FROM (SELECT type FROM unrouted UNION SELECT type FROM refused UNION SELECT type FROM marked) t
+    LEFT JOIN unrouted u ON u.type = t.type
+    LEFT JOIN refused r ON r.type = t.type
+    LEFT JOIN marked m ON m.type = t.type
 )
 SELECT c.*, count(*) OVER () AS types
 FROM counted c
-ORDER BY c.unrouted_recent + c.refused_unknown + c.refused_archived + c.refused_schema DESC,
+ORDER BY c.unrouted_recent + c.refused_unknown + c.refused_archived + c.refused_schema
+         + c.warned_recent + c.deprecated_recent DESC,
          c.unrouted_total DESC, c.type
 LIMIT %(limit)s OFFSET %(offset)s;
 

@@ -146,10 +146,10 @@ CREATE INDEX events_tenant_xact ON events (tenant, xact, id) INCLUDE (created_at
 CREATE INDEX events_xact ON events (xact);
 -- unrouted_events: events that matched no endpoint, kept and counted
 CREATE INDEX events_unrouted ON events (created_at) WHERE fanout = 0;
--- catalogue_counts: the events a warning marked, by time
+-- event_type_counts: the events a warning marked, by time
 CREATE INDEX events_schema_problem ON events (created_at) WHERE schema_problem IS NOT NULL;
--- catalogue_deprecated_counts: the events of deprecated types, by type and
--- time; only those are in it
+-- event_type_counts: the events of deprecated types, by type and time;
+-- only those are in it
 CREATE INDEX events_schema_deprecated ON events (type, created_at) WHERE schema_deprecated;
 
 -- ---------------------------------------------------------------------------
@@ -1818,7 +1818,6 @@ CREATE TABLE catalogue_refusals (
     reason     text NOT NULL CHECK (reason IN ('unknown', 'archived', 'schema')),
     message    text NOT NULL
 );
--- purge_refusals: past retention, oldest first
+-- purge_catalogue_refusals: past retention, oldest first; event_type_counts:
+-- the last day's
 CREATE INDEX catalogue_refusals_refused_at ON catalogue_refusals (refused_at);
--- catalogue_counts: one type's refusals over a time range
-CREATE INDEX catalogue_refusals_type ON catalogue_refusals (type, refused_at);

@@ -1,6 +1,7 @@
-"""Per event type, what publishers sent that reached nobody: the events
-kept unrouted and the publishes the catalogue's check refused (table
-catalogue_refusals, migration 0023), for the dashboard."""
+"""Per event type, what publishers sent that reached nobody or broke the
+catalogue: the events kept unrouted, the publishes the catalogue's check
+refused (table catalogue_refusals, migration 0023) and the events it
+marked (warned, deprecated), for the dashboard."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from hooklane.store.queries import QUERIES
 @dataclass(frozen=True)
 class TypeCounts:
     """One type's counts: unrouted since the page's ``since`` and in all
-    (retained), and refused since ``since`` by reason."""
+    (retained), refused since ``since`` by reason, and stored since
+    ``since`` marked by the catalogue's check: under 'warn', or of a
+    deprecated type."""
 
     type: str
     unrouted_recent: int
@@ -23,6 +26,8 @@ class TypeCounts:
     refused_unknown: int
     refused_archived: int
     refused_schema: int
+    warned_recent: int
+    deprecated_recent: int
 
     @property
     def refused_recent(self) -> int:
@@ -51,6 +56,8 @@ async def event_type_counts(
                 r["refused_unknown"],
                 r["refused_archived"],
                 r["refused_schema"],
+                r["warned_recent"],
+                r["deprecated_recent"],
             )
             for r in rows
         ],

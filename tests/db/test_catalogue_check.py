@@ -212,8 +212,12 @@ async def test_deprecated_types_are_accepted_and_counted(db: asyncpg.Connection)
         assert (await try_publish(db, "order.legacy", GOOD))["stored"]
         assert (await try_publish(db, "order.later", GOOD))["stored"]
     since = await db.fetchval("SELECT now() - interval '1 hour'")
-    counted = await store.catalogue_deprecated_counts(db, since)
-    assert [(c.type, c.tenant, c.events) for c in counted] == [("order.legacy", "acme", 2)]
+    counted = await store.event_type_counts(db, since, limit=10)
+    # Both unrouted (no endpoint here); only the one past its date counted.
+    assert [(c.type, c.deprecated_recent, c.unrouted_recent) for c in counted.counts] == [
+        ("order.legacy", 2, 2),
+        ("order.later", 0, 2),
+    ]
     assert await refusals(db) == []
 
 
@@ -235,6 +239,23 @@ async def test_warn_stores_and_marks(db: asyncpg.Connection) -> None:
         (1, None),
     ]
     assert await refusals(db) == []
+    since = await db.fetchval("SELECT now() - interval '1 hour'")
+    counted = await store.event_type_counts(db, since, limit=10)
+    assert sorted((c.type, c.warned_recent, c.unrouted_recent) for c in counted.counts) == [
+        ("order.paid", 1, 2),
+        ("order.payed", 1, 1),
+    ]
+
+
+async def test_refusals_go_after_the_events_retention(db: asyncpg.Connection) -> None:
+    await db.execute(
+        """INSERT INTO catalogue_refusals (tenant, type, reason, message, refused_at)
+           SELECT 'acme', 'order.payed', 'unknown', 'm', now() - make_interval(days => n)
+           FROM generate_series(1, 5) n"""
+    )
+    assert await store.purge_catalogue_refusals(db, 2.5 * 86400, batch=2) == 3
+    kept = await db.fetchval("SELECT count(*) FROM catalogue_refusals")
+    assert kept == 2
 
 
 async def test_a_tenant_mode_outranks_the_default(db: asyncpg.Connection) -> None:
@@ -496,8 +517,10 @@ async def test_the_api_refuses_an_invalid_event_alone_and_in_a_batch(
     assert await db.fetchval("SELECT count(*) FROM events") == 0
     assert await post(client, "/v1/events", paid("good", GOOD)) == (202, {"id": "good"})
     # The single ones refused without a savepoint: their rows committed
-    # with the group's transaction. The batch's went with its savepoint.
+    # with the group's transaction; the batch's, undone with its savepoint,
+    # were written again after it.
     assert sorted(await refusals(db)) == [
+        ("acme", "order.paid", "schema"),
         ("acme", "order.paid", "schema"),
         ("acme", "order.payed", "unknown"),
     ]

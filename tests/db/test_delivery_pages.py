@@ -266,11 +266,12 @@ async def test_the_dashboard_counts_unrouted_and_refused_events_per_type(
     )
     status, page = await get(api, "/dashboard/event-types", ADMIN_AUTH)
     assert status == 200, page
-    # type, unrouted in the day and retained, refused in the day and by reason.
+    # type, unrouted in the day and retained, refused in the day and by
+    # reason, warned and deprecated in the day.
     assert type_rows(page) == [
-        ("order.payed", "3", "4", "2", "2", "0", "0"),
-        ("order.shipped", "0", "0", "3", "0", "1", "2"),
-        ("x.y", "1", "1", "0", "0", "0", "0"),
+        ("order.payed", "3", "4", "2", "2", "0", "0", "0", "0"),
+        ("order.shipped", "0", "0", "3", "0", "1", "2", "0", "0"),
+        ("x.y", "1", "1", "0", "0", "0", "0", "0", "0"),
     ]
     assert "Types 1 to 3 of 3" in page and 'class="next"' not in page
     # Every dashboard page links to it.

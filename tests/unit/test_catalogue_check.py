@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hooklane.errors import InvalidInput
+from hooklane.errors import CatalogueRefused, InvalidInput
 from hooklane.store.catalogue_check import check_mode, unavailable_reason
 from hooklane.store.events import catalogue_refusal
 
@@ -28,6 +28,18 @@ from hooklane.store.events import catalogue_refusal
 )
 def test_catalogue_refusals_are_told_apart(field: str, message: str, expected: bool) -> None:
     assert catalogue_refusal(field, message) is expected
+
+
+@pytest.mark.parametrize(
+    ("field", "message", "reason"),
+    [
+        ("type", "order.payed is not in the event catalogue (hooklane eventtype apply, ...)", "unknown"),
+        ("type", "order.old is archived in the event catalogue: it is no longer published", "archived"),
+        ("data", "data.amount: 'x' is not of type 'integer' (schema version 2, rule type)", "schema"),
+    ],
+)
+def test_a_refusal_names_its_reason_as_the_refusals_table_does(field: str, message: str, reason: str) -> None:
+    assert CatalogueRefused(field, message).reason == reason
 
 
 def test_modes() -> None:

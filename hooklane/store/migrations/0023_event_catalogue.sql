@@ -63,10 +63,9 @@ CREATE TABLE catalogue_refusals (
     reason     text NOT NULL CHECK (reason IN ('unknown', 'archived', 'schema')),
     message    text NOT NULL
 );
--- purge_refusals: past retention, oldest first
+-- purge_catalogue_refusals: past retention, oldest first; event_type_counts:
+-- the last day's
 CREATE INDEX catalogue_refusals_refused_at ON catalogue_refusals (refused_at);
--- catalogue_counts: one type's refusals over a time range
-CREATE INDEX catalogue_refusals_type ON catalogue_refusals (type, refused_at);
 
 -- What the check found of a stored event: the version it validated
 -- against (NULL: not checked, the mode was off or it is older than this
@@ -74,5 +73,5 @@ CREATE INDEX catalogue_refusals_type ON catalogue_refusals (type, refused_at);
 -- did, or it was not checked).
 ALTER TABLE events ADD COLUMN schema_version integer;
 ALTER TABLE events ADD COLUMN schema_problem text;
--- catalogue_counts: the events a warning marked, by time
+-- event_type_counts: the events a warning marked, by time
 CREATE INDEX events_schema_problem ON events (created_at) WHERE schema_problem IS NOT NULL;

@@ -50,8 +50,8 @@
 -- Whether the event's type was deprecated when it was published (NULL:
 -- it was not, or the type is not in the catalogue).
 ALTER TABLE events ADD COLUMN schema_deprecated boolean;
--- catalogue_deprecated_counts: the events of deprecated types, by type
--- and time; only those are in it.
+-- event_type_counts: the events of deprecated types, by type and time;
+-- only those are in it.
 CREATE INDEX events_schema_deprecated ON events (type, created_at) WHERE schema_deprecated;
 
 CREATE OR REPLACE FUNCTION hooklane_try_publish_v1(tenant text, type text, data jsonb, id text DEFAULT NULL,
