@@ -107,7 +107,8 @@ def test_defaults_render_the_operator_workers_api_and_migration(tools):
     assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 70
     job = one(docs, "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    # Then every tenant's default catalogue mode, the chart's catalogue.mode.
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate", "--catalogue-mode", "off"]
     api = one(docs, "Deployment", "-api")
     assert api["spec"]["replicas"] == 2
     assert api["spec"]["template"]["spec"]["containers"][0]["args"] == ["api"]
