@@ -314,6 +314,12 @@ async def window(
 FIGURES = ("p50_ms", "p99_ms", "postgres_us_per_event", "events_per_s")
 
 
+def ratio(value: float, main: float) -> float | None:
+    """``value`` over main's; None when main's measured nothing: a short
+    round's CPU can be under the kernel's 10 ms tick."""
+    return round(value / main, 3) if main else None
+
+
 def summarise(runs: list[dict]) -> list[dict]:
     """Medians over the rounds per setup and path, and over main's."""
     rows = []
@@ -328,7 +334,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         for setup in SETUPS:
             row = {"path": path, "setup": setup, **{f: round(v, 3) for f, v in medians[setup].items()}}
             if setup != "main":
-                row["over_main"] = {f: round(medians[setup][f] / medians["main"][f], 3) for f in FIGURES}
+                row["over_main"] = {f: ratio(medians[setup][f], medians["main"][f]) for f in FIGURES}
             rows.append(row)
     return rows
 
@@ -390,7 +396,7 @@ async def function_alone(publishers: list[Publisher], calls: int, rounds: int) -
             "setup": setup,
             "median_us": round(statistics.median(us), 1),
             "min_us": round(min(us), 1),
-            "over_main": round(statistics.median(us) / main, 3),
+            "over_main": ratio(statistics.median(us), main),
         }
         for setup, us in found.items()
     ]
