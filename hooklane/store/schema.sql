@@ -79,9 +79,13 @@ CREATE TABLE endpoints (
     -- Extra headers and TLS material, resolved from their Secrets and
     -- sealed like the signing secret (hooklane/delivery.py: RequestTerms).
     request_terms        text,
+    -- When the head of an ordering key dies (migration 0026): 'hold' the
+    -- key until the head is resent or discarded, or 'skip' it and go on.
+    ordering_on_dead     text NOT NULL DEFAULT 'hold',
     UNIQUE (namespace, name),
     CONSTRAINT endpoints_previous_secret_check
-        CHECK ((previous_secret IS NULL) = (previous_secret_until IS NULL))
+        CHECK ((previous_secret IS NULL) = (previous_secret_until IS NULL)),
+    CONSTRAINT endpoints_ordering_on_dead_check CHECK (ordering_on_dead IN ('hold', 'skip'))
 );
 
 -- publish: the active endpoints of one tenant
@@ -123,6 +127,8 @@ CREATE TABLE events (
     -- (migration 0024; NULL: it was not, or the type is not in the
     -- catalogue).
     schema_deprecated boolean,
+    -- The ordering key it was published with (migration 0026; NULL: none).
+    ordering_key text,
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
@@ -200,6 +206,10 @@ CREATE TABLE deliveries (
     -- delivery's. complete clears it once a later start or the clock has
     -- passed it.
     rate_tat        timestamptz,
+    -- An ordered delivery's key and its number among the key's deliveries
+    -- to this endpoint (migration 0026; NULL: unordered).
+    ordering_key    text,
+    ordering_seq    bigint,
     CONSTRAINT deliveries_event_fkey FOREIGN KEY (event_tenant, event_id)
         REFERENCES events (tenant, id) ON DELETE CASCADE
 );
@@ -238,10 +248,17 @@ CREATE INDEX deliveries_tenant_leased
 -- endpoint's bucket, its latest granted start, read newest first
 CREATE INDEX deliveries_rate ON deliveries (endpoint_id, rate_tat DESC) WHERE rate_tat IS NOT NULL;
 
--- publish: at most one pending delivery per entity and endpoint (coalescing)
+-- publish: at most one pending delivery per entity and endpoint
+-- (coalescing), of the unordered deliveries
 CREATE UNIQUE INDEX deliveries_coalesce
     ON deliveries (endpoint_id, coalesce_key)
-    WHERE state = 'pending' AND coalesce_key IS NOT NULL;
+    WHERE state = 'pending' AND coalesce_key IS NOT NULL AND ordering_key IS NULL;
+
+-- publish (the tail a coalesce key replaces), hooklane_ordering_advance_v1
+-- (the head and the next pending of a key): the ordered deliveries only
+CREATE UNIQUE INDEX deliveries_ordering ON deliveries (endpoint_id, ordering_key, ordering_seq)
+    WHERE ordering_key IS NOT NULL;
+
 
 -- resend_dead, discard_dead, endpoint_health (the dead count),
 -- upsert_endpoint (the discard): an endpoint's dead deliveries
@@ -258,6 +275,30 @@ CREATE INDEX deliveries_event ON deliveries (event_tenant, event_id);
 -- or changed; without it, listing a quiet endpoint's delivered rows would
 -- read the whole table.
 CREATE INDEX deliveries_endpoint ON deliveries (endpoint_id, id);
+
+-- ---------------------------------------------------------------------------
+-- Ordering keys (migration 0026): per endpoint and key, the last number
+-- given and the head, the one delivery of the key that may be due.
+
+CREATE TABLE ordering_keys (
+    endpoint_id bigint NOT NULL REFERENCES endpoints (id) ON DELETE CASCADE,
+    key         text NOT NULL,
+    last_seq    bigint NOT NULL,
+    head_seq    bigint,
+    -- When the head died and the endpoint holds (ordering_on_dead 'hold'):
+    -- the key waits until the head is resent or discarded.
+    held_since  timestamptz,
+    -- Heads that died and were skipped (ordering_on_dead 'skip').
+    skipped     bigint NOT NULL DEFAULT 0,
+    -- publish (the upsert), hooklane_ordering_advance_v1 (the lock)
+    PRIMARY KEY (endpoint_id, key)
+);
+
+-- ordering_keys_held, endpoint_health: an endpoint's keys held back
+CREATE INDEX ordering_keys_held ON ordering_keys (endpoint_id, held_since) WHERE held_since IS NOT NULL;
+
+-- hooklane_ordering_sweep_v1: the keys with something outstanding
+CREATE INDEX ordering_keys_outstanding ON ordering_keys (endpoint_id) WHERE head_seq IS NOT NULL;
 
 -- ---------------------------------------------------------------------------
 -- The attempt history (migration 0010).
@@ -1418,131 +1459,9 @@ CREATE FUNCTION hooklane_try_publish_v1(tenant text, type text, data jsonb, id t
                                         OUT error_code text, OUT error_field text, OUT error_message text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
-#variable_conflict use_column
-DECLARE
-    -- The arguments share their names with columns of events: the
-    -- statements below read columns by those names, and these copies.
-    p_tenant text := $1;
-    p_type text := $2;
-    p_data jsonb := $3;
-    p_key text := $5;
-    p_traceparent text := $6;
-    refusal record;
-    differs boolean;
-    check_mode text;
-    type_archived boolean;
-    type_deprecated boolean;
-    checked record;
-    p_version integer;
-    p_problem text;
-    refused_reason text;
 BEGIN
-    refusal := hooklane_publish_refusal_v1(p_tenant, p_type, p_data, $4, p_key, p_traceparent);
-    IF refusal.field IS NOT NULL THEN
-        error_code := 'WH422'; error_field := refusal.field; error_message := refusal.message;
-        RETURN;
-    END IF;
-    -- Index: publisher_scopes_role_tenant.
-    IF NOT pg_has_role(session_user, current_user, 'MEMBER')
-       AND NOT EXISTS (SELECT FROM publisher_scopes s
-                       WHERE s.role = session_user AND coalesce(s.tenant, '') IN ('', p_tenant)) THEN
-        error_code := 'WH403'; error_field := 'tenant';
-        error_message := format('role %s may not publish for tenant %s: its publishing scope does not '
-                                'include it (hooklane publisher grant)', session_user, p_tenant);
-        RETURN;
-    END IF;
-    -- The event catalogue's check (migration 0024). Index: the primary
-    -- keys of catalogue_modes and catalogue_types.
-    SELECT m.mode INTO check_mode
-    FROM catalogue_modes m
-    WHERE m.tenant IN (p_tenant, '')
-    ORDER BY m.tenant DESC
-    LIMIT 1;
-    SELECT t.archived, t.deprecated_since <= current_date INTO type_archived, type_deprecated
-    FROM catalogue_types t
-    WHERE t.name = p_type;
-    IF type_archived THEN
-        error_field := 'type'; refused_reason := 'archived';
-        error_message := format('%s is archived in the event catalogue: it is no longer published', p_type);
-    ELSIF coalesce(check_mode, 'off') = 'off' THEN
-        NULL;
-    ELSIF type_archived IS NULL THEN
-        -- Not in the catalogue (archived is NOT NULL in every row).
-        error_field := 'type'; refused_reason := 'unknown';
-        error_message := format('%s is not in the event catalogue (hooklane eventtype apply, or a '
-                                'WebhookEventType resource, adds it)', p_type);
-    ELSE
-        -- hooklane_catalogue_problem_v1 exists once a mode other than
-        -- 'off' was set (hooklane/store/catalogue_check.sql). The data goes
-        -- as text: the jsonb transform would make every number a Decimal,
-        -- which JSON Schema's "integer" refuses.
-        checked := hooklane_catalogue_problem_v1(p_type, p_data::text);
-        p_version := checked.version;
-        IF checked.problem IS NOT NULL THEN
-            error_field := 'data'; refused_reason := 'schema'; error_message := checked.problem;
-        END IF;
-    END IF;
-    IF refused_reason IS NOT NULL THEN
-        IF refused_reason = 'archived' OR check_mode = 'enforce' THEN
-            INSERT INTO catalogue_refusals (tenant, type, reason, message)
-            VALUES (p_tenant, p_type, refused_reason, error_message);
-            error_code := 'WH422';
-            RETURN;
-        END IF;
-        -- 'warn': stored, and marked.
-        p_problem := format('%s: %s', error_field, error_message);
-        error_field := NULL; error_message := NULL;
-    END IF;
-    event_id := coalesce($4, 'msg_' || replace(gen_random_uuid()::text, '-', ''));
-    WITH matched AS (
-        SELECT ep.id, ep.partition
-        FROM endpoints ep
-        WHERE ep.tenant = p_tenant
-          AND ep.state = 'active'
-          AND hooklane_type_matches(ep.event_types, p_type)
-    ),
-    event AS (
-        INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent,
-                            schema_version, schema_problem, schema_deprecated)
-        SELECT hooklane_try_publish_v1.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent,
-               p_version, p_problem, nullif(type_deprecated, false)
-        FROM matched
-        ON CONFLICT (tenant, id) DO NOTHING
-        RETURNING fanout
-    ),
-    -- Without a key: no row of deliveries_coalesce to conflict with.
-    queued AS (
-        INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
-        SELECT m.id, p_tenant, hooklane_try_publish_v1.event_id, NULL FROM matched m
-        WHERE p_key IS NULL AND EXISTS (SELECT FROM event)
-    ),
-    coalesced AS (
-        INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
-        SELECT m.id, p_tenant, hooklane_try_publish_v1.event_id, p_key FROM matched m
-        WHERE p_key IS NOT NULL AND EXISTS (SELECT FROM event)
-        ON CONFLICT (endpoint_id, coalesce_key)
-            WHERE state = 'pending' AND coalesce_key IS NOT NULL
-        DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
-    )
-    SELECT e.fanout INTO fanout FROM event e;
-    stored := fanout IS NOT NULL;
-    IF stored THEN
-        RETURN;
-    END IF;
-    -- A new statement, so a new snapshot (read committed): it sees the
-    -- event another transaction committed while the insert waited on it.
-    SELECT NOT (e.type = p_type AND e.data = p_data AND e.coalesce_key IS NOT DISTINCT FROM p_key)
-    INTO differs
-    FROM events e
-    WHERE e.tenant = p_tenant AND e.id = hooklane_try_publish_v1.event_id;
-    IF differs THEN
-        error_code := 'WH409'; error_field := 'id';
-        error_message := format('%s was already published by this tenant with different content '
-                                '(type, data or coalesce_key); an id names one event',
-                                hooklane_try_publish_v1.event_id);
-        event_id := NULL;
-        stored := NULL;
-    END IF;
+    SELECT * INTO event_id, stored, fanout, error_code, error_field, error_message
+    FROM hooklane_try_publish_v3($1, $2, $3, $4, $5, $6, NULL);
 END;
 $$;
 
@@ -1653,6 +1572,643 @@ REVOKE EXECUTE ON FUNCTION hooklane_try_publish_v1(text, text, jsonb, text, text
                            hooklane_publish_v1(text, text, jsonb, text, text, text),
                            hooklane_try_publish_v2(text, text, text, text, text, text),
                            hooklane_publish_v2(text, text, text, text, text, text) FROM PUBLIC;
+
+-- hooklane_publish_refusal_v1's rules, with the ordering key's.
+CREATE FUNCTION hooklane_publish_refusal_v2(tenant text, type text, data jsonb, id text,
+                                            coalesce_key text, traceparent text, ordering_key text,
+                                            OUT field text, OUT message text)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    SELECT r.field, r.message INTO field, message
+    FROM hooklane_publish_refusal_v1(tenant, type, data, id, coalesce_key, traceparent) r;
+    IF field IS NOT NULL OR ordering_key IS NULL THEN
+        RETURN;
+    ELSIF octet_length(ordering_key) > 4 * 255 OR length(ordering_key) NOT BETWEEN 1 AND 255 THEN
+        field := 'ordering_key'; message := 'must be a string of 1 to 255 characters';
+    ELSIF ordering_key ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        field := 'ordering_key'; message := 'must not contain control characters';
+    END IF;
+END;
+$$;
+
+-- The outbox write, as hooklane_try_publish_v1 (migration 0024), with an
+-- optional ordering key. Index: endpoints_tenant; primary key of events;
+-- deliveries_coalesce for the ON CONFLICT of a keyed unordered publish;
+-- publisher_scopes_role_tenant; the primary keys of catalogue_modes,
+-- catalogue_types and ordering_keys; deliveries_ordering for the tail a
+-- coalesce key replaces.
+CREATE FUNCTION hooklane_try_publish_v3(tenant text, type text, data jsonb, id text DEFAULT NULL,
+                                        coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
+                                        ordering_key text DEFAULT NULL,
+                                        OUT event_id text, OUT stored boolean, OUT fanout integer,
+                                        OUT error_code text, OUT error_field text, OUT error_message text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- The arguments share their names with columns of events: the
+    -- statements below read columns by those names, and these copies.
+    p_tenant text := $1;
+    p_type text := $2;
+    p_data jsonb := $3;
+    p_key text := $5;
+    p_traceparent text := $6;
+    p_order text := $7;
+    refusal record;
+    differs boolean;
+    check_mode text;
+    type_archived boolean;
+    type_deprecated boolean;
+    checked record;
+    p_version integer;
+    p_problem text;
+    refused_reason text;
+    key_endpoints bigint[];
+    key_seqs bigint[];
+    key_heads bigint[];
+    moved bigint[];
+BEGIN
+    refusal := hooklane_publish_refusal_v2(p_tenant, p_type, p_data, $4, p_key, p_traceparent, p_order);
+    IF refusal.field IS NOT NULL THEN
+        error_code := 'WH422'; error_field := refusal.field; error_message := refusal.message;
+        RETURN;
+    END IF;
+    -- Index: publisher_scopes_role_tenant.
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER')
+       AND NOT EXISTS (SELECT FROM publisher_scopes s
+                       WHERE s.role = session_user AND coalesce(s.tenant, '') IN ('', p_tenant)) THEN
+        error_code := 'WH403'; error_field := 'tenant';
+        error_message := format('role %s may not publish for tenant %s: its publishing scope does not '
+                                'include it (hooklane publisher grant)', session_user, p_tenant);
+        RETURN;
+    END IF;
+    -- The event catalogue's check (migration 0024). Index: the primary
+    -- keys of catalogue_modes and catalogue_types.
+    SELECT m.mode INTO check_mode
+    FROM catalogue_modes m
+    WHERE m.tenant IN (p_tenant, '')
+    ORDER BY m.tenant DESC
+    LIMIT 1;
+    SELECT t.archived, t.deprecated_since <= current_date INTO type_archived, type_deprecated
+    FROM catalogue_types t
+    WHERE t.name = p_type;
+    IF type_archived THEN
+        error_field := 'type'; refused_reason := 'archived';
+        error_message := format('%s is archived in the event catalogue: it is no longer published', p_type);
+    ELSIF coalesce(check_mode, 'off') = 'off' THEN
+        NULL;
+    ELSIF type_archived IS NULL THEN
+        -- Not in the catalogue (archived is NOT NULL in every row).
+        error_field := 'type'; refused_reason := 'unknown';
+        error_message := format('%s is not in the event catalogue (hooklane eventtype apply, or a '
+                                'WebhookEventType resource, adds it)', p_type);
+    ELSE
+        -- hooklane_catalogue_problem_v1 exists once a mode other than
+        -- 'off' was set (hooklane/store/catalogue_check.sql). The data goes
+        -- as text: the jsonb transform would make every number a Decimal,
+        -- which JSON Schema's "integer" refuses.
+        checked := hooklane_catalogue_problem_v1(p_type, p_data::text);
+        p_version := checked.version;
+        IF checked.problem IS NOT NULL THEN
+            error_field := 'data'; refused_reason := 'schema'; error_message := checked.problem;
+        END IF;
+    END IF;
+    IF refused_reason IS NOT NULL THEN
+        IF refused_reason = 'archived' OR check_mode = 'enforce' THEN
+            INSERT INTO catalogue_refusals (tenant, type, reason, message)
+            VALUES (p_tenant, p_type, refused_reason, error_message);
+            error_code := 'WH422';
+            RETURN;
+        END IF;
+        -- 'warn': stored, and marked.
+        p_problem := format('%s: %s', error_field, error_message);
+        error_field := NULL; error_message := NULL;
+    END IF;
+    event_id := coalesce($4, 'msg_' || replace(gen_random_uuid()::text, '-', ''));
+    IF p_order IS NULL THEN
+        WITH matched AS (
+            SELECT ep.id, ep.partition
+            FROM endpoints ep
+            WHERE ep.tenant = p_tenant
+              AND ep.state = 'active'
+              AND hooklane_type_matches(ep.event_types, p_type)
+        ),
+        event AS (
+            INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent,
+                                schema_version, schema_problem, schema_deprecated)
+            SELECT hooklane_try_publish_v3.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent,
+                   p_version, p_problem, nullif(type_deprecated, false)
+            FROM matched
+            ON CONFLICT (tenant, id) DO NOTHING
+            RETURNING fanout
+        ),
+        -- Without a key: no row of deliveries_coalesce to conflict with.
+        queued AS (
+            INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
+            SELECT m.id, p_tenant, hooklane_try_publish_v3.event_id, NULL FROM matched m
+            WHERE p_key IS NULL AND EXISTS (SELECT FROM event)
+        ),
+        coalesced AS (
+            INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key)
+            SELECT m.id, p_tenant, hooklane_try_publish_v3.event_id, p_key FROM matched m
+            WHERE p_key IS NOT NULL AND EXISTS (SELECT FROM event)
+            ON CONFLICT (endpoint_id, coalesce_key)
+                WHERE state = 'pending' AND coalesce_key IS NOT NULL AND ordering_key IS NULL
+            DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
+        )
+        SELECT e.fanout INTO fanout FROM event e;
+    ELSE
+        -- The event, and the key's row of each endpoint it goes to, locked
+        -- in endpoint order (as every publisher and worker takes them, so
+        -- that none waits on another in a cycle) and numbered. A row
+        -- another transaction holds is waited for until it commits: its
+        -- deliveries then come first.
+        WITH matched AS (
+            SELECT ep.id
+            FROM endpoints ep
+            WHERE ep.tenant = p_tenant
+              AND ep.state = 'active'
+              AND hooklane_type_matches(ep.event_types, p_type)
+        ),
+        event AS (
+            INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent,
+                                schema_version, schema_problem, schema_deprecated, ordering_key)
+            SELECT hooklane_try_publish_v3.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent,
+                   p_version, p_problem, nullif(type_deprecated, false), p_order
+            FROM matched
+            ON CONFLICT (tenant, id) DO NOTHING
+            RETURNING fanout
+        ),
+        numbered AS (
+            INSERT INTO ordering_keys AS k (endpoint_id, key, last_seq, head_seq)
+            SELECT m.id, p_order, 1, 1 FROM matched m
+            WHERE EXISTS (SELECT FROM event)
+            ORDER BY m.id
+            ON CONFLICT (endpoint_id, key) DO UPDATE
+            SET last_seq = k.last_seq + 1, head_seq = coalesce(k.head_seq, k.last_seq + 1)
+            RETURNING k.endpoint_id, k.last_seq, k.head_seq
+        )
+        SELECT e.fanout,
+               (SELECT array_agg(n.endpoint_id ORDER BY n.endpoint_id) FROM numbered n),
+               (SELECT array_agg(n.last_seq ORDER BY n.endpoint_id) FROM numbered n),
+               (SELECT array_agg(n.head_seq ORDER BY n.endpoint_id) FROM numbered n)
+        INTO fanout, key_endpoints, key_seqs, key_heads
+        FROM event e;
+        IF key_endpoints IS NOT NULL THEN
+            -- A new statement, so a new snapshot (read committed): it sees
+            -- the deliveries of the transactions the rows were waited on.
+            -- A pending delivery of the coalesce key that is the key's
+            -- last takes the event and the new number; every other
+            -- endpoint gets a delivery, due only if it is the key's head.
+            WITH k AS MATERIALIZED (
+                SELECT * FROM unnest(key_endpoints, key_seqs, key_heads) AS k(endpoint_id, seq, head)
+            ),
+            tail AS (
+                UPDATE deliveries d
+                SET event_tenant = p_tenant, event_id = hooklane_try_publish_v3.event_id,
+                    ordering_seq = k.seq
+                FROM k
+                WHERE p_key IS NOT NULL
+                  AND d.endpoint_id = k.endpoint_id
+                  AND d.ordering_key = p_order
+                  AND d.ordering_seq = k.seq - 1
+                  AND d.state = 'pending'
+                  AND d.coalesce_key = p_key
+                RETURNING d.endpoint_id, k.head = k.seq - 1 AS was_head
+            ),
+            queued AS (
+                INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key, ordering_key,
+                                        ordering_seq, next_attempt_at)
+                SELECT k.endpoint_id, p_tenant, hooklane_try_publish_v3.event_id, p_key, p_order, k.seq,
+                       CASE WHEN k.head = k.seq THEN now() ELSE 'infinity' END
+                FROM k
+                WHERE NOT EXISTS (SELECT FROM tail t WHERE t.endpoint_id = k.endpoint_id)
+            )
+            SELECT array_agg(t.endpoint_id) FILTER (WHERE t.was_head) INTO moved FROM tail t;
+            IF moved IS NOT NULL THEN
+                UPDATE ordering_keys k SET head_seq = k.last_seq
+                WHERE k.endpoint_id = ANY(moved) AND k.key = p_order;
+            END IF;
+        END IF;
+    END IF;
+    stored := fanout IS NOT NULL;
+    IF stored THEN
+        RETURN;
+    END IF;
+    -- A new statement, so a new snapshot (read committed): it sees the
+    -- event another transaction committed while the insert waited on it.
+    SELECT NOT (e.type = p_type AND e.data = p_data AND e.coalesce_key IS NOT DISTINCT FROM p_key
+                AND e.ordering_key IS NOT DISTINCT FROM p_order)
+    INTO differs
+    FROM events e
+    WHERE e.tenant = p_tenant AND e.id = hooklane_try_publish_v3.event_id;
+    IF differs THEN
+        error_code := 'WH409'; error_field := 'id';
+        error_message := format('%s was already published by this tenant with different content '
+                                '(type, data, coalesce_key or ordering_key); an id names one event',
+                                hooklane_try_publish_v3.event_id);
+        event_id := NULL;
+        stored := NULL;
+    END IF;
+END;
+$$;
+
+-- hooklane_try_publish_v3 with the data as JSON text, as
+-- hooklane_try_publish_v2 is v1's.
+CREATE FUNCTION hooklane_try_publish_v4(tenant text, type text, data text, id text DEFAULT NULL,
+                                        coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
+                                        ordering_key text DEFAULT NULL,
+                                        OUT event_id text, OUT stored boolean, OUT fanout integer,
+                                        OUT error_code text, OUT error_field text, OUT error_message text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    parsed jsonb;
+    problem text;
+    detail text;
+    refusal record;
+BEGIN
+    IF octet_length(data) > 16 * 262144 THEN
+        problem := 'is more than 4194304 bytes of JSON text';
+    ELSE
+        BEGIN
+            parsed := data::jsonb;
+        EXCEPTION
+            WHEN statement_too_complex THEN
+                problem := 'nests deeper than 64 levels';
+            WHEN data_exception OR program_limit_exceeded THEN
+                GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL;
+                problem := 'is not JSON that PostgreSQL can store: '
+                           || problem || coalesce(' (' || nullif(detail, '') || ')', '');
+        END;
+    END IF;
+    IF problem IS NOT NULL THEN
+        -- The rules of the arguments checked before the data's still come
+        -- first.
+        refusal := hooklane_publish_refusal_v1($1, $2, '{}', NULL, NULL, NULL);
+        error_code := 'WH422';
+        error_field := coalesce(refusal.field, 'data');
+        error_message := coalesce(refusal.message, problem);
+        RETURN;
+    END IF;
+    SELECT * INTO event_id, stored, fanout, error_code, error_field, error_message
+    FROM hooklane_try_publish_v3($1, $2, parsed, $4, $5, $6, $7);
+END;
+$$;
+
+-- hooklane_try_publish_v3 and _v4, raising their refusals as
+-- hooklane_publish_v1 raises v1's.
+CREATE FUNCTION hooklane_publish_v3(tenant text, type text, data jsonb, id text DEFAULT NULL,
+                                    coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
+                                    ordering_key text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r record;
+BEGIN
+    r := hooklane_try_publish_v3($1, $2, $3, $4, $5, $6, $7);
+    IF r.error_code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = r.error_code, COLUMN = r.error_field,
+            MESSAGE = format('%s: %s', r.error_field, r.error_message);
+    END IF;
+    RETURN r.event_id;
+END;
+$$;
+
+CREATE FUNCTION hooklane_publish_v4(tenant text, type text, data text, id text DEFAULT NULL,
+                                    coalesce_key text DEFAULT NULL, traceparent text DEFAULT NULL,
+                                    ordering_key text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r record;
+BEGIN
+    r := hooklane_try_publish_v4($1, $2, $3, $4, $5, $6, $7);
+    IF r.error_code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = r.error_code, COLUMN = r.error_field,
+            MESSAGE = format('%s: %s', r.error_field, r.error_message);
+    END IF;
+    RETURN r.event_id;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION hooklane_try_publish_v3(text, text, jsonb, text, text, text, text),
+                           hooklane_publish_v3(text, text, jsonb, text, text, text, text),
+                           hooklane_try_publish_v4(text, text, text, text, text, text, text),
+                           hooklane_publish_v4(text, text, text, text, text, text, text) FROM PUBLIC;
+
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION hooklane_try_publish_v3(text, text, jsonb, text, text, text, text) '
+                   'SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION hooklane_try_publish_v4(text, text, text, text, text, text, text) '
+                   'SET search_path = %I, pg_temp', current_schema());
+END;
+$$;
+
+-- hooklane_reserve_v7, each delivery with its ordering key and number
+-- (NULL for an unordered one and for the verdicts), which the receiver
+-- gets as headers. Index: primary key of deliveries, and v7's.
+CREATE FUNCTION hooklane_reserve_v8(owned integer[], candidates bigint[], floors timestamptz[],
+                                    caps integer[], apart boolean[], max_rows integer,
+                                    lease_grace double precision, worker text,
+                                    lookahead double precision, tenant_ceiling integer)
+RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id bigint,
+               namespace text, name text, url text, secret text, timeout_seconds integer,
+               event_id text, type text, data text, event_created_at timestamptz,
+               previous_secret text, max_concurrency integer,
+               deliverable boolean, paused_until timestamptz, head timestamptz,
+               at_limit boolean, leases_end timestamptz, tenant text, traceparent text,
+               start_at timestamptz, request_terms text, max_attempts integer,
+               max_age_seconds double precision, answered_at timestamptz, rate_per_second integer,
+               ordering_key text, ordering_seq bigint)
+LANGUAGE sql
+AS $$
+    SELECT r.*, d.ordering_key, d.ordering_seq
+    FROM hooklane_reserve_v7(owned, candidates, floors, caps, apart, max_rows, lease_grace, worker,
+                             lookahead, tenant_ceiling) r
+    LEFT JOIN deliveries d ON d.id = r.id AND d.ordering_key IS NOT NULL
+$$;
+
+-- Move keys on: for each (endpoint, key) given whose head has settled
+-- (delivered, discarded, gone, or dead under the endpoint's
+-- ordering_on_dead 'skip'), the next pending delivery of the key becomes
+-- due and the head; a head dead under 'hold' holds the key (held_since)
+-- until it is resent or discarded. A key whose row a publishing
+-- transaction holds is not waited for: it is returned as busy (due NULL),
+-- to be moved on once that transaction ends (the worker tries again; its
+-- sweep catches what a crash left). Returns the promoted deliveries'
+-- endpoints with their due time, and the busy keys. Promoted endpoints
+-- outside `owned` (NULL: all) are notified to their owner.
+-- Index: primary keys of ordering_keys and endpoints; deliveries_ordering
+-- for the head and the next pending of each key.
+CREATE FUNCTION hooklane_ordering_advance_v1(endpoint_ids bigint[], keys text[], owned integer[])
+RETURNS TABLE (endpoint_id bigint, partition integer, key text, due timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    got_endpoints bigint[];
+    got_keys text[];
+BEGIN
+    -- In the publishers' order: endpoint, then key.
+    SELECT array_agg(k.endpoint_id ORDER BY k.endpoint_id, k.key), array_agg(k.key ORDER BY k.endpoint_id, k.key)
+    INTO got_endpoints, got_keys
+    FROM (SELECT k.endpoint_id, k.key
+          FROM ordering_keys k
+          WHERE (k.endpoint_id, k.key) IN (SELECT DISTINCT u.e, u.k FROM unnest(endpoint_ids, keys) AS u(e, k))
+          ORDER BY k.endpoint_id, k.key
+          FOR UPDATE OF k SKIP LOCKED) k;
+    -- A new statement, so a new snapshot (read committed): it sees what the
+    -- transactions that held the rows before committed.
+    RETURN QUERY
+    WITH keyed AS MATERIALIZED (
+        SELECT k.endpoint_id, k.key, k.head_seq, k.held_since, h.state AS head_state,
+               ep.ordering_on_dead, ep.partition
+        FROM unnest(got_endpoints, got_keys) AS g(endpoint_id, key)
+        JOIN ordering_keys k ON k.endpoint_id = g.endpoint_id AND k.key = g.key
+        JOIN endpoints ep ON ep.id = k.endpoint_id
+        LEFT JOIN deliveries h ON h.endpoint_id = k.endpoint_id AND h.ordering_key = k.key
+                              AND h.ordering_seq = k.head_seq
+        WHERE k.head_seq IS NOT NULL
+    ),
+    moving AS (
+        SELECT kk.endpoint_id, kk.key, kk.partition, kk.head_state, n.id AS next_id, n.ordering_seq AS next_seq
+        FROM keyed kk
+        LEFT JOIN LATERAL (
+            SELECT n.id, n.ordering_seq
+            FROM deliveries n
+            WHERE n.endpoint_id = kk.endpoint_id
+              AND n.ordering_key = kk.key
+              AND n.ordering_seq > kk.head_seq
+              AND n.state = 'pending'
+            ORDER BY n.ordering_seq
+            LIMIT 1
+        ) n ON true
+        WHERE kk.head_state IS NULL
+           OR kk.head_state IN ('delivered', 'discarded')
+           OR (kk.head_state = 'dead' AND kk.ordering_on_dead = 'skip')
+    ),
+    promoted AS (
+        UPDATE deliveries d
+        SET next_attempt_at = now()
+        FROM moving m
+        WHERE d.id = m.next_id
+          AND d.state = 'pending'
+        RETURNING d.endpoint_id, m.partition, m.key, d.next_attempt_at
+    ),
+    -- Runs whether or not it is read, as every data-modifying WITH does.
+    advanced AS (
+        UPDATE ordering_keys k
+        SET head_seq = m.next_seq, held_since = NULL,
+            skipped = k.skipped + CASE WHEN m.head_state = 'dead' THEN 1 ELSE 0 END
+        FROM moving m
+        WHERE k.endpoint_id = m.endpoint_id AND k.key = m.key
+    ),
+    -- A dead head under 'hold' holds its key; a head pending or in flight
+    -- (resent) does not. Disjoint from `moving`.
+    held AS (
+        UPDATE ordering_keys k
+        SET held_since = CASE WHEN kk.head_state = 'dead' THEN now() END
+        FROM keyed kk
+        WHERE k.endpoint_id = kk.endpoint_id AND k.key = kk.key
+          AND (kk.head_state IN ('pending', 'sending')
+               OR (kk.head_state = 'dead' AND kk.ordering_on_dead = 'hold'))
+          AND (k.held_since IS NULL) = (kk.head_state = 'dead')
+    ),
+    woken AS (
+        SELECT hooklane_wake_v2(array_agg(p.endpoint_id), array_agg(p.partition), array_agg(p.next_attempt_at))
+        FROM promoted p
+        WHERE owned IS NULL OR NOT p.partition = ANY(owned)
+    )
+    SELECT p.endpoint_id, p.partition, p.key, p.next_attempt_at FROM promoted p, woken
+    UNION ALL
+    SELECT u.e, NULL::integer, u.k, NULL::timestamptz
+    FROM (SELECT DISTINCT u.e, u.k FROM unnest(endpoint_ids, keys) AS u(e, k)) u
+    WHERE EXISTS (SELECT FROM ordering_keys k WHERE k.endpoint_id = u.e AND k.key = u.k)
+      AND NOT EXISTS (SELECT FROM unnest(got_endpoints, got_keys) AS g(e, k) WHERE g.e = u.e AND g.k = u.k);
+END;
+$$;
+
+-- Record a batch of results: hooklane_complete_v5, then the keys of the
+-- batch's ordered deliveries (ordered_endpoints and ordered_keys, one pair
+-- per delivery, as the reservation gave them) moved on in the same
+-- transaction (hooklane_ordering_advance_v1). Each endpoint's row as v5's,
+-- its retried_head the earlier of its retry and a delivery promoted, and
+-- `ordering_busy` the keys a publishing transaction held (NULL: none). A
+-- promoted endpoint that v5 returned no row for (its result was fenced
+-- off) is notified to its owner.
+CREATE FUNCTION hooklane_complete_v6(ids bigint[], fences integer[], outcomes text[],
+                                     retry_ins double precision[], statuses integer[], errors text[],
+                                     failures text[], started_ats timestamptz[],
+                                     durations double precision[], retry_afters double precision[],
+                                     trace_ids text[], worker text,
+                                     threshold integer, step_seconds double precision,
+                                     cap_seconds double precision, owned integer[],
+                                     delivered_step double precision, adapt_step double precision,
+                                     ordered_endpoints bigint[], ordered_keys text[])
+RETURNS TABLE (id bigint, partition integer, namespace text, name text, state text,
+               paused_until timestamptz, consecutive_failures integer, deliverable boolean,
+               retried_head timestamptz, opened boolean, deactivated boolean,
+               throttled_until timestamptz, effective_concurrency integer, lowered boolean,
+               ordering_busy text[])
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_id bigint[]; c_partition integer[]; c_namespace text[]; c_name text[]; c_state text[];
+    c_paused_until timestamptz[]; c_failures integer[]; c_deliverable boolean[];
+    c_retried_head timestamptz[]; c_opened boolean[]; c_deactivated boolean[];
+    c_throttled_until timestamptz[]; c_effective integer[]; c_lowered boolean[];
+    a_endpoints bigint[]; a_partitions integer[]; a_keys text[]; a_dues timestamptz[];
+BEGIN
+    IF coalesce(cardinality(ordered_endpoints), 0) = 0 THEN
+        RETURN QUERY
+        SELECT c.*, NULL::text[]
+        FROM hooklane_complete_v5(ids, fences, outcomes, retry_ins, statuses, errors, failures, started_ats,
+                                  durations, retry_afters, trace_ids, worker, threshold, step_seconds,
+                                  cap_seconds, owned, delivered_step, adapt_step) c;
+        RETURN;
+    END IF;
+    SELECT array_agg(c.id), array_agg(c.partition), array_agg(c.namespace), array_agg(c.name),
+           array_agg(c.state), array_agg(c.paused_until), array_agg(c.consecutive_failures),
+           array_agg(c.deliverable), array_agg(c.retried_head), array_agg(c.opened),
+           array_agg(c.deactivated), array_agg(c.throttled_until), array_agg(c.effective_concurrency),
+           array_agg(c.lowered)
+    INTO c_id, c_partition, c_namespace, c_name, c_state, c_paused_until, c_failures, c_deliverable,
+         c_retried_head, c_opened, c_deactivated, c_throttled_until, c_effective, c_lowered
+    FROM hooklane_complete_v5(ids, fences, outcomes, retry_ins, statuses, errors, failures, started_ats,
+                              durations, retry_afters, trace_ids, worker, threshold, step_seconds,
+                              cap_seconds, owned, delivered_step, adapt_step) c;
+    SELECT array_agg(a.endpoint_id), array_agg(a.partition), array_agg(a.key), array_agg(a.due)
+    INTO a_endpoints, a_partitions, a_keys, a_dues
+    FROM hooklane_ordering_advance_v1(ordered_endpoints, ordered_keys, owned) a;
+    PERFORM hooklane_wake_v2(array_agg(a.e), array_agg(a.p), array_agg(a.due))
+    FROM unnest(a_endpoints, a_partitions, a_dues) AS a(e, p, due)
+    WHERE a.due IS NOT NULL AND a.p = ANY(owned) AND NOT a.e = ANY(coalesce(c_id, '{}'))
+    HAVING count(*) > 0;
+    RETURN QUERY
+    SELECT r.id, r.partition, r.namespace, r.name, r.state, r.paused_until, r.consecutive_failures,
+           r.deliverable, least(r.retried_head, p.due), r.opened, r.deactivated, r.throttled_until,
+           r.effective_concurrency, r.lowered, b.keys
+    FROM unnest(c_id, c_partition, c_namespace, c_name, c_state, c_paused_until, c_failures, c_deliverable,
+                c_retried_head, c_opened, c_deactivated, c_throttled_until, c_effective, c_lowered)
+         AS r(id, partition, namespace, name, state, paused_until, consecutive_failures, deliverable,
+              retried_head, opened, deactivated, throttled_until, effective_concurrency, lowered)
+    LEFT JOIN (SELECT a.e, min(a.due) AS due FROM unnest(a_endpoints, a_dues) AS a(e, due)
+               WHERE a.due IS NOT NULL GROUP BY a.e) p ON p.e = r.id
+    LEFT JOIN (SELECT a.e, array_agg(a.k ORDER BY a.k) AS keys FROM unnest(a_endpoints, a_keys, a_dues) AS a(e, k, due)
+               WHERE a.due IS NULL GROUP BY a.e) b ON b.e = r.id;
+END;
+$$;
+
+-- The keys of the owned partitions whose head settled without its key
+-- moving on (a worker that died between the two, a key a publisher held
+-- when its head was recorded, a head discarded by an endpoint's change),
+-- up to `max_keys` of them, moved on as hooklane_ordering_advance_v1 does.
+-- Index: endpoints_partition; ordering_keys_outstanding per endpoint;
+-- deliveries_ordering for each head.
+CREATE FUNCTION hooklane_ordering_sweep_v1(owned integer[], max_keys integer)
+RETURNS TABLE (endpoint_id bigint, partition integer, key text, due timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    s_endpoints bigint[];
+    s_keys text[];
+BEGIN
+    SELECT array_agg(s.endpoint_id), array_agg(s.key) INTO s_endpoints, s_keys
+    FROM (
+        SELECT k.endpoint_id, k.key
+        FROM endpoints ep
+        JOIN ordering_keys k ON k.endpoint_id = ep.id AND k.head_seq IS NOT NULL
+        LEFT JOIN deliveries h ON h.endpoint_id = k.endpoint_id AND h.ordering_key = k.key
+                              AND h.ordering_seq = k.head_seq
+        WHERE ep.partition = ANY(owned)
+          AND (h.state IS NULL OR h.state IN ('delivered', 'discarded')
+               OR (h.state = 'dead' AND (ep.ordering_on_dead = 'skip' OR k.held_since IS NULL))
+               OR (h.state IN ('pending', 'sending') AND k.held_since IS NOT NULL))
+        LIMIT max_keys
+    ) s;
+    IF s_endpoints IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM hooklane_ordering_advance_v1(s_endpoints, s_keys, owned);
+    END IF;
+END;
+$$;
+
+-- Queue again, behind their keys, the given pending deliveries of
+-- ordered events (resent, or queued again by a replay): the head of its
+-- key, resent, is due at once and its key no longer held; any other gets
+-- the key's next number, in id order, and waits behind the key's
+-- outstanding deliveries, or is due at once, as the key's head, if none
+-- is. So a delivery skipped or replayed reaches the receiver with a number
+-- above every one it already got. Waits for the keys' rows (an admin
+-- action, not the worker's loop). Returns the deliveries made due, with
+-- their endpoints and partitions, to be woken.
+-- Index: primary keys of deliveries and ordering_keys; deliveries_ordering
+-- (the unique numbers).
+CREATE FUNCTION hooklane_ordering_requeue_v1(ids bigint[])
+RETURNS TABLE (endpoint_id bigint, partition integer, due timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    INSERT INTO ordering_keys AS k (endpoint_id, key, last_seq)
+    SELECT DISTINCT d.endpoint_id, d.ordering_key, 0
+    FROM deliveries d
+    WHERE d.id = ANY(ids) AND d.ordering_key IS NOT NULL
+    ORDER BY 1, 2
+    ON CONFLICT (endpoint_id, key) DO NOTHING;
+    PERFORM
+    FROM ordering_keys k
+    WHERE (k.endpoint_id, k.key) IN (SELECT d.endpoint_id, d.ordering_key FROM deliveries d
+                                     WHERE d.id = ANY(ids) AND d.ordering_key IS NOT NULL)
+    ORDER BY k.endpoint_id, k.key
+    FOR UPDATE OF k;
+    RETURN QUERY
+    WITH given AS MATERIALIZED (
+        SELECT d.id, d.endpoint_id, d.ordering_key AS key, k.head_seq, k.last_seq,
+               coalesce(d.ordering_seq = k.head_seq, false) AS is_head
+        FROM deliveries d
+        JOIN ordering_keys k ON k.endpoint_id = d.endpoint_id AND k.key = d.ordering_key
+        WHERE d.id = ANY(ids) AND d.state = 'pending'
+    ),
+    numbered AS (
+        SELECT g.id, g.endpoint_id, g.key,
+               g.last_seq + row_number() OVER (PARTITION BY g.endpoint_id, g.key ORDER BY g.id) AS seq
+        FROM given g
+        WHERE NOT g.is_head
+    ),
+    placed AS (
+        UPDATE deliveries d
+        SET ordering_seq = coalesce(n.seq, d.ordering_seq),
+            next_attempt_at = CASE WHEN g.is_head OR (g.head_seq IS NULL AND n.seq = g.last_seq + 1)
+                                   THEN now() ELSE 'infinity' END
+        FROM given g
+        LEFT JOIN numbered n ON n.id = g.id
+        WHERE d.id = g.id
+        RETURNING d.endpoint_id, d.next_attempt_at
+    ),
+    -- Runs whether or not it is read, as every data-modifying WITH does.
+    keyed AS (
+        UPDATE ordering_keys k
+        SET last_seq = k.last_seq + c.added,
+            head_seq = CASE WHEN c.added > 0 THEN coalesce(k.head_seq, k.last_seq + 1) ELSE k.head_seq END,
+            held_since = CASE WHEN c.head_resent THEN NULL ELSE k.held_since END
+        FROM (SELECT g.endpoint_id, g.key, count(*) FILTER (WHERE NOT g.is_head) AS added,
+                     bool_or(g.is_head) AS head_resent
+              FROM given g GROUP BY g.endpoint_id, g.key) c
+        WHERE k.endpoint_id = c.endpoint_id AND k.key = c.key
+    )
+    SELECT p.endpoint_id, ep.partition, p.next_attempt_at
+    FROM placed p
+    JOIN endpoints ep ON ep.id = p.endpoint_id
+    WHERE p.next_attempt_at < 'infinity';
+END;
+$$;
 
 -- Tenant portal (docs/portal.md): the signed links the admin API hands out
 -- and the sessions (or tenant tokens) they open. Only the SHA-256 of a
