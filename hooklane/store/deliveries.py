@@ -226,6 +226,23 @@ async def complete(
     return [Touched._make(_TOUCHED(r)) for r in rows]
 
 
+async def purge_ordering_keys(conn: asyncpg.Connection, retention_seconds: float, batch: int = 1000) -> int:
+    """Forget the ordering keys with nothing outstanding not published for
+    ``retention_seconds``, a batch at a time; returns how many. Keys named
+    after entities (an order's id) come and go: kept for ever, they would
+    grow with every entity a platform ever had."""
+    purged = 0
+    while True:
+        deleted = int(
+            await conn.fetchval(
+                *QUERIES["purge_ordering_keys"](retention_seconds=retention_seconds, batch_size=batch)
+            )
+        )
+        purged += deleted
+        if deleted < batch:
+            return purged
+
+
 # Keys one sweep moves on at most: a pass is bounded however many keys a
 # crash left behind, and the next pass takes the rest.
 ORDERING_SWEEP_KEYS = 1000

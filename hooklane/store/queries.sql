@@ -244,6 +244,25 @@ CROSS JOIN LATERAL hooklane_try_publish_v1(x.tenant, x.type, x.data::jsonb, x.id
 WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
 
+-- name: purge_ordering_keys
+-- Forget one batch of ordering keys with nothing outstanding whose last
+-- publish is past retention (the events'), oldest first; returns how many.
+-- A key published again starts its numbering at 1 (docs/receivers.md).
+-- Parameters: retention_seconds, batch_size.
+-- Index: ordering_keys_idle, from its start.
+WITH gone AS (
+    DELETE FROM ordering_keys k
+    WHERE k.ctid IN (SELECT o.ctid FROM ordering_keys o
+                     WHERE o.head_seq IS NULL
+                       AND o.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+                     ORDER BY o.touched_at
+                     LIMIT %(batch_size)s)
+      AND k.head_seq IS NULL
+      AND k.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+    RETURNING 1
+)
+SELECT count(*) AS deleted FROM gone;
+
 -- name: purge_catalogue_refusals
 -- Delete one batch of the catalogue's refusals past retention (the events'
 -- retention: they are counted beside the events), oldest first; returns
