@@ -38,10 +38,12 @@ is stable: the events of one key keep the order they were accepted in,
 which is the order they take the key's sequence numbers in. Moving a
 batch behind the singles, or before another batch, could reorder a key's
 events: a group stops before a unit that shares a key with a unit in it
-when either is a batch, and that unit goes in the next group. Two transactions can still wait on each other when their
-locks interleave across those parts (each batch is locked whole before the
-next, and the singles before every batch), or on the pending delivery a
-coalesce key replaces; Postgres then aborts one of them (a deadlock, after
+when either is a batch, and that unit goes in the next group. Two
+transactions can still wait on each other when their locks interleave
+across those parts (each batch is locked whole before the next, and the
+singles before every batch), on the pending delivery a coalesce key
+replaces, or on ordering keys an application's transaction locks in
+another order; Postgres then aborts one of them (a deadlock, after
 ``deadlock_timeout``), and the group is tried again after a short random
 pause while its deadline allows: nothing of an aborted transaction is
 stored.
