@@ -103,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     pub.add_argument("--id", help="event id; publishing the same id twice stores it once")
     pub.add_argument("--coalesce-key", help="replaces a still-pending delivery with the same key")
+    pub.add_argument(
+        "--ordering-key",
+        help="each endpoint gets the events of this key one at a time, in the order they committed",
+    )
     pub.add_argument("--traceparent", help="the W3C trace context the event joins (00-TRACEID-SPANID-FLAGS)")
 
     publisher = sub.add_parser(
@@ -366,6 +370,7 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
                 id=args.id,
                 coalesce_key=args.coalesce_key,
                 traceparent=None if tracing.enabled() else parent,
+                ordering_key=args.ordering_key,
             )
             # The command's own transaction: the workers probe at once.
             await store.hint_published(conn)
@@ -386,7 +391,7 @@ async def _publisher(args: argparse.Namespace, settings: Settings) -> int:
                 [
                     s.role,
                     ",".join("*" if t is None else t for t in s.tenants) or "- (refused for every tenant)",
-                    "/".join(v for v, held in (("v1", s.execute_v1), ("v2", s.execute_v2)) if held) or "-",
+                    "/".join(f"v{v}" for v, held in enumerate(s.execute, 1) if held) or "-",
                 ]
                 for s in scopes
             ],

@@ -218,29 +218,31 @@ WHERE namespace = %(namespace)s AND name = %(name)s
 RETURNING id;
 
 -- name: publish
--- The outbox write: hooklane_try_publish_v1 (migration 0012), refusing in
+-- The outbox write: hooklane_try_publish_v3 (migration 0026), refusing in
 -- its result rather than raising.
 -- Parameters: id (NULL: one is made), tenant, type, data (jsonb text),
--- coalesce_key, traceparent (NULL: none).
+-- coalesce_key, traceparent (NULL: none), ordering_key (NULL: unordered).
 -- Index: the function's (endpoints_tenant; primary key of events;
--- deliveries_coalesce).
+-- deliveries_coalesce; primary key of ordering_keys; deliveries_ordering).
 SELECT event_id, stored, fanout, error_code, error_field, error_message
-FROM hooklane_try_publish_v1(%(tenant)s, %(type)s, CAST(%(data)s AS jsonb), %(id)s, %(coalesce_key)s,
-                             %(traceparent)s);
+FROM hooklane_try_publish_v3(%(tenant)s, %(type)s, CAST(%(data)s AS jsonb), %(id)s, %(coalesce_key)s,
+                             %(traceparent)s, %(ordering_key)s);
 
 -- name: publish_many
 -- Publish many events in one statement, as publish does one, in the
--- arrays' order; returns the refused ones by position (1-based): the
--- ingest API's group commit.
+-- arrays' order (WITH ORDINALITY, and the lateral call made row by row in
+-- it: the events of one ordering key take its numbers in that order);
+-- returns the refused ones by position (1-based): the ingest API's group
+-- commit and the notifications.
 -- Parameters: ids, tenants, types, data (jsonb text), coalesce_keys,
--- traceparents, arrays of equal length.
+-- traceparents, ordering_keys, arrays of equal length.
 -- Index: the function's, per event.
 SELECT x.position, p.error_code, p.error_field, p.error_message
 FROM unnest(%(ids)s::text[], %(tenants)s::text[], %(types)s::text[], %(data)s::text[],
-            %(coalesce_keys)s::text[], %(traceparents)s::text[])
-       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, traceparent, position)
-CROSS JOIN LATERAL hooklane_try_publish_v1(x.tenant, x.type, x.data::jsonb, x.id, x.coalesce_key,
-                                           x.traceparent) AS p
+            %(coalesce_keys)s::text[], %(traceparents)s::text[], %(ordering_keys)s::text[])
+       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, traceparent, ordering_key, position)
+CROSS JOIN LATERAL hooklane_try_publish_v3(x.tenant, x.type, x.data::jsonb, x.id, x.coalesce_key,
+                                           x.traceparent, x.ordering_key) AS p
 WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
 
@@ -1681,8 +1683,10 @@ SELECT (SELECT count(*) FROM removed) AS removed,
 -- name: publisher_scopes
 -- Every role that may publish or holds EXECUTE on the publish functions:
 -- its tenants (a NULL among them: every tenant), and whether it holds
--- EXECUTE on v1 and on v2. The owner, its members and superusers are left
--- out: they publish for every tenant without a scope.
+-- EXECUTE on hooklane_try_publish_v1, _v2, _v3 and _v4, in that order
+-- (false for a version the schema has not yet: an older one, migrating).
+-- The owner, its members and superusers are left out: they publish for
+-- every tenant without a scope.
 -- Parameters: none. Index: none (a scan of a table of a few rows per role,
 -- and of pg_roles).
 WITH owner AS (
@@ -1691,20 +1695,23 @@ WITH owner AS (
 ),
 roles AS (
     SELECT r.rolname AS role,
-           has_function_privilege(r.oid, 'hooklane_try_publish_v1(text, text, jsonb, text, text, text)',
-                                  'EXECUTE') AS execute_v1,
-           has_function_privilege(r.oid, 'hooklane_try_publish_v2(text, text, text, text, text, text)',
-                                  'EXECUTE') AS execute_v2
-    FROM pg_roles r, owner
+           array_agg(coalesce(has_function_privilege(r.oid, to_regprocedure(f.signature)::oid, 'EXECUTE'),
+                              false)
+                     ORDER BY f.version) AS execute
+    FROM pg_roles r, owner,
+         (VALUES (1, 'hooklane_try_publish_v1(text, text, jsonb, text, text, text)'),
+                 (2, 'hooklane_try_publish_v2(text, text, text, text, text, text)'),
+                 (3, 'hooklane_try_publish_v3(text, text, jsonb, text, text, text, text)'),
+                 (4, 'hooklane_try_publish_v4(text, text, text, text, text, text, text)')) AS f(version, signature)
     WHERE NOT pg_has_role(r.oid, owner.oid, 'MEMBER')
+    GROUP BY r.rolname
 )
 SELECT coalesce(s.role, r.role) AS role,
        coalesce(s.tenants, '{}') AS tenants,
-       coalesce(r.execute_v1, false) AS execute_v1,
-       coalesce(r.execute_v2, false) AS execute_v2
+       coalesce(r.execute, '{}') AS execute
 FROM (SELECT role, array_agg(tenant ORDER BY tenant NULLS FIRST) AS tenants
       FROM publisher_scopes GROUP BY role) AS s
-FULL JOIN (SELECT * FROM roles WHERE execute_v1 OR execute_v2) AS r ON r.role = s.role
+FULL JOIN (SELECT * FROM roles WHERE true = ANY (execute)) AS r ON r.role = s.role
 ORDER BY 1;
 
 -- The event catalogue: applied types (operator, CLI)

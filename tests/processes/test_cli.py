@@ -156,6 +156,27 @@ async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, 
     assert tuple(await db.fetchrow("SELECT state, consecutive_failures FROM endpoints")) == ("active", 0)
 
 
+def test_publish_with_an_ordering_key(dsn, db_sync, files):
+    hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
+    base = ["publish", "--tenant", "acme", "--type", "order.updated", "--data", "{}", "--ordering-key"]
+    for event_id in ("e-2", "e-1", "e-3"):
+        result = hooklane(dsn, *base, "order-7", "--id", event_id)
+        assert (result.returncode, result.stdout) == (0, f"{event_id}\n"), result.stderr
+    assert db_sync("SELECT DISTINCT ordering_key FROM events") == [("order-7",)]
+    assert db_sync(
+        "SELECT event_id, ordering_seq, next_attempt_at < 'infinity' FROM deliveries ORDER BY ordering_seq"
+    ) == [("e-2", 1, True), ("e-1", 2, False), ("e-3", 3, False)]
+    conflict = hooklane(dsn, *base, "order-8", "--id", "e-1")
+    assert _refused(conflict, "id: 'e-1' was already published by tenant 'acme' with different content"), (
+        conflict.stderr
+    )
+    refused = hooklane(dsn, *base, "order\x1b7", "--id", "e-4")
+    assert _refused(refused, "ordering_key: must not contain control characters"), refused.stderr
+    assert db_sync("SELECT count(*) FROM events") == [(3,)]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
