@@ -31,6 +31,9 @@ MAX_DATA_BYTES = 256 * 1024
 # Integers every receiver can read back exactly: 64 bits, signed or unsigned.
 # Most JSON parsers lose digits beyond that, or fail.
 _INT_RANGE = (-(2**63), 2**64 - 1)
+# hooklane_publish_refusal_v2's rule and words.
+_ORDERING_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+ORDERING_KEY_RULE = "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"
 
 
 def new_event_id() -> str:
@@ -72,9 +75,12 @@ def check_event(
 def check_ordering_key(ordering_key: Any) -> None:
     """The function checks the ordering key after every other argument
     (``hooklane_publish_refusal_v2``): so does each caller, so that both
-    name the same argument when several are wrong."""
-    if ordering_key is not None:
-        check_text(ordering_key, "ordering_key", 255)
+    name the same argument when several are wrong. It travels as a header,
+    so it is kept to visible ASCII and spaces."""
+    if ordering_key is not None and (
+        not isinstance(ordering_key, str) or not _ORDERING_KEY.fullmatch(ordering_key)
+    ):
+        raise InvalidInput("ordering_key", ORDERING_KEY_RULE)
 
 
 def _check_data(data: dict[str, Any]) -> None:
