@@ -104,6 +104,7 @@ def openapi(rule: FieldRule) -> dict[str, Any]:
         "format": rule.format,
         "minLength": rule.min_length,
         "maxLength": rule.max_length,
+        "enum": None if rule.enum is None else list(rule.enum),
         "pattern": None if rule.pattern is None else f"^(?:{rule.pattern})$",
         "minimum": rule.minimum,
         "maximum": rule.maximum,

@@ -70,6 +70,7 @@ from hooklane.selfservice import (
     self_service_name,
 )
 from hooklane.settings import Settings
+from hooklane.spec import ON_DEAD_DELIVERY, ON_DEAD_DELIVERY_NAMES
 from hooklane.store import grants
 from hooklane.store.grants import Access, TenantGrant
 from hooklane.times import rfc3339, rfc3339_seconds
@@ -223,6 +224,7 @@ def endpoint_form(
             "event_types": picked_types(picked, typed),
             "max_concurrency": _number(posted.get("max_concurrency", "")),
             "timeout_seconds": _number(posted.get("timeout_seconds", "")),
+            "ordering_on_dead": posted.get("ordering_on_dead", "").strip() or None,
         }
     )
 
@@ -244,11 +246,12 @@ def form_values(form: Mapping[str, str] | EndpointForm) -> dict[str, str]:
             "event_types": ", ".join(form.event_types),
             "max_concurrency": "" if form.max_concurrency is None else str(form.max_concurrency),
             "timeout_seconds": "" if form.timeout_seconds is None else str(form.timeout_seconds),
+            "ordering_on_dead": form.ordering_on_dead or "",
         }
     return {key: form.get(key, "") for key in _FORM_INPUTS}
 
 
-_FORM_INPUTS = ("name", "url", "event_types", "max_concurrency", "timeout_seconds")
+_FORM_INPUTS = ("name", "url", "event_types", "max_concurrency", "timeout_seconds", "ordering_on_dead")
 
 
 # Rendering.
@@ -615,7 +618,12 @@ async def edit_page(request: web.Request) -> web.Response:
     if chosen is None:
         return _platforms(request, namespace, name)
     form = EndpointForm(
-        chosen, stored.url, stored.event_types, stored.max_concurrency, stored.timeout_seconds
+        chosen,
+        stored.url,
+        stored.event_types,
+        stored.max_concurrency,
+        stored.timeout_seconds,
+        ON_DEAD_DELIVERY_NAMES[stored.ordering_on_dead],
     )
     entries = await _catalogue(request)
     # The catalogue's types tick their boxes; patterns, and names the
@@ -768,6 +776,7 @@ def _form_page(
         https_only=settings.portal_https_only,
         bounds=Limits(settings.portal_max_concurrency, settings.portal_max_timeout_seconds),
         over={o.field: o for o in over},
+        on_dead_choices=tuple(ON_DEAD_DELIVERY),
     )
 
 

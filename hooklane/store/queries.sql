@@ -63,27 +63,30 @@ SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- name: upsert_endpoint
 -- Create or update an endpoint by (namespace, name), waking it when an
 -- update may make its deliveries reservable; discards the deliveries of
--- another tenant's events (hooklane_tenant_discard). After
--- lock_endpoint_secret, in the same transaction.
+-- another tenant's events (hooklane_tenant_discard), and on a change of
+-- tenant lets go of the old tenant's ordering keys (released, below).
+-- After lock_endpoint_secret, in the same transaction.
 -- Parameters: namespace, name, tenant, url, secret, max_concurrency,
 -- event_types, timeout_seconds, paused, replaced_secret, grace_seconds,
 -- rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
--- max_age_seconds, request_terms.
+-- max_age_seconds, request_terms, ordering_on_dead.
 -- Index: the unique (namespace, name) constraint; deliveries_queue and
--- deliveries_dead for the discard.
+-- deliveries_dead for the discard; the primary key of ordering_keys (its
+-- endpoint_id prefix: a change of tenant is rare) for the keys let go.
 WITH before AS (
     SELECT id, tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 ),
 upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition, rate_per_second, rate_burst,
-                       adaptive_concurrency, max_attempts, max_age_seconds, request_terms)
+                       adaptive_concurrency, max_attempts, max_age_seconds, request_terms,
+                       ordering_on_dead)
 VALUES (%(namespace)s, %(name)s, %(tenant)s, %(url)s, %(secret)s, %(max_concurrency)s,
         %(event_types)s, %(timeout_seconds)s, %(paused)s,
         (hashtext(%(namespace)s || '/' || %(name)s)::bigint & 2147483647)
           %% (SELECT partition_count FROM hooklane_config),
         %(rate_per_second)s, %(rate_burst)s, %(adaptive_concurrency)s, %(max_attempts)s,
-        %(max_age_seconds)s, %(request_terms)s)
+        %(max_age_seconds)s, %(request_terms)s, %(ordering_on_dead)s)
 ON CONFLICT (namespace, name) DO UPDATE
 SET tenant          = EXCLUDED.tenant,
     url             = EXCLUDED.url,
@@ -105,6 +108,7 @@ SET tenant          = EXCLUDED.tenant,
     max_attempts    = EXCLUDED.max_attempts,
     max_age_seconds = EXCLUDED.max_age_seconds,
     request_terms   = EXCLUDED.request_terms,
+    ordering_on_dead = EXCLUDED.ordering_on_dead,
     updated_at      = now()
 RETURNING id, partition, tenant, (xmax = 0) AS created
 ),
@@ -119,6 +123,21 @@ discarded AS (
       AND d.state IN ('pending', 'dead')
       AND hooklane_tenant_discard(d.event_tenant, u.tenant) IS NOT NULL
     RETURNING d.id
+),
+-- The old tenant's keys: their deliveries are discarded above (one in
+-- flight settles as it may), so none is held or outstanding, and nothing of
+-- the old tenant's shows (skipped) to the new one. A row is kept, not
+-- deleted, for last_seq: a publish of the key numbers on after it, where
+-- numbering from 1 again would collide in deliveries_ordering with the
+-- settled deliveries and go backwards at the receiver.
+released AS (
+    UPDATE ordering_keys k
+    SET head_seq = NULL, held_since = NULL, skipped = 0
+    FROM upserted u, before b
+    WHERE b.id = u.id
+      AND b.tenant <> u.tenant
+      AND k.endpoint_id = u.id
+      AND (k.head_seq IS NOT NULL OR k.skipped <> 0)
 ),
 woken AS (
     SELECT hooklane_wake_v2(array_agg(u.id), array_agg(u.partition), array_agg(NULL::timestamptz))
@@ -180,7 +199,7 @@ WHERE ep.id = r.id
 -- endpoints are ~2 MB of rows), cheaper than one probe per resource.
 SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
        timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
-       max_age_seconds, request_terms
+       max_age_seconds, request_terms, ordering_on_dead
 FROM endpoints;
 
 -- name: reactivate_endpoint
@@ -730,7 +749,7 @@ SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
        hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
        ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-       ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+       ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason, ep.ordering_on_dead,
        q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
        f.in_flight, f.sending_on, x.dead,
        now() AS observed_at, now() AS counted_at
@@ -776,7 +795,8 @@ WITH chosen AS (
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
            hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
            ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+           ep.ordering_on_dead
     FROM endpoints ep
     WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
       AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
@@ -797,7 +817,7 @@ counted AS (
     SELECT s.id, s.namespace, s.name, s.tenant, s.url, s.state, s.paused, s.signed,
            s.max_concurrency, s.consecutive_failures, s.effective_concurrency,
            s.adaptive_concurrency, s.rate_per_second, s.rate_burst, s.throttled_until,
-           s.paused_until, s.last_error, s.last_delivered_at, s.deactivated_reason,
+           s.paused_until, s.last_error, s.last_delivered_at, s.deactivated_reason, s.ordering_on_dead,
            coalesce(s.counted_pending, q.pending) AS pending,
            CASE WHEN s.counted_id IS NULL THEN q.oldest_pending_at ELSE s.counted_oldest END
              AS oldest_pending_at,
@@ -1304,7 +1324,7 @@ WITH health AS (
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
            hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
            ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason, ep.ordering_on_dead,
            count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
            extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
              AS oldest_pending_age,
@@ -1466,7 +1486,7 @@ SELECT count(*) FROM endpoints WHERE namespace = %(namespace)s AND tenant = %(te
 -- constraint.
 SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
        timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
-       max_age_seconds, request_terms
+       max_age_seconds, request_terms, ordering_on_dead
 FROM endpoints
 WHERE namespace = %(namespace)s AND name = %(name)s;
 

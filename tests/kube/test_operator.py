@@ -49,6 +49,8 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
         "http://127.0.0.1:9000/hooks/acme",
     )
     assert (stored["max_concurrency"], stored["event_types"], stored["secret"]) == (4, ["order.*"], SECRET)
+    # spec.ordering left out: the safe default, Hold.
+    assert stored["ordering_on_dead"] == "hold"
     ready = await wait_for(lambda: kube.condition("Ready"))
     assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("True", "Synced", 1)
     body = await wait_for(lambda: _with_status(kube, "phase"))
@@ -56,11 +58,14 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
     assert body["status"]["observedGeneration"] == 1
     assert "hooklane.io/finalizer" in body["metadata"]["finalizers"]
 
-    await kube.apply(endpoint("https://hooks.example.com/acme", maxConcurrency=9))
+    await kube.apply(
+        endpoint("https://hooks.example.com/acme", maxConcurrency=9, ordering={"onDeadDelivery": "Skip"})
+    )
 
     async def edited():
         r = await row(db)
-        return r if (r["url"], r["max_concurrency"]) == ("https://hooks.example.com/acme", 9) else None
+        wanted = ("https://hooks.example.com/acme", 9, "skip")
+        return r if (r["url"], r["max_concurrency"], r["ordering_on_dead"]) == wanted else None
 
     await wait_for(edited)
     body = await wait_for(lambda: _with_status(kube, "observedGeneration", 2))
