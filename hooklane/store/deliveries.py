@@ -233,13 +233,11 @@ async def purge_ordering_keys(conn: asyncpg.Connection, retention_seconds: float
     grow with every entity a platform ever had."""
     purged = 0
     while True:
-        deleted = int(
-            await conn.fetchval(
-                *QUERIES["purge_ordering_keys"](retention_seconds=retention_seconds, batch_size=batch)
-            )
-        )
+        scanned, deleted = await conn.fetchrow(
+            *QUERIES["purge_ordering_keys"](retention_seconds=retention_seconds, batch_size=batch)
+        ) or (0, 0)
         purged += deleted
-        if deleted < batch:
+        if scanned < batch:
             return purged
 
 

@@ -267,22 +267,42 @@ ORDER BY x.position;
 
 -- name: purge_ordering_keys
 -- Forget one batch of ordering keys with nothing outstanding whose last
--- publish is past retention (the events'), oldest first; returns how many.
--- A key published again starts its numbering at 1 (docs/receivers.md).
+-- publish is past retention (the events'), oldest first, once no delivery
+-- of the key is left: retention took the delivered ones, and a dead one
+-- stays until resent or discarded, its number unique among the key's. A
+-- key that still has one waits another retention (its touched_at moved
+-- on), so that the next batches reach the keys behind it. Returns how
+-- many were looked at and how many deleted. A key published again starts
+-- its numbering at 1 (docs/receivers.md).
 -- Parameters: retention_seconds, batch_size.
--- Index: ordering_keys_idle, from its start.
-WITH gone AS (
+-- Index: ordering_keys_idle, from its start; deliveries_ordering per key.
+WITH candidates AS MATERIALIZED (
+    SELECT o.ctid AS row_id,
+           EXISTS (SELECT FROM deliveries d
+                   WHERE d.endpoint_id = o.endpoint_id AND d.ordering_key = o.key
+                     AND d.ordering_key IS NOT NULL) AS kept
+    FROM ordering_keys o
+    WHERE o.head_seq IS NULL
+      AND o.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY o.touched_at
+    LIMIT %(batch_size)s
+),
+gone AS (
     DELETE FROM ordering_keys k
-    WHERE k.ctid IN (SELECT o.ctid FROM ordering_keys o
-                     WHERE o.head_seq IS NULL
-                       AND o.touched_at < now() - make_interval(secs => %(retention_seconds)s)
-                     ORDER BY o.touched_at
-                     LIMIT %(batch_size)s)
+    USING candidates c
+    WHERE k.ctid = c.row_id AND NOT c.kept
       AND k.head_seq IS NULL
       AND k.touched_at < now() - make_interval(secs => %(retention_seconds)s)
     RETURNING 1
+),
+-- Runs whether or not it is read, as every data-modifying WITH does.
+deferred AS (
+    UPDATE ordering_keys k
+    SET touched_at = now()
+    FROM candidates c
+    WHERE k.ctid = c.row_id AND c.kept
 )
-SELECT count(*) AS deleted FROM gone;
+SELECT (SELECT count(*) FROM candidates) AS scanned, (SELECT count(*) FROM gone) AS deleted;
 
 -- name: purge_catalogue_refusals
 -- Delete one batch of the catalogue's refusals past retention (the events'

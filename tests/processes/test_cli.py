@@ -173,7 +173,10 @@ def test_publish_with_an_ordering_key(dsn, db_sync, files):
         conflict.stderr
     )
     refused = hooklane(dsn, *base, "order\x1b7", "--id", "e-4")
-    assert _refused(refused, "ordering_key: must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"), refused.stderr
+    assert _refused(
+        refused,
+        "ordering_key: must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)",
+    ), refused.stderr
     assert db_sync("SELECT count(*) FROM events") == [(3,)]
 
 
