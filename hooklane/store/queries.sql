@@ -866,7 +866,9 @@ WHERE s.counted_at < EXCLUDED.counted_at;
 -- name: endpoint_deliveries
 -- A page of an endpoint's deliveries, newest first, before `before_id`,
 -- filtered by states, time, last status and failure class. A NULL-id row
--- when it has none there, no row when there is no such endpoint.
+-- when it has none there, no row when there is no such endpoint. An
+-- ordered delivery with its key and number; one waiting behind its key
+-- (next_attempt_at 'infinity', migration 0026) has no next attempt.
 -- Parameters: namespace, name, states, since, until, status_min,
 -- status_max, failure, before_id, limit.
 -- Index: the unique (namespace, name) constraint; deliveries_endpoint;
@@ -876,8 +878,9 @@ FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT d.id, d.event_id, e.type AS event_type, d.state, d.attempts, d.attempted_by,
            coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
-           CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-           d.delivered_at, d.last_status, d.last_failure, d.last_error
+           CASE WHEN d.state = 'pending' AND d.next_attempt_at < 'infinity' THEN d.next_attempt_at END
+             AS next_attempt_at,
+           d.delivered_at, d.last_status, d.last_failure, d.last_error, d.ordering_key, d.ordering_seq
     FROM deliveries d
     JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
     WHERE d.endpoint_id = ep.id
@@ -898,13 +901,15 @@ ORDER BY p.id DESC;
 -- `namespace` and `name` are given, only if it is that endpoint's. No row
 -- when there is none. created_at is its first creation, which a resend
 -- keeps in first_created_at; queued_at when it was last queued (its
--- creation, or its latest resend: what its age counts from).
+-- creation, or its latest resend: what its age counts from). Its ordering
+-- key and number, as endpoint_deliveries.
 -- Parameters: id, namespace (or NULL), name (or NULL).
 -- Index: primary keys of deliveries, endpoints and events.
 SELECT d.id, d.event_id, e.type AS event_type, d.event_tenant AS tenant, d.state, d.attempts,
        d.attempted_by, coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
-       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-       d.delivered_at, d.last_status, d.last_failure, d.last_error,
+       CASE WHEN d.state = 'pending' AND d.next_attempt_at < 'infinity' THEN d.next_attempt_at END
+         AS next_attempt_at,
+       d.delivered_at, d.last_status, d.last_failure, d.last_error, d.ordering_key, d.ordering_seq,
        ep.namespace, ep.name
 FROM deliveries d
 JOIN endpoints ep ON ep.id = d.endpoint_id
@@ -1016,14 +1021,19 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- first, after the cursor, filtered by outcome, status and failure class.
 -- Parameters: namespace, name, since, until, outcomes, status_min,
 -- status_max, failure, after_at, after_delivery, after_attempt, limit.
+-- Each with its delivery's ordering key and number (NULL: unordered, or
+-- the delivery gone).
 -- Index: the unique (namespace, name) constraint;
--- delivery_attempts_endpoint_chart from `until` down to `since`.
+-- delivery_attempts_endpoint_chart from `until` down to `since`; the
+-- primary key of deliveries for each attempt of the page.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT a.delivery_id, a.event_id, a.attempt, a.attempted_by, a.started_at,
            a.duration_seconds, a.outcome, a.status, a.failure, a.error,
-           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at
+           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at,
+           (SELECT d.ordering_key FROM deliveries d WHERE d.id = a.delivery_id) AS ordering_key,
+           (SELECT d.ordering_seq FROM deliveries d WHERE d.id = a.delivery_id) AS ordering_seq
     FROM delivery_attempts a
     WHERE a.endpoint_id = ep.id
       AND a.recorded_at >= %(since)s
@@ -1695,3 +1705,86 @@ LEFT JOIN LATERAL (
     SELECT max(version) AS latest, count(*) AS versions FROM catalogue_versions WHERE type = t.name
 ) AS v ON true
 ORDER BY t.name;
+
+-- Ordered delivery (migration 0026): what people see.
+
+-- name: endpoint_ordering
+-- An endpoint's ordering state: its keys with something outstanding, the
+-- keys held (their head dead under ordering_on_dead 'hold') and since when
+-- the oldest, the deliveries waiting behind their key, and the dead
+-- deliveries its keys went on past (skipped, still kept: a resend queues
+-- them at their key's tail). No row when there is no such endpoint.
+-- Parameters: namespace, name.
+-- Index: the unique (namespace, name) constraint; ordering_keys_outstanding
+-- and ordering_keys_held per endpoint; deliveries_queue from 'infinity'
+-- (what waits behind a key is queued there); deliveries_dead with the
+-- primary key of ordering_keys for each dead ordered delivery.
+SELECT ep.id AS endpoint_id, ep.ordering_on_dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = ep.id AND k.head_seq IS NOT NULL) AS keys_outstanding,
+       h.keys_held, h.oldest_held_since,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'pending' AND d.next_attempt_at = 'infinity'
+          AND d.ordering_key IS NOT NULL) AS waiting,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'dead' AND d.ordering_key IS NOT NULL
+          AND NOT EXISTS (SELECT FROM ordering_keys k
+                          WHERE k.endpoint_id = d.endpoint_id AND k.key = d.ordering_key
+                            AND k.held_since IS NOT NULL AND k.head_seq = d.ordering_seq)) AS skipped,
+       now() AS observed_at
+FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT count(*) AS keys_held, min(k.held_since) AS oldest_held_since
+    FROM ordering_keys k
+    WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL
+) h
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s;
+
+-- name: held_keys
+-- A page of an endpoint's held keys, held longest first, after the cursor
+-- (held_since, key): each with its head (the dead delivery that holds it:
+-- id, event, attempts and last answer) and how many deliveries wait behind
+-- it. A NULL-key row when it has none there, no row when there is no such
+-- endpoint.
+-- Parameters: namespace, name, after_at, after_key, limit.
+-- Index: the unique (namespace, name) constraint; ordering_keys_held from
+-- the cursor; deliveries_ordering for each key's head and what waits
+-- behind it; primary key of events.
+SELECT ep.id AS endpoint_id, p.*
+FROM endpoints ep
+LEFT JOIN LATERAL (
+    SELECT k.key, k.held_since, k.head_seq, hd.id AS delivery_id, hd.event_id, e.type AS event_type,
+           hd.attempts, hd.last_status, hd.last_failure, hd.last_error,
+           (SELECT count(*) FROM deliveries w
+            WHERE w.endpoint_id = k.endpoint_id AND w.ordering_key = k.key
+              AND w.ordering_seq > k.head_seq AND w.state = 'pending') AS waiting
+    FROM ordering_keys k
+    LEFT JOIN deliveries hd
+           ON hd.endpoint_id = k.endpoint_id AND hd.ordering_key = k.key AND hd.ordering_seq = k.head_seq
+    LEFT JOIN events e ON e.tenant = hd.event_tenant AND e.id = hd.event_id
+    WHERE k.endpoint_id = ep.id
+      AND k.held_since IS NOT NULL
+      AND k.held_since >= coalesce(%(after_at)s::timestamptz, '-infinity')
+      AND (k.held_since, k.key) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
+                                   coalesce(%(after_key)s::text, ''))
+    ORDER BY k.held_since, k.key
+    LIMIT %(limit)s
+) p ON true
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
+ORDER BY p.held_since, p.key;
+
+-- name: held_key_counts
+-- Of the endpoints `ids`, those with held keys: how many, and since when
+-- the oldest (`hooklane status`), most held first.
+-- Parameters: ids.
+-- Index: ordering_keys_held per endpoint; primary key of endpoints.
+SELECT ep.namespace, ep.name, ep.tenant, h.keys_held, h.oldest_held_since
+FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT count(*) AS keys_held, min(k.held_since) AS oldest_held_since
+    FROM ordering_keys k
+    WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL
+) h
+WHERE ep.id = ANY(%(ids)s::bigint[])
+  AND h.keys_held > 0
+ORDER BY h.keys_held DESC, ep.namespace, ep.name;
