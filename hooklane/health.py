@@ -65,6 +65,9 @@ class EndpointHealth:
     throttled_until: datetime | None = None
     rate_per_second: int | None = None
     rate_burst: int = 1
+    # Ordered delivery: its keys held back by a dead delivery (migration
+    # 0026), which only a resend or a discard of that delivery releases.
+    held_keys: int = 0
 
     @classmethod
     def from_row(cls, row: Row) -> EndpointHealth:
@@ -102,6 +105,7 @@ class EndpointHealth:
             throttled_until=row["throttled_until"],
             rate_per_second=row["rate_per_second"],
             rate_burst=row["rate_burst"],
+            held_keys=row["held_keys"],
         )
 
 

@@ -645,13 +645,14 @@ ORDER BY p.xact, p.id;
 
 -- name: endpoint_health
 -- Per endpoint: spec, circuit, queue (pending, in flight, dead), sending
--- workers and oldest pending age, with `observed_at`, most delayed first;
--- pending counted from the ready list's floors when given.
+-- workers, oldest pending age and keys held (ordered delivery), with
+-- `observed_at`, most delayed first; pending counted from the ready
+-- list's floors when given.
 -- Parameters: partitions, namespace, name (NULL: all); floor_ids, floors,
 -- listed.
 -- Index: endpoints_partition or the unique (namespace, name) constraint;
 -- deliveries_queue from each floor, deliveries_leased, deliveries_dead,
--- each per endpoint.
+-- ordering_keys_held, each per endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
        hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
@@ -659,6 +660,8 @@ SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
        q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
        f.in_flight, f.sending_on, x.dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL) AS held_keys,
        now() AS observed_at, now() AS counted_at
 FROM endpoints ep
 LEFT JOIN unnest(%(floor_ids)s::bigint[], %(floors)s::timestamptz[]) AS fl(id, low) ON fl.id = ep.id
@@ -696,7 +699,7 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- Parameters: tenant, name_prefix, phase, not_delivering,
 -- cursor_oldest_pending_at, cursor_namespace, cursor_name, limit.
 -- Index: deliveries_queue for endpoints no fresh summary holds; for the
--- page, deliveries_leased and deliveries_dead.
+-- page, deliveries_leased, deliveries_dead and ordering_keys_held.
 WITH chosen AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
@@ -754,6 +757,8 @@ SELECT p.*,
        extract(epoch FROM now() - p.oldest_pending_at) AS oldest_pending_age,
        f.in_flight, f.sending_on,
        (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = p.id AND d.state = 'dead') AS dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = p.id AND k.held_since IS NOT NULL) AS held_keys,
        now() AS observed_at
 FROM page p
 CROSS JOIN LATERAL (
@@ -1223,7 +1228,8 @@ SELECT pg_advisory_unlock(%(lock_class)s::int, %(key)s::int) AS released;
 -- the endpoints whose digest differs from the one reflected last, and the
 -- known ones gone (NULL id, `known_id`).
 -- Parameters: ids and digests (reflected last), age_step (seconds).
--- Index: as endpoint_health; the primary key for the known ids.
+-- Index: as endpoint_health (ordering_keys_held per endpoint for its keys
+-- held); the primary key for the known ids.
 WITH health AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
@@ -1237,6 +1243,8 @@ WITH health AS (
            array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
              FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
            count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+           (SELECT count(*) FROM ordering_keys k
+            WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL) AS held_keys,
            now() AS observed_at, now() AS counted_at
     FROM endpoints ep
     LEFT JOIN deliveries d
@@ -1248,7 +1256,7 @@ WITH health AS (
                    h.effective_concurrency,
                    h.consecutive_failures, h.paused_until, h.paused_until > h.observed_at,
                    h.last_error, h.last_delivered_at, h.deactivated_reason,
-                   h.pending, h.in_flight, h.dead,
+                   h.pending, h.in_flight, h.dead, h.held_keys,
                    CASE WHEN h.oldest_pending_age IS NULL THEN -1
                         WHEN h.oldest_pending_age < 10 * %(age_step)s::float8
                           THEN floor(h.oldest_pending_age / %(age_step)s::float8)

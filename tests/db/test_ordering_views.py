@@ -188,8 +188,10 @@ async def test_a_tenant_sees_its_own_held_keys_only(api: TestClient, db):  # typ
 
 async def test_status_counts_held_keys_per_endpoint(db):
     await held_order(db, "orders")
-    await add_endpoint(db, "quiet", "http://127.0.0.1:9/hook", event_types=["nothing.*"])
-    [counted] = await store.held_key_counts(db)
+    quiet = await add_endpoint(db, "quiet", "http://127.0.0.1:9/hook", event_types=["nothing.*"])
+    ids = await db.fetchval("SELECT array_agg(id) FROM endpoints")
+    assert await store.held_key_counts(db, [quiet]) == []
+    [counted] = await store.held_key_counts(db, ids)
     assert (counted.namespace, counted.name, counted.tenant, counted.keys_held) == (
         "default",
         "orders",
@@ -254,3 +256,21 @@ async def test_the_portal_shows_a_tenant_its_held_keys(api, db):
     delivery = await response.text()
     assert response.status == 200, delivery
     assert "<dt>Ordering key</dt><dd><code>order-1</code>" in delivery
+
+
+# --- the health the operator reflects -------------------------------------------------
+
+
+async def test_the_health_every_view_reads_counts_held_keys(db):
+    await held_order(db)
+    [health] = await store.endpoint_health(db, endpoint=("default", "orders"))
+    assert health.held_keys == 1
+    [listed] = (await store.endpoint_page(db, store.EndpointFilter(), limit=10)).endpoints
+    assert listed.held_keys == 1
+    # The operator's pass: a change of the held keys alone is a change.
+    [(reflected, digest)] = (await store.endpoint_health_changed(db, {}, 10.0)).health
+    assert reflected.held_keys == 1
+    assert (await store.endpoint_health_changed(db, {reflected.id: digest}, 10.0)).health == []
+    await db.execute("UPDATE ordering_keys SET held_since = NULL")
+    [(released, _)] = (await store.endpoint_health_changed(db, {reflected.id: digest}, 10.0)).health
+    assert released.held_keys == 0

@@ -28,6 +28,7 @@ def row(**changes: Any) -> dict[str, Any]:
         "throttled_until": None,
         "rate_per_second": None,
         "rate_burst": 1,
+        "held_keys": 0,
         "consecutive_failures": 0,
         "paused_until": None,
         "last_error": None,
