@@ -27,8 +27,10 @@ async def publish_ordered(
         assert row["stored"], dict(row)
 
 
-async def kill_head(db: asyncpg.Connection, endpoint: str, key: str, error: str = "HTTP 503") -> int:
-    """Reserve the due head of ``key`` on endpoint default/``endpoint`` as
+async def kill_head(
+    db: asyncpg.Connection, endpoint: str, key: str, error: str = "HTTP 503", *, namespace: str = "default"
+) -> int:
+    """Reserve the due head of ``key`` on endpoint ``namespace``/``endpoint`` as
     a worker would, and record its attempt as the last one (dead, answered
     503 with ``error``); the key moves on or is held by the endpoint's
     ordering_on_dead. The head's delivery id."""
@@ -37,11 +39,12 @@ async def kill_head(db: asyncpg.Connection, endpoint: str, key: str, error: str 
            SET state = 'sending', attempts = d.attempts + 1, attempted_by = 'test-worker',
                lease_expires_at = now() + interval '1 minute'
            FROM endpoints ep
-           WHERE ep.id = d.endpoint_id AND ep.namespace = 'default' AND ep.name = $1
+           WHERE ep.id = d.endpoint_id AND ep.namespace = $3 AND ep.name = $1
              AND d.ordering_key = $2 AND d.state = 'pending' AND d.next_attempt_at < 'infinity'
            RETURNING d.id, d.attempts, d.endpoint_id""",
         endpoint,
         key,
+        namespace,
     )
     assert head is not None, f"no due head of {key} on {endpoint}"
     await db.execute(

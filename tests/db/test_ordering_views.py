@@ -4,6 +4,7 @@ ordering key and number of each delivery, and the held keys' pages."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import asyncpg
@@ -13,6 +14,7 @@ from openapi_schema_validator import OAS31Validator
 import hooklane
 from hooklane import store
 from hooklane.api.auth import PORTAL_COOKIE
+from hooklane.store.queries import QUERIES
 from testsupport.api import grant
 from testsupport.api_admin import AUTH, call, openapi_document
 from testsupport.fixtures import add_endpoint
@@ -274,3 +276,55 @@ async def test_the_health_every_view_reads_counts_held_keys(db):
     await db.execute("UPDATE ordering_keys SET held_since = NULL")
     [(released, _)] = (await store.endpoint_health_changed(db, {reflected.id: digest}, 10.0)).health
     assert released.held_keys == 0
+
+
+# --- what the counts cost ------------------------------------------------------------
+
+HISTORY = 3_000
+# A lookup reads the held keys' heads, what waits behind them and the dead
+# deliveries: a few rows here, whatever the endpoint delivered before.
+FEW = 20
+_SCAN = re.compile(r"Scan.* on deliveries .*actual rows=(\d+) loops=(\d+)")
+_REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck): (\d+)")
+
+
+async def _deliveries_read(db: asyncpg.Connection, statement: str, **params: Any) -> int:
+    """The most rows one scan of deliveries read (returned or filtered out)
+    in the statement's plan, over its loops."""
+    sql, *args = QUERIES[statement](**params)
+    lines = [r[0] for r in await db.fetch(f"EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) {sql}", *args)]
+    # A node's details follow its line, up to the next node's ("->").
+    nodes = "\n".join(lines).split("->")
+    counts = []
+    for node in nodes:
+        if scan := _SCAN.search(node):
+            removed = sum(int(n) for n in _REMOVED.findall(node))
+            counts.append(int(scan[2]) * (int(scan[1]) + removed))
+    assert counts, "\n".join(lines)
+    return max(counts)
+
+
+async def test_the_ordering_state_never_reads_the_delivered_history(db):
+    await held_order(db)
+    endpoint = await db.fetchval("SELECT id FROM endpoints WHERE name = 'orders'")
+    await db.execute(
+        "INSERT INTO events (id, tenant, type, data, fanout, ordering_key)"
+        " SELECT 'h' || i, 'acme', 'order.paid', '{}', 1, 'order-' || (i % 100) FROM generate_series(1, $1) i",
+        HISTORY,
+    )
+    await db.execute(
+        "INSERT INTO deliveries (endpoint_id, event_tenant, event_id, ordering_key, ordering_seq, state,"
+        "                        attempts, delivered_at)"
+        " SELECT $1, 'acme', 'h' || i, 'order-' || (i % 100), 1000 + i, 'delivered', 1, now()"
+        " FROM generate_series(1, $2) i",
+        endpoint,
+        HISTORY,
+    )
+    await db.execute("ANALYZE deliveries")
+    endpoint_name = {"namespace": "default", "name": "orders"}
+    assert await _deliveries_read(db, "endpoint_ordering", **endpoint_name) < FEW
+    page = {"after_at": None, "after_key": None, "limit": 100}
+    assert await _deliveries_read(db, "held_keys", **endpoint_name, **page) < FEW
+    # And the answers are the same as without the history.
+    summary = await store.endpoint_ordering(db, "default", "orders")
+    assert summary is not None and (summary.keys_held, summary.waiting, summary.skipped) == (1, 3, 0)
