@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -746,7 +747,32 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
             for h in healths
         ],
     )
+    if healths:
+        async with _database(settings) as conn:
+            held = await store.held_key_counts(conn, [h.id for h in healths])
+        _print_held_keys(held, healths[0].observed_at)
     return 0
+
+
+def _print_held_keys(held: list[store.HeldKeyCount], now: datetime) -> None:
+    """Of the endpoints listed, those whose ordered deliveries wait behind
+    a dead delivery of their key: nothing more of such a key is sent until
+    that delivery is resent or discarded (docs/operations.md)."""
+    if not held:
+        return
+    print()
+    _print_table(
+        ["HELD KEYS OF", "TENANT", "KEYS HELD", "OLDEST HELD SINCE"],
+        [
+            [
+                f"{h.namespace}/{h.name}",
+                h.tenant,
+                h.keys_held,
+                f"{rfc3339_seconds(h.oldest_held_since)} ({_age((now - h.oldest_held_since).total_seconds())})",
+            ]
+            for h in held
+        ],
+    )
 
 
 async def _events(args: argparse.Namespace, settings: Settings) -> int:

@@ -91,6 +91,17 @@ _STATUS = {
             "description": "The concurrency limit in force: maxConcurrency, or where"
             " spec.delivery.adaptiveConcurrency moved it to.",
         },
+        "ordering": {
+            "type": "object",
+            "description": "Ordered delivery, while some of its keys are held back (absent otherwise).",
+            "properties": {
+                "heldKeys": {
+                    "type": "integer",
+                    "description": "Keys whose delivery died and which send nothing more until it is"
+                    " resent or discarded (the held keys and why: the dashboard's endpoint page).",
+                },
+            },
+        },
     },
 }
 

@@ -69,6 +69,9 @@ class EndpointHealth:
     # What a dead delivery at the head of an ordering key does to the key
     # (endpoints.ordering_on_dead; spec.ordering.onDeadDelivery).
     ordering_on_dead: OrderingOnDead = "hold"
+    # Ordered delivery: its keys held back by a dead delivery (migration
+    # 0026), which only a resend or a discard of that delivery releases.
+    held_keys: int = 0
 
     @classmethod
     def from_row(cls, row: Row) -> EndpointHealth:
@@ -107,6 +110,7 @@ class EndpointHealth:
             rate_per_second=row["rate_per_second"],
             rate_burst=row["rate_burst"],
             ordering_on_dead=row["ordering_on_dead"],
+            held_keys=row["held_keys"],
         )
 
 

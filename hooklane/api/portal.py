@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 import asyncpg
@@ -448,6 +448,16 @@ async def log_out(request: web.Request) -> web.Response:
 # Pages.
 
 
+class _EndpointRead(NamedTuple):
+    """What an endpoint's page reads in the snapshot that found it: None
+    for each read that found it gone."""
+
+    page: store.DeliveryPage | None
+    buckets: list[charts.Bucket] | None
+    ordering: store.OrderingSummary | None
+    held: store.HeldKeyPage | None
+
+
 @audience(Audience.PORTAL)
 @portal_page
 async def endpoint_page(request: web.Request) -> web.Response:
@@ -457,7 +467,7 @@ async def endpoint_page(request: web.Request) -> web.Response:
     span = charts.check_span(request.query.get("span"))
     grant = tenant_grant(request)
 
-    async def read(conn: asyncpg.Connection) -> tuple[store.DeliveryPage | None, list[charts.Bucket] | None]:
+    async def read(conn: asyncpg.Connection) -> _EndpointRead:
         page = await store.endpoint_deliveries(
             conn,
             namespace,
@@ -466,15 +476,20 @@ async def endpoint_page(request: web.Request) -> web.Response:
             cursor=before,
             limit=DELIVERIES_PER_PAGE,
         )
-        return page, await store.endpoint_chart(conn, namespace, name, span)
+        return _EndpointRead(
+            page,
+            await store.endpoint_chart(conn, namespace, name, span),
+            await store.endpoint_ordering(conn, namespace, name),
+            await store.held_keys(conn, namespace, name, limit=store.HELD_KEYS_SHOWN),
+        )
 
     async with connection(request) as conn:
         found = await actions.with_health(conn, scope(request), namespace, name, read)
     if found is None:
         return FACE.no_endpoint(request, namespace, name)
-    health, (page, buckets) = found
-    if buckets is None:
-        # Deleted between the two reads.
+    health, (page, buckets, ordering, held) = found
+    if buckets is None or ordering is None or held is None:
+        # Deleted between the reads.
         return FACE.no_endpoint(request, namespace, name)
     path = FACE.endpoint_path(namespace, name)
     kept = [("state", state)] if state else []
@@ -485,6 +500,8 @@ async def endpoint_page(request: web.Request) -> web.Response:
         changeable=self_service_name(request.app[SETTINGS], grant.tenant, namespace, name) is not None,
         health=health,
         page=page,
+        ordering=ordering,
+        held=held,
         charts=charts.endpoint_charts(span, health.observed_at, buckets),
         span_links=pages.span_links(path, kept, span),
         state=state,

@@ -593,6 +593,16 @@ class DeliveryView:
     # Without an HTTP answer to the last attempt: why (FailureClass).
     last_failure: str | None
     last_error: str | None
+    # An ordered delivery's key and its number among the key's deliveries
+    # to the endpoint (migration 0026); None for an unordered one.
+    ordering_key: str | None = None
+    ordering_seq: int | None = None
+
+    @property
+    def waiting_behind_key(self) -> bool:
+        """Pending behind an earlier delivery of its key: it has no next
+        attempt until that one settles."""
+        return self.state == "pending" and self.ordering_key is not None and self.next_attempt_at is None
 
     @property
     def queued_again_at(self) -> datetime | None:
@@ -617,6 +627,8 @@ def delivery_view(row: asyncpg.Record) -> DeliveryView:
         row["last_status"],
         row["last_failure"],
         row["last_error"],
+        row["ordering_key"],
+        row["ordering_seq"],
     )
 
 

@@ -758,13 +758,14 @@ ORDER BY p.xact, p.id;
 
 -- name: endpoint_health
 -- Per endpoint: spec, circuit, queue (pending, in flight, dead), sending
--- workers and oldest pending age, with `observed_at`, most delayed first;
--- pending counted from the ready list's floors when given.
+-- workers, oldest pending age and keys held (ordered delivery), with
+-- `observed_at`, most delayed first; pending counted from the ready
+-- list's floors when given.
 -- Parameters: partitions, namespace, name (NULL: all); floor_ids, floors,
 -- listed.
 -- Index: endpoints_partition or the unique (namespace, name) constraint;
 -- deliveries_queue from each floor, deliveries_leased, deliveries_dead,
--- each per endpoint.
+-- ordering_keys_held, each per endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
        hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
@@ -772,6 +773,8 @@ SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason, ep.ordering_on_dead,
        q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
        f.in_flight, f.sending_on, x.dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL) AS held_keys,
        now() AS observed_at, now() AS counted_at
 FROM endpoints ep
 LEFT JOIN unnest(%(floor_ids)s::bigint[], %(floors)s::timestamptz[]) AS fl(id, low) ON fl.id = ep.id
@@ -809,7 +812,7 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- Parameters: tenant, name_prefix, phase, not_delivering,
 -- cursor_oldest_pending_at, cursor_namespace, cursor_name, limit.
 -- Index: deliveries_queue for endpoints no fresh summary holds; for the
--- page, deliveries_leased and deliveries_dead.
+-- page, deliveries_leased, deliveries_dead and ordering_keys_held.
 WITH chosen AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
@@ -868,6 +871,8 @@ SELECT p.*,
        extract(epoch FROM now() - p.oldest_pending_at) AS oldest_pending_age,
        f.in_flight, f.sending_on,
        (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = p.id AND d.state = 'dead') AS dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = p.id AND k.held_since IS NOT NULL) AS held_keys,
        now() AS observed_at
 FROM page p
 CROSS JOIN LATERAL (
@@ -980,7 +985,9 @@ WHERE s.counted_at < EXCLUDED.counted_at;
 -- name: endpoint_deliveries
 -- A page of an endpoint's deliveries, newest first, before `before_id`,
 -- filtered by states, time, last status and failure class. A NULL-id row
--- when it has none there, no row when there is no such endpoint.
+-- when it has none there, no row when there is no such endpoint. An
+-- ordered delivery with its key and number; one waiting behind its key
+-- (next_attempt_at 'infinity', migration 0026) has no next attempt.
 -- Parameters: namespace, name, states, since, until, status_min,
 -- status_max, failure, before_id, limit.
 -- Index: the unique (namespace, name) constraint; deliveries_endpoint;
@@ -990,8 +997,9 @@ FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT d.id, d.event_id, e.type AS event_type, d.state, d.attempts, d.attempted_by,
            coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
-           CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-           d.delivered_at, d.last_status, d.last_failure, d.last_error
+           CASE WHEN d.state = 'pending' AND d.next_attempt_at < 'infinity' THEN d.next_attempt_at END
+             AS next_attempt_at,
+           d.delivered_at, d.last_status, d.last_failure, d.last_error, d.ordering_key, d.ordering_seq
     FROM deliveries d
     JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
     WHERE d.endpoint_id = ep.id
@@ -1012,13 +1020,15 @@ ORDER BY p.id DESC;
 -- `namespace` and `name` are given, only if it is that endpoint's. No row
 -- when there is none. created_at is its first creation, which a resend
 -- keeps in first_created_at; queued_at when it was last queued (its
--- creation, or its latest resend: what its age counts from).
+-- creation, or its latest resend: what its age counts from). Its ordering
+-- key and number, as endpoint_deliveries.
 -- Parameters: id, namespace (or NULL), name (or NULL).
 -- Index: primary keys of deliveries, endpoints and events.
 SELECT d.id, d.event_id, e.type AS event_type, d.event_tenant AS tenant, d.state, d.attempts,
        d.attempted_by, coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
-       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-       d.delivered_at, d.last_status, d.last_failure, d.last_error,
+       CASE WHEN d.state = 'pending' AND d.next_attempt_at < 'infinity' THEN d.next_attempt_at END
+         AS next_attempt_at,
+       d.delivered_at, d.last_status, d.last_failure, d.last_error, d.ordering_key, d.ordering_seq,
        ep.namespace, ep.name
 FROM deliveries d
 JOIN endpoints ep ON ep.id = d.endpoint_id
@@ -1130,14 +1140,19 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- first, after the cursor, filtered by outcome, status and failure class.
 -- Parameters: namespace, name, since, until, outcomes, status_min,
 -- status_max, failure, after_at, after_delivery, after_attempt, limit.
+-- Each with its delivery's ordering key and number (NULL: unordered, or
+-- the delivery gone).
 -- Index: the unique (namespace, name) constraint;
--- delivery_attempts_endpoint_chart from `until` down to `since`.
+-- delivery_attempts_endpoint_chart from `until` down to `since`; the
+-- primary key of deliveries for each attempt of the page.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT a.delivery_id, a.event_id, a.attempt, a.attempted_by, a.started_at,
            a.duration_seconds, a.outcome, a.status, a.failure, a.error,
-           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at
+           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at,
+           (SELECT d.ordering_key FROM deliveries d WHERE d.id = a.delivery_id) AS ordering_key,
+           (SELECT d.ordering_seq FROM deliveries d WHERE d.id = a.delivery_id) AS ordering_seq
     FROM delivery_attempts a
     WHERE a.endpoint_id = ep.id
       AND a.recorded_at >= %(since)s
@@ -1338,7 +1353,8 @@ SELECT pg_advisory_unlock(%(lock_class)s::int, %(key)s::int) AS released;
 -- the endpoints whose digest differs from the one reflected last, and the
 -- known ones gone (NULL id, `known_id`).
 -- Parameters: ids and digests (reflected last), age_step (seconds).
--- Index: as endpoint_health; the primary key for the known ids.
+-- Index: as endpoint_health (ordering_keys_held per endpoint for its keys
+-- held); the primary key for the known ids.
 WITH health AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
@@ -1352,6 +1368,8 @@ WITH health AS (
            array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
              FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
            count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+           (SELECT count(*) FROM ordering_keys k
+            WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL) AS held_keys,
            now() AS observed_at, now() AS counted_at
     FROM endpoints ep
     LEFT JOIN deliveries d
@@ -1363,7 +1381,7 @@ WITH health AS (
                    h.effective_concurrency,
                    h.consecutive_failures, h.paused_until, h.paused_until > h.observed_at,
                    h.last_error, h.last_delivered_at, h.deactivated_reason,
-                   h.pending, h.in_flight, h.dead,
+                   h.pending, h.in_flight, h.dead, h.held_keys,
                    CASE WHEN h.oldest_pending_age IS NULL THEN -1
                         WHEN h.oldest_pending_age < 10 * %(age_step)s::float8
                           THEN floor(h.oldest_pending_age / %(age_step)s::float8)
@@ -1825,3 +1843,86 @@ LEFT JOIN LATERAL (
     SELECT max(version) AS latest, count(*) AS versions FROM catalogue_versions WHERE type = t.name
 ) AS v ON true
 ORDER BY t.name;
+
+-- Ordered delivery (migration 0026): what people see.
+
+-- name: endpoint_ordering
+-- An endpoint's ordering state: its keys with something outstanding, the
+-- keys held (their head dead under ordering_on_dead 'hold') and since when
+-- the oldest, the deliveries waiting behind their key, and the dead
+-- deliveries its keys went on past (skipped, still kept: a resend queues
+-- them at their key's tail). No row when there is no such endpoint.
+-- Parameters: namespace, name.
+-- Index: the unique (namespace, name) constraint; ordering_keys_outstanding
+-- and ordering_keys_held per endpoint; deliveries_queue from 'infinity'
+-- (what waits behind a key is queued there); deliveries_dead with the
+-- primary key of ordering_keys for each dead ordered delivery.
+SELECT ep.id AS endpoint_id, ep.ordering_on_dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = ep.id AND k.head_seq IS NOT NULL) AS keys_outstanding,
+       h.keys_held, h.oldest_held_since,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'pending' AND d.next_attempt_at = 'infinity'
+          AND d.ordering_key IS NOT NULL) AS waiting,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'dead' AND d.ordering_key IS NOT NULL
+          AND NOT EXISTS (SELECT FROM ordering_keys k
+                          WHERE k.endpoint_id = d.endpoint_id AND k.key = d.ordering_key
+                            AND k.held_since IS NOT NULL AND k.head_seq = d.ordering_seq)) AS skipped,
+       now() AS observed_at
+FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT count(*) AS keys_held, min(k.held_since) AS oldest_held_since
+    FROM ordering_keys k
+    WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL
+) h
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s;
+
+-- name: held_keys
+-- A page of an endpoint's held keys, held longest first, after the cursor
+-- (held_since, key): each with its head (the dead delivery that holds it:
+-- id, event, attempts and last answer) and how many deliveries wait behind
+-- it. A NULL-key row when it has none there, no row when there is no such
+-- endpoint.
+-- Parameters: namespace, name, after_at, after_key, limit.
+-- Index: the unique (namespace, name) constraint; ordering_keys_held from
+-- the cursor; deliveries_ordering for each key's head and what waits
+-- behind it; primary key of events.
+SELECT ep.id AS endpoint_id, p.*
+FROM endpoints ep
+LEFT JOIN LATERAL (
+    SELECT k.key, k.held_since, k.head_seq, hd.id AS delivery_id, hd.event_id, e.type AS event_type,
+           hd.attempts, hd.last_status, hd.last_failure, hd.last_error,
+           (SELECT count(*) FROM deliveries w
+            WHERE w.endpoint_id = k.endpoint_id AND w.ordering_key = k.key
+              AND w.ordering_seq > k.head_seq AND w.state = 'pending') AS waiting
+    FROM ordering_keys k
+    LEFT JOIN deliveries hd
+           ON hd.endpoint_id = k.endpoint_id AND hd.ordering_key = k.key AND hd.ordering_seq = k.head_seq
+    LEFT JOIN events e ON e.tenant = hd.event_tenant AND e.id = hd.event_id
+    WHERE k.endpoint_id = ep.id
+      AND k.held_since IS NOT NULL
+      AND k.held_since >= coalesce(%(after_at)s::timestamptz, '-infinity')
+      AND (k.held_since, k.key) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
+                                   coalesce(%(after_key)s::text, ''))
+    ORDER BY k.held_since, k.key
+    LIMIT %(limit)s
+) p ON true
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
+ORDER BY p.held_since, p.key;
+
+-- name: held_key_counts
+-- Of the endpoints `ids`, those with held keys: how many, and since when
+-- the oldest (`hooklane status`), most held first.
+-- Parameters: ids.
+-- Index: ordering_keys_held per endpoint; primary key of endpoints.
+SELECT ep.namespace, ep.name, ep.tenant, h.keys_held, h.oldest_held_since
+FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT count(*) AS keys_held, min(k.held_since) AS oldest_held_since
+    FROM ordering_keys k
+    WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL
+) h
+WHERE ep.id = ANY(%(ids)s::bigint[])
+  AND h.keys_held > 0
+ORDER BY h.keys_held DESC, ep.namespace, ep.name;

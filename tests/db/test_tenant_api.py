@@ -175,7 +175,7 @@ async def test_every_route_answers_another_tenants_ids_as_none_at_all(api, db):
         ((m, p) for m, p in tenant_routes(api) if "{" in p and "/catalogue/" not in p),
         key=lambda r: r[0] == "DELETE",
     )
-    assert len(routes) == 13, routes
+    assert len(routes) == 14, routes
     before = await db.fetch("SELECT id, state, attempts FROM deliveries ORDER BY id")
     globex = await db.fetchrow("SELECT * FROM endpoints WHERE tenant = 'globex'")
     for method, template in routes:

@@ -20,6 +20,7 @@ from hooklane.times import rfc3339, rfc3339_seconds
 from hooklane.views import detail_json
 from testsupport.cli import hooklane
 from testsupport.fixtures import SECRET, add_endpoint, flaky_history
+from testsupport.held_keys import kill_head, publish_ordered
 from testsupport.manifests import LAUGHS
 
 MANIFEST = textwrap.dedent(
@@ -595,3 +596,24 @@ def test_delivery_show_of_a_missing_or_malformed_id(dsn):
         result = hooklane(dsn, "delivery", "show", bad)
         assert result.returncode == 2 and "is not a delivery id" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+async def test_status_lists_the_endpoints_with_held_keys_after_the_table(dsn, db):
+    for name in ("orders", "quiet"):
+        await add_endpoint(db, name, "http://127.0.0.1:9/x", event_types=[f"{name}.*"])
+    for key in ("order-1", "order-2"):
+        await publish_ordered(db, key, [f"{key}-created", f"{key}-paid"], type_="orders.changed")
+        await kill_head(db, "orders", key)
+    await publish_ordered(db, "q-1", ["q-1-created"], type_="quiet.changed")
+    oldest = await db.fetchval("SELECT min(held_since) FROM ordering_keys")
+
+    status = hooklane(dsn, "status")
+    assert status.returncode == 0, status.stderr
+    table, held = status.stdout.split("\n\n")
+    assert [line.split()[0] for line in table.splitlines()[1:]] == ["default/orders", "default/quiet"]
+    header, *rows = held.splitlines()
+    assert header.split() == ["HELD", "KEYS", "OF", "TENANT", "KEYS", "HELD", "OLDEST", "HELD", "SINCE"]
+    assert [row.split()[:4] for row in rows] == [["default/orders", "acme", "2", rfc3339_seconds(oldest)]]
+    # Only the endpoints listed: none held among them, no second table.
+    quiet = hooklane(dsn, "status", "--name-prefix", "quiet")
+    assert quiet.returncode == 0 and "\n\n" not in quiet.stdout and "HELD" not in quiet.stdout

@@ -29,6 +29,7 @@ def row(**changes: Any) -> dict[str, Any]:
         "rate_per_second": None,
         "rate_burst": 1,
         "ordering_on_dead": "hold",
+        "held_keys": 0,
         "consecutive_failures": 0,
         "paused_until": None,
         "last_error": None,
