@@ -1059,14 +1059,15 @@ LIMIT %(limit)s;
 -- as is), the trace context it was published under, the endpoint's sealed
 -- request terms (its extra headers), and of its latest attempt on this
 -- event when it started (the webhook-timestamp it was sent with) and the
--- trace id the receiver got. When `namespace` and `name` are given, only
--- if it is that endpoint's. No row when there is none.
+-- trace id the receiver got; an ordered delivery's key and number. When
+-- `namespace` and `name` are given, only if it is that endpoint's. No row
+-- when there is none.
 -- Parameters: id, namespace (or NULL), name (or NULL).
 -- Index: primary keys of deliveries, endpoints and events;
 -- delivery_attempts_delivery of each partition for the latest attempt.
 SELECT e.id AS event_id, e.type, e.created_at, e.data::text AS data, e.traceparent,
        ep.request_terms, ep.namespace, ep.name, last.started_at AS last_started_at,
-       last.trace_id AS last_trace_id
+       last.trace_id AS last_trace_id, d.ordering_key, d.ordering_seq
 FROM deliveries d
 JOIN endpoints ep ON ep.id = d.endpoint_id
 JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
