@@ -202,6 +202,7 @@ def as_json(h: EndpointHealth) -> dict[str, Any]:
         "pending": h.pending,
         "in_flight": h.in_flight,
         "dead": h.dead,
+        "held_keys": h.held_keys,
         "oldest_pending_age_seconds": h.oldest_pending_age,
         "sending_on": list(h.sending_on),
         "circuit": {
