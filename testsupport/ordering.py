@@ -10,7 +10,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import pairwise
 from typing import Any
 
 import asyncpg
@@ -20,10 +19,6 @@ from hooklane.policies import CircuitPolicy
 from hooklane.results import Result
 from hooklane.store.deliveries import ADAPT_STEP_SECONDS, DELIVERED_STEP_SECONDS, RATE_LOOKAHEAD_SECONDS
 from testsupport.fixtures import ALL_PARTITIONS
-
-# The receiver's headers of an ordered delivery (docs/receivers.md).
-KEY_HEADER = "hooklane-ordering-key"
-SEQUENCE_HEADER = "hooklane-ordering-sequence"
 
 
 async def publish(
@@ -189,15 +184,3 @@ async def key_row(conn: asyncpg.Connection, endpoint_id: int, key: str) -> async
         endpoint_id,
         key,
     )
-
-
-def order_broken(received: Mapping[str, Sequence[int]]) -> list[str]:
-    """Where the numbers a receiver got of a key, in the order it got them,
-    break the guarantee: a number lower than the one before it. (A repeat
-    is only ever of the latest, at least once: the numbers never go down.)"""
-    return [
-        f"{key}: {after} after {before} in {list(seqs)}"
-        for key, seqs in received.items()
-        for before, after in pairwise(seqs)
-        if after < before
-    ]
