@@ -142,13 +142,10 @@ async def sweep(conn: asyncpg.Connection, max_keys: int = 100) -> list[asyncpg.R
     )
 
 
-async def resend(conn: asyncpg.Connection, namespace: str, name: str, ids: list[int]) -> list[asyncpg.Record]:
-    """Resend dead deliveries as an operator does, and queue them behind
-    their keys in the same transaction (hooklane_ordering_requeue_v1): the
-    endpoints made due."""
-    async with conn.transaction():
-        await store.resend_dead(conn, namespace, name, ids)
-        return await conn.fetch("SELECT * FROM hooklane_ordering_requeue_v1($1::bigint[])", ids)
+async def resend(conn: asyncpg.Connection, namespace: str, name: str, ids: list[int]) -> None:
+    """Resend dead deliveries as an operator does (``hooklane resend``):
+    each page queued behind its keys in its transaction."""
+    assert await store.resend_dead(conn, namespace, name, ids) == len(ids)
 
 
 @dataclass(frozen=True)

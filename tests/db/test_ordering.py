@@ -219,8 +219,7 @@ async def test_a_dead_head_holds_its_key_until_resent(db):
 
     # Resent, the head goes again under its own number and the key is no
     # longer held; the rest follow it.
-    made_due = await resend(db, "default", "a", [k1["id"]])
-    assert [r["endpoint_id"] for r in made_due] == [a]
+    await resend(db, "default", "a", [k1["id"]])
     row = await key_row(db, a, "k1")
     assert (row["held_since"], row["head_seq"], row["last_seq"]) == (None, 1, 3)
     sent = []
@@ -246,7 +245,12 @@ async def test_a_dead_head_is_skipped_and_resent_at_the_tail(db):
 
     # Resent, the skipped delivery takes a new number behind the key's
     # others: a receiver never gets a lower number after a higher one.
-    assert await resend(db, "default", "a", [head["id"]]) == []
+    await resend(db, "default", "a", [head["id"]])
+    assert [(o.seq, o.due, o.waiting) for o in await deliveries_of(db, a, "k") if o.state == "pending"] == [
+        (2, True, False),
+        (3, False, True),
+        (4, False, True),
+    ]
     sent = []
     while rows := await reserve(db):
         sent += [(r["event_id"], r["ordering_seq"]) for r in rows]
@@ -263,7 +267,7 @@ async def test_a_skipped_delivery_resent_when_the_key_is_idle_is_due_at_once(db)
     (head,) = await reserve(db)
     await complete(db, [(head, died(head))])
     assert (await key_row(db, a, "k"))["head_seq"] is None
-    assert [r["endpoint_id"] for r in await resend(db, "default", "a", [head["id"]])] == [a]
+    await resend(db, "default", "a", [head["id"]])
     assert _seqs(await reserve(db)) == [("k", 2)]
 
 

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from testsupport.cli import hooklane
 from testsupport.fixtures import add_endpoint, wait_for, worker_process
 from testsupport.ordering import key_row, publish
 from testsupport.receivers import Answer, Receiver, numbers_by_key, order_broken
@@ -70,7 +71,7 @@ async def test_each_key_arrives_in_order_one_at_a_time_while_others_flow(db, rec
     assert (await key_row(db, wide, KEYS[0]))["head_seq"] is None
 
 
-async def test_a_receiver_failing_a_head_holds_only_its_key(db, receiver: Receiver, workers):
+async def test_a_receiver_failing_a_head_holds_only_its_key(db, dsn, receiver: Receiver, workers):
     endpoint = await add_endpoint(db, "shop", receiver.on("shop", Answer(204)), max_concurrency=2)
     await add_endpoint(db, "audit", receiver.on("audit", Answer(204)))
     receiver.on_key("shop", "bad", Answer(500))
@@ -96,10 +97,20 @@ async def test_a_receiver_failing_a_head_holds_only_its_key(db, receiver: Receiv
     got = numbers_by_key(receiver.at("shop"))
     assert got["bad"] == [1, 1]  # its two attempts, nothing behind it
     assert got["good"] == [1, 2, 3]
-    assert numbers_by_key(receiver.at("audit")) == {"bad": [1, 2, 3], "good": [1, 2, 3]}
+    assert numbers_by_key(receiver.at("audit")) == {"bad": [1, 2, 3], "good": [1, 2, 3], "later": [1]}
     states = await db.fetch(
         "SELECT ordering_seq, state, next_attempt_at = 'infinity' AS waiting FROM deliveries"
         " WHERE endpoint_id = $1 AND ordering_key = 'bad' ORDER BY ordering_seq",
         endpoint,
     )
     assert [tuple(r) for r in states] == [(1, "dead", False), (2, "pending", True), (3, "pending", True)]
+
+    # Resent once the receiver takes it, the head goes first, under its
+    # own number, and the key's later deliveries follow it.
+    receiver.on_key("shop", "bad", Answer(204))
+    resent = await asyncio.to_thread(hooklane, dsn, "endpoint", "resend", "shop")
+    assert resent.returncode == 0, resent.stderr
+    await wait_for(lambda: numbers_by_key(receiver.at("shop"))["bad"][-1] == 3, timeout=30)
+    assert numbers_by_key(receiver.at("shop"))["bad"] == [1, 1, 1, 2, 3]
+    assert all(peak == 1 for (path, key), peak in receiver.key_peak.items() if key)
+    assert (await key_row(db, endpoint, "bad"))["held_since"] is None
