@@ -229,6 +229,23 @@ async def test_a_dead_head_holds_its_key_until_resent(db):
     assert sent == [("k1", 1), ("k1", 2), ("k1", 3)]
 
 
+async def test_a_held_head_discarded_lets_its_key_go_on(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await publish(db, "k")
+    later = await publish(db, "k")
+    (head,) = await reserve(db)
+    await complete(db, [(head, died(head))])
+    assert (await key_row(db, a, "k"))["held_since"] is not None
+    assert await reserve(db) == []
+
+    discarded = await store.discard_dead(db, "default", "a", [head["id"]], "test")
+    assert discarded is not None and discarded.count == 1
+    row = await key_row(db, a, "k")
+    assert (row["held_since"], row["head_seq"], row["skipped"]) == (None, 2, 0)
+    (sent,) = await reserve(db)
+    assert (sent["event_id"], sent["ordering_seq"]) == (later, 2)
+
+
 async def test_a_dead_head_is_skipped_and_resent_at_the_tail(db):
     a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await db.execute("UPDATE endpoints SET ordering_on_dead = 'skip' WHERE id = $1", a)

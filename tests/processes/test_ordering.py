@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from hooklane import store
 from testsupport.cli import hooklane
 from testsupport.fixtures import add_endpoint, wait_for, worker_process
 from testsupport.ordering import key_row, publish
@@ -114,3 +115,39 @@ async def test_a_receiver_failing_a_head_holds_only_its_key(db, dsn, receiver: R
     assert numbers_by_key(receiver.at("shop"))["bad"] == [1, 1, 1, 2, 3]
     assert all(peak == 1 for (path, key), peak in receiver.key_peak.items() if key)
     assert (await key_row(db, endpoint, "bad"))["held_since"] is None
+
+
+async def test_a_head_completed_while_a_publisher_holds_its_key_is_followed(
+    db, dsn, receiver: Receiver, workers
+):
+    endpoint = await add_endpoint(db, "shop", receiver.on("shop", Answer(204)))
+    gate = asyncio.Event()
+    receiver.on_key("shop", "k", lambda i: Answer(204, held=gate) if i == 0 else Answer(204))
+    await publish(db, "k")
+    workers()
+    await wait_for(lambda: receiver.at("shop"), timeout=30)
+
+    # A publisher's transaction holds the key's row while the head's result
+    # is recorded: the worker does not wait for it, and once it commits the
+    # delivery it queued is sent (the worker's retry of the busy key, or its
+    # sweep), after the head.
+    publisher = await store.connect(dsn)
+    try:
+        tx = publisher.transaction()
+        await tx.start()
+        late = await publish(publisher, "k")
+        gate.set()
+        await wait_for(
+            lambda: db.fetchval(
+                "SELECT state = 'delivered' FROM deliveries WHERE endpoint_id = $1 AND ordering_seq = 1",
+                endpoint,
+            ),
+            timeout=30,
+        )
+        await tx.commit()
+    finally:
+        await publisher.close()
+    await wait_for(lambda: len(receiver.at("shop")) == 2, timeout=30)
+    second = receiver.at("shop")[1]
+    assert numbers_by_key(receiver.at("shop")) == {"k": [1, 2]}
+    assert second.headers["webhook-id"] == late
