@@ -246,6 +246,21 @@ async def test_a_held_head_discarded_lets_its_key_go_on(db):
     assert (sent["event_id"], sent["ordering_seq"]) == (later, 2)
 
 
+async def test_a_held_key_goes_on_once_its_endpoint_skips(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await publish(db, "k")
+    await publish(db, "k")
+    (head,) = await reserve(db)
+    await complete(db, [(head, died(head))])
+    assert (await key_row(db, a, "k"))["held_since"] is not None
+    # The policy changed after the head died: the sweep moves the key on.
+    await db.execute("UPDATE endpoints SET ordering_on_dead = 'skip' WHERE id = $1", a)
+    assert [(r["endpoint_id"], r["key"]) for r in await sweep(db)] == [(a, "k")]
+    row = await key_row(db, a, "k")
+    assert (row["held_since"], row["head_seq"], row["skipped"]) == (None, 2, 1)
+    assert _seqs(await reserve(db)) == [("k", 2)]
+
+
 async def test_a_dead_head_is_skipped_and_resent_at_the_tail(db):
     a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     await db.execute("UPDATE endpoints SET ordering_on_dead = 'skip' WHERE id = $1", a)

@@ -12,7 +12,14 @@ from hooklane import store
 from testsupport.cli import hooklane
 from testsupport.fixtures import add_endpoint, wait_for, worker_process
 from testsupport.ordering import key_row, publish
-from testsupport.receivers import Answer, Receiver, numbers_by_key, order_broken
+from testsupport.receivers import (
+    ORDERING_KEY,
+    ORDERING_SEQUENCE,
+    Answer,
+    Receiver,
+    numbers_by_key,
+    order_broken,
+)
 
 KEYS = [f"order-{i}" for i in range(5)]
 EVENTS_PER_KEY = 6
@@ -66,6 +73,10 @@ async def test_each_key_arrives_in_order_one_at_a_time_while_others_flow(db, rec
         assert got == {k: list(range(1, EVENTS_PER_KEY + 1)) for k in KEYS}, path
         assert all(receiver.key_peak[(f"/{path}", k)] == 1 for k in KEYS), dict(receiver.key_peak)
         assert len(receiver.at(path)) == EVENTS_PER_KEY * (len(KEYS) + 1)
+        # An unordered delivery carries neither header.
+        unordered = [r for r in receiver.at(path) if ORDERING_KEY not in r.headers]
+        assert len(unordered) == EVENTS_PER_KEY
+        assert not any(ORDERING_SEQUENCE in r.headers for r in unordered)
     # Keys in parallel, within the endpoint's limit.
     assert 1 < receiver.peak["/wide"] <= 4
     assert receiver.peak["/narrow"] <= 2
