@@ -241,6 +241,20 @@ async def purge_ordering_keys(conn: asyncpg.Connection, retention_seconds: float
             return purged
 
 
+async def advance_ordering(
+    conn: asyncpg.Connection, keys: Sequence[tuple[int, str]]
+) -> tuple[list[tuple[int, int, datetime]], list[tuple[int, str]]]:
+    """Move on the (endpoint, key) ``keys`` whose head settled
+    (hooklane_ordering_advance_v1, notifying the owner of each endpoint given
+    a due delivery): the deliveries made due, as endpoint, partition and due
+    time, and the keys a publishing transaction still holds."""
+    rows = await conn.fetch(
+        *QUERIES["ordering_advance"](endpoint_ids=[e for e, _ in keys], keys=[k for _, k in keys])
+    )
+    promoted = [(r["endpoint_id"], r["partition"], r["due"]) for r in rows if r["due"] is not None]
+    return promoted, [(r["endpoint_id"], r["key"]) for r in rows if r["due"] is None]
+
+
 # Keys one sweep moves on at most: a pass is bounded however many keys a
 # crash left behind, and the next pass takes the rest.
 ORDERING_SWEEP_KEYS = 1000

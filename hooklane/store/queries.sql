@@ -546,8 +546,10 @@ FROM hooklane_ordering_sweep_v1(%(partitions)s::int[], %(max_keys)s);
 
 -- name: ordering_advance
 -- Move on the given keys (endpoint, key) whose head settled outside the
--- worker (discarded by hand), notifying the owner of each endpoint given
--- a due delivery: hooklane_ordering_advance_v1 (migration 0026).
+-- worker's recording (discarded by hand), or while a publisher held them,
+-- notifying the owner of each endpoint given a due delivery:
+-- hooklane_ordering_advance_v1 (migration 0026). Keys still held come back
+-- with a NULL due.
 -- Parameters: endpoint_ids, keys.
 -- Index: primary keys of ordering_keys and endpoints, deliveries_ordering.
 SELECT endpoint_id, partition, key, due

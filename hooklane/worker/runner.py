@@ -47,6 +47,7 @@ from hooklane.worker.jobs import (
     Rebalancer,
     run_every,
 )
+from hooklane.worker.ordering import BusyKeys
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
 from hooklane.worker.ready import ReadyList, Wakeup
 from hooklane.worker.rules import (
@@ -117,6 +118,7 @@ class Worker:
         self._owner: PartitionOwner | None = None
         self._pool: asyncpg.Pool | None = None
         self._probe: CommitProbe | None = None
+        self._busy_keys: BusyKeys | None = None
         self._sender: Sender | None = None
         self._keys: dict[str, bytes] = {}
         self._terms = TermsCache(settings.encryption_key)
@@ -138,6 +140,11 @@ class Worker:
     def probe(self) -> CommitProbe:
         assert self._probe is not None, "used before _start"
         return self._probe
+
+    @property
+    def busy_keys(self) -> BusyKeys:
+        assert self._busy_keys is not None, "used before _start"
+        return self._busy_keys
 
     @property
     def sender(self) -> Sender:
@@ -172,6 +179,7 @@ class Worker:
         ]
         background = [asyncio.create_task(run_every(job, self._stopping), name=job.name) for job in jobs]
         background.append(asyncio.create_task(self.probe.run(self._stopping), name="probe"))
+        background.append(asyncio.create_task(self.busy_keys.run(self._stopping), name="ordering"))
         try:
             done, _ = await asyncio.wait(
                 [reserve, recorder, *background], return_when=asyncio.FIRST_COMPLETED
@@ -212,6 +220,7 @@ class Worker:
                 # commits after it, the probes find; before it, the listing
                 # of each partition as it is taken.
                 self._probe = self._probe or CommitProbe(s, self._pool, self._committed)
+                self._busy_keys = self._busy_keys or BusyKeys(self._pool, self.ready_list, self.trigger)
                 await self.probe.start()
                 self._owner = PartitionOwner(
                     s.database_url,
@@ -519,7 +528,9 @@ class Worker:
         self._results.put_nowait(result)
         # Its slot is held until the result is written: at the endpoint's
         # limit, the next delivery waits for that.
-        if self.ready_list.busy(row.endpoint_id) >= row.max_concurrency:
+        # So does an ordered delivery's key: the next of it is due only
+        # once this one's result is written.
+        if row.ordering_key is not None or self.ready_list.busy(row.endpoint_id) >= row.max_concurrency:
             self.trigger.result_awaited()
         if isinstance(outcome, Dead):
             logger.warning(
@@ -570,7 +581,7 @@ class Worker:
                     break
                 item = self._results.get_nowait()
             if batch:
-                await record(
+                busy = await record(
                     self.pool,
                     batch,
                     self.settings.circuit,
@@ -580,6 +591,7 @@ class Worker:
                     self.settings.worker_id,
                     self.settings.adaptive_step_seconds,
                 )
+                self.busy_keys.add(busy)
             if item is None:
                 if self._results.empty():
                     return
@@ -684,13 +696,15 @@ async def record(
     owned: list[int],
     worker_id: str,
     adapt_step_seconds: float = store.ADAPT_STEP_SECONDS,
-) -> None:
+) -> list[tuple[int, str]]:
     """Write a batch of results and their attempts (made by ``worker_id``),
     retrying while Postgres is unreachable or aborts the statement: a
     result is never dropped while the worker lives (and if it dies, the
     lease runs out and the delivery is sent again).
     The ready list learns which slots are free and what is due again;
-    retries for partitions outside ``owned`` are notified to their owner."""
+    retries for partitions outside ``owned`` are notified to their owner.
+    Returns the ordering keys a publisher held, to move on later
+    (:class:`~hooklane.worker.ordering.BusyKeys`)."""
     delay = 0.1
     with tracing.internal("record", results=len(batch)):
         while True:
@@ -726,3 +740,4 @@ async def record(
     now = datetime.now(UTC)
     if ready.recorded((r.delivery_id for r in batch), (ep.recorded() for ep in touched), now):
         trigger.endpoint_ready()
+    return [(ep.id, key) for ep in touched for key in ep.ordering_busy or ()]

@@ -3,6 +3,7 @@ receiver got (testsupport/receivers.py): they must catch what breaks it."""
 
 from __future__ import annotations
 
+from hooklane.worker.ordering import FIRST_RETRY_SECONDS, LAST_RETRY_SECONDS, next_retry
 from testsupport.receivers import ORDERING_KEY, ORDERING_SEQUENCE, Received, numbers_by_key, order_broken
 
 
@@ -20,3 +21,12 @@ def test_a_repeat_of_the_latest_is_in_order_and_an_earlier_one_is_not():
     assert order_broken({"k": [1, 2, 2, 3, 5]}) == []
     assert order_broken({"k": [1, 2, 3, 2], "j": [1]}) == ["k: 2 after 3 in [1, 2, 3, 2]"]
     assert order_broken({"k": [2, 1]}) == ["k: 1 after 2 in [2, 1]"]
+
+
+def test_a_busy_key_is_tried_again_soon_then_every_second_at_most():
+    delays = [FIRST_RETRY_SECONDS]
+    while delays[-1] < LAST_RETRY_SECONDS:
+        delays.append(next_retry(delays[-1]))
+    assert delays[:3] == [0.01, 0.02, 0.04]
+    assert delays[-1] == LAST_RETRY_SECONDS == next_retry(LAST_RETRY_SECONDS)
+    assert len(delays) == 8
