@@ -97,7 +97,9 @@ class Config:
 
 
 PRESETS = {
-    "full": Config(keys=(1, 10, 1000), max_concurrency=(4, 16), delays_ms=(0, 20)),
+    "full": Config(
+        keys=(1, 10, 1000), max_concurrency=(4, 16), delays_ms=(0, 20), seconds=12, drain_timeout=10
+    ),
     "quick": Config(keys=(1, 10, 1000), max_concurrency=(4,), delays_ms=(0,), seconds=10),
     "smoke": Config(
         keys=(1, 10),
