@@ -60,11 +60,15 @@ REFUSED_HEADERS = (
     "traceparent",
     "tracestate",
     "user-agent",
+    # An ordered delivery's key and number (docs/receivers.md).
+    "hooklane-ordering-key",
+    "hooklane-ordering-sequence",
 )
 REFUSED_HEADER_PREFIX = "webhook-"
 REFUSED_HEADERS_TEXT = (
     "hop-by-hop headers, Host, Content-Type, Content-Length, Content-Encoding, Expect, User-Agent, the trace"
-    " context (traceparent, tracestate) and the webhook-* signature headers are Hooklane's"
+    " context (traceparent, tracestate), the ordering headers (hooklane-ordering-key, hooklane-ordering-sequence)"
+    " and the webhook-* signature headers are Hooklane's"
 )
 
 # A duration as Kubernetes writes one (metav1.Duration: "72h", "1h30m",

@@ -72,6 +72,9 @@ class Result:
     retry_after: float | None = None
     # None: recorded as started when the result is written, with no duration.
     timing: Timing | None = None
+    # An ordered delivery's endpoint and key, whose head this may settle
+    # (None: unordered).
+    ordered: tuple[int, str] | None = None
 
     @classmethod
     def delivered(

@@ -42,12 +42,19 @@ def event_body(event_id: str, event_type: str, created_at: datetime, data_json: 
 
 
 def request_headers(
-    extra: Iterable[tuple[str, str]], msg_id: str, timestamp: int, signature: str, traceparent: str | None
+    extra: Iterable[tuple[str, str]],
+    msg_id: str,
+    timestamp: int,
+    signature: str,
+    traceparent: str | None,
+    ordering: tuple[str, int] | None = None,
 ) -> dict[str, str]:
     """The headers of one delivery's request beyond ``User-Agent`` and
     ``Content-Type`` (every request's): the endpoint's ``extra`` ones first
-    (which cannot name any of these), then the signature's and the trace
-    context when there is one."""
+    (which cannot name any of these), then the signature's, the trace
+    context when there is one, and an ordered delivery's key and number
+    (``ordering``). Like the trace context, the last two are outside the
+    signature, which Standard Webhooks defines over id, timestamp and body."""
     headers = {
         **dict(extra),
         "webhook-id": msg_id,
@@ -56,6 +63,9 @@ def request_headers(
     }
     if traceparent is not None:
         headers["traceparent"] = traceparent
+    if ordering is not None:
+        headers["hooklane-ordering-key"], sequence = ordering
+        headers["hooklane-ordering-sequence"] = str(sequence)
     return headers
 
 

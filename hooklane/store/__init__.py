@@ -83,6 +83,7 @@ from hooklane.store.deliveries import (
     resend_dead,
     resend_dead_pages,
     reserve,
+    sweep_ordering,
     unrouted_counts,
     unrouted_events,
 )
@@ -299,6 +300,7 @@ __all__ = [
     "stored_endpoint",
     "stored_endpoints",
     "stored_form",
+    "sweep_ordering",
     "table_statistics",
     "take_notices",
     "tenant_endpoint_count",

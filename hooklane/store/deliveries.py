@@ -38,7 +38,7 @@ ADAPT_STEP_SECONDS = 5.0
 
 class Reserved(NamedTuple):
     """A delivery a round reserved, with what its call needs (the columns
-    of hooklane_reserve_v7's delivery rows)."""
+    of hooklane_reserve_v8's delivery rows)."""
 
     id: int
     attempts: int  # with this one: the fence its result is recorded by
@@ -62,6 +62,8 @@ class Reserved(NamedTuple):
     max_attempts: int | None  # None: the settings'
     max_age_seconds: float | None  # None: the settings'
     rate_per_second: int | None
+    ordering_key: str | None  # None: unordered
+    ordering_seq: int | None  # its number among the key's deliveries to the endpoint
 
 
 # Built once per row by name, in C: the reservation is the hot path.
@@ -147,7 +149,7 @@ DELIVERED_STEP_SECONDS = 30.0
 
 
 class Touched(NamedTuple):
-    """An endpoint as a batch of results left it (hooklane_complete_v5's
+    """An endpoint as a batch of results left it (hooklane_complete_v6's
     rows)."""
 
     id: int
@@ -164,6 +166,8 @@ class Touched(NamedTuple):
     throttled_until: datetime | None  # an adaptive endpoint's hold
     effective_concurrency: int
     lowered: bool  # this batch lowered its adaptive limit
+    # Its keys a publishing transaction held, left for the sweep (None: none).
+    ordering_busy: list[str] | None
 
     def recorded(self) -> Recorded:
         # An adaptive endpoint's hold (a Retry-After, or a step at a limit
@@ -189,8 +193,12 @@ async def complete(
     ``worker_id``); returns the endpoints touched as they left them. An
     adaptive endpoint's hold and limit change at most once per
     ``adapt_step_seconds``. Retries of endpoints outside ``partitions`` (the
-    recording worker's) are notified to their owner."""
+    recording worker's) are notified to their owner. The keys of ordered
+    results (``Result.ordered``) move on in the same transaction: the next
+    delivery of each key whose head settled becomes due (its endpoint's
+    ``retried_head``)."""
     now = datetime.now(UTC)
+    ordered = [r.ordered for r in results if r.ordered is not None]
     rows = await conn.fetch(
         *QUERIES["complete"](
             ids=[r.delivery_id for r in results],
@@ -211,9 +219,27 @@ async def complete(
             partitions=partitions,
             delivered_step_seconds=DELIVERED_STEP_SECONDS,
             adapt_step_seconds=adapt_step_seconds,
+            ordered_endpoints=[endpoint_id for endpoint_id, _ in ordered],
+            ordered_keys=[key for _, key in ordered],
         )
     )
     return [Touched._make(_TOUCHED(r)) for r in rows]
+
+
+# Keys one sweep moves on at most: a pass is bounded however many keys a
+# crash left behind, and the next pass takes the rest.
+ORDERING_SWEEP_KEYS = 1000
+
+
+async def sweep_ordering(
+    conn: asyncpg.Connection, partitions: list[int], max_keys: int = ORDERING_SWEEP_KEYS
+) -> list[tuple[int, int, datetime]]:
+    """Move on the keys of ``partitions`` whose head settled without its
+    key moving (hooklane_ordering_sweep_v1); returns each delivery made due
+    as its endpoint, partition and due time. Call only while this session
+    holds those partitions' advisory locks."""
+    rows = await conn.fetch(*QUERIES["ordering_sweep"](partitions=partitions, max_keys=max_keys))
+    return [(r["endpoint_id"], r["partition"], r["due"]) for r in rows if r["due"] is not None]
 
 
 @dataclass(frozen=True)
@@ -409,11 +435,13 @@ async def resend_dead_pages(
     it queued is no longer dead."""
 
     async def one(after: int) -> _Page[int] | None:
-        row = await conn.fetchrow(
-            *QUERIES["resend_dead"](
-                namespace=namespace, name=name, tenant=tenant, ids=ids, after=after, page_size=page
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                *QUERIES["resend_dead"](
+                    namespace=namespace, name=name, tenant=tenant, ids=ids, after=after, page_size=page
+                )
             )
-        )
+            await _requeue_ordered(conn, row)
         return _repair_page(row, page)
 
     return await _paged(conn, one, 0, stop_at)
@@ -435,14 +463,29 @@ async def discard_dead(
     endpoint."""
 
     async def one(after: int) -> _Page[int] | None:
-        row = await conn.fetchrow(
-            *QUERIES["discard_dead"](
-                namespace=namespace, name=name, ids=ids, by=by, after=after, page_size=page
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                *QUERIES["discard_dead"](
+                    namespace=namespace, name=name, ids=ids, by=by, after=after, page_size=page
+                )
             )
-        )
+            if row is not None and row["ordered_endpoints"]:
+                # A discarded head lets its key go on.
+                await conn.fetch(
+                    *QUERIES["ordering_advance"](
+                        endpoint_ids=row["ordered_endpoints"], keys=row["ordered_keys"]
+                    )
+                )
         return _repair_page(row, page)
 
     return await _paged(conn, one, 0, stop_at)
+
+
+async def _requeue_ordered(conn: asyncpg.Connection, row: asyncpg.Record | None) -> None:
+    """Place the deliveries of ordered events a page set pending behind
+    their keys, in its transaction (until then they wait, never due)."""
+    if row is not None and row["ordered"]:
+        await conn.fetch(*QUERIES["ordering_requeue"](ids=row["ordered"]))
 
 
 def _repair_page(row: asyncpg.Record | None, page: int) -> _Page[int] | None:
@@ -494,17 +537,19 @@ async def replay_pages(
             return None
 
     async def one(position: tuple[int, str]) -> _Page[tuple[int, str]] | None:
-        row = await conn.fetchrow(
-            *QUERIES["replay_since"](
-                namespace=namespace,
-                name=name,
-                tenant=tenant,
-                since=since,
-                cursor_xact=str(position[0]),
-                cursor_id=position[1],
-                page_size=page,
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                *QUERIES["replay_since"](
+                    namespace=namespace,
+                    name=name,
+                    tenant=tenant,
+                    since=since,
+                    cursor_xact=str(position[0]),
+                    cursor_id=position[1],
+                    page_size=page,
+                )
             )
-        )
+            await _requeue_ordered(conn, row)
         if row is None:
             return None
         return _Page(row["replayed"], (int(row["xact"]), row["id"]) if row["scanned"] == page else None)

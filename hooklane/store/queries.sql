@@ -317,7 +317,9 @@ SELECT * FROM unnest(%(tenants)s::text[], %(types)s::text[], %(reasons)s::text[]
 -- The deliverable endpoints of the partitions with pending deliveries,
 -- each with its head, read from `since` (NULL: the start) except the
 -- partitions in `whole`: a worker taking partitions, and its sweep. One
--- row: checked_at and the endpoints, partitions and heads.
+-- row: checked_at and the endpoints, partitions and heads. A delivery
+-- waiting behind its ordering key ('infinity') is no head: its key's
+-- moving on wakes the endpoint.
 -- Parameters: partitions, since, whole.
 -- Index: endpoints_partition; deliveries_queue from where each is read.
 SELECT now() AS checked_at,
@@ -332,6 +334,7 @@ CROSS JOIN LATERAL (
       AND d.state = 'pending'
       AND d.next_attempt_at >= CASE WHEN ep.partition = ANY(%(whole)s::int[]) THEN '-infinity'
                                     ELSE coalesce(%(since)s::timestamptz, '-infinity') END
+      AND d.next_attempt_at < 'infinity'
 ) h
 WHERE ep.partition = ANY(%(partitions)s::int[])
   AND hooklane_deliverable(ep)
@@ -340,12 +343,21 @@ WHERE ep.partition = ANY(%(partitions)s::int[])
 -- name: published_since
 -- The endpoints with pending deliveries of the events committed since the
 -- snapshot `since` (NULL: the snapshot alone), with their partitions and
--- dues, the number of events and the next snapshot: the commit probe.
+-- dues, the number of events and the next snapshot: the commit probe. An
+-- endpoint whose new deliveries all wait behind their ordering keys
+-- ('infinity') is not woken: its keys' moving on wakes it.
 -- Parameters: since (a pg_snapshot as text, or NULL).
 -- Index: the function's (events_xact; deliveries_event; primary key of
 -- endpoints).
-SELECT snapshot, events, endpoint_ids, partitions, dues
-FROM hooklane_published_since_v1(%(since)s::text);
+SELECT p.snapshot, p.events,
+       coalesce(array_agg(w.endpoint_id ORDER BY w.endpoint_id) FILTER (WHERE w.due < 'infinity'), '{}')
+         AS endpoint_ids,
+       coalesce(array_agg(w.partition ORDER BY w.endpoint_id) FILTER (WHERE w.due < 'infinity'), '{}')
+         AS partitions,
+       coalesce(array_agg(w.due ORDER BY w.endpoint_id) FILTER (WHERE w.due < 'infinity'), '{}') AS dues
+FROM hooklane_published_since_v1(%(since)s::text) p
+LEFT JOIN LATERAL unnest(p.endpoint_ids, p.partitions, p.dues) AS w(endpoint_id, partition, due) ON true
+GROUP BY p.snapshot, p.events;
 
 -- name: hint_published
 -- Tell the workers to probe now (published_since): the API's group commit
@@ -406,14 +418,15 @@ FROM rescued r;
 -- name: reserve
 -- Reserve due deliveries of the candidates from their floors, tenant first
 -- then endpoint, within caps and an optional tenant ceiling, and a verdict
--- row (NULL id) per candidate: hooklane_reserve_v7 (migration 0020). Under
--- the partitions' advisory locks.
+-- row (NULL id) per candidate: hooklane_reserve_v8 (migration 0026: v7's,
+-- with each delivery's ordering key and number). Under the partitions'
+-- advisory locks.
 -- Parameters: partitions (owned), candidates, floors, caps, apart, limit,
 -- lease_grace_seconds, worker_id, lookahead_seconds, tenant_ceiling.
 -- Index: primary key of endpoints, deliveries_leased,
 -- deliveries_tenant_leased, deliveries_rate, deliveries_queue from each
 -- floor, primary key of events (see the function).
-SELECT * FROM hooklane_reserve_v7(%(partitions)s::int[], %(candidates)s::bigint[],
+SELECT * FROM hooklane_reserve_v8(%(partitions)s::int[], %(candidates)s::bigint[],
                                   %(floors)s::timestamptz[], %(caps)s::int[],
                                   %(apart)s::boolean[], %(limit)s,
                                   %(lease_grace_seconds)s, %(worker_id)s, %(lookahead_seconds)s,
@@ -421,24 +434,59 @@ SELECT * FROM hooklane_reserve_v7(%(partitions)s::int[], %(candidates)s::bigint[
 
 -- name: complete
 -- Record a batch of results, fenced by (state, attempts), with their
--- attempts, and fold them into each endpoint's circuit and limit:
--- hooklane_complete_v5 (migration 0011). Returns each touched endpoint.
+-- attempts, and fold them into each endpoint's circuit and limit, then
+-- move on the keys of its ordered deliveries: hooklane_complete_v6
+-- (migration 0026). Returns each touched endpoint.
 -- Parameters (arrays of equal length): ids, attempts, outcomes, retry_ins,
 -- statuses, errors, failures, started_ats, durations, retry_afters,
 -- trace_ids; then worker_id, threshold, step_seconds, cap_seconds,
--- partitions (owned), delivered_step_seconds, adapt_step_seconds.
--- Index: primary keys of deliveries and endpoints (see the function); the
--- attempts go to today's partition.
+-- partitions (owned), delivered_step_seconds, adapt_step_seconds; then
+-- ordered_endpoints and ordered_keys (one pair per ordered delivery).
+-- Index: primary keys of deliveries, endpoints and ordering_keys,
+-- deliveries_ordering (see the functions); the attempts go to today's
+-- partition.
 SELECT id, partition, namespace, name, state, paused_until, consecutive_failures, deliverable,
-       retried_head, opened, deactivated, throttled_until, effective_concurrency, lowered
-FROM hooklane_complete_v5(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+       retried_head, opened, deactivated, throttled_until, effective_concurrency, lowered,
+       ordering_busy
+FROM hooklane_complete_v6(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
                           %(retry_ins)s::float8[], %(statuses)s::int[], %(errors)s::text[],
                           %(failures)s::text[], %(started_ats)s::timestamptz[],
                           %(durations)s::float8[], %(retry_afters)s::float8[],
                           %(trace_ids)s::text[], %(worker_id)s,
                           %(threshold)s, %(step_seconds)s, %(cap_seconds)s,
                           %(partitions)s::int[], %(delivered_step_seconds)s,
-                          %(adapt_step_seconds)s);
+                          %(adapt_step_seconds)s, %(ordered_endpoints)s::bigint[],
+                          %(ordered_keys)s::text[]);
+
+-- name: ordering_sweep
+-- Move on the keys of the owned partitions whose head settled without
+-- their key moving (a key a publisher held when its head was recorded, a
+-- worker that died, an endpoint whose policy became 'skip'):
+-- hooklane_ordering_sweep_v1 (migration 0026). Under the partitions'
+-- advisory locks. Returns the promoted deliveries' endpoints, partitions
+-- and due times, and the keys still held by a publisher (due NULL).
+-- Parameters: partitions (owned), max_keys.
+-- Index: endpoints_partition, ordering_keys_outstanding,
+-- deliveries_ordering (see the function).
+SELECT endpoint_id, partition, key, due
+FROM hooklane_ordering_sweep_v1(%(partitions)s::int[], %(max_keys)s);
+
+-- name: ordering_advance
+-- Move on the given keys (endpoint, key) whose head settled outside the
+-- worker (discarded by hand), notifying the owner of each endpoint given
+-- a due delivery: hooklane_ordering_advance_v1 (migration 0026).
+-- Parameters: endpoint_ids, keys.
+-- Index: primary keys of ordering_keys and endpoints, deliveries_ordering.
+SELECT endpoint_id, partition, key, due
+FROM hooklane_ordering_advance_v1(%(endpoint_ids)s::bigint[], %(keys)s::text[], NULL);
+
+-- name: ordering_requeue
+-- Queue resent or replayed deliveries of ordered events behind their keys
+-- (a resent head is due at once): hooklane_ordering_requeue_v1 (migration
+-- 0026). In the transaction that set them pending.
+-- Parameters: ids.
+-- Index: primary keys of deliveries and ordering_keys, deliveries_ordering.
+SELECT endpoint_id, partition, due FROM hooklane_ordering_requeue_v1(%(ids)s::bigint[]);
 
 -- name: deactivate_failing
 -- Deactivate endpoints that have failed without a success for too long. Their
@@ -582,7 +630,10 @@ FROM (SELECT 1) one LEFT JOIN last ON true;
 -- name: resend_dead
 -- Resend one page of an endpoint's dead deliveries (all, or `ids`) after
 -- a delivery id: a new life, first_created_at kept. One row per page if the
--- endpoint exists (with `tenant`, when given).
+-- endpoint exists (with `tenant`, when given), with the ids of the
+-- deliveries of ordered events it set pending (`ordered`), which wait for
+-- ordering_requeue, in the same transaction, to place them behind their
+-- keys.
 -- Parameters: namespace, name, tenant, ids, after, page_size.
 -- Index: the unique (namespace, name) constraint; deliveries_dead from the
 -- position.
@@ -603,14 +654,15 @@ page AS (
 ),
 resent AS (
     UPDATE deliveries d
-    SET state = 'pending', attempts = 0, next_attempt_at = now(),
+    SET state = 'pending', attempts = 0,
+        next_attempt_at = CASE WHEN d.ordering_key IS NULL THEN now() ELSE 'infinity' END,
         first_created_at = coalesce(d.first_created_at, d.created_at), created_at = now(),
         last_error = NULL, last_status = NULL, last_failure = NULL
     FROM page p, endpoint ep
     WHERE d.id = p.id
       AND d.state = 'dead'
       AND d.event_tenant = ep.tenant
-    RETURNING d.id, ep.id AS endpoint_id, ep.partition
+    RETURNING d.id, ep.id AS endpoint_id, ep.partition, d.ordering_key
 ),
 woken AS (
     SELECT hooklane_wake_v2(array_agg(r.endpoint_id), array_agg(r.partition), array_agg(now()))
@@ -618,7 +670,8 @@ woken AS (
 )
 SELECT (SELECT count(*) FROM resent) AS done,
        (SELECT count(*) FROM page) AS scanned,
-       (SELECT max(p.id) FROM page p) AS last
+       (SELECT max(p.id) FROM page p) AS last,
+       (SELECT array_agg(r.id) FROM resent r WHERE r.ordering_key IS NOT NULL) AS ordered
 FROM endpoint, woken;
 
 -- name: list_events
@@ -1046,7 +1099,9 @@ ORDER BY p.recorded_at DESC, p.delivery_id DESC, p.attempt DESC;
 -- name: discard_dead
 -- Discard for good one page of an endpoint's dead deliveries (all, or
 -- `ids`) after a delivery id, noting `by` in last_error. One row per page
--- if the endpoint exists.
+-- if the endpoint exists, with the keys of the ordered ones discarded
+-- (ordered_endpoints, ordered_keys), for ordering_advance to move on in the
+-- same transaction.
 -- Parameters: namespace, name, ids, by, after, page_size.
 -- Index: the unique (namespace, name) constraint; deliveries_dead from the
 -- position.
@@ -1071,11 +1126,15 @@ discarded AS (
     FROM page p
     WHERE d.id = p.id
       AND d.state = 'dead'
-    RETURNING d.id
+    RETURNING d.id, d.endpoint_id, d.ordering_key
 )
 SELECT (SELECT count(*) FROM discarded) AS done,
        (SELECT count(*) FROM page) AS scanned,
-       (SELECT max(p.id) FROM page p) AS last
+       (SELECT max(p.id) FROM page p) AS last,
+       (SELECT array_agg(x.endpoint_id) FROM discarded x WHERE x.ordering_key IS NOT NULL)
+         AS ordered_endpoints,
+       (SELECT array_agg(x.ordering_key) FROM discarded x WHERE x.ordering_key IS NOT NULL)
+         AS ordered_keys
 FROM endpoint;
 
 -- name: endpoint_tenant
@@ -1088,7 +1147,8 @@ SELECT tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- Queue again, one page in (xact, id) order after the cursor, the events
 -- of the endpoint's tenant since a time whose type it receives
 -- (hooklane_type_matches) and that it has nothing pending or in flight
--- for; wakes it. One row per page if the endpoint exists with that tenant.
+-- for; wakes it. One row per page if the endpoint exists with that tenant,
+-- with the ids of the deliveries of ordered events it queued (`ordered`).
 -- Parameters: namespace, name, tenant, since, cursor_xact, cursor_id,
 -- page_size.
 -- Index: the unique (namespace, name) constraint; events_tenant_xact,
@@ -1107,9 +1167,12 @@ page AS (
     ORDER BY e.xact, e.id
     LIMIT %(page_size)s
 ),
+-- An ordered event's delivery waits (at 'infinity') for ordering_requeue,
+-- in the same transaction, to place it behind its key.
 replayed AS (
-    INSERT INTO deliveries (endpoint_id, event_tenant, event_id)
-    SELECT ep.id, ep.tenant, e.id
+    INSERT INTO deliveries (endpoint_id, event_tenant, event_id, ordering_key, next_attempt_at)
+    SELECT ep.id, ep.tenant, e.id, e.ordering_key,
+           CASE WHEN e.ordering_key IS NULL THEN now() ELSE 'infinity' END
     FROM page p
     JOIN events e ON e.tenant = p.tenant AND e.id = p.id
     CROSS JOIN endpoint ep
@@ -1120,7 +1183,7 @@ replayed AS (
                         AND o.endpoint_id = ep.id
                         AND o.state IN ('pending', 'sending'))
     ORDER BY p.xact, p.id
-    RETURNING endpoint_id
+    RETURNING id, endpoint_id, ordering_key
 ),
 woken AS (
     SELECT hooklane_wake_v2(array_agg(ep.id), array_agg(ep.partition), array_agg(now()))
@@ -1133,7 +1196,8 @@ last AS (
 SELECT (SELECT count(*) FROM replayed) AS replayed,
        (SELECT count(*) FROM page) AS scanned,
        (SELECT l.xact::text FROM last l) AS xact,
-       (SELECT l.id FROM last l) AS id
+       (SELECT l.id FROM last l) AS id,
+       (SELECT array_agg(r.id ORDER BY r.id) FROM replayed r WHERE r.ordering_key IS NOT NULL) AS ordered
 FROM endpoint, woken;
 
 -- name: unrouted_counts

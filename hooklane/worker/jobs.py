@@ -175,11 +175,26 @@ class Maintenance:
             self._ready.wake(endpoint_id, partition, due, now)
         return len(rescued.endpoints)
 
+    async def _sweep_ordering(self) -> int:
+        """Keys whose head settled without the key moving on: one a
+        publishing transaction held when its head was recorded (the worker
+        does not wait for an application's commit), one a worker died
+        between, one whose endpoint's policy became 'skip'."""
+        promoted = await self._owner.run(lambda conn, held: store.sweep_ordering(conn, held))
+        now = datetime.now(UTC)
+        for endpoint_id, partition, due in promoted:
+            self._ready.wake(endpoint_id, partition, due, now)
+        return len(promoted)
+
     async def run_once(self) -> Maintained:
         try:
             rescued = await self._rescue()
+            promoted = await self._sweep_ordering()
         except LostOwnership:
             return Maintained()
+        if promoted:
+            logger.info("%d ordering keys moved on by the sweep", promoted, extra={"action": "ordering"})
+            self._trigger.work_found()
         if rescued:
             metrics.RESCUED.inc(rescued)
             logger.warning(

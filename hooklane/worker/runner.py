@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -468,8 +469,11 @@ class Worker:
             if row.previous_secret is not None:
                 keys.append(self._key(row.previous_secret, endpoint))
             terms = self._terms.get(row.request_terms, terms_owner(row.namespace, row.name))
+            ordering = None
+            if row.ordering_key is not None and row.ordering_seq is not None:
+                ordering = (row.ordering_key, row.ordering_seq)
             attempt = await self.sender.send(
-                row.url, keys, row.event_id, body, row.timeout_seconds, traceparent, terms
+                row.url, keys, row.event_id, body, row.timeout_seconds, traceparent, terms, ordering
             )
             outcome = self._classify(row, attempt)
         except Exception as exc:
@@ -493,6 +497,8 @@ class Worker:
         self.ready_list.ended(row.endpoint_id, call.long, duration >= long_after)
         timing = Timing(started_at, duration, tracing.trace_id_of(traceparent))
         result = result_of(row.id, row.attempts, attempt, outcome, timing)
+        if row.ordering_key is not None:
+            result = dataclasses.replace(result, ordered=(row.endpoint_id, row.ordering_key))
         metrics.DELIVERY_DURATION.observe(duration)
         metrics.ATTEMPT_DURATION_BY[result.outcome].observe(duration, tracing.exemplar(span))
         if span is not None:

@@ -254,16 +254,23 @@ class Sender:
         timeout_seconds: float,
         traceparent: str | None = None,
         terms: Terms = NONE,
+        ordering: tuple[str, int] | None = None,
     ) -> Attempt:
         """POST one signed delivery, with a signature per key (the current
         one, and the replaced one while a rotation overlaps), and the W3C
         ``traceparent`` header when there is one; with the endpoint's
         ``terms``: its headers (which cannot name any of Hooklane's), its TLS
-        context and server name. The deadline covers the whole call:
+        context and server name; an ordered delivery's key and number
+        (``ordering``) as headers. The deadline covers the whole call:
         connect, TLS, send and the response's status line and headers."""
         timestamp = int(time.time())
         headers = request_headers(
-            terms.headers.items(), msg_id, timestamp, sign(key, msg_id, timestamp, body), traceparent
+            terms.headers.items(),
+            msg_id,
+            timestamp,
+            sign(key, msg_id, timestamp, body),
+            traceparent,
+            ordering,
         )
         # Set every phase deliberately: only ``total`` bounds the call, and
         # the others' defaults differ across aiohttp versions.

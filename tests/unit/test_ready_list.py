@@ -276,7 +276,9 @@ def test_a_verdict_row_of_a_deleted_endpoint():
 
 
 def test_a_complete_row():
-    row = store.Touched(7, 3, "acme", "orders", "active", t(60), 5, True, t(10), True, False, None, 4, False)
+    row = store.Touched(
+        7, 3, "acme", "orders", "active", t(60), 5, True, t(10), True, False, None, 4, False, None
+    )
     assert row.recorded() == Recorded(7, 3, True, t(60), t(10))
     row = row._replace(state="deactivated", paused_until=None, deliverable=False, retried_head=None)
     assert row.recorded() == Recorded(7, 3, False, None, None)

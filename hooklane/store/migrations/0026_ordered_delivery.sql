@@ -90,10 +90,11 @@ BEGIN
     FROM hooklane_publish_refusal_v1(tenant, type, data, id, coalesce_key, traceparent) r;
     IF field IS NOT NULL OR ordering_key IS NULL THEN
         RETURN;
-    ELSIF octet_length(ordering_key) > 4 * 255 OR length(ordering_key) NOT BETWEEN 1 AND 255 THEN
-        field := 'ordering_key'; message := 'must be a string of 1 to 255 characters';
-    ELSIF ordering_key ~ '[\x01-\x1f\x7f-\x9f]' THEN
-        field := 'ordering_key'; message := 'must not contain control characters';
+    -- It travels as a header (hooklane-ordering-key), which HTTP keeps to
+    -- visible ASCII and spaces: nothing a receiver's framework could read
+    -- otherwise than it was written.
+    ELSIF octet_length(ordering_key) NOT BETWEEN 1 AND 255 OR ordering_key !~ '^[\x20-\x7e]+$' THEN
+        field := 'ordering_key'; message := 'must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)';
     END IF;
 END;
 $$;
@@ -455,7 +456,10 @@ $$;
 
 -- hooklane_reserve_v7, each delivery with its ordering key and number
 -- (NULL for an unordered one and for the verdicts), which the receiver
--- gets as headers. Index: primary key of deliveries, and v7's.
+-- gets as headers; a verdict's head is NULL when all that is pending from
+-- the floor waits behind its keys ('infinity'), as when nothing is: a key
+-- moving on wakes the endpoint. Index: primary key of deliveries, and
+-- v7's.
 CREATE FUNCTION hooklane_reserve_v8(owned integer[], candidates bigint[], floors timestamptz[],
                                     caps integer[], apart boolean[], max_rows integer,
                                     lease_grace double precision, worker text,
@@ -471,7 +475,11 @@ RETURNS TABLE (id bigint, attempts integer, created_at timestamptz, endpoint_id 
                ordering_key text, ordering_seq bigint)
 LANGUAGE sql
 AS $$
-    SELECT r.*, d.ordering_key, d.ordering_seq
+    SELECT r.id, r.attempts, r.created_at, r.endpoint_id, r.namespace, r.name, r.url, r.secret,
+           r.timeout_seconds, r.event_id, r.type, r.data, r.event_created_at, r.previous_secret,
+           r.max_concurrency, r.deliverable, r.paused_until, nullif(r.head, 'infinity'), r.at_limit,
+           r.leases_end, r.tenant, r.traceparent, r.start_at, r.request_terms, r.max_attempts,
+           r.max_age_seconds, r.answered_at, r.rate_per_second, d.ordering_key, d.ordering_seq
     FROM hooklane_reserve_v7(owned, candidates, floors, caps, apart, max_rows, lease_grace, worker,
                              lookahead, tenant_ceiling) r
     LEFT JOIN deliveries d ON d.id = r.id AND d.ordering_key IS NOT NULL
