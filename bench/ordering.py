@@ -339,6 +339,7 @@ def analyse(
     publishing = cost["cpu_seconds"]["pg_publishing"]
     delivering = cost["cpu_seconds"]["postgres"] - publishing
     samples = stats["open_samples"]
+    hops = turnarounds(calls, committed)
     return {
         "keys": keys,
         "steady": in_window >= STEADY_SHARE * cfg.rate * wall,
@@ -358,7 +359,11 @@ def analyse(
         "publisher_late_ms": _ms(summary([max(0.0, s - due) for _n, due, s, _c in events])),
         "receiver_open_mean": sum(samples) / len(samples) if samples else 0.0,
         "receiver_key_peak_open": stats["key_peak_open"],
-        "turnaround_ms": _ms(summary(turnarounds(calls, committed))),
+        "turnaround_ms": _ms(summary(hops)),
+        # Hops of a second or more: the key waited for something other than
+        # the call before it (a timer, a periodic pass).
+        "turnarounds_over_1s": sum(1 for h in hops if h >= 1.0),
+        "turnaround_seconds_over_1s": round(sum(h for h in hops if h >= 1.0), 3),
         "order": check_order(calls),
     }
 
@@ -484,6 +489,8 @@ FIGURES = {
     "open mean": lambda r: r["receiver_open_mean"],
     "key peak open": lambda r: r["receiver_key_peak_open"],
     "turnaround p50 ms": lambda r: r["turnaround_ms"]["p50"],
+    "turnaround p99 ms": lambda r: r["turnaround_ms"]["p99"],
+    "hops ≥ 1 s": lambda r: r["turnarounds_over_1s"],
     "unfinished": lambda r: r["unfinished_at_end"],
     "order violations": lambda r: r["order"]["violations"],
 }
@@ -549,7 +556,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 f"{run['deliveries_per_s']:.1f} del/s, p50 {run['latency_ms']['p50']} ms "
                 f"p99 {run['latency_ms']['p99']} ms, ms/del worker {run['cpu_ms_per_delivery']['worker']:.3f} "
                 f"pg {run['cpu_ms_per_delivery']['postgres']:.3f}, open mean {run['receiver_open_mean']:.2f} "
-                f"key peak {run['receiver_key_peak_open']}, turnaround p50 {run['turnaround_ms']['p50']} ms, "
+                f"key peak {run['receiver_key_peak_open']}, turnaround {run['turnaround_ms']}, "
+                f"{run['turnarounds_over_1s']} hops >= 1 s, "
                 f"{run['unfinished_at_end']} unfinished, order {run['order']}, load {run['load_average_1m']}",
                 flush=True,
             )
