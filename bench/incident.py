@@ -179,30 +179,16 @@ def schedule(cfg: Config) -> list[tuple[float, int]]:
     return sorted(events)
 
 
-async def publish_hooklane(conn: asyncpg.Connection, endpoint: int, n: int) -> None:
+async def publish_hooklane(conn: asyncpg.Connection, endpoint: int, n: int, *, keys: int = 0) -> None:
+    """``keys``: the event carries ordering key n mod keys (0: none)."""
     async with conn.transaction():
-        await hooklane.publish(conn, tenant=f"t{endpoint}", type=EVENT_TYPE, data={"t": time.time(), "n": n})
-
-
-# The publish function with an ordering key (migration 0026), as
-# hooklane.publish calls v1 (the ``publish`` statement of queries.sql).
-PUBLISH_ORDERED = """
-SELECT error_code, error_field, error_message
-FROM hooklane_try_publish_v3($1, $2, CAST($3 AS jsonb), NULL, NULL, NULL, $4)
-"""
-
-
-async def publish_ordered(conn: asyncpg.Connection, endpoint: int, n: int, *, keys: int) -> None:
-    async with conn.transaction():
-        row = await conn.fetchrow(
-            PUBLISH_ORDERED,
-            f"t{endpoint}",
-            EVENT_TYPE,
-            json.dumps({"t": time.time(), "n": n}),
-            f"k{n % keys}",
+        await hooklane.publish(
+            conn,
+            tenant=f"t{endpoint}",
+            type=EVENT_TYPE,
+            data={"t": time.time(), "n": n},
+            ordering_key=f"k{n % keys}" if keys else None,
         )
-    if row["error_code"]:
-        raise RuntimeError(f"publish refused: {row['error_field']}: {row['error_message']}")
 
 
 async def publish_baseline(conn: asyncpg.Connection, endpoint: int, n: int) -> None:
@@ -214,10 +200,8 @@ async def publish_load(dsn: str, system: str, cfg: Config, events: list[tuple[fl
     schedule the publisher fell at worst (seconds), to show it kept up."""
     if system == "baseline":
         publish = publish_baseline
-    elif cfg.ordered_keys:
-        publish = functools.partial(publish_ordered, keys=cfg.ordered_keys)
     else:
-        publish = publish_hooklane
+        publish = functools.partial(publish_hooklane, keys=cfg.ordered_keys)
     start = time.time()
     queue: asyncio.Queue[tuple[int, float, int]] = asyncio.Queue()
     for n, (offset, endpoint) in enumerate(events):
@@ -710,7 +694,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 [r for r in results if r["slots"] == slots],
                 cfg,
                 slots,
-                plots / f"incident-{args.preset}-{slots}.png",
+                plots / f"incident-{'ordered-' if args.ordered_keys else ''}{args.preset}-{slots}.png",
             )
     return {
         "preset": args.preset,

@@ -2,8 +2,8 @@
 
 One endpoint, events published at a fixed rate (open loop, as
 bench/steady.py: each at its scheduled time, in a transaction of its own,
-by a publisher process of its own) through the publish function
-``hooklane_try_publish_v3`` with an ordering key, or without one. Side by
+by a publisher process of its own) through ``hooklane.publish`` with an
+``ordering_key``, or without one. Side by
 side in one run, per endpoint setting (maxConcurrency, and how long the
 receiver takes to answer): the same load **unordered**, and **ordered**
 over 1, 10 and 1,000 keys (event n gets key n mod keys: round robin), in
@@ -213,25 +213,19 @@ def receiver_process():
 # --------------------------------------------------------------------------
 # The publisher (its own process)
 
-# The publish function with an ordering key, as hooklane.publish calls v1
-# (the ``publish`` statement of hooklane/store/queries.sql). Unordered runs
-# call it too, with NULL: one path for both.
-PUBLISH = """
-SELECT event_id, error_code, error_field, error_message
-FROM hooklane_try_publish_v3($1, $2, CAST($3 AS jsonb), NULL, NULL, NULL, $4)
-"""
-
 
 async def publish_one(pool: asyncpg.Pool, n: int, keys: int) -> tuple[float, float]:
     """(transaction start, commit returned), wall clock."""
     async with pool.acquire() as conn:
         started = time.time()
         async with conn.transaction():
-            row = await conn.fetchrow(
-                PUBLISH, TENANT, EVENT_TYPE, json.dumps({"t": started, "n": n}), key_of(n, keys)
+            await hooklane.publish(
+                conn,
+                tenant=TENANT,
+                type=EVENT_TYPE,
+                data={"t": started, "n": n},
+                ordering_key=key_of(n, keys),
             )
-        if row["error_code"]:
-            raise RuntimeError(f"publish refused: {row['error_field']}: {row['error_message']}")
         return started, time.time()
 
 

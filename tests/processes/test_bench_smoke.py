@@ -39,9 +39,11 @@ def test_ordering_smoke(server_dsn: str, tmp_path: Path) -> None:
     result = run_bench("ordering", tmp_path, "--dsn", server_dsn, timeout=150)
     runs = {run["keys"]: run for run in result["runs"]}
     assert set(runs) == {0, *result["config"]["keys"]}
+    # Only that every run measured something: one key's throughput is one
+    # delivery at a time, and how far it gets in a few seconds is the
+    # machine's (section 20 of docs/benchmarks.md).
     for keys, run in runs.items():
-        assert run["deliveries_in_window"] > 0 and run["latency_ms"]["n"] > 0
-        assert run["cpu_ms_per_delivery"]["postgres"] > 0 and run["pg_publishing_ms_per_event"] > 0
+        assert run["delivered"] > 0 and run["pg_publishing_ms_per_event"] > 0
         order = run["order"]
         assert order["violations"] == 0 and order["half_headers"] == 0, order
         if keys:
@@ -52,8 +54,9 @@ def test_ordering_smoke(server_dsn: str, tmp_path: Path) -> None:
             assert run["receiver_key_peak_open"] == 1
         else:
             assert order["sequenced_calls"] == 0 and run["receiver_key_peak_open"] == 0
+            assert run["delivered"] == run["published"] and run["latency_ms"]["n"] > 0
     assert [row["variant"] for row in result["summary"]] == ["unordered", "1 key", "10 keys"]
-    assert all(row["over_unordered"]["del/s"] > 0 for row in result["summary"][1:])
+    assert all(set(row["over_unordered"]) >= {"del/s", "pg ms/del"} for row in result["summary"][1:])
 
 
 def test_incident_adaptive_smoke(server_dsn: str, tmp_path: Path) -> None:
