@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -103,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     pub.add_argument("--id", help="event id; publishing the same id twice stores it once")
     pub.add_argument("--coalesce-key", help="replaces a still-pending delivery with the same key")
+    pub.add_argument(
+        "--ordering-key",
+        help="each endpoint gets the events of this key one at a time, in the order they committed",
+    )
     pub.add_argument("--traceparent", help="the W3C trace context the event joins (00-TRACEID-SPANID-FLAGS)")
 
     publisher = sub.add_parser(
@@ -366,6 +371,7 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
                 id=args.id,
                 coalesce_key=args.coalesce_key,
                 traceparent=None if tracing.enabled() else parent,
+                ordering_key=args.ordering_key,
             )
             # The command's own transaction: the workers probe at once.
             await store.hint_published(conn)
@@ -386,7 +392,7 @@ async def _publisher(args: argparse.Namespace, settings: Settings) -> int:
                 [
                     s.role,
                     ",".join("*" if t is None else t for t in s.tenants) or "- (refused for every tenant)",
-                    "/".join(v for v, held in (("v1", s.execute_v1), ("v2", s.execute_v2)) if held) or "-",
+                    "/".join(f"v{v}" for v, held in enumerate(s.execute, 1) if held) or "-",
                 ]
                 for s in scopes
             ],
@@ -741,7 +747,32 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
             for h in healths
         ],
     )
+    if healths:
+        async with _database(settings) as conn:
+            held = await store.held_key_counts(conn, [h.id for h in healths])
+        _print_held_keys(held, healths[0].observed_at)
     return 0
+
+
+def _print_held_keys(held: list[store.HeldKeyCount], now: datetime) -> None:
+    """Of the endpoints listed, those whose ordered deliveries wait behind
+    a dead delivery of their key: nothing more of such a key is sent until
+    that delivery is resent or discarded (docs/operations.md)."""
+    if not held:
+        return
+    print()
+    _print_table(
+        ["HELD KEYS OF", "TENANT", "KEYS HELD", "OLDEST HELD SINCE"],
+        [
+            [
+                f"{h.namespace}/{h.name}",
+                h.tenant,
+                h.keys_held,
+                f"{rfc3339_seconds(h.oldest_held_since)} ({_age((now - h.oldest_held_since).total_seconds())})",
+            ]
+            for h in held
+        ],
+    )
 
 
 async def _events(args: argparse.Namespace, settings: Settings) -> int:

@@ -91,6 +91,17 @@ _STATUS = {
             "description": "The concurrency limit in force: maxConcurrency, or where"
             " spec.delivery.adaptiveConcurrency moved it to.",
         },
+        "ordering": {
+            "type": "object",
+            "description": "Ordered delivery, while some of its keys are held back (absent otherwise).",
+            "properties": {
+                "heldKeys": {
+                    "type": "integer",
+                    "description": "Keys whose delivery died and which send nothing more until it is"
+                    " resent or discarded (the held keys and why: the dashboard's endpoint page).",
+                },
+            },
+        },
     },
 }
 
@@ -104,6 +115,7 @@ def openapi(rule: FieldRule) -> dict[str, Any]:
         "format": rule.format,
         "minLength": rule.min_length,
         "maxLength": rule.max_length,
+        "enum": None if rule.enum is None else list(rule.enum),
         "pattern": None if rule.pattern is None else f"^(?:{rule.pattern})$",
         "minimum": rule.minimum,
         "maximum": rule.maximum,

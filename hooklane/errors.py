@@ -115,7 +115,7 @@ class EventConflict(InvalidInput):
         super().__init__(
             "id",
             f"{shown(event_id)} was already published by tenant {shown(tenant)} with different "
-            "content (type, data or coalesce_key); an id names one event",
+            "content (type, data, coalesce_key or ordering_key); an id names one event",
         )
         self.event_id = event_id
         self.tenant = tenant

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from hooklane.endpoint_state import EndpointState, Standing, endpoint_state
+from hooklane.spec import ON_DEAD_DELIVERY_NAMES, OrderingOnDead
 from hooklane.times import rfc3339
 
 
@@ -65,6 +66,12 @@ class EndpointHealth:
     throttled_until: datetime | None = None
     rate_per_second: int | None = None
     rate_burst: int = 1
+    # What a dead delivery at the head of an ordering key does to the key
+    # (endpoints.ordering_on_dead; spec.ordering.onDeadDelivery).
+    ordering_on_dead: OrderingOnDead = "hold"
+    # Ordered delivery: its keys held back by a dead delivery (migration
+    # 0026), which only a resend or a discard of that delivery releases.
+    held_keys: int = 0
 
     @classmethod
     def from_row(cls, row: Row) -> EndpointHealth:
@@ -102,6 +109,8 @@ class EndpointHealth:
             throttled_until=row["throttled_until"],
             rate_per_second=row["rate_per_second"],
             rate_burst=row["rate_burst"],
+            ordering_on_dead=row["ordering_on_dead"],
+            held_keys=row["held_keys"],
         )
 
 
@@ -189,9 +198,11 @@ def as_json(h: EndpointHealth) -> dict[str, Any]:
         "rate_limit": None
         if h.rate_per_second is None
         else {"per_second": h.rate_per_second, "burst": h.rate_burst},
+        "ordering_on_dead": ON_DEAD_DELIVERY_NAMES[h.ordering_on_dead],
         "pending": h.pending,
         "in_flight": h.in_flight,
         "dead": h.dead,
+        "held_keys": h.held_keys,
         "oldest_pending_age_seconds": h.oldest_pending_age,
         "sending_on": list(h.sending_on),
         "circuit": {

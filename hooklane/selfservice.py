@@ -20,7 +20,15 @@ from urllib.parse import urlsplit
 from hooklane.checks import check_namespace, shown_key
 from hooklane.errors import InvalidInput, shown
 from hooklane.guard import Network, literal_never_allowed
-from hooklane.spec import API_VERSION, KIND, SPEC, EndpointSpec, parse_manifest
+from hooklane.spec import (
+    API_VERSION,
+    KIND,
+    ON_DEAD_DELIVERY_NAMES,
+    ORDERING,
+    SPEC,
+    EndpointSpec,
+    parse_manifest,
+)
 
 # 16 base32 characters: 80 bits of SHA-256. Two tenants' keys agree by
 # chance once in 2**40 pairs, and even then only a create of the same name
@@ -39,6 +47,7 @@ _FORM_FIELDS = {
     "spec.eventTypes": "event_types",
     "spec.maxConcurrency": "max_concurrency",
     "spec.timeoutSeconds": "timeout_seconds",
+    "spec.ordering.onDeadDelivery": "ordering_on_dead",
 }
 
 
@@ -60,6 +69,10 @@ class EndpointForm:
     # (:func:`filled`).
     max_concurrency: int | None = None
     timeout_seconds: int | None = None
+    # spec.ordering.onDeadDelivery ("Hold", "Skip"); None: the spec's
+    # default, Hold. The tenant's to choose: its receiver is the one that
+    # needs the order, and either way nothing more of a worker is held.
+    ordering_on_dead: str | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> EndpointForm:
@@ -138,13 +151,16 @@ def self_service_name(settings: PortalBounds, tenant: str, namespace: str, name:
 
 
 def filled(form: EndpointForm, settings: PortalBounds) -> EndpointForm:
-    """``form`` with a number left out given its default: the spec's, or
-    the platform's bound when that is lower, so that a form that leaves it
-    out is never refused for it."""
+    """``form`` with a field left out given its default: the spec's, or for
+    a number the platform's bound when that is lower, so that a form that
+    leaves it out is never refused for it."""
     return replace(
         form,
         max_concurrency=_default(form.max_concurrency, "maxConcurrency", settings.portal_max_concurrency),
         timeout_seconds=_default(form.timeout_seconds, "timeoutSeconds", settings.portal_max_timeout_seconds),
+        ordering_on_dead=ORDERING.properties["onDeadDelivery"].default
+        if form.ordering_on_dead is None
+        else form.ordering_on_dead,
     )
 
 
@@ -192,6 +208,7 @@ def manifest(tenant: str, form: EndpointForm, namespace: str) -> dict[str, Any]:
         "eventTypes": list(event_types) if isinstance(event_types, tuple) else event_types,
         "maxConcurrency": form.max_concurrency,
         "timeoutSeconds": form.timeout_seconds,
+        "ordering": {"onDeadDelivery": form.ordering_on_dead},
     }
     return {
         "apiVersion": API_VERSION,
@@ -231,6 +248,8 @@ def spec_patch(spec: EndpointSpec) -> Mapping[str, Any]:
         "eventTypes": list(spec.event_types),
         "maxConcurrency": spec.max_concurrency,
         "timeoutSeconds": spec.timeout_seconds,
+        # The whole object: onDeadDelivery is all it holds.
+        "ordering": {"onDeadDelivery": ON_DEAD_DELIVERY_NAMES[spec.ordering_on_dead]},
     }
 
 

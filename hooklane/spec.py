@@ -95,6 +95,9 @@ class FieldRule:
     default: Any = None
     min_length: int | None = None
     max_length: int | None = None
+    # The only values a string may take (checked before its type, so that
+    # any other value, of any type, gets the list).
+    enum: tuple[str, ...] | None = None
     # Matched against the whole value (see EVENT_TYPE_PATTERN in hooklane/checks.py).
     pattern: str | None = None
     # The error message when the pattern does not match.
@@ -140,6 +143,30 @@ def _secret_key(description: str, default: str | None = None) -> FieldRule:
         pattern_message="must be 1 to 253 letters, digits and '-._'",
     )
 
+
+# spec.ordering.onDeadDelivery as the resource spells it (Kubernetes' enum
+# style), and as endpoints.ordering_on_dead stores it.
+OrderingOnDead = Literal["hold", "skip"]
+ON_DEAD_DELIVERY: Mapping[str, OrderingOnDead] = {"Hold": "hold", "Skip": "skip"}
+ON_DEAD_DELIVERY_NAMES: Mapping[OrderingOnDead, str] = {v: k for k, v in ON_DEAD_DELIVERY.items()}
+
+ORDERING = FieldRule(
+    "object",
+    "Deliveries of events published with an ordering key: per key, one in flight at a time, in the"
+    " order their publishing transactions committed.",
+    properties={
+        "onDeadDelivery": FieldRule(
+            "string",
+            "What the key's later deliveries do when its delivery at the head dies (retries or age"
+            " exhausted). Hold (default, the safe one): they wait until the dead delivery is resent or"
+            " discarded, so the receiver never sees a later event before an earlier one. Skip: the dead"
+            " delivery stays dead and visible, and the next one goes out. A change from Hold to Skip"
+            " moves held keys on within the worker's ordering sweep interval.",
+            default="Hold",
+            enum=tuple(ON_DEAD_DELIVERY),
+        ),
+    },
+)
 
 _REFUSED_CEL = ", ".join(f"'{h}'" for h in REFUSED_HEADERS)
 _HOSTNAME_PATTERN = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
@@ -394,6 +421,7 @@ SPEC = FieldRule(
             "boolean", "Manual pause; pending deliveries are kept.", default=False, column="paused"
         ),
         "delivery": DELIVERY,
+        "ordering": ORDERING,
     },
     cel=(
         (
@@ -418,6 +446,8 @@ class EndpointSpec:
     timeout_seconds: int = _FIELDS["timeoutSeconds"].default
     paused: bool = _FIELDS["paused"].default
     delivery: DeliverySpec = field(default_factory=DeliverySpec)
+    # spec.ordering.onDeadDelivery, as endpoints.ordering_on_dead stores it.
+    ordering_on_dead: OrderingOnDead = "hold"
 
 
 def _tls_needs_https(spec: dict[str, Any]) -> None:
@@ -462,6 +492,10 @@ def _checked(rule: FieldRule, value: Any, path: str) -> Any:
 
 
 def _check_string(rule: FieldRule, value: Any, path: str) -> None:
+    if rule.enum is not None:
+        if value not in rule.enum:
+            raise InvalidInput(path, f"must be one of {', '.join(rule.enum)}, not {shown(value)}")
+        return
     low, high = rule.min_length or 0, rule.max_length
     if not isinstance(value, str) or len(value) < low or (high is not None and len(value) > high):
         size = f"{low} to {high}" if high is not None else f"at least {low}"
@@ -550,7 +584,13 @@ def parse_spec(namespace: str, name: str, spec: Any) -> EndpointSpec:
         timeout_seconds=checked["timeoutSeconds"],
         paused=checked["paused"],
         delivery=_delivery(checked["delivery"]),
+        ordering_on_dead=_on_dead(checked["ordering"]),
     )
+
+
+def _on_dead(checked: dict[str, Any] | None) -> OrderingOnDead:
+    name = ORDERING.properties["onDeadDelivery"].default if checked is None else checked["onDeadDelivery"]
+    return ON_DEAD_DELIVERY[name]
 
 
 def _delivery(checked: dict[str, Any] | None) -> DeliverySpec:

@@ -1,12 +1,13 @@
 """Deliveries and their attempts as JSON, one shape for the admin API and
 ``hooklane delivery show --json``: a program reading either reads the same
-fields, and a field added here reaches both."""
+fields, and a field added here reaches both; and an endpoint's ordering
+state (its keys held back and why), the admin and tenant APIs'."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hooklane.store import AttemptView, DeliveryDetail, DeliveryView
+from hooklane.store import AttemptView, DeliveryDetail, DeliveryView, HeldKey, HeldKeyPage, OrderingSummary
 from hooklane.times import rfc3339
 
 
@@ -25,6 +26,8 @@ def delivery_json(d: DeliveryView) -> dict[str, Any]:
         "last_status": d.last_status,
         "last_failure": d.last_failure,
         "last_error": d.last_error,
+        "ordering_key": d.ordering_key,
+        "ordering_seq": d.ordering_seq,
     }
 
 
@@ -48,7 +51,13 @@ def attempt_json(a: AttemptView) -> dict[str, Any]:
 
 def listed_attempt_json(a: AttemptView) -> dict[str, Any]:
     """An attempt as an endpoint's listing shows it: with its delivery."""
-    return {"delivery_id": a.delivery_id, "event_id": a.event_id, **attempt_json(a)}
+    return {
+        "delivery_id": a.delivery_id,
+        "event_id": a.event_id,
+        "ordering_key": a.ordering_key,
+        "ordering_seq": a.ordering_seq,
+        **attempt_json(a),
+    }
 
 
 def detail_json(d: DeliveryDetail) -> dict[str, Any]:
@@ -60,4 +69,36 @@ def detail_json(d: DeliveryDetail) -> dict[str, Any]:
         "tenant": d.tenant,
         "attempts": [attempt_json(a) for a in d.attempts],
         "attempts_truncated": d.attempts_truncated,
+    }
+
+
+def held_key_json(k: HeldKey) -> dict[str, Any]:
+    return {
+        "key": k.key,
+        "held_since": rfc3339(k.held_since),
+        "head": {
+            "ordering_seq": k.head_seq,
+            "delivery_id": k.delivery_id,
+            "event_id": k.event_id,
+            "event_type": k.event_type,
+            "attempts": k.attempts,
+            "last_status": k.last_status,
+            "last_failure": k.last_failure,
+            "last_error": k.last_error,
+        },
+        "waiting": k.waiting,
+    }
+
+
+def ordering_json(summary: OrderingSummary, held: HeldKeyPage) -> dict[str, Any]:
+    """An endpoint's ordering summary with a page of its held keys."""
+    return {
+        "on_dead": summary.on_dead,
+        "keys_outstanding": summary.keys_outstanding,
+        "keys_held": summary.keys_held,
+        "oldest_held_since": rfc3339(summary.oldest_held_since),
+        "waiting": summary.waiting,
+        "skipped": summary.skipped,
+        "held_keys": [held_key_json(k) for k in held.keys],
+        "next_cursor": held.cursor,
     }

@@ -10,7 +10,12 @@ The invariants, over every event whose transaction committed:
 - nothing lost: each endpoint the event matches received it at least once,
   or its delivery is dead with a recorded reason;
 - exact limits: no endpoint ever had more calls in flight at its receiver
-  than its maxConcurrency.
+  than its maxConcurrency;
+- order per key (issue 42), when the scenario publishes ordered events:
+  for each endpoint and key, the sequence numbers the receiver got never
+  go down (a repeat is only ever of the latest), every number the key was
+  given reached it (or its delivery is dead with a reason), and no two
+  calls of a key were in flight at the receiver at once.
 Duplicates are expected (at least once) and counted, not failed on. A worker
 process that exits without the harness having killed it fails the run.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import random
 import shutil
@@ -33,6 +39,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, suppress
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +54,7 @@ from hooklane.store.connection import TRANSIENT
 from hooklane.worker.partitions import MEMBER_CLASS, PARTITION_CLASS
 from testsupport import timings
 from testsupport.databases import create_database, drop_database
-from testsupport.receivers import Answer, Receiver
+from testsupport.receivers import Answer, Receiver, numbers_by_key, order_broken
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -524,12 +531,19 @@ class Publisher:
     again under the same id if it is not there."""
 
     def __init__(
-        self, dsn: str, rate: float, rng: random.Random, ledger: Ledger, give_up_after: float = 120.0
+        self,
+        dsn: str,
+        rate: float,
+        rng: random.Random,
+        ledger: Ledger,
+        give_up_after: float = 120.0,
+        ordering_keys: int = 0,
     ) -> None:
         self._dsn = dsn
         self._rate = rate
         self._rng = rng
         self._ledger = ledger
+        self._ordering_keys = ordering_keys
         self._give_up_after = give_up_after
         self._conn: asyncpg.Connection | None = None
         self._tag = uuid.uuid4().hex[:6]
@@ -540,8 +554,12 @@ class Publisher:
         seq = 0
         try:
             while not stop.is_set():
+                # Half the events name one of the scenario's ordering keys.
+                key = None
+                if self._ordering_keys and self._rng.random() < 0.5:
+                    key = f"key-{self._rng.randrange(self._ordering_keys)}"
                 await self._publish(
-                    f"evt_{self._tag}_{seq}", self._rng.choice(TENANTS), self._rng.choice(TYPES), seq
+                    f"evt_{self._tag}_{seq}", self._rng.choice(TENANTS), self._rng.choice(TYPES), seq, key
                 )
                 seq += 1
                 # A steady rate, without a burst to catch up after an outage:
@@ -552,16 +570,30 @@ class Publisher:
         finally:
             await self._drop()
 
-    async def _publish(self, event_id: str, tenant: str, event_type: str, seq: int) -> None:
+    async def _publish(
+        self, event_id: str, tenant: str, event_type: str, seq: int, ordering_key: str | None = None
+    ) -> None:
         deadline = time.monotonic() + self._give_up_after
         delay = 0.05
         while True:
             try:
                 conn = await self._connection()
                 async with conn.transaction():
-                    await hooklane.publish(
-                        conn, tenant=tenant, type=event_type, data={"seq": seq}, id=event_id
-                    )
+                    if ordering_key is None:
+                        await hooklane.publish(
+                            conn, tenant=tenant, type=event_type, data={"seq": seq}, id=event_id
+                        )
+                    else:
+                        # The SQL contract (docs/publishing.md), as any
+                        # language's publisher calls it.
+                        await conn.fetchval(
+                            "SELECT hooklane_publish_v3($1, $2, $3::text::jsonb, $4, NULL, NULL, $5)",
+                            tenant,
+                            event_type,
+                            json.dumps({"seq": seq}),
+                            event_id,
+                            ordering_key,
+                        )
                 self._ledger.commit(event_id, tenant, event_type, time.time())
                 self.stats["committed"] += 1
                 return
@@ -640,6 +672,9 @@ class Scenario:
     hostile_modes: tuple[str, ...] = ()
     seed: int | None = None
     worker_env: tuple[tuple[str, str], ...] = ()
+    # Half the events name one of this many ordering keys (0: none), and
+    # the run checks their order at the receiver.
+    ordering_keys: int = 0
 
 
 @dataclass
@@ -680,6 +715,11 @@ class Report:
     worker_failures: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
     hostile: dict[str, Any] = field(default_factory=dict)
+    # Ordered events: how many keys and numbers, and what broke their order.
+    ordered: dict[str, Any] = field(default_factory=dict)
+    order_broken: list[str] = field(default_factory=list)
+    order_missing: list[str] = field(default_factory=list)
+    key_overlaps: list[str] = field(default_factory=list)
     drained: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -717,7 +757,9 @@ class _Run:
         self.hostile = hostile  # the HostileServer, if the scenario has hostile endpoints
         self.drained = False
         self.workers = Workers(dsn, logdir, self.t0, dict(scenario.worker_env))
-        self.publisher = Publisher(dsn, scenario.rate, self.rng, self.ledger)
+        self.publisher = Publisher(
+            dsn, scenario.rate, self.rng, self.ledger, ordering_keys=scenario.ordering_keys
+        )
         self.faults: list[Fault] = []
         self.problems: list[str] = []
         self.terminated: Counter[str] = Counter()
@@ -1073,6 +1115,7 @@ async def _report(run: _Run) -> Report:
     run.ledger.absorb()
     await _account_healthy(run, r)
     await _account_hostile(run, r)
+    await _account_ordered(run, r)
     _limits(run, r)
     _recovery(run, r)
     _workers(run, r)
@@ -1190,6 +1233,53 @@ async def _account_hostile(run: _Run, r: Report) -> None:
     r.lost_samples += lost
 
 
+async def _account_ordered(run: _Run, r: Report) -> None:
+    """Per healthy endpoint and key: the numbers received in order, each
+    number the key was given received (or dead with a reason), and one call
+    of a key at a time at the receiver."""
+    if not run.scenario.ordering_keys:
+        return
+    healthy = {ep.path for ep in run.ledger.healthy}
+    received = {
+        path: numbers_by_key(x for x in run.receiver.received if x.path == path) for path in sorted(healthy)
+    }
+    r.order_broken = [f"{path} {broken}" for path, got in received.items() for broken in order_broken(got)]
+    given = await run.control.fetch(
+        """SELECT '/' || ep.name AS path, k.key, k.last_seq,
+                  coalesce((SELECT array_agg(d.ordering_seq) FROM deliveries d
+                            WHERE d.endpoint_id = ep.id AND d.ordering_key = k.key AND d.state = 'dead'
+                              AND d.last_error IS NOT NULL), '{}') AS dead
+           FROM ordering_keys k JOIN endpoints ep ON ep.id = k.endpoint_id
+           WHERE ep.namespace = $1""",
+        NAMESPACE,
+    )
+    for row in given:
+        if row["path"] not in healthy:
+            continue
+        got = set(received[row["path"]].get(row["key"], []))
+        missing = sorted(set(range(1, row["last_seq"] + 1)) - got - set(row["dead"]))
+        if missing:
+            r.order_missing.append(f"{row['path']} {row['key']}: {missing[:10]} of 1..{row['last_seq']}")
+    r.key_overlaps = [
+        f"{path} {key}: {peak} calls in flight at once"
+        for (path, key), peak in run.receiver.key_peak.items()
+        if key and path in healthy and peak > 1
+    ]
+    repeats = sum(
+        before == after
+        for got in received.values()
+        for seqs in got.values()
+        for before, after in pairwise(seqs)
+    )
+    r.ordered = {
+        "keys": sum(row["path"] in healthy for row in given),
+        "numbers": sum(row["last_seq"] for row in given if row["path"] in healthy),
+        "received": sum(len(s) for got in received.values() for s in got.values()),
+        "repeats": repeats,
+        "dead": sum(len(row["dead"]) for row in given if row["path"] in healthy),
+    }
+
+
 def _hostile_outcome(row: asyncpg.Record | None, endpoint: asyncpg.Record | None, committed_at: float) -> str:
     if row is None:
         # Publish does not route to a deactivated endpoint: an event
@@ -1302,6 +1392,9 @@ def _problems(r: Report) -> list[str]:
         problems.append(
             f"{r.publisher['abandoned']} events could not be published within the publisher's patience"
         )
+    problems += [f"order broken: {x}" for x in r.order_broken[:10]]
+    problems += [f"numbers never received: {x}" for x in r.order_missing[:10]]
+    problems += [f"a key's calls overlapped: {x}" for x in r.key_overlaps[:10]]
     if r.hostile and r.dead:
         problems.append(f"{r.dead} deliveries to healthy endpoints died next to hostile ones")
     return problems
@@ -1334,6 +1427,8 @@ def format_report(r: Report) -> str:
         lines.append(f"  recovery {kind}: {rec}")
     if r.hostile:
         lines.append(f"  hostile {r.hostile['outcomes']}; hits {r.hostile['server_hits']}")
+    if r.ordered:
+        lines.append(f"  ordered {r.ordered}")
     for p in r.problems:
         lines.append(f"  PROBLEM: {p}")
     for s in r.lost_samples[:5]:

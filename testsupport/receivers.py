@@ -11,8 +11,9 @@ import struct
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from aiohttp import web
 
@@ -41,6 +42,12 @@ class Received:
 
 Behaviour = Answer | Callable[[int], Answer]
 
+# The headers of an ordered delivery (docs/receivers.md): its key, and its
+# number among the key's deliveries to the endpoint. The receiver counts
+# each key's calls in flight, and may answer a key apart.
+ORDERING_KEY = "hooklane-ordering-key"
+ORDERING_SEQUENCE = "hooklane-ordering-sequence"
+
 
 class Receiver:
     """``ssl_context``: listen for HTTPS with it instead of HTTP."""
@@ -52,7 +59,12 @@ class Receiver:
         self.behaviours: dict[str, Behaviour] = {}
         self.in_flight: dict[str, int] = defaultdict(int)
         self.peak: dict[str, int] = defaultdict(int)
+        # The same per path and ordering key, for ordered deliveries.
+        self.key_in_flight: dict[tuple[str, str], int] = defaultdict(int)
+        self.key_peak: dict[tuple[str, str], int] = defaultdict(int)
+        self.key_behaviours: dict[tuple[str, str], Behaviour] = {}
         self._counts: dict[str, int] = defaultdict(int)
+        self._key_counts: dict[tuple[str, str], int] = defaultdict(int)
         self.arrived = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -68,6 +80,11 @@ class Receiver:
         self.behaviours["/" + path.lstrip("/")] = behaviour
         return self.url(path)
 
+    def on_key(self, path: str, key: str, behaviour: Behaviour) -> None:
+        """Answer the ordered deliveries of ``key`` at ``path`` so (its
+        index counts that key's requests), the others as the path does."""
+        self.key_behaviours[("/" + path.lstrip("/"), key)] = behaviour
+
     def at(self, path: str) -> list[Received]:
         path = "/" + path.lstrip("/")
         return [r for r in self.received if r.path == path]
@@ -80,9 +97,16 @@ class Receiver:
         index = self._counts[path]
         self._counts[path] += 1
         behaviour = self.behaviours.get(path, Answer())
+        keyed = (path, request.headers.get(ORDERING_KEY, ""))
+        if keyed in self.key_behaviours:
+            index = self._key_counts[keyed]
+            self._key_counts[keyed] += 1
+            behaviour = self.key_behaviours[keyed]
         answer = behaviour(index) if callable(behaviour) else behaviour
         self.in_flight[path] += 1
         self.peak[path] = max(self.peak[path], self.in_flight[path])
+        self.key_in_flight[keyed] += 1
+        self.key_peak[keyed] = max(self.key_peak[keyed], self.key_in_flight[keyed])
         try:
             if answer.hang:
                 await asyncio.sleep(3600)
@@ -103,6 +127,7 @@ class Receiver:
             return web.Response(status=answer.status, headers=answer.headers)
         finally:
             self.in_flight[path] -= 1
+            self.key_in_flight[keyed] -= 1
 
     async def __aenter__(self) -> Receiver:
         await self._runner.setup()
@@ -193,3 +218,26 @@ class OpenSslReceiver:
         # Wakes the blocked accept (close alone does not, on Linux).
         self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+
+
+def numbers_by_key(received: Iterable[Received]) -> dict[str, list[int]]:
+    """The sequence numbers a receiver got of each key, in the order it got
+    them (its ordered requests only)."""
+    numbers: dict[str, list[int]] = {}
+    for r in received:
+        key = r.headers.get(ORDERING_KEY)
+        if key is not None:
+            numbers.setdefault(key, []).append(int(r.headers[ORDERING_SEQUENCE]))
+    return numbers
+
+
+def order_broken(received: Mapping[str, Sequence[int]]) -> list[str]:
+    """Where the numbers a receiver got of a key, in the order it got them,
+    break the guarantee: a number lower than the one before it. (A repeat
+    is only ever of the latest, at least once: the numbers never go down.)"""
+    return [
+        f"{key}: {after} after {before} in {list(seqs)}"
+        for key, seqs in received.items()
+        for before, after in pairwise(seqs)
+        if after < before
+    ]

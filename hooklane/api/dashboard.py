@@ -265,11 +265,15 @@ async def endpoint_page(request: web.Request) -> web.Response:
             limit=DELIVERIES_PER_PAGE,
         )
         found = await store.endpoint_chart(conn, h.namespace, h.name, span)
-        if page is None or found is None:
+        ordering = await store.endpoint_ordering(conn, h.namespace, h.name)
+        held = await store.held_keys(conn, h.namespace, h.name, limit=store.HELD_KEYS_SHOWN)
+        if page is None or found is None or ordering is None or held is None:
             return None
         links = _endpoint_links(h.namespace, h.name, chosen.query())
         return {
             "page": page,
+            "ordering": ordering,
+            "held": held,
             "charts": charts.endpoint_charts(span, h.observed_at, found),
             "span_links": pages.span_links(links["path"], chosen.query(), span),
             **links,
@@ -376,6 +380,8 @@ def _refused(
         health=health,
         page=None,
         charts=None,
+        ordering=None,
+        held=None,
         **_endpoint_links(health.namespace, health.name, []),
     )
 

@@ -2,8 +2,8 @@
 the admin API (``/v1/admin``, every endpoint) and the tenant API
 (``/v1/tenant``, the token's tenant's own): endpoints with their health
 (the records ``hooklane status``, the operator and the gauges show:
-:mod:`hooklane.health`), an endpoint's deliveries and attempts, a delivery
-with its attempts (the JSON of :mod:`hooklane.views`, which ``hooklane
+:mod:`hooklane.health`), an endpoint's deliveries and attempts, its
+ordering state (the keys held back and why), a delivery with its attempts (the JSON of :mod:`hooklane.views`, which ``hooklane
 delivery show --json`` prints too), the repairs both may make (resend,
 replay) and receivers' reconciliation (a tenant's events by time, with a
 stable cursor).
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from hooklane import store
@@ -37,7 +38,7 @@ from hooklane.spec import check_tenant
 from hooklane.store.cursor import event_cursor, event_position
 from hooklane.store.grants import Access
 from hooklane.times import parse_time, rfc3339
-from hooklane.views import delivery_json, detail_json, listed_attempt_json
+from hooklane.views import delivery_json, detail_json, listed_attempt_json, ordering_json
 
 ENDPOINT = "/endpoints/{namespace}/{name}"
 _DEFAULT_DELIVERIES = 100
@@ -54,6 +55,7 @@ def add_routes(app: web.Application, prefix: str, who: Audience) -> None:
     router.add_get(prefix + ENDPOINT + "/deliveries", route(who, list_deliveries))
     router.add_get(prefix + ENDPOINT + "/deliveries/{id}", route(who, get_delivery))
     router.add_get(prefix + ENDPOINT + "/attempts", route(who, list_attempts))
+    router.add_get(prefix + ENDPOINT + "/ordering", route(who, get_ordering))
     for path, handler in (
         ("/deliveries/{id}/resend", resend_delivery),
         ("/resend-dead", resend_dead),
@@ -138,6 +140,27 @@ async def list_attempts(request: web.Request) -> web.Response:
     }
     chosen |= {"limit": inputs.limit(query, _DEFAULT_ATTEMPTS), "cursor": inputs.attempt_cursor(query)}
     return await _listing(request, endpoint, store.endpoint_attempts, chosen, "attempts", listed_attempt_json)
+
+
+@audience(*_BOTH)
+async def get_ordering(request: web.Request) -> web.Response:
+    """The endpoint's ordering state and a page of its held keys, held
+    longest first: which keys wait for a dead delivery to be resent or
+    discarded, and why."""
+    namespace, name = inputs.endpoint_key(request)
+    limit = inputs.limit(request.query, store.HELD_KEYS_SHOWN)
+    cursor = inputs.held_key_cursor(request.query)
+
+    async def read(conn: asyncpg.Connection) -> dict[str, Any] | None:
+        summary = await store.endpoint_ordering(conn, namespace, name)
+        held = await store.held_keys(conn, namespace, name, cursor=cursor, limit=limit)
+        return None if summary is None or held is None else ordering_json(summary, held)
+
+    async with connection(request) as conn:
+        found = await actions.scoped(conn, scope(request), namespace, name, read)
+    if found is None:
+        return no_endpoint(namespace, name)
+    return web.json_response(found)
 
 
 async def _listing(

@@ -32,10 +32,18 @@ requests are told is what is known:
 Row locks are taken in one order, (tenant, id): the single events of a
 group in one sorted statement, then each batch sorted, the batches in the
 order of their first event, so that two batches over the same ids never
-deadlock on them. Two transactions can still wait on each other when their
-locks interleave across those parts (each batch is locked whole before the
-next, and the singles before every batch), or on the pending delivery a
-coalesce key replaces; Postgres then aborts one of them (a deadlock, after
+deadlock on them. An event with an ordering key is placed by (tenant,
+key) instead, the row its publish locks (``ordering_keys``), and the sort
+is stable: the events of one key keep the order they were accepted in,
+which is the order they take the key's sequence numbers in. Moving a
+batch behind the singles, or before another batch, could reorder a key's
+events: a group stops before a unit that shares a key with a unit in it
+when either is a batch, and that unit goes in the next group. Two
+transactions can still wait on each other when their locks interleave
+across those parts (each batch is locked whole before the next, and the
+singles before every batch), on the pending delivery a coalesce key
+replaces, or on ordering keys an application's transaction locks in
+another order; Postgres then aborts one of them (a deadlock, after
 ``deadlock_timeout``), and the group is tried again after a short random
 pause while its deadline allows: nothing of an aborted transaction is
 stored.
@@ -111,22 +119,35 @@ class _Unit:
 
 def take(queue: deque[_Unit], cap: int, now: float) -> list[_Unit]:
     """The units to commit together: the oldest, and those behind it while
-    their events total at most ``cap``. Units whose request gave up, or
-    whose deadline is past at ``now`` (their request is about to), are
-    dropped on the way: one would leave its group no time."""
+    their events total at most ``cap`` and none shares an ordering key with
+    a unit before it in the group when either is a batch (see the module's
+    doc). Units whose request gave up, or whose deadline is past at ``now``
+    (their request is about to), are dropped on the way: one would leave
+    its group no time."""
     taken: list[_Unit] = []
     size = 0
+    # The group's ordering keys, each with whether a batch holds it.
+    keys: dict[tuple[str, str], bool] = {}
     while queue:
         unit = queue[0]
         if unit.future.done() or unit.deadline <= now:
             queue.popleft()
             continue
-        if taken and size + len(unit.events) > cap:
+        ordered = _ordering_keys(unit)
+        if taken and (
+            size + len(unit.events) > cap or any(k in keys and (unit.atomic or keys[k]) for k in ordered)
+        ):
             break
         unit.taken = True
         taken.append(queue.popleft())
         size += len(unit.events)
+        for k in ordered:
+            keys[k] = keys.get(k, False) or unit.atomic
     return taken
+
+
+def _ordering_keys(unit: _Unit) -> set[tuple[str, str]]:
+    return {(e.tenant, e.ordering_key) for e in unit.events if e.ordering_key is not None}
 
 
 class GroupCommitter:
@@ -339,15 +360,17 @@ def _fail(units: list[_Unit], reason: str, error: type[StoreError]) -> None:
 
 async def _insert_singles(conn: asyncpg.Connection, units: list[_Unit]) -> dict[_Unit, Conflict | None]:
     # All in one round trip: a refusal stores nothing of its event and
-    # leaves the transaction usable, so no savepoint is needed.
+    # leaves the transaction usable, so no savepoint is needed. Stable: the
+    # units are in the order they were accepted.
     ordered = sorted(units, key=lambda unit: _key(unit.events[0]))
     refused = await store.insert_events(conn, [unit.events[0] for unit in ordered])
     return {unit: Conflict(0, refused[i]) if i in refused else None for i, unit in enumerate(ordered)}
 
 
 async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | None:
-    # Stable: of two events under one id, the first in the batch is stored
-    # and the second compared with it, as in the batch's own order.
+    # Stable: of two events under one id (and ordering key), the first in
+    # the batch is stored and the second compared with it, as in the
+    # batch's own order; the events of one ordering key keep it too.
     order = sorted(range(len(unit.events)), key=lambda i: _key(unit.events[i]))
     # Rolling back to the savepoint undoes the batch's other events.
     savepoint = conn.transaction()
@@ -371,9 +394,13 @@ async def _insert_batch(conn: asyncpg.Connection, unit: _Unit) -> Conflict | Non
     return Conflict(order[first], refused[first])
 
 
-def _key(event: store.Event) -> tuple[str, str]:
-    # The order row locks are taken in: the primary key of events.
-    return (event.tenant, event.id)
+def _key(event: store.Event) -> tuple[str, int, str]:
+    # The order row locks are taken in: the primary key of events, or for
+    # an ordered event its key's rows in ordering_keys (which a second
+    # publish of the key waits on until the first commits).
+    if event.ordering_key is not None:
+        return (event.tenant, 0, event.ordering_key)
+    return (event.tenant, 1, event.id)
 
 
 def _settle(unit: _Unit, outcome: Exception | None) -> None:

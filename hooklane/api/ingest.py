@@ -51,7 +51,7 @@ COMMITTER = web.AppKey("committer", GroupCommitter)
 # in turn keep the disk's flushes busy; the rest of the pool serves the
 # admin routes.
 MAX_COMMITTERS = 4
-FIELDS = frozenset({"id", "type", "tenant", "data", "coalesce_key"})
+FIELDS = frozenset({"id", "type", "tenant", "data", "coalesce_key", "ordering_key"})
 REQUIRED = ("type", "tenant", "data")
 
 
@@ -102,6 +102,7 @@ def _event_of(body: dict[str, Any]) -> Event:
         data=body["data"],
         id=body.get("id"),
         coalesce_key=body.get("coalesce_key"),
+        ordering_key=body.get("ordering_key"),
     )
     return Event(
         id=body.get("id") or new_event_id(),
@@ -109,6 +110,7 @@ def _event_of(body: dict[str, Any]) -> Event:
         type=body["type"],
         data_json=data_json,
         coalesce_key=body.get("coalesce_key"),
+        ordering_key=body.get("ordering_key"),
     )
 
 

@@ -137,6 +137,13 @@ def attempt_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None:
     return value
 
 
+def held_key_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None:
+    """A held keys listing's cursor, checked (and handed on as it came)."""
+    value = query.get(key) or None
+    store.held_key_position(value, key)
+    return value
+
+
 def endpoint_cursor(query: Mapping[str, str], key: str = "cursor") -> str | None:
     """An endpoint listing's cursor, checked (and handed on as it came)."""
     value = query.get(key) or None

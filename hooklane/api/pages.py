@@ -259,13 +259,14 @@ def sent_headers(sent: store.SentRequest) -> list[SentHeader]:
     if trace is None and sent.last_trace_id is not None:
         trace = f"00-{sent.last_trace_id}-…"
     stamp = 0 if sent.last_started_at is None else int(sent.last_started_at.timestamp())
-    made = signing.request_headers(extra, sent.event_id, stamp, HIDDEN, trace)
+    made = signing.request_headers(extra, sent.event_id, stamp, HIDDEN, trace, sent.ordering)
     notes = {
         "webhook-timestamp": "each attempt's own: its start, in seconds since 1970"
         if sent.last_started_at is not None
         else "set by each attempt when it starts",
         "webhook-signature": "computed with the endpoint's signing secret",
         "traceparent": "the trace the event was published in (a worker that traces sends its own span in it)",
+        "hooklane-ordering-sequence": "its number among its key's deliveries to this endpoint",
         **{name: "set for this endpoint" for name, _ in sent.extra_headers or ()},
     }
     if sent.last_started_at is None:

@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 import asyncpg
@@ -70,6 +70,7 @@ from hooklane.selfservice import (
     self_service_name,
 )
 from hooklane.settings import Settings
+from hooklane.spec import ON_DEAD_DELIVERY, ON_DEAD_DELIVERY_NAMES
 from hooklane.store import grants
 from hooklane.store.grants import Access, TenantGrant
 from hooklane.times import rfc3339, rfc3339_seconds
@@ -223,6 +224,7 @@ def endpoint_form(
             "event_types": picked_types(picked, typed),
             "max_concurrency": _number(posted.get("max_concurrency", "")),
             "timeout_seconds": _number(posted.get("timeout_seconds", "")),
+            "ordering_on_dead": posted.get("ordering_on_dead", "").strip() or None,
         }
     )
 
@@ -244,11 +246,12 @@ def form_values(form: Mapping[str, str] | EndpointForm) -> dict[str, str]:
             "event_types": ", ".join(form.event_types),
             "max_concurrency": "" if form.max_concurrency is None else str(form.max_concurrency),
             "timeout_seconds": "" if form.timeout_seconds is None else str(form.timeout_seconds),
+            "ordering_on_dead": form.ordering_on_dead or "",
         }
     return {key: form.get(key, "") for key in _FORM_INPUTS}
 
 
-_FORM_INPUTS = ("name", "url", "event_types", "max_concurrency", "timeout_seconds")
+_FORM_INPUTS = ("name", "url", "event_types", "max_concurrency", "timeout_seconds", "ordering_on_dead")
 
 
 # Rendering.
@@ -445,6 +448,16 @@ async def log_out(request: web.Request) -> web.Response:
 # Pages.
 
 
+class _EndpointRead(NamedTuple):
+    """What an endpoint's page reads in the snapshot that found it: None
+    for each read that found it gone."""
+
+    page: store.DeliveryPage | None
+    buckets: list[charts.Bucket] | None
+    ordering: store.OrderingSummary | None
+    held: store.HeldKeyPage | None
+
+
 @audience(Audience.PORTAL)
 @portal_page
 async def endpoint_page(request: web.Request) -> web.Response:
@@ -454,7 +467,7 @@ async def endpoint_page(request: web.Request) -> web.Response:
     span = charts.check_span(request.query.get("span"))
     grant = tenant_grant(request)
 
-    async def read(conn: asyncpg.Connection) -> tuple[store.DeliveryPage | None, list[charts.Bucket] | None]:
+    async def read(conn: asyncpg.Connection) -> _EndpointRead:
         page = await store.endpoint_deliveries(
             conn,
             namespace,
@@ -463,15 +476,20 @@ async def endpoint_page(request: web.Request) -> web.Response:
             cursor=before,
             limit=DELIVERIES_PER_PAGE,
         )
-        return page, await store.endpoint_chart(conn, namespace, name, span)
+        return _EndpointRead(
+            page,
+            await store.endpoint_chart(conn, namespace, name, span),
+            await store.endpoint_ordering(conn, namespace, name),
+            await store.held_keys(conn, namespace, name, limit=store.HELD_KEYS_SHOWN),
+        )
 
     async with connection(request) as conn:
         found = await actions.with_health(conn, scope(request), namespace, name, read)
     if found is None:
         return FACE.no_endpoint(request, namespace, name)
-    health, (page, buckets) = found
-    if buckets is None:
-        # Deleted between the two reads.
+    health, (page, buckets, ordering, held) = found
+    if buckets is None or ordering is None or held is None:
+        # Deleted between the reads.
         return FACE.no_endpoint(request, namespace, name)
     path = FACE.endpoint_path(namespace, name)
     kept = [("state", state)] if state else []
@@ -482,6 +500,8 @@ async def endpoint_page(request: web.Request) -> web.Response:
         changeable=self_service_name(request.app[SETTINGS], grant.tenant, namespace, name) is not None,
         health=health,
         page=page,
+        ordering=ordering,
+        held=held,
         charts=charts.endpoint_charts(span, health.observed_at, buckets),
         span_links=pages.span_links(path, kept, span),
         state=state,
@@ -615,7 +635,12 @@ async def edit_page(request: web.Request) -> web.Response:
     if chosen is None:
         return _platforms(request, namespace, name)
     form = EndpointForm(
-        chosen, stored.url, stored.event_types, stored.max_concurrency, stored.timeout_seconds
+        chosen,
+        stored.url,
+        stored.event_types,
+        stored.max_concurrency,
+        stored.timeout_seconds,
+        ON_DEAD_DELIVERY_NAMES[stored.ordering_on_dead],
     )
     entries = await _catalogue(request)
     # The catalogue's types tick their boxes; patterns, and names the
@@ -768,6 +793,7 @@ def _form_page(
         https_only=settings.portal_https_only,
         bounds=Limits(settings.portal_max_concurrency, settings.portal_max_timeout_seconds),
         over={o.field: o for o in over},
+        on_dead_choices=tuple(ON_DEAD_DELIVERY),
     )
 
 

@@ -142,6 +142,9 @@ class Queue:
     # The concurrency limit in force (adaptive concurrency moves it); 0:
     # not known, not shown.
     effective_concurrency: int = 0
+    # Ordered delivery's keys held back by a dead delivery; shown only
+    # when some are, as most endpoints never order.
+    held_keys: int = 0
 
     @classmethod
     def from_health(cls, health: EndpointHealth) -> Queue:
@@ -156,6 +159,7 @@ class Queue:
             oldest_pending_age=health.oldest_pending_age,
             dead=health.dead,
             effective_concurrency=health.effective_concurrency,
+            held_keys=health.held_keys,
         )
 
 
@@ -331,6 +335,7 @@ def _queue_fields(queue: Queue, previous: Mapping[str, Any], age_resolution: flo
         "dead": queue.dead,
         "oldestPendingAgeSeconds": age,
         "effectiveConcurrency": queue.effective_concurrency or None,
+        "ordering": {"heldKeys": queue.held_keys} if queue.held_keys else None,
     }
 
 

@@ -1,6 +1,6 @@
 """Publishing events: the transactional outbox call.
 
-The rules and the write are the database's (``hooklane_try_publish_v1``,
+The rules and the write are the database's (``hooklane_try_publish_v3``,
 docs/publishing.md); each Python caller checks the arguments first, for
 messages that quote the value and name the path in the data, and reads the
 function's answer the same way. :func:`publish` here is asyncpg's;
@@ -31,13 +31,24 @@ MAX_DATA_BYTES = 256 * 1024
 # Integers every receiver can read back exactly: 64 bits, signed or unsigned.
 # Most JSON parsers lose digits beyond that, or fail.
 _INT_RANGE = (-(2**63), 2**64 - 1)
+# hooklane_publish_refusal_v2's rule and words.
+_ORDERING_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+ORDERING_KEY_RULE = "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"
 
 
 def new_event_id() -> str:
     return "msg_" + uuid.uuid4().hex
 
 
-def check_event(*, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_key: Any = None) -> str:
+def check_event(
+    *,
+    tenant: Any,
+    type: Any,
+    data: Any,
+    id: Any = None,
+    coalesce_key: Any = None,
+    ordering_key: Any = None,
+) -> str:
     """Check publish arguments; return ``data`` as JSON text, exactly as
     Postgres will print the stored jsonb, and so as a receiver gets it: the
     size limit holds for what is sent, whatever numbers the data holds.
@@ -57,7 +68,19 @@ def check_event(*, tenant: Any, type: Any, data: Any, id: Any = None, coalesce_k
     data_json = jsonb_text(data)
     if len(data_json.encode()) > MAX_DATA_BYTES:
         raise InvalidInput("data", f"is larger than {MAX_DATA_BYTES} bytes")
+    check_ordering_key(ordering_key)
     return data_json
+
+
+def check_ordering_key(ordering_key: Any) -> None:
+    """The function checks the ordering key after every other argument
+    (``hooklane_publish_refusal_v2``): so does each caller, so that both
+    name the same argument when several are wrong. It travels as a header,
+    so it is kept to visible ASCII and spaces."""
+    if ordering_key is not None and (
+        not isinstance(ordering_key, str) or not _ORDERING_KEY.fullmatch(ordering_key)
+    ):
+        raise InvalidInput("ordering_key", ORDERING_KEY_RULE)
 
 
 def _check_data(data: dict[str, Any]) -> None:
@@ -105,6 +128,7 @@ def arguments(
     id: Any = None,
     coalesce_key: Any = None,
     traceparent: Any = None,
+    ordering_key: Any = None,
 ) -> dict[str, Any]:
     """The publish function's arguments by name, checked (``InvalidInput``),
     ``data`` as its JSON text. The trace left out is the caller's current
@@ -114,6 +138,7 @@ def arguments(
         traceparent = current_traceparent()
     else:
         parse_traceparent(traceparent, "traceparent")
+    check_ordering_key(ordering_key)
     return {
         "tenant": tenant,
         "type": type,
@@ -121,6 +146,7 @@ def arguments(
         "id": id,
         "coalesce_key": coalesce_key,
         "traceparent": traceparent,
+        "ordering_key": ordering_key,
     }
 
 
@@ -133,6 +159,7 @@ async def publish(
     id: str | None = None,
     coalesce_key: str | None = None,
     traceparent: str | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """Publish an event inside the caller's transaction on ``conn``.
 
@@ -148,6 +175,12 @@ async def publish(
     ``traceparent`` (W3C) is the trace the event joins: each attempt's span
     is its child and the receiver gets it; left out, the caller's current
     OpenTelemetry span (of the application's own tracer provider) is.
+    ``ordering_key`` (1 to 255 characters) orders the event's deliveries:
+    each endpoint gets the events of one key one at a time, in the order
+    their transactions committed; a second transaction publishing the same
+    key waits for the first to commit (docs/publishing.md, "Ordering key").
+    Publishing an id again under another ordering key is an
+    ``EventConflict``.
 
     Raises ``InvalidInput`` (bad arguments, before any SQL),
     ``EventConflict`` and ``CatalogueRefused`` (an ``InvalidInput``: the
@@ -160,7 +193,13 @@ async def publish(
     from ``hooklane.store.connect``.
     """
     args = arguments(
-        tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key, traceparent=traceparent
+        tenant=tenant,
+        type=type,
+        data=data,
+        id=id,
+        coalesce_key=coalesce_key,
+        traceparent=traceparent,
+        ordering_key=ordering_key,
     )
     stored = await store.insert_event(
         conn,
@@ -170,5 +209,6 @@ async def publish(
         data_json=args["data"],
         coalesce_key=coalesce_key,
         traceparent=args["traceparent"],
+        ordering_key=ordering_key,
     )
     return stored.event_id

@@ -3,7 +3,7 @@ async, inside the caller's transaction.
 
 The same call as :func:`hooklane.publish`, on psycopg's connections: the
 arguments checked first, then the publish function
-(``hooklane_try_publish_v1``), whose refusal is raised as ``InvalidInput``
+(``hooklane_try_publish_v3``), whose refusal is raised as ``InvalidInput``
 or ``EventConflict`` and leaves the transaction usable. Django (4.2 and
 later, on psycopg 3)::
 
@@ -33,11 +33,18 @@ def publish(
     id: str | None = None,
     coalesce_key: str | None = None,
     traceparent: str | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """:func:`hooklane.publish` on a psycopg ``Connection``: returns the
     event id. In autocommit mode the event commits by itself."""
     args = arguments(
-        tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key, traceparent=traceparent
+        tenant=tenant,
+        type=type,
+        data=data,
+        id=id,
+        coalesce_key=coalesce_key,
+        traceparent=traceparent,
+        ordering_key=ordering_key,
     )
     with conn.cursor(row_factory=dict_row) as cursor:
         row = cursor.execute(QUERIES["publish"].written, args).fetchone()
@@ -54,10 +61,17 @@ async def publish_async(
     id: str | None = None,
     coalesce_key: str | None = None,
     traceparent: str | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """:func:`publish` on a psycopg ``AsyncConnection``."""
     args = arguments(
-        tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key, traceparent=traceparent
+        tenant=tenant,
+        type=type,
+        data=data,
+        id=id,
+        coalesce_key=coalesce_key,
+        traceparent=traceparent,
+        ordering_key=ordering_key,
     )
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(QUERIES["publish"].written, args)

@@ -3,7 +3,7 @@ transaction: on a ``Connection`` or a ``Session``, whichever driver is
 under it (psycopg, psycopg2, asyncpg, pg8000).
 
 The same call as :func:`hooklane.publish`: the arguments checked first,
-then the publish function (``hooklane_try_publish_v1``), whose refusal is
+then the publish function (``hooklane_try_publish_v3``), whose refusal is
 raised as ``InvalidInput`` or ``EventConflict`` and leaves the transaction
 usable::
 
@@ -36,12 +36,19 @@ def publish(
     id: str | None = None,
     coalesce_key: str | None = None,
     traceparent: str | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """:func:`hooklane.publish` on a SQLAlchemy ``Connection`` or
     ``Session``: returns the event id. A session begins its transaction
     here if none is open, and the event commits with it."""
     args = arguments(
-        tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key, traceparent=traceparent
+        tenant=tenant,
+        type=type,
+        data=data,
+        id=id,
+        coalesce_key=coalesce_key,
+        traceparent=traceparent,
+        ordering_key=ordering_key,
     )
     row = bind.execute(_PUBLISH, args).mappings().one()
     return published(row, tenant=tenant, id=id).event_id
@@ -56,11 +63,18 @@ async def publish_async(
     id: str | None = None,
     coalesce_key: str | None = None,
     traceparent: str | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """:func:`publish` on a SQLAlchemy ``AsyncConnection`` or
     ``AsyncSession``."""
     args = arguments(
-        tenant=tenant, type=type, data=data, id=id, coalesce_key=coalesce_key, traceparent=traceparent
+        tenant=tenant,
+        type=type,
+        data=data,
+        id=id,
+        coalesce_key=coalesce_key,
+        traceparent=traceparent,
+        ordering_key=ordering_key,
     )
     row = (await bind.execute(_PUBLISH, args)).mappings().one()
     return published(row, tenant=tenant, id=id).event_id

@@ -47,7 +47,13 @@ from hooklane.store.connection import (
     connect,
     create_pool,
 )
-from hooklane.store.cursor import attempt_position, catalogue_position, delivery_position, endpoint_position
+from hooklane.store.cursor import (
+    attempt_position,
+    catalogue_position,
+    delivery_position,
+    endpoint_position,
+    held_key_position,
+)
 from hooklane.store.deliveries import (
     ADAPT_STEP_SECONDS,
     DELIVERED_STEP_SECONDS,
@@ -77,6 +83,7 @@ from hooklane.store.deliveries import (
     partition_count,
     pending_endpoints,
     published_since,
+    purge_ordering_keys,
     replay_pages,
     replay_since,
     rescue_expired,
@@ -155,6 +162,16 @@ from hooklane.store.notifications import (
     note_notices,
     take_notices,
 )
+from hooklane.store.ordering import (
+    HELD_KEYS_SHOWN,
+    HeldKey,
+    HeldKeyCount,
+    HeldKeyPage,
+    OrderingSummary,
+    endpoint_ordering,
+    held_key_counts,
+    held_keys,
+)
 from hooklane.store.publishers import PublisherScope, grant_publisher, publisher_scopes, revoke_publisher
 from hooklane.store.queries import parse as parse_queries
 from hooklane.store.reflection import Changed, endpoint_health_changed
@@ -168,6 +185,7 @@ __all__ = [
     "DEFAULT_TENANT",
     "DELIVERED_STEP_SECONDS",
     "FAILURES",
+    "HELD_KEYS_SHOWN",
     "MAX_ATTEMPTS_SHOWN",
     "MAX_DELIVERY_ID",
     "MAX_PAGE",
@@ -199,11 +217,15 @@ __all__ = [
     "EventTypeRemoved",
     "EventTypeSource",
     "FailureClass",
+    "HeldKey",
+    "HeldKeyCount",
+    "HeldKeyPage",
     "Horizon",
     "HorizonHolder",
     "Listed",
     "Noted",
     "Notice",
+    "OrderingSummary",
     "OverLimits",
     "PartitionsKept",
     "Progress",
@@ -263,11 +285,15 @@ __all__ = [
     "endpoint_health",
     "endpoint_health_changed",
     "endpoint_limits",
+    "endpoint_ordering",
     "endpoint_page",
     "endpoint_position",
     "endpoint_totals",
     "event_type_counts",
     "grant_publisher",
+    "held_key_counts",
+    "held_key_position",
+    "held_keys",
     "hint_published",
     "insert_event",
     "insert_events",
@@ -285,6 +311,7 @@ __all__ = [
     "publisher_scopes",
     "purge_catalogue_refusals",
     "purge_events",
+    "purge_ordering_keys",
     "reactivate_endpoint",
     "record_catalogue_refusals",
     "refresh_endpoint_statistics",

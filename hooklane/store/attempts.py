@@ -88,6 +88,10 @@ class AttemptView:
     next_attempt_at: datetime | None
     trace_id: str | None
     recorded_at: datetime
+    # Its delivery's ordering key and number, in an endpoint's listing
+    # (None: unordered, or read with its delivery, which has them).
+    ordering_key: str | None = None
+    ordering_seq: int | None = None
 
 
 def _attempt(row: asyncpg.Record, delivery_id: int) -> AttemptView:
@@ -106,6 +110,8 @@ def _attempt(row: asyncpg.Record, delivery_id: int) -> AttemptView:
         row["next_attempt_at"],
         row["trace_id"],
         row["recorded_at"],
+        row.get("ordering_key"),
+        row.get("ordering_seq"),
     )
 
 

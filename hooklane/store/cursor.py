@@ -29,9 +29,11 @@ def _encode(text: str) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _decode(cursor: str, pattern: re.Pattern[str], field: str) -> re.Match[str]:
+def _decode(
+    cursor: str, pattern: re.Pattern[str], field: str, max_chars: int = _MAX_CURSOR_CHARS
+) -> re.Match[str]:
     refused = InvalidInput(field, "is not a cursor this listing returned")
-    if len(cursor) > _MAX_CURSOR_CHARS:
+    if len(cursor) > max_chars:
         raise refused
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
@@ -161,3 +163,37 @@ def catalogue_position(cursor: str | None, field: str = "cursor") -> str | None:
     if cursor is None:
         return None
     return _decode(cursor, _CATALOGUE, field)[1]
+
+
+# The held keys listing's position: the last key's held_since in
+# microseconds since the epoch, then the key itself (1 to 255 characters,
+# none a control character: hooklane_publish_refusal_v2), whose four bytes
+# a character at most need a longer cursor than the others.
+_HELD_KEYS = re.compile(r"k1:(-?[0-9]{1,19}):([^\x00-\x1f\x7f-\x9f]{1,255})")
+_MAX_HELD_KEY_CURSOR_CHARS = 1500
+
+
+class HeldKeyPosition(NamedTuple):
+    """Where a held keys listing's page ends: its last key's held_since and
+    the key."""
+
+    held_since: datetime
+    key: str
+
+
+def held_key_cursor(position: HeldKeyPosition) -> str:
+    """The position after ``position`` in the held-longest-first listing."""
+    micros = (position.held_since - _EPOCH) // timedelta(microseconds=1)
+    return _encode(f"k1:{micros}:{position.key}")
+
+
+def held_key_position(cursor: str | None, field: str = "cursor") -> HeldKeyPosition | None:
+    """The position of a :func:`held_key_cursor`; None for the first page."""
+    if cursor is None:
+        return None
+    match = _decode(cursor, _HELD_KEYS, field, _MAX_HELD_KEY_CURSOR_CHARS)
+    try:
+        at = _EPOCH + timedelta(microseconds=int(match[1]))
+    except OverflowError:
+        raise InvalidInput(field, "is not a cursor this listing returned") from None
+    return HeldKeyPosition(at, match[2])

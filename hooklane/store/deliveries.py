@@ -226,6 +226,21 @@ async def complete(
     return [Touched._make(_TOUCHED(r)) for r in rows]
 
 
+async def purge_ordering_keys(conn: asyncpg.Connection, retention_seconds: float, batch: int = 1000) -> int:
+    """Forget the ordering keys with nothing outstanding not published for
+    ``retention_seconds``, a batch at a time; returns how many. Keys named
+    after entities (an order's id) come and go: kept for ever, they would
+    grow with every entity a platform ever had."""
+    purged = 0
+    while True:
+        scanned, deleted = await conn.fetchrow(
+            *QUERIES["purge_ordering_keys"](retention_seconds=retention_seconds, batch_size=batch)
+        ) or (0, 0)
+        purged += deleted
+        if scanned < batch:
+            return purged
+
+
 # Keys one sweep moves on at most: a pass is bounded however many keys a
 # crash left behind, and the next pass takes the rest.
 ORDERING_SWEEP_KEYS = 1000
@@ -578,6 +593,16 @@ class DeliveryView:
     # Without an HTTP answer to the last attempt: why (FailureClass).
     last_failure: str | None
     last_error: str | None
+    # An ordered delivery's key and its number among the key's deliveries
+    # to the endpoint (migration 0026); None for an unordered one.
+    ordering_key: str | None = None
+    ordering_seq: int | None = None
+
+    @property
+    def waiting_behind_key(self) -> bool:
+        """Pending behind an earlier delivery of its key: it has no next
+        attempt until that one settles."""
+        return self.state == "pending" and self.ordering_key is not None and self.next_attempt_at is None
 
     @property
     def queued_again_at(self) -> datetime | None:
@@ -602,6 +627,8 @@ def delivery_view(row: asyncpg.Record) -> DeliveryView:
         row["last_status"],
         row["last_failure"],
         row["last_error"],
+        row["ordering_key"],
+        row["ordering_seq"],
     )
 
 

@@ -17,7 +17,7 @@ from hooklane.endpoint_state import EndpointState
 from hooklane.errors import InvalidInput, shown
 from hooklane.health import EndpointHealth
 from hooklane.secrets import DEFAULT_GRACE_SECONDS, Keyring, owner, seal, terms_owner, unseal
-from hooklane.spec import EndpointSpec
+from hooklane.spec import EndpointSpec, OrderingOnDead
 from hooklane.store.cursor import EndpointPosition, endpoint_cursor, endpoint_position
 from hooklane.store.queries import QUERIES
 
@@ -64,7 +64,8 @@ async def upsert_endpoint(
     stored before, with the active key). A secret that replaces another keeps
     the other one signing for ``grace_seconds``, so that receivers switch
     keys without refusing a delivery. Moving the endpoint to another tenant
-    discards the pending and dead deliveries of the old one.
+    discards the pending and dead deliveries of the old one, and releases
+    its ordering keys (none stays held).
 
     ``terms``: the headers and TLS material of ``spec.delivery``, resolved
     from their Secrets (hooklane/delivery.py), stored sealed like the
@@ -108,6 +109,7 @@ async def upsert_endpoint(
                 adaptive_concurrency=spec.delivery.adaptive,
                 max_attempts=spec.delivery.max_attempts,
                 max_age_seconds=spec.delivery.max_age_seconds,
+                ordering_on_dead=spec.ordering_on_dead,
                 request_terms=None
                 if terms is None
                 else seal(keyring, terms.to_json(), terms_owner(spec.namespace, spec.name)),
@@ -148,6 +150,7 @@ class Stored(NamedTuple):
     # spec.delivery's columns: rate, burst, adaptive, max attempts, max age.
     delivery: tuple[int | None, int, bool, int | None, float | None]
     terms: str | None
+    ordering_on_dead: OrderingOnDead
 
     def spec(self, namespace: str, name: str) -> EndpointSpec:
         """The spec an upsert would store this from (without its
@@ -170,6 +173,7 @@ class Stored(NamedTuple):
                 max_attempts=max_attempts,
                 max_age_seconds=max_age,
             ),
+            ordering_on_dead=self.ordering_on_dead,
         )
 
     def request_terms(self) -> RequestTerms | None:
@@ -188,6 +192,7 @@ def stored_form(spec: EndpointSpec, secret: str | None, terms: RequestTerms | No
         secret,
         (d.rate_per_second, d.burst, d.adaptive, d.max_attempts, d.max_age_seconds),
         None if terms is None else terms.to_json(),
+        spec.ordering_on_dead,
     )
 
 
@@ -230,6 +235,7 @@ def _stored(row: asyncpg.Record, keyring: Keyring | None) -> Stored:
             row["max_age_seconds"],
         ),
         terms,
+        row["ordering_on_dead"],
     )
 
 

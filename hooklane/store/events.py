@@ -41,7 +41,7 @@ class PublishRow(Protocol):
 
 
 def published(row: PublishRow, *, tenant: str, id: str | None) -> Published:
-    """``hooklane_try_publish_v1``'s answer, or its refusal raised: the
+    """``hooklane_try_publish_v3``'s answer, or its refusal raised: the
     conflict as ``EventConflict``, any other as ``InvalidInput`` naming the
     argument. Every Python caller reads the answer here, whatever its
     driver."""
@@ -80,6 +80,7 @@ async def insert_event(
     data_json: str,
     coalesce_key: str | None,
     traceparent: str | None = None,
+    ordering_key: str | None = None,
 ) -> Published:
     """Store the event and its deliveries on ``conn``, in whatever
     transaction it is in, through the publish function. ``id`` None: one is
@@ -87,7 +88,8 @@ async def insert_event(
     the id, ``InvalidInput`` when the function refuses an argument: nothing
     is stored, and the transaction is still usable. The caller's ``conn``
     raises its own errors (see :func:`hooklane.publish`). ``traceparent``:
-    the W3C trace context it was published in."""
+    the W3C trace context it was published in; ``ordering_key``: the key
+    its deliveries are ordered by (None: unordered)."""
     row = await conn.fetchrow(
         *QUERIES["publish"](
             id=id,
@@ -96,6 +98,7 @@ async def insert_event(
             data=data_json,
             coalesce_key=coalesce_key,
             traceparent=traceparent,
+            ordering_key=ordering_key,
         )
     )
     assert row is not None, "publish returns one row, always"
@@ -106,7 +109,8 @@ async def insert_event(
 class Event:
     """An event ready to store: checked (``hooklane.publish.check_event``),
     its id made, its data as JSON text. ``traceparent``: the W3C trace
-    context it was published in (hooklane/tracing.py)."""
+    context it was published in (hooklane/tracing.py); ``ordering_key``:
+    the key its deliveries are ordered by (None: unordered)."""
 
     id: str
     tenant: str
@@ -114,10 +118,12 @@ class Event:
     data_json: str
     coalesce_key: str | None = None
     traceparent: str | None = None
+    ordering_key: str | None = None
 
 
 async def insert_events(conn: asyncpg.Connection, events: Sequence[Event]) -> dict[int, InvalidInput]:
-    """Store many events as :func:`insert_event` stores one, in their order,
+    """Store many events as :func:`insert_event` stores one, in their order
+    (the events of one ordering key take its numbers in it),
     on ``conn`` in whatever transaction it is in, in one round trip whatever
     their number. Returns the refused events by position (0-based), each
     with its refusal (``EventConflict`` for an id the tenant had stored
@@ -134,6 +140,7 @@ async def insert_events(conn: asyncpg.Connection, events: Sequence[Event]) -> di
             data=[e.data_json for e in events],
             coalesce_keys=[e.coalesce_key for e in events],
             traceparents=[e.traceparent for e in events],
+            ordering_keys=[e.ordering_key for e in events],
         )
     )
     refused: dict[int, InvalidInput] = {}

@@ -16,12 +16,12 @@ from hooklane.store.queries import QUERIES
 @dataclass(frozen=True)
 class PublisherScope:
     """A role's tenants (``None`` among them: every tenant), and whether it
-    holds EXECUTE on the publish functions of each version."""
+    holds EXECUTE on the publish functions of each version (``execute[0]``:
+    v1, ...)."""
 
     role: str
     tenants: tuple[str | None, ...]
-    execute_v1: bool
-    execute_v2: bool
+    execute: tuple[bool, ...]
 
 
 async def _check_role(conn: asyncpg.Connection, role: str) -> None:
@@ -68,4 +68,4 @@ async def publisher_scopes(conn: asyncpg.Connection) -> list[PublisherScope]:
     by name; the owner, its members and superusers are not listed (they
     publish for every tenant)."""
     rows = await conn.fetch(*QUERIES["publisher_scopes"]())
-    return [PublisherScope(r["role"], tuple(r["tenants"]), r["execute_v1"], r["execute_v2"]) for r in rows]
+    return [PublisherScope(r["role"], tuple(r["tenants"]), tuple(r["execute"])) for r in rows]

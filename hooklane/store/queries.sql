@@ -63,27 +63,30 @@ SELECT secret FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 -- name: upsert_endpoint
 -- Create or update an endpoint by (namespace, name), waking it when an
 -- update may make its deliveries reservable; discards the deliveries of
--- another tenant's events (hooklane_tenant_discard). After
--- lock_endpoint_secret, in the same transaction.
+-- another tenant's events (hooklane_tenant_discard), and on a change of
+-- tenant lets go of the old tenant's ordering keys (released, below).
+-- After lock_endpoint_secret, in the same transaction.
 -- Parameters: namespace, name, tenant, url, secret, max_concurrency,
 -- event_types, timeout_seconds, paused, replaced_secret, grace_seconds,
 -- rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
--- max_age_seconds, request_terms.
+-- max_age_seconds, request_terms, ordering_on_dead.
 -- Index: the unique (namespace, name) constraint; deliveries_queue and
--- deliveries_dead for the discard.
+-- deliveries_dead for the discard; the primary key of ordering_keys (its
+-- endpoint_id prefix: a change of tenant is rare) for the keys let go.
 WITH before AS (
     SELECT id, tenant FROM endpoints WHERE namespace = %(namespace)s AND name = %(name)s
 ),
 upserted AS (
 INSERT INTO endpoints (namespace, name, tenant, url, secret, max_concurrency,
                        event_types, timeout_seconds, paused, partition, rate_per_second, rate_burst,
-                       adaptive_concurrency, max_attempts, max_age_seconds, request_terms)
+                       adaptive_concurrency, max_attempts, max_age_seconds, request_terms,
+                       ordering_on_dead)
 VALUES (%(namespace)s, %(name)s, %(tenant)s, %(url)s, %(secret)s, %(max_concurrency)s,
         %(event_types)s, %(timeout_seconds)s, %(paused)s,
         (hashtext(%(namespace)s || '/' || %(name)s)::bigint & 2147483647)
           %% (SELECT partition_count FROM hooklane_config),
         %(rate_per_second)s, %(rate_burst)s, %(adaptive_concurrency)s, %(max_attempts)s,
-        %(max_age_seconds)s, %(request_terms)s)
+        %(max_age_seconds)s, %(request_terms)s, %(ordering_on_dead)s)
 ON CONFLICT (namespace, name) DO UPDATE
 SET tenant          = EXCLUDED.tenant,
     url             = EXCLUDED.url,
@@ -105,6 +108,7 @@ SET tenant          = EXCLUDED.tenant,
     max_attempts    = EXCLUDED.max_attempts,
     max_age_seconds = EXCLUDED.max_age_seconds,
     request_terms   = EXCLUDED.request_terms,
+    ordering_on_dead = EXCLUDED.ordering_on_dead,
     updated_at      = now()
 RETURNING id, partition, tenant, (xmax = 0) AS created
 ),
@@ -119,6 +123,21 @@ discarded AS (
       AND d.state IN ('pending', 'dead')
       AND hooklane_tenant_discard(d.event_tenant, u.tenant) IS NOT NULL
     RETURNING d.id
+),
+-- The old tenant's keys: their deliveries are discarded above (one in
+-- flight settles as it may), so none is held or outstanding, and nothing of
+-- the old tenant's shows (skipped) to the new one. A row is kept, not
+-- deleted, for last_seq: a publish of the key numbers on after it, where
+-- numbering from 1 again would collide in deliveries_ordering with the
+-- settled deliveries and go backwards at the receiver.
+released AS (
+    UPDATE ordering_keys k
+    SET head_seq = NULL, held_since = NULL, skipped = 0
+    FROM upserted u, before b
+    WHERE b.id = u.id
+      AND b.tenant <> u.tenant
+      AND k.endpoint_id = u.id
+      AND (k.head_seq IS NOT NULL OR k.skipped <> 0)
 ),
 woken AS (
     SELECT hooklane_wake_v2(array_agg(u.id), array_agg(u.partition), array_agg(NULL::timestamptz))
@@ -180,7 +199,7 @@ WHERE ep.id = r.id
 -- endpoints are ~2 MB of rows), cheaper than one probe per resource.
 SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
        timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
-       max_age_seconds, request_terms
+       max_age_seconds, request_terms, ordering_on_dead
 FROM endpoints;
 
 -- name: reactivate_endpoint
@@ -218,31 +237,72 @@ WHERE namespace = %(namespace)s AND name = %(name)s
 RETURNING id;
 
 -- name: publish
--- The outbox write: hooklane_try_publish_v1 (migration 0012), refusing in
+-- The outbox write: hooklane_try_publish_v3 (migration 0026), refusing in
 -- its result rather than raising.
 -- Parameters: id (NULL: one is made), tenant, type, data (jsonb text),
--- coalesce_key, traceparent (NULL: none).
+-- coalesce_key, traceparent (NULL: none), ordering_key (NULL: unordered).
 -- Index: the function's (endpoints_tenant; primary key of events;
--- deliveries_coalesce).
+-- deliveries_coalesce; primary key of ordering_keys; deliveries_ordering).
 SELECT event_id, stored, fanout, error_code, error_field, error_message
-FROM hooklane_try_publish_v1(%(tenant)s, %(type)s, CAST(%(data)s AS jsonb), %(id)s, %(coalesce_key)s,
-                             %(traceparent)s);
+FROM hooklane_try_publish_v3(%(tenant)s, %(type)s, CAST(%(data)s AS jsonb), %(id)s, %(coalesce_key)s,
+                             %(traceparent)s, %(ordering_key)s);
 
 -- name: publish_many
 -- Publish many events in one statement, as publish does one, in the
--- arrays' order; returns the refused ones by position (1-based): the
--- ingest API's group commit.
+-- arrays' order (WITH ORDINALITY, and the lateral call made row by row in
+-- it: the events of one ordering key take its numbers in that order);
+-- returns the refused ones by position (1-based): the ingest API's group
+-- commit and the notifications.
 -- Parameters: ids, tenants, types, data (jsonb text), coalesce_keys,
--- traceparents, arrays of equal length.
+-- traceparents, ordering_keys, arrays of equal length.
 -- Index: the function's, per event.
 SELECT x.position, p.error_code, p.error_field, p.error_message
 FROM unnest(%(ids)s::text[], %(tenants)s::text[], %(types)s::text[], %(data)s::text[],
-            %(coalesce_keys)s::text[], %(traceparents)s::text[])
-       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, traceparent, position)
-CROSS JOIN LATERAL hooklane_try_publish_v1(x.tenant, x.type, x.data::jsonb, x.id, x.coalesce_key,
-                                           x.traceparent) AS p
+            %(coalesce_keys)s::text[], %(traceparents)s::text[], %(ordering_keys)s::text[])
+       WITH ORDINALITY AS x(id, tenant, type, data, coalesce_key, traceparent, ordering_key, position)
+CROSS JOIN LATERAL hooklane_try_publish_v3(x.tenant, x.type, x.data::jsonb, x.id, x.coalesce_key,
+                                           x.traceparent, x.ordering_key) AS p
 WHERE p.error_code IS NOT NULL
 ORDER BY x.position;
+
+-- name: purge_ordering_keys
+-- Forget one batch of ordering keys with nothing outstanding whose last
+-- publish is past retention (the events'), oldest first, once no delivery
+-- of the key is left: retention took the delivered ones, and a dead one
+-- stays until resent or discarded, its number unique among the key's. A
+-- key that still has one waits another retention (its touched_at moved
+-- on), so that the next batches reach the keys behind it. Returns how
+-- many were looked at and how many deleted. A key published again starts
+-- its numbering at 1 (docs/receivers.md).
+-- Parameters: retention_seconds, batch_size.
+-- Index: ordering_keys_idle, from its start; deliveries_ordering per key.
+WITH candidates AS MATERIALIZED (
+    SELECT o.ctid AS row_id,
+           EXISTS (SELECT FROM deliveries d
+                   WHERE d.endpoint_id = o.endpoint_id AND d.ordering_key = o.key
+                     AND d.ordering_key IS NOT NULL) AS kept
+    FROM ordering_keys o
+    WHERE o.head_seq IS NULL
+      AND o.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY o.touched_at
+    LIMIT %(batch_size)s
+),
+gone AS (
+    DELETE FROM ordering_keys k
+    USING candidates c
+    WHERE k.ctid = c.row_id AND NOT c.kept
+      AND k.head_seq IS NULL
+      AND k.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+    RETURNING 1
+),
+-- Runs whether or not it is read, as every data-modifying WITH does.
+deferred AS (
+    UPDATE ordering_keys k
+    SET touched_at = now()
+    FROM candidates c
+    WHERE k.ctid = c.row_id AND c.kept
+)
+SELECT (SELECT count(*) FROM candidates) AS scanned, (SELECT count(*) FROM gone) AS deleted;
 
 -- name: purge_catalogue_refusals
 -- Delete one batch of the catalogue's refusals past retention (the events'
@@ -698,20 +758,23 @@ ORDER BY p.xact, p.id;
 
 -- name: endpoint_health
 -- Per endpoint: spec, circuit, queue (pending, in flight, dead), sending
--- workers and oldest pending age, with `observed_at`, most delayed first;
--- pending counted from the ready list's floors when given.
+-- workers, oldest pending age and keys held (ordered delivery), with
+-- `observed_at`, most delayed first; pending counted from the ready
+-- list's floors when given.
 -- Parameters: partitions, namespace, name (NULL: all); floor_ids, floors,
 -- listed.
 -- Index: endpoints_partition or the unique (namespace, name) constraint;
 -- deliveries_queue from each floor, deliveries_leased, deliveries_dead,
--- each per endpoint.
+-- ordering_keys_held, each per endpoint.
 SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
        ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
        hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
        ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-       ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+       ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason, ep.ordering_on_dead,
        q.pending, extract(epoch FROM now() - q.oldest) AS oldest_pending_age,
        f.in_flight, f.sending_on, x.dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL) AS held_keys,
        now() AS observed_at, now() AS counted_at
 FROM endpoints ep
 LEFT JOIN unnest(%(floor_ids)s::bigint[], %(floors)s::timestamptz[]) AS fl(id, low) ON fl.id = ep.id
@@ -749,13 +812,14 @@ ORDER BY oldest_pending_age DESC NULLS LAST, ep.namespace, ep.name;
 -- Parameters: tenant, name_prefix, phase, not_delivering,
 -- cursor_oldest_pending_at, cursor_namespace, cursor_name, limit.
 -- Index: deliveries_queue for endpoints no fresh summary holds; for the
--- page, deliveries_leased and deliveries_dead.
+-- page, deliveries_leased, deliveries_dead and ordering_keys_held.
 WITH chosen AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
            hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
            ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+           ep.ordering_on_dead
     FROM endpoints ep
     WHERE (%(tenant)s::text IS NULL OR ep.tenant = %(tenant)s)
       AND (%(name_prefix)s::text IS NULL OR starts_with(ep.name, %(name_prefix)s))
@@ -776,7 +840,7 @@ counted AS (
     SELECT s.id, s.namespace, s.name, s.tenant, s.url, s.state, s.paused, s.signed,
            s.max_concurrency, s.consecutive_failures, s.effective_concurrency,
            s.adaptive_concurrency, s.rate_per_second, s.rate_burst, s.throttled_until,
-           s.paused_until, s.last_error, s.last_delivered_at, s.deactivated_reason,
+           s.paused_until, s.last_error, s.last_delivered_at, s.deactivated_reason, s.ordering_on_dead,
            coalesce(s.counted_pending, q.pending) AS pending,
            CASE WHEN s.counted_id IS NULL THEN q.oldest_pending_at ELSE s.counted_oldest END
              AS oldest_pending_at,
@@ -807,6 +871,8 @@ SELECT p.*,
        extract(epoch FROM now() - p.oldest_pending_at) AS oldest_pending_age,
        f.in_flight, f.sending_on,
        (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = p.id AND d.state = 'dead') AS dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = p.id AND k.held_since IS NOT NULL) AS held_keys,
        now() AS observed_at
 FROM page p
 CROSS JOIN LATERAL (
@@ -919,7 +985,9 @@ WHERE s.counted_at < EXCLUDED.counted_at;
 -- name: endpoint_deliveries
 -- A page of an endpoint's deliveries, newest first, before `before_id`,
 -- filtered by states, time, last status and failure class. A NULL-id row
--- when it has none there, no row when there is no such endpoint.
+-- when it has none there, no row when there is no such endpoint. An
+-- ordered delivery with its key and number; one waiting behind its key
+-- (next_attempt_at 'infinity', migration 0026) has no next attempt.
 -- Parameters: namespace, name, states, since, until, status_min,
 -- status_max, failure, before_id, limit.
 -- Index: the unique (namespace, name) constraint; deliveries_endpoint;
@@ -929,8 +997,9 @@ FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT d.id, d.event_id, e.type AS event_type, d.state, d.attempts, d.attempted_by,
            coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
-           CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-           d.delivered_at, d.last_status, d.last_failure, d.last_error
+           CASE WHEN d.state = 'pending' AND d.next_attempt_at < 'infinity' THEN d.next_attempt_at END
+             AS next_attempt_at,
+           d.delivered_at, d.last_status, d.last_failure, d.last_error, d.ordering_key, d.ordering_seq
     FROM deliveries d
     JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
     WHERE d.endpoint_id = ep.id
@@ -951,13 +1020,15 @@ ORDER BY p.id DESC;
 -- `namespace` and `name` are given, only if it is that endpoint's. No row
 -- when there is none. created_at is its first creation, which a resend
 -- keeps in first_created_at; queued_at when it was last queued (its
--- creation, or its latest resend: what its age counts from).
+-- creation, or its latest resend: what its age counts from). Its ordering
+-- key and number, as endpoint_deliveries.
 -- Parameters: id, namespace (or NULL), name (or NULL).
 -- Index: primary keys of deliveries, endpoints and events.
 SELECT d.id, d.event_id, e.type AS event_type, d.event_tenant AS tenant, d.state, d.attempts,
        d.attempted_by, coalesce(d.first_created_at, d.created_at) AS created_at, d.created_at AS queued_at,
-       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
-       d.delivered_at, d.last_status, d.last_failure, d.last_error,
+       CASE WHEN d.state = 'pending' AND d.next_attempt_at < 'infinity' THEN d.next_attempt_at END
+         AS next_attempt_at,
+       d.delivered_at, d.last_status, d.last_failure, d.last_error, d.ordering_key, d.ordering_seq,
        ep.namespace, ep.name
 FROM deliveries d
 JOIN endpoints ep ON ep.id = d.endpoint_id
@@ -988,14 +1059,15 @@ LIMIT %(limit)s;
 -- as is), the trace context it was published under, the endpoint's sealed
 -- request terms (its extra headers), and of its latest attempt on this
 -- event when it started (the webhook-timestamp it was sent with) and the
--- trace id the receiver got. When `namespace` and `name` are given, only
--- if it is that endpoint's. No row when there is none.
+-- trace id the receiver got; an ordered delivery's key and number. When
+-- `namespace` and `name` are given, only if it is that endpoint's. No row
+-- when there is none.
 -- Parameters: id, namespace (or NULL), name (or NULL).
 -- Index: primary keys of deliveries, endpoints and events;
 -- delivery_attempts_delivery of each partition for the latest attempt.
 SELECT e.id AS event_id, e.type, e.created_at, e.data::text AS data, e.traceparent,
        ep.request_terms, ep.namespace, ep.name, last.started_at AS last_started_at,
-       last.trace_id AS last_trace_id
+       last.trace_id AS last_trace_id, d.ordering_key, d.ordering_seq
 FROM deliveries d
 JOIN endpoints ep ON ep.id = d.endpoint_id
 JOIN events e ON e.tenant = d.event_tenant AND e.id = d.event_id
@@ -1069,14 +1141,19 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- first, after the cursor, filtered by outcome, status and failure class.
 -- Parameters: namespace, name, since, until, outcomes, status_min,
 -- status_max, failure, after_at, after_delivery, after_attempt, limit.
+-- Each with its delivery's ordering key and number (NULL: unordered, or
+-- the delivery gone).
 -- Index: the unique (namespace, name) constraint;
--- delivery_attempts_endpoint_chart from `until` down to `since`.
+-- delivery_attempts_endpoint_chart from `until` down to `since`; the
+-- primary key of deliveries for each attempt of the page.
 SELECT ep.id AS endpoint_id, p.*
 FROM endpoints ep
 LEFT JOIN LATERAL (
     SELECT a.delivery_id, a.event_id, a.attempt, a.attempted_by, a.started_at,
            a.duration_seconds, a.outcome, a.status, a.failure, a.error,
-           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at
+           a.retry_after_seconds, a.next_attempt_at, a.trace_id, a.recorded_at,
+           (SELECT d.ordering_key FROM deliveries d WHERE d.id = a.delivery_id) AS ordering_key,
+           (SELECT d.ordering_seq FROM deliveries d WHERE d.id = a.delivery_id) AS ordering_seq
     FROM delivery_attempts a
     WHERE a.endpoint_id = ep.id
       AND a.recorded_at >= %(since)s
@@ -1277,13 +1354,14 @@ SELECT pg_advisory_unlock(%(lock_class)s::int, %(key)s::int) AS released;
 -- the endpoints whose digest differs from the one reflected last, and the
 -- known ones gone (NULL id, `known_id`).
 -- Parameters: ids and digests (reflected last), age_step (seconds).
--- Index: as endpoint_health; the primary key for the known ids.
+-- Index: as endpoint_health (ordering_keys_held per endpoint for its keys
+-- held); the primary key for the known ids.
 WITH health AS (
     SELECT ep.id, ep.namespace, ep.name, ep.tenant, ep.url, ep.state, ep.paused,
            ep.secret IS NOT NULL AS signed, ep.max_concurrency, ep.consecutive_failures,
            hooklane_concurrency(ep) AS effective_concurrency, ep.adaptive_concurrency,
            ep.rate_per_second, ep.rate_burst, ep.throttled_until,
-           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason,
+           ep.paused_until, ep.last_error, ep.last_delivered_at, ep.deactivated_reason, ep.ordering_on_dead,
            count(d.id) FILTER (WHERE d.state = 'pending') AS pending,
            extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'pending'))
              AS oldest_pending_age,
@@ -1291,6 +1369,8 @@ WITH health AS (
            array_agg(DISTINCT d.attempted_by ORDER BY d.attempted_by)
              FILTER (WHERE d.state = 'sending' AND d.attempted_by IS NOT NULL) AS sending_on,
            count(d.id) FILTER (WHERE d.state = 'dead') AS dead,
+           (SELECT count(*) FROM ordering_keys k
+            WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL) AS held_keys,
            now() AS observed_at, now() AS counted_at
     FROM endpoints ep
     LEFT JOIN deliveries d
@@ -1302,7 +1382,7 @@ WITH health AS (
                    h.effective_concurrency,
                    h.consecutive_failures, h.paused_until, h.paused_until > h.observed_at,
                    h.last_error, h.last_delivered_at, h.deactivated_reason,
-                   h.pending, h.in_flight, h.dead,
+                   h.pending, h.in_flight, h.dead, h.held_keys,
                    CASE WHEN h.oldest_pending_age IS NULL THEN -1
                         WHEN h.oldest_pending_age < 10 * %(age_step)s::float8
                           THEN floor(h.oldest_pending_age / %(age_step)s::float8)
@@ -1445,7 +1525,7 @@ SELECT count(*) FROM endpoints WHERE namespace = %(namespace)s AND tenant = %(te
 -- constraint.
 SELECT namespace, name, tenant, url, secret, max_concurrency, event_types,
        timeout_seconds, paused, rate_per_second, rate_burst, adaptive_concurrency, max_attempts,
-       max_age_seconds, request_terms
+       max_age_seconds, request_terms, ordering_on_dead
 FROM endpoints
 WHERE namespace = %(namespace)s AND name = %(name)s;
 
@@ -1662,8 +1742,10 @@ SELECT (SELECT count(*) FROM removed) AS removed,
 -- name: publisher_scopes
 -- Every role that may publish or holds EXECUTE on the publish functions:
 -- its tenants (a NULL among them: every tenant), and whether it holds
--- EXECUTE on v1 and on v2. The owner, its members and superusers are left
--- out: they publish for every tenant without a scope.
+-- EXECUTE on hooklane_try_publish_v1, _v2, _v3 and _v4, in that order
+-- (false for a version the schema has not yet: an older one, migrating).
+-- The owner, its members and superusers are left out: they publish for
+-- every tenant without a scope.
 -- Parameters: none. Index: none (a scan of a table of a few rows per role,
 -- and of pg_roles).
 WITH owner AS (
@@ -1672,20 +1754,23 @@ WITH owner AS (
 ),
 roles AS (
     SELECT r.rolname AS role,
-           has_function_privilege(r.oid, 'hooklane_try_publish_v1(text, text, jsonb, text, text, text)',
-                                  'EXECUTE') AS execute_v1,
-           has_function_privilege(r.oid, 'hooklane_try_publish_v2(text, text, text, text, text, text)',
-                                  'EXECUTE') AS execute_v2
-    FROM pg_roles r, owner
+           array_agg(coalesce(has_function_privilege(r.oid, to_regprocedure(f.signature)::oid, 'EXECUTE'),
+                              false)
+                     ORDER BY f.version) AS execute
+    FROM pg_roles r, owner,
+         (VALUES (1, 'hooklane_try_publish_v1(text, text, jsonb, text, text, text)'),
+                 (2, 'hooklane_try_publish_v2(text, text, text, text, text, text)'),
+                 (3, 'hooklane_try_publish_v3(text, text, jsonb, text, text, text, text)'),
+                 (4, 'hooklane_try_publish_v4(text, text, text, text, text, text, text)')) AS f(version, signature)
     WHERE NOT pg_has_role(r.oid, owner.oid, 'MEMBER')
+    GROUP BY r.rolname
 )
 SELECT coalesce(s.role, r.role) AS role,
        coalesce(s.tenants, '{}') AS tenants,
-       coalesce(r.execute_v1, false) AS execute_v1,
-       coalesce(r.execute_v2, false) AS execute_v2
+       coalesce(r.execute, '{}') AS execute
 FROM (SELECT role, array_agg(tenant ORDER BY tenant NULLS FIRST) AS tenants
       FROM publisher_scopes GROUP BY role) AS s
-FULL JOIN (SELECT * FROM roles WHERE execute_v1 OR execute_v2) AS r ON r.role = s.role
+FULL JOIN (SELECT * FROM roles WHERE true = ANY (execute)) AS r ON r.role = s.role
 ORDER BY 1;
 
 -- The event catalogue: applied types (operator, CLI)
@@ -1759,3 +1844,86 @@ LEFT JOIN LATERAL (
     SELECT max(version) AS latest, count(*) AS versions FROM catalogue_versions WHERE type = t.name
 ) AS v ON true
 ORDER BY t.name;
+
+-- Ordered delivery (migration 0026): what people see.
+
+-- name: endpoint_ordering
+-- An endpoint's ordering state: its keys with something outstanding, the
+-- keys held (their head dead under ordering_on_dead 'hold') and since when
+-- the oldest, the deliveries waiting behind their key, and the dead
+-- deliveries its keys went on past (skipped, still kept: a resend queues
+-- them at their key's tail). No row when there is no such endpoint.
+-- Parameters: namespace, name.
+-- Index: the unique (namespace, name) constraint; ordering_keys_outstanding
+-- and ordering_keys_held per endpoint; deliveries_queue from 'infinity'
+-- (what waits behind a key is queued there); deliveries_dead with the
+-- primary key of ordering_keys for each dead ordered delivery.
+SELECT ep.id AS endpoint_id, ep.ordering_on_dead,
+       (SELECT count(*) FROM ordering_keys k
+        WHERE k.endpoint_id = ep.id AND k.head_seq IS NOT NULL) AS keys_outstanding,
+       h.keys_held, h.oldest_held_since,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'pending' AND d.next_attempt_at = 'infinity'
+          AND d.ordering_key IS NOT NULL) AS waiting,
+       (SELECT count(*) FROM deliveries d
+        WHERE d.endpoint_id = ep.id AND d.state = 'dead' AND d.ordering_key IS NOT NULL
+          AND NOT EXISTS (SELECT FROM ordering_keys k
+                          WHERE k.endpoint_id = d.endpoint_id AND k.key = d.ordering_key
+                            AND k.held_since IS NOT NULL AND k.head_seq = d.ordering_seq)) AS skipped,
+       now() AS observed_at
+FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT count(*) AS keys_held, min(k.held_since) AS oldest_held_since
+    FROM ordering_keys k
+    WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL
+) h
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s;
+
+-- name: held_keys
+-- A page of an endpoint's held keys, held longest first, after the cursor
+-- (held_since, key): each with its head (the dead delivery that holds it:
+-- id, event, attempts and last answer) and how many deliveries wait behind
+-- it. A NULL-key row when it has none there, no row when there is no such
+-- endpoint.
+-- Parameters: namespace, name, after_at, after_key, limit.
+-- Index: the unique (namespace, name) constraint; ordering_keys_held from
+-- the cursor; deliveries_ordering for each key's head and what waits
+-- behind it; primary key of events.
+SELECT ep.id AS endpoint_id, p.*
+FROM endpoints ep
+LEFT JOIN LATERAL (
+    SELECT k.key, k.held_since, k.head_seq, hd.id AS delivery_id, hd.event_id, e.type AS event_type,
+           hd.attempts, hd.last_status, hd.last_failure, hd.last_error,
+           (SELECT count(*) FROM deliveries w
+            WHERE w.endpoint_id = k.endpoint_id AND w.ordering_key = k.key
+              AND w.ordering_seq > k.head_seq AND w.state = 'pending') AS waiting
+    FROM ordering_keys k
+    LEFT JOIN deliveries hd
+           ON hd.endpoint_id = k.endpoint_id AND hd.ordering_key = k.key AND hd.ordering_seq = k.head_seq
+    LEFT JOIN events e ON e.tenant = hd.event_tenant AND e.id = hd.event_id
+    WHERE k.endpoint_id = ep.id
+      AND k.held_since IS NOT NULL
+      AND k.held_since >= coalesce(%(after_at)s::timestamptz, '-infinity')
+      AND (k.held_since, k.key) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
+                                   coalesce(%(after_key)s::text, ''))
+    ORDER BY k.held_since, k.key
+    LIMIT %(limit)s
+) p ON true
+WHERE ep.namespace = %(namespace)s AND ep.name = %(name)s
+ORDER BY p.held_since, p.key;
+
+-- name: held_key_counts
+-- Of the endpoints `ids`, those with held keys: how many, and since when
+-- the oldest (`hooklane status`), most held first.
+-- Parameters: ids.
+-- Index: ordering_keys_held per endpoint; primary key of endpoints.
+SELECT ep.namespace, ep.name, ep.tenant, h.keys_held, h.oldest_held_since
+FROM endpoints ep
+CROSS JOIN LATERAL (
+    SELECT count(*) AS keys_held, min(k.held_since) AS oldest_held_since
+    FROM ordering_keys k
+    WHERE k.endpoint_id = ep.id AND k.held_since IS NOT NULL
+) h
+WHERE ep.id = ANY(%(ids)s::bigint[])
+  AND h.keys_held > 0
+ORDER BY h.keys_held DESC, ep.namespace, ep.name;

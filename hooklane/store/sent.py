@@ -32,6 +32,8 @@ class SentRequest:
     last_started_at: datetime | None
     last_trace_id: str | None
     body: bytes
+    # An ordered delivery's key and number (None: unordered).
+    ordering: tuple[str, int] | None = None
 
 
 async def delivery_payload(
@@ -54,6 +56,7 @@ async def delivery_payload(
         row["last_started_at"],
         row["last_trace_id"],
         event_body(row["event_id"], row["type"], row["created_at"], row["data"]),
+        None if row["ordering_key"] is None else (row["ordering_key"], row["ordering_seq"]),
     )
 
 

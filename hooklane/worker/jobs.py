@@ -216,6 +216,7 @@ class Maintenance:
                 )
             purged = await store.purge_events(conn, s.event_retention_seconds)
             await store.purge_catalogue_refusals(conn, s.event_retention_seconds)
+            await store.purge_ordering_keys(conn, s.event_retention_seconds)
             partitions = await self._keep_partitions(conn)
             # Publish's fan-out is written not to depend on these
             # statistics, but every other statement reading endpoints is

@@ -121,6 +121,17 @@ class Paced:
     started: float
 
 
+def past_lease(granted: float, now: float, grace: float) -> bool:
+    """Whether a call granted for ``granted`` (monotonic) and starting
+    ``now`` could still be answered after its lease ends: the lease lasts
+    the endpoint's deadline and ``grace`` from the grant, the call its
+    deadline from its start. Only a stalled worker starts that late; by
+    then the delivery may have been rescued and sent again, and, ordered,
+    its key moved on, so the call would reach the receiver after a later
+    one of the same key."""
+    return now - granted > grace
+
+
 def paced_start(granted: float, now: float, previous: Paced | None, cap: float) -> float:
     """When a call granted for ``granted`` (monotonic) may start, at ``now``
     after its wait: at its grant's time, unless starts of its endpoint came

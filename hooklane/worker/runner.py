@@ -54,10 +54,12 @@ from hooklane.worker.rules import (
     Dead,
     Outcome,
     Paced,
+    Retry,
     classify,
     endpoint_policy,
     granted_here,
     paced_start,
+    past_lease,
     result_of,
 )
 from hooklane.worker.sender import Sender
@@ -66,6 +68,10 @@ from hooklane.worker.terms import TermsCache
 from hooklane.worker.trigger import Trigger
 
 logger = logging.getLogger(__name__)
+
+# An ordered delivery a stalled worker would have started after its lease
+# allows (past_lease): not sent, and due again at once.
+LATE_ERROR = "not sent: the worker was too late for the delivery's lease"
 
 _RECORD_BATCH = 500
 # Results wait up to this long to share one `complete`: a call costs Postgres
@@ -452,6 +458,9 @@ class Worker:
                 self._paced.clear()
             self._paced[row.endpoint_id] = Paced(granted, start)
             await _until(start)
+        late = row.ordering_key is not None and past_lease(
+            granted, time.monotonic(), self.settings.lease_grace_seconds
+        )
         started_at, started = datetime.now(UTC), time.perf_counter()
         long_after = self.settings.long_call_seconds
         moving: list[asyncio.TimerHandle] = []
@@ -472,10 +481,14 @@ class Worker:
             ordering = None
             if row.ordering_key is not None and row.ordering_seq is not None:
                 ordering = (row.ordering_key, row.ordering_seq)
-            attempt = await self.sender.send(
-                row.url, keys, row.event_id, body, row.timeout_seconds, traceparent, terms, ordering
-            )
-            outcome = self._classify(row, attempt)
+            if late:
+                attempt = Attempt(None, error=LATE_ERROR, failure=FailureClass.LEASE_EXPIRED)
+                outcome: Outcome = Retry(0.0, LATE_ERROR)
+            else:
+                attempt = await self.sender.send(
+                    row.url, keys, row.event_id, body, row.timeout_seconds, traceparent, terms, ordering
+                )
+                outcome = self._classify(row, attempt)
         except Exception as exc:
             # Whatever went wrong before, around or after the call (a secret
             # or URL that got into Postgres malformed, a response no rule

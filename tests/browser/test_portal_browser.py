@@ -155,12 +155,15 @@ async def test_create_an_endpoint_send_it_a_test_event_pause_resume_and_rotate_i
     await page.fill("#name", "orders")
     await page.fill("#url", url)
     await page.fill("#event_types", "order.*")
+    assert await page.input_value("#ordering_on_dead") == "Hold"
+    await page.select_option("#ordering_on_dead", "Skip")
     await page.click("button:text-is('Create')")
     await page.wait_for_selector("h1:text-is('Endpoint created')")
     secret = await page.text_content("#secret")
     assert secret is not None and secret.startswith("whsec_")
     name = resource_name("acme", "orders")
-    assert await db.fetchval("SELECT tenant FROM endpoints WHERE name = $1", name) == "acme"
+    stored = await db.fetchrow("SELECT tenant, ordering_on_dead FROM endpoints WHERE name = $1", name)
+    assert tuple(stored) == ("acme", "skip")
 
     # An event of the tenant's arrives, signed with the secret shown.
     event = await hooklane.publish(db, tenant="acme", type="order.paid", data={"n": 1})

@@ -59,7 +59,13 @@ async def test_the_admin_api_needs_an_admin_token(api):
 
 async def test_endpoints_most_delayed_first_with_their_health(api, db):
     for name in ("idle", "late", "later"):
-        await add_endpoint(db, name, f"http://127.0.0.1:9/{name}", event_types=[f"{name}.*"])
+        await add_endpoint(
+            db,
+            name,
+            f"http://127.0.0.1:9/{name}",
+            event_types=[f"{name}.*"],
+            ordering_on_dead="skip" if name == "late" else "hold",
+        )
     await publish(db, 2, type_="late.x")
     await publish(db, 1, type_="later.x")
     await db.execute(
@@ -71,9 +77,15 @@ async def test_endpoints_most_delayed_first_with_their_health(api, db):
     later = body["endpoints"][0]
     assert later["pending"] == 1 and 3599 < later["oldest_pending_age_seconds"] < 3700
     assert later["phase"] == "Active" and later["circuit"]["consecutive_failures"] == 0
+    assert [e["ordering_on_dead"] for e in body["endpoints"]] == ["Hold", "Skip", "Hold"]
 
     one = await call(api, "GET", f"{EP}/late")
-    assert (one["name"], one["pending"], one["tenant"]) == ("late", 2, "acme")
+    assert (one["name"], one["pending"], one["tenant"], one["ordering_on_dead"]) == (
+        "late",
+        2,
+        "acme",
+        "Skip",
+    )
 
 
 async def test_unknown_endpoints_and_bad_names(api):

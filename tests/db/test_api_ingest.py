@@ -41,6 +41,7 @@ from hooklane.store import Event
 from hooklane.tokens import Tokens
 from testsupport.api_ingest import AUTH, EVENT, TOKEN, event
 from testsupport.fixtures import add_endpoint, wait_for
+from testsupport.publish import ordered_deliveries, queued_in_order
 
 ACME_ONLY = "acme-only-token-0123456789"
 
@@ -460,6 +461,76 @@ async def test_duplicate_ids_inside_one_batch(
     assert [r["id"] for r in await stored(db)] == ["twice"]
 
 
+async def test_an_ordering_key_numbers_the_deliveries_in_the_order_accepted(
+    client: TestClient,  # type: ignore[type-arg]
+    db: asyncpg.Connection,
+) -> None:
+    """Single events in the order their 202s came; a batch's in the batch's
+    order, whatever order its ids sort in."""
+    await add_endpoint(db, "orders", "http://127.0.0.1:1/orders")
+    for event_id in ("s-2", "s-1"):
+        assert await post(client, "/v1/events", {**EVENT, "id": event_id, "ordering_key": "order-7"}) == (
+            202,
+            {"id": event_id},
+        )
+    events = [{**EVENT, "id": f"b-{n}", "ordering_key": "order-7"} for n in (3, 2, 1)]
+    events.insert(1, {**EVENT, "id": "b-other", "ordering_key": "order-8"})
+    events.insert(2, {**EVENT, "id": "b-none"})
+    assert (await post(client, "/v1/events/batch", {"events": events}))[0] == 202
+    assert await ordered_deliveries(db, "order-7") == {
+        "orders": queued_in_order(["s-2", "s-1", "b-3", "b-2", "b-1"])
+    }
+    assert await ordered_deliveries(db, "order-8") == {"orders": queued_in_order(["b-other"])}
+    keys = {r["id"]: r["ordering_key"] for r in await db.fetch("SELECT id, ordering_key FROM events")}
+    assert keys == {
+        **dict.fromkeys(["s-1", "s-2", "b-1", "b-2", "b-3"], "order-7"),
+        "b-other": "order-8",
+        "b-none": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("k" * 256, "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        (7, "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("order\n7", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("ordre-é", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+    ],
+)
+async def test_a_bad_ordering_key_is_refused_naming_it(
+    client: TestClient,  # type: ignore[type-arg]
+    db: asyncpg.Connection,
+    key: Any,
+    message: str,
+) -> None:
+    status, answer = await post(client, "/v1/events", {**EVENT, "ordering_key": key})
+    assert (status, answer["error"], answer["field"]) == (422, "invalid", "ordering_key")
+    assert message in answer["detail"], answer
+    events = [{**EVENT, "ordering_key": "k"}, {**EVENT, "ordering_key": key}]
+    status, answer = await post(client, "/v1/events/batch", {"events": events})
+    assert (status, answer["field"]) == (422, "events[1].ordering_key")
+    assert await stored(db) == []
+
+
+async def test_an_id_published_again_under_another_ordering_key_is_a_conflict(
+    client: TestClient,  # type: ignore[type-arg]
+    db: asyncpg.Connection,
+) -> None:
+    keyed = {**EVENT, "id": "order-1", "ordering_key": "order-1"}
+    assert await post(client, "/v1/events", keyed) == (202, {"id": "order-1"})
+    assert await post(client, "/v1/events", keyed) == (202, {"id": "order-1"})
+    for other in ({**keyed, "ordering_key": "order-2"}, {**EVENT, "id": "order-1"}):
+        status, answer = await post(client, "/v1/events", other)
+        assert (status, answer["error"], answer["field"]) == (409, "conflict", "id")
+    status, answer = await post(
+        client, "/v1/events/batch", {"events": [{**keyed, "id": "x"}, {**keyed, "ordering_key": "o"}]}
+    )
+    assert (status, answer["field"]) == (409, "events[1].id")
+    assert [r["id"] for r in await stored(db)] == ["order-1"]
+
+
 # --------------------------------------------------------------------------
 # Group commit
 
@@ -519,6 +590,52 @@ async def test_a_conflicting_batch_in_a_group_leaves_the_others_committed(
     assert len({rows[f"s-{i}"] for i in range(5)}) == 1
 
 
+async def test_a_group_keeps_the_order_its_requests_were_accepted_in_for_each_key(
+    make_client: MakeClient, dsn: str, db: asyncpg.Connection
+) -> None:
+    """Singles, batches and singles again of one key queued behind a held
+    commit: whatever order their ids sort in, and though a group stores its
+    singles before its batches, the key numbers them as they were
+    accepted."""
+    await add_endpoint(db, "orders", "http://127.0.0.1:1/orders")
+    client = await make_client(api_pool_size=2)  # one committer
+    committer: GroupCommitter = client.app[COMMITTER]
+    lock, tx = await lock_events(dsn)
+    first = asyncio.create_task(post(client, "/v1/events", {**EVENT, "id": "z-first", "ordering_key": "k"}))
+    await wait_for(lambda: committer.committing == 1)
+    queued = [
+        {**EVENT, "id": "y-single", "ordering_key": "k"},
+        [{**EVENT, "id": "x-batch", "ordering_key": "k"}, {**EVENT, "id": "w-batch", "ordering_key": "k"}],
+        {**EVENT, "id": "a-other", "ordering_key": "other"},
+        {**EVENT, "id": "v-single", "ordering_key": "k"},
+        {**EVENT, "id": "b-other", "ordering_key": "other"},
+        [{**EVENT, "id": "u-batch", "ordering_key": "k"}],
+        {**EVENT, "id": "t-single", "ordering_key": "k"},
+    ]
+    sends = []
+    for n, body in enumerate(queued, 1):
+        if isinstance(body, list):
+            sends.append(asyncio.create_task(post(client, "/v1/events/batch", {"events": body})))
+        else:
+            sends.append(asyncio.create_task(post(client, "/v1/events", body)))
+        # Queued one after another: the order they were accepted in.
+        await wait_for(lambda n=n: committer.queued == n)
+    await tx.rollback()
+    await lock.close()
+
+    assert (await first)[0] == 202
+    assert [status for status, _ in await asyncio.gather(*sends)] == [202] * len(queued)
+    assert await ordered_deliveries(db, "k") == {
+        "orders": queued_in_order(
+            ["z-first", "y-single", "x-batch", "w-batch", "v-single", "u-batch", "t-single"]
+        )
+    }
+    assert await ordered_deliveries(db, "other") == {"orders": queued_in_order(["a-other", "b-other"])}
+    # A group ends only before a unit sharing a key with a batch in it.
+    xacts = {r["id"]: r["xact"] for r in await stored(db)}
+    assert xacts["x-batch"] == xacts["a-other"] != xacts["v-single"] == xacts["b-other"]
+
+
 async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Connection) -> None:
     async with db.transaction():
         assert await store.insert_events(db, [Event("a", "acme", "a.b", '{"n": 1}')]) == {}
@@ -545,12 +662,16 @@ async def test_insert_events_stores_many_and_names_the_conflicts(db: asyncpg.Con
     ]
 
 
-def unit(events: int, done: bool = False, deadline: float = 1) -> _Unit:
+def unit(events: int, done: bool = False, deadline: float = 1, ordering_key: str | None = None) -> _Unit:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
     if done:
         future.cancel()
-    return _Unit([Event(str(i), "acme", "a.b", "{}", None) for i in range(events)], future, deadline)
+    return _Unit(
+        [Event(str(i), "acme", "a.b", "{}", None, ordering_key=ordering_key) for i in range(events)],
+        future,
+        deadline,
+    )
 
 
 async def test_take_groups_up_to_the_cap_and_drops_abandoned_units() -> None:
@@ -564,6 +685,27 @@ async def test_take_groups_up_to_the_cap_and_drops_abandoned_units() -> None:
     assert [len(u.events) for u in take(queue, cap=3, now=0)] == [4]
     assert [len(u.events) for u in take(queue, cap=3, now=0)] == [1]
     assert take(queue, cap=3, now=0) == []
+
+
+async def test_take_ends_a_group_before_a_unit_sharing_an_ordering_key_with_a_batch() -> None:
+    """A group stores its singles before its batches, and its batches
+    sorted: two units of one key are grouped only when both are singles
+    (stored in the order taken)."""
+    queue = deque(
+        [
+            unit(1, ordering_key="k"),
+            unit(1, ordering_key="k"),
+            unit(1),
+            unit(2, ordering_key="other"),
+            unit(2, ordering_key="k"),
+            unit(1, ordering_key="k"),
+            unit(2, ordering_key="k"),
+            unit(1, ordering_key="other"),
+        ]
+    )
+    groups = [[len(u.events) for u in take(queue, cap=100, now=0)] for _ in range(4)]
+    assert groups == [[1, 1, 1, 2], [2], [1], [2, 1]]
+    assert not queue
 
 
 # --------------------------------------------------------------------------

@@ -40,6 +40,7 @@ _SHARED_JSON = [
     ("GET", _ENDPOINT + "/deliveries", READ),
     ("GET", _ENDPOINT + "/deliveries/{id}", READ),
     ("GET", _ENDPOINT + "/attempts", READ),
+    ("GET", _ENDPOINT + "/ordering", READ),
     ("POST", _ENDPOINT + "/deliveries/{id}/resend", RESEND),
     ("POST", _ENDPOINT + "/resend-dead", RESEND),
     ("POST", _ENDPOINT + "/replay", RESEND),

@@ -12,6 +12,8 @@ import pytest
 
 from hooklane.errors import StoreError
 from hooklane.spec import (
+    ON_DEAD_DELIVERY,
+    ORDERING,
     SPEC,
     FieldRule,
 )
@@ -49,3 +51,14 @@ async def test_the_database_checks_the_same_bounds_and_defaults(db, key, rule):
         with pytest.raises(StoreError) as refused:
             await _insert(db, rule.column, outside)
         assert refused.value.sqlstate == "23514"  # check_violation
+
+
+async def test_the_database_stores_on_dead_delivery_by_the_same_values_and_default(db):
+    name = await _insert(db)
+    stored = await db.fetchval("SELECT ordering_on_dead FROM endpoints WHERE name = $1", name)
+    assert stored == ON_DEAD_DELIVERY[ORDERING.properties["onDeadDelivery"].default]
+    for value in ON_DEAD_DELIVERY.values():
+        await _insert(db, "ordering_on_dead", value)
+    with pytest.raises(StoreError) as refused:
+        await _insert(db, "ordering_on_dead", "Hold")
+    assert refused.value.sqlstate == "23514"  # check_violation

@@ -1,5 +1,6 @@
-"""The operator's sync against a real Postgres that refuses a spec: reported
-once on the resource, not retried; an aborted statement is retried."""
+"""The operator's sync against a real Postgres, of a spec the parser or
+Postgres refuses: reported once on the resource, not retried; an aborted
+statement is retried."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ async def memo(settings: Settings):
     await memo.pool.close()
 
 
-async def _sync(memo: kopf.Memo) -> reflect.Synced | None:
-    endpoints = {(NAMESPACE, NAME): [handlers.Declared.of(SPEC, 1, "uid-1", {})]}
+async def _sync(memo: kopf.Memo, spec: dict = SPEC) -> reflect.Synced | None:
+    endpoints = {(NAMESPACE, NAME): [handlers.Declared.of(spec, 1, "uid-1", {})]}
     return await handlers._sync(memo, endpoints, {}, NAMESPACE, NAME)
 
 
@@ -72,3 +73,11 @@ async def test_an_aborted_upsert_is_retried(db, dsn, memo):
     assert raised.value.delay == handlers.RETRY_DELAY_SECONDS and "lock timeout" in str(raised.value)
     assert memo.tracked[(NAMESPACE, NAME)].synced is None
     assert (await _sync(memo)).reason == reflect.Reason.SECRET_MISSING
+
+
+async def test_an_on_dead_delivery_the_crd_let_through_is_an_invalid_spec_naming_it(db, memo):
+    # What a CRD older than the field, or without its enum, would store.
+    synced = await _sync(memo, {**SPEC, "ordering": {"onDeadDelivery": "hold"}})
+    assert synced is not None and synced.reason == reflect.Reason.INVALID_SPEC
+    assert synced.message == "spec.ordering.onDeadDelivery: must be one of Hold, Skip, not 'hold'"
+    assert await db.fetchval("SELECT count(*) FROM endpoints") == 0

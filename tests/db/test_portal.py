@@ -577,15 +577,28 @@ async def test_create_edit_rotate_and_delete_an_endpoint(api, db):
     assert 'role="alert">name ' in body and 'value="Bad Name"' in body
     assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
 
-    response, body = await call(api, "POST", "/portal/endpoints", session, data={**FORM, "name": "orders"})
+    response, body = await call(
+        api,
+        "POST",
+        "/portal/endpoints",
+        session,
+        data={**FORM, "name": "orders", "ordering_on_dead": "Later"},
+    )
+    assert response.status == 422
+    assert 'role="alert">ordering_on_dead must be one of Hold, Skip' in html.unescape(body)
+    assert await db.fetchval("SELECT count(*) FROM endpoints") == 0
+
+    skip = {**FORM, "name": "orders", "ordering_on_dead": "Skip"}
+    response, body = await call(api, "POST", "/portal/endpoints", session, data=skip)
     assert response.status == 200 and response.headers["Cache-Control"] == "no-store"
     name = resource_name("acme", "orders")
     secret = re.search(r'<code class="secret" id="secret">([^<]+)</code>', body)
     assert secret is not None
     row = await db.fetchrow(
-        "SELECT tenant, url, event_types, max_concurrency FROM endpoints WHERE name = $1", name
+        "SELECT tenant, url, event_types, max_concurrency, ordering_on_dead FROM endpoints WHERE name = $1",
+        name,
     )
-    assert tuple(row) == ("acme", OWN_URL, ["order.*"], 2)
+    assert tuple(row) == ("acme", OWN_URL, ["order.*"], 2, "skip")
     response, body = await call(api, "POST", "/portal/endpoints", session, data={**FORM, "name": "orders"})
     assert response.status == 409 and "You have an endpoint named 'orders' already" in html.unescape(body)
 
@@ -593,13 +606,15 @@ async def test_create_edit_rotate_and_delete_an_endpoint(api, db):
     response, body = await call(api, "GET", path + "/edit", session)
     assert response.status == 200
     assert 'value="orders" maxlength="63" required readonly' in body and 'value="order.*"' in body
-    edited = {**FORM, "name": "renamed", "event_types": "order.paid, invoice.*"}
+    assert '<option value="Skip" selected>' in body and '<option value="Hold">' in body
+    edited = {**FORM, "name": "renamed", "event_types": "order.paid, invoice.*", "ordering_on_dead": "Hold"}
     response, _ = await call(api, "POST", path + "/edit", session, data=edited)
     assert response.status == 303 and response.headers["Location"] == path
-    assert await db.fetchval("SELECT event_types FROM endpoints WHERE name = $1", name) == [
-        "order.paid",
-        "invoice.*",
-    ]
+    assert tuple(
+        await db.fetchrow("SELECT event_types, ordering_on_dead FROM endpoints WHERE name = $1", name)
+    ) == (["order.paid", "invoice.*"], "hold")
+    response, body = await call(api, "GET", path, session)
+    assert "<dt>Ordered, when one dies</dt><dd>hold its key</dd>" in body
 
     response, body = await call(api, "POST", path + "/rotate-secret", session)
     assert response.status == 200 and response.headers["Cache-Control"] == "no-store"

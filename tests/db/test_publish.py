@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -9,11 +10,20 @@ import pytest
 
 import hooklane
 from hooklane import store
-from hooklane.errors import InvalidInput
+from hooklane.errors import EventConflict, InvalidInput
 from hooklane.publish import MAX_DATA_BYTES
 from testsupport.databases import nested_plans
 from testsupport.fixtures import SECRET, add_endpoint, wait_for
-from testsupport.publish import FITS, HUGE, READING, TINY, compact, delivered_as_checked
+from testsupport.publish import (
+    FITS,
+    HUGE,
+    READING,
+    TINY,
+    compact,
+    delivered_as_checked,
+    ordered_deliveries,
+    queued_in_order,
+)
 
 
 async def _deliveries(db) -> list[tuple[str, str, str]]:
@@ -129,6 +139,96 @@ async def test_facts_without_a_key_are_never_coalesced(db):
     assert len(await _deliveries(db)) == 3
 
 
+async def test_an_ordering_key_numbers_each_endpoints_deliveries_in_commit_order(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    await add_endpoint(db, "b", "http://127.0.0.1:1/b")
+    ids = [
+        await hooklane.publish(db, tenant="acme", type="order.updated", data={"v": v}, ordering_key="order-7")
+        for v in range(3)
+    ]
+    other = await hooklane.publish(db, tenant="acme", type="order.updated", data={}, ordering_key="order-8")
+    unordered = await hooklane.publish(db, tenant="acme", type="order.updated", data={})
+    keys = await db.fetch("SELECT id, ordering_key FROM events")
+    assert {r["id"]: r["ordering_key"] for r in keys} == {
+        **dict.fromkeys(ids, "order-7"),
+        other: "order-8",
+        unordered: None,
+    }
+    # Only each key's head is due; another key's head is due beside it.
+    assert await ordered_deliveries(db, "order-7") == dict.fromkeys("ab", queued_in_order(ids))
+    assert await ordered_deliveries(db, "order-8") == dict.fromkeys("ab", queued_in_order([other]))
+    rows = await db.fetch(
+        "SELECT ordering_seq, next_attempt_at < 'infinity' AS due FROM deliveries WHERE event_id = $1",
+        unordered,
+    )
+    assert [tuple(r) for r in rows] == [(None, True)] * 2
+
+
+async def test_a_second_transaction_publishing_the_key_waits_for_the_first(db, dsn):
+    """The key's row is locked until the first publisher ends: the second
+    waits, and takes its number after it. A rolled-back publish takes none;
+    a publisher of another key never waits."""
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    first, second = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        holding = first.transaction()
+        await holding.start()
+        await hooklane.publish(first, tenant="acme", type="order.updated", data={}, id="e1", ordering_key="k")
+        waiting = asyncio.create_task(
+            hooklane.publish(second, tenant="acme", type="order.updated", data={}, id="e2", ordering_key="k")
+        )
+        pid = second.get_server_pid()
+        await wait_for(
+            lambda: db.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid)
+        )
+        # Another key goes through while "k" is held.
+        await hooklane.publish(
+            db, tenant="acme", type="order.updated", data={}, id="e3", ordering_key="other"
+        )
+        assert not waiting.done()
+        await holding.rollback()
+        assert await waiting == "e2"
+        await hooklane.publish(first, tenant="acme", type="order.updated", data={}, id="e4", ordering_key="k")
+    finally:
+        await first.close()
+        await second.close()
+    assert await ordered_deliveries(db, "k") == {"a": queued_in_order(["e2", "e4"])}
+    assert await ordered_deliveries(db, "other") == {"a": queued_in_order(["e3"])}
+
+
+async def test_an_id_published_again_under_another_ordering_key_is_a_conflict(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    event = {"tenant": "acme", "type": "order.updated", "data": {}}
+    assert await hooklane.publish(db, **event, id="e1", ordering_key="k") == "e1"
+    # The same event again: stored once, its delivery numbered once.
+    assert await hooklane.publish(db, **event, id="e1", ordering_key="k") == "e1"
+    for other in ("k2", None):
+        with pytest.raises(EventConflict) as info:
+            await hooklane.publish(db, **event, id="e1", ordering_key=other)
+        assert info.value.field == "id"
+    await hooklane.publish(db, **event, id="e2")
+    with pytest.raises(EventConflict):
+        await hooklane.publish(db, **event, id="e2", ordering_key="k")
+    assert await ordered_deliveries(db, "k") == {"a": queued_in_order(["e1"])}
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 2
+
+
+async def test_a_coalesce_key_replaces_only_the_last_delivery_of_its_ordering_key(db):
+    """As migration 0026 says: the later state replaces the pending one only
+    when nothing of the key is queued behind it, and takes the next number
+    (a gap the receiver sees); otherwise it queues behind."""
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    event = {"tenant": "acme", "type": "order.updated", "data": {}, "ordering_key": "k"}
+    await hooklane.publish(db, **event, id="s1", coalesce_key="state")
+    await hooklane.publish(db, **event, id="s2", coalesce_key="state")
+    assert await ordered_deliveries(db, "k") == {"a": [("s2", 2, True)]}
+    await hooklane.publish(db, **event, id="fact")
+    await hooklane.publish(db, **event, id="s3", coalesce_key="state")
+    assert await ordered_deliveries(db, "k") == {"a": [("s2", 2, True), ("fact", 3, False), ("s3", 4, False)]}
+    await hooklane.publish(db, **event, id="s4", coalesce_key="state")
+    assert await ordered_deliveries(db, "k") == {"a": [("s2", 2, True), ("fact", 3, False), ("s4", 5, False)]}
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
@@ -143,6 +243,8 @@ async def test_facts_without_a_key_are_never_coalesced(db):
         ({"id": "has space"}, "id"),
         ({"id": ""}, "id"),
         ({"coalesce_key": ""}, "coalesce_key"),
+        ({"ordering_key": ""}, "ordering_key"),
+        ({"ordering_key": "k" * 256}, "ordering_key"),
     ],
 )
 async def test_bad_arguments_store_nothing(db, kwargs, field):
@@ -219,6 +321,11 @@ REFUSED = [
     ({"coalesce_key": "k\t1"}, "coalesce_key"),
     ({"coalesce_key": "\udc80"}, "coalesce_key"),
     ({"coalesce_key": 7}, "coalesce_key"),
+    ({"ordering_key": "k\x00"}, "ordering_key"),
+    ({"ordering_key": "k\n"}, "ordering_key"),
+    ({"ordering_key": "k\x9b"}, "ordering_key"),
+    ({"ordering_key": "\udc80"}, "ordering_key"),
+    ({"ordering_key": 7}, "ordering_key"),
 ]
 
 

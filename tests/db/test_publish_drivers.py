@@ -29,6 +29,7 @@ from hooklane.errors import EventConflict, InvalidInput
 from hooklane.publish import psycopg as with_psycopg
 from hooklane.publish import sqlalchemy as with_sqlalchemy
 from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.publish import ordered_deliveries, queued_in_order
 from testsupport.receivers import Answer
 
 ORDER = "INSERT INTO orders (id) VALUES ('{}')"
@@ -243,3 +244,39 @@ async def test_each_caller_publishes_inside_its_own_transaction(db, dsn, receive
     assert len(got) == 1
     payload = Webhook(SECRET).verify(got[0].body, got[0].headers)
     assert (payload["id"], payload["data"]) == ("order-o-1", {"order": "o-1"})
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+async def test_each_caller_publishes_with_an_ordering_key(db, dsn, caller):
+    """The key numbers the deliveries in commit order, only the head due;
+    a bad key is refused before any SQL, and an id published again under
+    another key by the function, the transaction going on either way."""
+    await db.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+    await add_endpoint(db, "orders", "http://127.0.0.1:1/orders")
+
+    async def run(tx: Transaction) -> Transaction:
+        call = CALLERS[caller]
+        if asyncio.iscoroutinefunction(call):
+            await call(dsn, tx)
+        else:
+            await asyncio.to_thread(call, dsn, tx)
+        return tx
+
+    for n in range(3):
+        tx = await run(Transaction([("order", f"o-{n}"), created(f"o-{n}", id=f"e-{n}", ordering_key="o")]))
+        assert tx.refused == []
+    refused = await run(
+        Transaction(
+            [
+                ("order", "o-3"),
+                created("o-3", id="e-3", ordering_key="o\n"),
+                created("o-3", id="e-0", ordering_key="other"),
+                ("order", "o-4"),
+            ]
+        )
+    )
+    assert refused.refused == [InvalidInput, EventConflict]
+    assert await db.fetchval("SELECT count(*) FROM orders") == 5
+    rows = await db.fetch("SELECT id, ordering_key FROM events ORDER BY id")
+    assert [tuple(r) for r in rows] == [("e-0", "o"), ("e-1", "o"), ("e-2", "o")]
+    assert await ordered_deliveries(db, "o") == {"orders": queued_in_order(["e-0", "e-1", "e-2"])}

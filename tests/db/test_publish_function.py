@@ -24,7 +24,7 @@ from hooklane.publish import MAX_DATA_BYTES, arguments
 from testsupport.fixtures import add_endpoint
 from testsupport.receivers import Answer
 
-REFUSAL = "SELECT field FROM hooklane_publish_refusal_v1(%s, %s, %s::jsonb, %s, %s, %s)"
+REFUSAL = "SELECT field FROM hooklane_publish_refusal_v2(%s, %s, %s::jsonb, %s, %s, %s, %s)"
 TRY = "SELECT * FROM hooklane_try_publish_v1($1, $2, $3::jsonb, $4, $5, $6)"
 
 
@@ -120,6 +120,7 @@ _ANY = {
     "id": st.one_of(st.none(), st.from_regex(r"[A-Za-z0-9_.:-]{1,20}", fullmatch=True), _text(20)),
     "coalesce_key": st.one_of(st.none(), _text(20)),
     "traceparent": _TRACEPARENTS,
+    "ordering_key": st.one_of(st.none(), _text(20)),
 }
 _VALID = {
     "tenant": st.sampled_from(["acme", "a" * 253, "Ünïcode tenant"]),
@@ -128,6 +129,7 @@ _VALID = {
     "id": st.sampled_from([None, "evt-1", "i" * 255]),
     "coalesce_key": st.sampled_from([None, "k", "k" * 255]),
     "traceparent": st.sampled_from([None, "00-" + "1" * 32 + "-" + "2" * 16 + "-01"]),
+    "ordering_key": st.sampled_from([None, "order-7", "o" * 255]),
 }
 
 
@@ -168,6 +170,7 @@ def test_the_function_refuses_what_the_python_check_refuses_naming_the_same_argu
                 event["id"],
                 event["coalesce_key"],
                 event["traceparent"],
+                event["ordering_key"],
             ),
         )
         (found,) = cur.fetchone()
@@ -207,6 +210,67 @@ async def test_a_refusal_raised_has_its_sqlstate_and_names_the_argument(conn: as
     with pytest.raises(asyncpg.PostgresError) as conflict:
         await conn.fetchval("SELECT hooklane_publish_v1('acme', 'order.created', '{\"n\": 1}', 'e-1')")
     assert (conflict.value.sqlstate, conflict.value.column_name) == ("WH409", "id")
+
+
+TRY_ORDERED = "SELECT * FROM hooklane_try_publish_v3($1, $2, $3::jsonb, $4, $5, $6, $7)"
+TRY_ORDERED_TEXT = "SELECT * FROM hooklane_try_publish_v4($1, $2, $3, $4, $5, $6, $7)"
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("k" * 256, "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("order\n7", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("order\x9b7", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+        ("ordre-é", "must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)"),
+    ],
+)
+async def test_v3_and_v4_refuse_a_bad_ordering_key_naming_it(conn: asyncpg.Connection, key, message):
+    for query in (TRY_ORDERED, TRY_ORDERED_TEXT):
+        row = await conn.fetchrow(query, "acme", "order.created", "{}", "e-1", None, None, key)
+        assert (row["error_code"], row["error_field"], row["error_message"]) == (
+            "WH422",
+            "ordering_key",
+            message,
+        )
+    for function in ("hooklane_publish_v3", "hooklane_publish_v4"):
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await conn.fetchval(
+                f"SELECT {function}(tenant => 'acme', type => 'order.created', data => '{{}}', ordering_key => $1)",
+                key,
+            )
+        assert (refused.value.sqlstate, refused.value.column_name) == ("WH422", "ordering_key")
+        assert refused.value.args[0] == f"ordering_key: {message}"
+    assert await conn.fetchval("SELECT count(*) FROM events") == 0
+
+
+async def test_v3_and_v4_store_the_ordering_key_and_refuse_another_for_the_same_id(
+    db, conn: asyncpg.Connection
+):
+    await add_endpoint(db, "orders", "http://127.0.0.1:1/orders")
+    for query, event_id in ((TRY_ORDERED, "e-1"), (TRY_ORDERED_TEXT, "e-2")):
+        row = await db.fetchrow(query, "acme", "order.created", "{}", event_id, None, None, "order-7")
+        assert (row["event_id"], row["stored"], row["fanout"]) == (event_id, True, 1)
+    assert (
+        await db.fetchval(
+            "SELECT hooklane_publish_v3('acme', 'order.created', '{}', 'e-3', ordering_key => 'order-7')"
+        )
+        == "e-3"
+    )
+    rows = await db.fetch("SELECT id, ordering_key FROM events ORDER BY id")
+    assert [tuple(r) for r in rows] == [("e-1", "order-7"), ("e-2", "order-7"), ("e-3", "order-7")]
+    seqs = await db.fetch("SELECT event_id, ordering_seq FROM deliveries ORDER BY ordering_seq")
+    assert [tuple(r) for r in seqs] == [("e-1", 1), ("e-2", 2), ("e-3", 3)]
+    # The same event again is stored once; under another key it conflicts.
+    again = await db.fetchrow(TRY_ORDERED, "acme", "order.created", "{}", "e-1", None, None, "order-7")
+    assert (again["stored"], again["error_code"]) == (False, None)
+    other = await db.fetchrow(TRY_ORDERED_TEXT, "acme", "order.created", "{}", "e-1", None, None, "order-8")
+    assert (other["error_code"], other["error_field"]) == ("WH409", "id")
+    with pytest.raises(asyncpg.PostgresError) as conflict:
+        await conn.fetchval("SELECT hooklane_publish_v4('acme', 'order.created', '{}', 'e-2')")
+    assert (conflict.value.sqlstate, conflict.value.column_name) == ("WH409", "id")
+    assert await db.fetchval("SELECT count(*) FROM deliveries") == 3
 
 
 async def test_a_refusal_raised_inside_a_savepoint_costs_only_the_savepoint(conn: asyncpg.Connection):

@@ -19,6 +19,8 @@ from testsupport.receivers import Answer
 
 TRY = "SELECT * FROM hooklane_try_publish_v1($1, $2, $3::jsonb, $4, $5, $6)"
 TRY_TEXT = "SELECT * FROM hooklane_try_publish_v2($1, $2, $3, $4, $5, $6)"
+TRY_ORDERED = "SELECT * FROM hooklane_try_publish_v3($1, $2, $3::jsonb, $4, $5, $6, $7)"
+TRY_ORDERED_TEXT = "SELECT * FROM hooklane_try_publish_v4($1, $2, $3, $4, $5, $6, $7)"
 
 
 @pytest.fixture
@@ -116,7 +118,7 @@ async def test_the_cli_grants_lists_and_revokes(dsn, app_role):
     assert listed.returncode == 0
     assert [line.split() for line in listed.stdout.splitlines()] == [
         ["ROLE", "TENANTS", "EXECUTE"],
-        [role, "acme,globex", "v1/v2"],
+        [role, "acme,globex", "v1/v2/v3/v4"],
     ]
     done = hooklane(dsn, "publisher", "revoke", role, "--tenant", "globex")
     assert (done.returncode, done.stdout) == (0, f"1 of {role}'s tenants revoked (1 left)\n")
@@ -151,12 +153,74 @@ async def test_the_upgrade_keeps_every_role_that_could_publish_publishing(fresh_
         )
         assert [m.version for m in await store.migrate(conn, target=15)] == [15]
         scopes = {s.role: s for s in await store.publisher_scopes(conn)}
-        assert scopes == {granted: store.PublisherScope(granted, (None,), True, True)}
+        # v3 and v4 come with migration 0026.
+        assert scopes == {granted: store.PublisherScope(granted, (None,), (True, True, False, False))}
         app = await asyncpg.connect(fresh_dsn.replace("postgresql://postgres@", f"postgresql://{granted}@"))
         try:
             assert (await app.fetchrow(TRY_TEXT, "any-tenant", "a", "{}", None, None, None))["stored"]
         finally:
             await app.close()
+    finally:
+        for role in (granted, bystander):
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE {role}")
+        await conn.close()
+
+
+async def test_a_granted_role_publishes_with_an_ordering_key(owner, app_role, receiver):
+    """``hooklane publisher grant`` grants v3 and v4 with the rest, and
+    revoking takes them too; their scope is checked as v1's."""
+    role, app_dsn = app_role
+    await add_endpoint(owner, "orders", receiver.on("orders", Answer(204)))
+    await store.grant_publisher(owner, role, ["acme"])
+    app = await asyncpg.connect(app_dsn)
+    try:
+        for query, event_id in ((TRY_ORDERED, "o-1"), (TRY_ORDERED_TEXT, "o-2")):
+            row = await app.fetchrow(query, "acme", "order.created", "{}", event_id, None, None, "order-7")
+            assert (row["event_id"], row["stored"]) == (event_id, True)
+            row = await app.fetchrow(query, "globex", "order.created", "{}", None, None, None, "order-7")
+            assert (row["error_code"], row["error_field"]) == ("WH403", "tenant")
+        assert (
+            await app.fetchval(
+                "SELECT hooklane_publish_v3('acme', 'order.created', '{}', 'o-3', ordering_key => 'order-7')"
+            )
+            == "o-3"
+        )
+        assert await store.revoke_publisher(owner, role, None) == (1, 0)
+        for query in (TRY_ORDERED, TRY_ORDERED_TEXT):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await app.fetchrow(query, "acme", "order.created", "{}", None, None, None, "order-7")
+    finally:
+        await app.close()
+    seqs = await owner.fetch("SELECT event_id, ordering_seq FROM deliveries ORDER BY ordering_seq")
+    assert [tuple(r) for r in seqs] == [("o-1", 1), ("o-2", 2), ("o-3", 3)]
+
+
+async def test_a_role_granted_before_ordering_keys_may_name_one_after_the_upgrade(fresh_dsn):
+    """Migration 0026 grants v3 and v4 to every role holding EXECUTE on v1;
+    a role granted nothing gets nothing."""
+    granted, bystander = (f"app_{uuid.uuid4().hex[:12]}" for _ in range(2))
+    conn = await asyncpg.connect(fresh_dsn)
+    try:
+        await store.migrate(conn, target=25)
+        for role in (granted, bystander):
+            await conn.execute(f"CREATE ROLE {role} LOGIN")
+        await store.grant_publisher(conn, granted, ["acme"])
+        assert [m.version for m in await store.migrate(conn, target=26)] == [26]
+        scopes = {s.role: s for s in await store.publisher_scopes(conn)}
+        assert scopes == {granted: store.PublisherScope(granted, ("acme",), (True,) * 4)}
+        for role, allowed in ((granted, True), (bystander, False)):
+            app = await asyncpg.connect(fresh_dsn.replace("postgresql://postgres@", f"postgresql://{role}@"))
+            try:
+                if allowed:
+                    row = await app.fetchrow(TRY_ORDERED, "acme", "a", "{}", "e-1", None, None, "k")
+                    assert (row["stored"], row["error_code"]) == (True, None)
+                else:
+                    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                        await app.fetchrow(TRY_ORDERED_TEXT, "acme", "a", "{}", None, None, None, "k")
+            finally:
+                await app.close()
+        assert await conn.fetchval("SELECT ordering_key FROM events WHERE id = 'e-1'") == "k"
     finally:
         for role in (granted, bystander):
             await conn.execute(f"DROP OWNED BY {role}")

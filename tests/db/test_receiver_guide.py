@@ -64,6 +64,8 @@ async def test_the_ordering_example_applies_each_key_in_order(db, start_worker, 
     assert send("order-7", "5", 9) == 204  # the retry after the failure
     for bad in ("", "x", "-1", "²", "1" * 20):
         assert send("order-7", bad, 10) == 400
+    assert send("order-8", "1", 11) == 204  # the repeat of a key's latest, 1
+    assert send("order-7", "1", 12) == 204  # a forgotten key numbered anew
     assert applied == [
         (None, 0),
         ("order-7", 1),
@@ -71,6 +73,7 @@ async def test_the_ordering_example_applies_each_key_in_order(db, start_worker, 
         ("order-8", 4),
         ("order-7", 5),
         ("order-7", 9),
+        ("order-7", 12),
     ]
     assert gaps == [("order-7", 2, 4)]
-    assert ordered.last == {"order-7": 5, "order-8": 1}
+    assert ordered.last == {"order-7": 1, "order-8": 1}

@@ -189,6 +189,26 @@ async def test_an_edit_keeps_a_value_beyond_the_bound_and_may_not_raise_it(write
     )
 
 
+async def test_the_tenant_chooses_what_a_dead_ordered_delivery_does(writer, db):
+    created = await writer.create("acme", dataclasses.replace(FORM, ordering_on_dead="Skip"))
+    assert (await row(db, created.name))["ordering_on_dead"] == "skip"
+    # A pause and a rotation write the row back whole: the choice stays.
+    assert await writer.set_paused("acme", "portal", created.name, True)
+    assert await writer.rotate_secret("acme", "portal", created.name)
+    assert (await row(db, created.name))["ordering_on_dead"] == "skip"
+    with pytest.raises(InvalidInput) as caught:
+        await writer.update(
+            "acme", "portal", created.name, dataclasses.replace(FORM, ordering_on_dead="skip")
+        )
+    assert (caught.value.field, caught.value.message) == (
+        "ordering_on_dead",
+        "must be one of Hold, Skip, not 'skip'",
+    )
+    # An edit sets every field again: left out, it is the default, Hold.
+    assert await writer.update("acme", "portal", created.name, FORM)
+    assert (await row(db, created.name))["ordering_on_dead"] == "hold"
+
+
 async def test_pause_and_resume(writer, db):
     created = await writer.create("acme", FORM)
     assert await writer.set_paused("acme", "portal", created.name, True)

@@ -248,3 +248,41 @@ async def test_resend_never_takes_another_tenants_dead_delivery(db):
     await db.execute("UPDATE deliveries SET state = 'dead', last_error = 'HTTP 413'")
     assert await store.resend_dead(db, "default", "a") == 0
     assert await _states(db) == [("acme", "evt-1", "dead", "HTTP 413")]
+
+
+async def _publish_ordered(db: asyncpg.Connection, tenant: str, event_id: str, key: str) -> None:
+    # Straight to the SQL function: the ordering key's own publish path.
+    refused = await db.fetchval(
+        "SELECT error_message FROM hooklane_try_publish_v3($1, 'order.paid', '{}'::jsonb, $2, NULL, NULL, $3)",
+        tenant,
+        event_id,
+        key,
+    )
+    assert refused is None
+
+
+async def test_a_tenant_change_lets_go_of_the_old_tenants_ordering_keys(db):
+    await add_endpoint(db, "a", "http://127.0.0.1:1/a", tenant="acme")
+    for n in range(3):
+        await _publish_ordered(db, "acme", f"evt-{n}", "order-1")
+    # The head died under hold: the key is held, its later two wait.
+    await db.execute("UPDATE deliveries SET state = 'dead' WHERE ordering_seq = 1")
+    await db.execute("UPDATE ordering_keys SET held_since = now(), skipped = 2")
+
+    moved = await _move(db, "a", "http://127.0.0.1:1/a", "globex")
+    assert (moved.previous_tenant, moved.discarded) == ("acme", 3)
+    key = await db.fetchrow("SELECT last_seq, head_seq, held_since, skipped FROM ordering_keys")
+    assert tuple(key) == (3, None, None, 0)
+
+    # The new tenant's event of the same key is due at once, numbered on
+    # after the old tenant's (whose discarded deliveries keep 1 to 3).
+    await _publish_ordered(db, "globex", "evt-new", "order-1")
+    new = await db.fetchrow(
+        "SELECT ordering_seq, next_attempt_at <= now() AS due FROM deliveries WHERE event_id = 'evt-new'"
+    )
+    assert tuple(new) == (4, True)
+    assert await db.fetchval("SELECT head_seq FROM ordering_keys") == 4
+    # An update that keeps the tenant leaves the keys as they are.
+    await db.execute("UPDATE ordering_keys SET skipped = 1")
+    await _move(db, "a", "http://127.0.0.1:1/a", "globex")
+    assert tuple(await db.fetchrow("SELECT head_seq, skipped FROM ordering_keys")) == (4, 1)

@@ -175,7 +175,7 @@ async def test_every_route_answers_another_tenants_ids_as_none_at_all(api, db):
         ((m, p) for m, p in tenant_routes(api) if "{" in p and "/catalogue/" not in p),
         key=lambda r: r[0] == "DELETE",
     )
-    assert len(routes) == 13, routes
+    assert len(routes) == 14, routes
     before = await db.fetch("SELECT id, state, attempts FROM deliveries ORDER BY id")
     globex = await db.fetchrow("SELECT * FROM endpoints WHERE tenant = 'globex'")
     for method, template in routes:
@@ -265,9 +265,18 @@ async def test_a_tenant_creates_edits_and_deletes_its_own_endpoint(api, db):
         "/v1/tenant/endpoints", headers=bearer(token), json={"name": "orders", "url": NOWHERE}
     )
     assert again.status == 409
-    edited = await api.put(path, headers=bearer(token), json={"name": "orders", "url": NOWHERE + "/v2"})
+    assert (await (await api.get(path, headers=bearer(token))).json())["ordering_on_dead"] == "Hold"
+    edited = await api.put(
+        path,
+        headers=bearer(token),
+        json={"name": "orders", "url": NOWHERE + "/v2", "ordering_on_dead": "Skip"},
+    )
     assert edited.status == 200, await edited.json()
-    assert (await (await api.get(path, headers=bearer(token))).json())["url"] == NOWHERE + "/v2"
+    shown = await (await api.get(path, headers=bearer(token))).json()
+    assert (shown["url"], shown["ordering_on_dead"]) == (NOWHERE + "/v2", "Skip")
+    assert (
+        await db.fetchval("SELECT ordering_on_dead FROM endpoints WHERE name = $1", created["name"]) == "skip"
+    )
     assert (await api.post(path + "/pause", headers=bearer(token))).status == 200
     assert await db.fetchval("SELECT paused FROM endpoints WHERE name = $1", created["name"])
     rotated = await (await api.post(path + "/rotate-secret", headers=bearer(token))).json()
@@ -285,6 +294,8 @@ async def test_a_tenant_creates_edits_and_deletes_its_own_endpoint(api, db):
         ({"name": "orders", "url": "http://169.254.169.254/latest"}, "url"),
         ({"name": "orders", "url": NOWHERE, "event_types": ["a b"]}, "event_types"),
         ({"name": "orders", "url": NOWHERE, "tenant": "globex"}, "body"),
+        ({"name": "orders", "url": NOWHERE, "ordering_on_dead": "Drop"}, "ordering_on_dead"),
+        ({"name": "orders", "url": NOWHERE, "ordering_on_dead": 1}, "ordering_on_dead"),
     ],
 )
 async def test_a_bad_form_names_its_field_and_creates_nothing(api, db, form, field):

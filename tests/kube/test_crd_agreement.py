@@ -309,6 +309,17 @@ ROWS: list[tuple[str, Any, bool]] = [
     # Past what a Go duration holds: the CEL rule fails to evaluate.
     ("delivery.retry.maxAge", "999999h999999h999999h", False),
     ("delivery.retry.maxRetries", 3, False),
+    ("ordering", {}, True),
+    ("ordering", None, True),
+    ("ordering", "Hold", False),
+    ("ordering.onDeadDelivery", "Hold", True),
+    ("ordering.onDeadDelivery", "Skip", True),
+    ("ordering.onDeadDelivery", "hold", False),
+    ("ordering.onDeadDelivery", "Drop", False),
+    ("ordering.onDeadDelivery", "", False),
+    ("ordering.onDeadDelivery", True, False),
+    ("ordering.onDeadDelivery", ["Hold"], False),
+    ("ordering.onDeadAttempt", "Hold", False),
 ]
 
 
@@ -407,3 +418,14 @@ def test_the_api_server_and_the_parser_agree_on_every_row(control_plane, namespa
             assert parse_spec(namespace, doc["metadata"]["name"], stored) == parsed
             assert stored == _without_nulls(_checked(SPEC, doc["spec"], "spec"))
     assert not disagreements, "\n".join(disagreements)
+
+
+def test_a_bad_on_dead_delivery_is_refused_naming_the_field_and_the_choices(control_plane, namespace):
+    doc = _manifest(namespace, _spec("ordering.onDeadDelivery", "Drop"))
+    server, server_said = _server_create(control_plane, doc)
+    assert not server
+    assert "spec.ordering.onDeadDelivery" in server_said
+    assert '"Hold"' in server_said and '"Skip"' in server_said
+    parser, parsed = _parser(doc)
+    assert not parser
+    assert parsed == "spec.ordering.onDeadDelivery: must be one of Hold, Skip, not 'Drop'"

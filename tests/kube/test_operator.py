@@ -25,6 +25,7 @@ from hooklane.policies import CircuitPolicy, RetryPolicy
 from hooklane.secrets import terms_owner, unseal
 from testsupport.chart import CHART
 from testsupport.fixtures import SECRET, add_endpoint, wait_for
+from testsupport.held_keys import kill_head, publish_ordered
 from testsupport.kube_fixtures import EXAMPLES, ROTATED, Kube, Operator, endpoint, row, secret
 from testsupport.receivers import Answer, Received
 
@@ -49,6 +50,8 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
         "http://127.0.0.1:9000/hooks/acme",
     )
     assert (stored["max_concurrency"], stored["event_types"], stored["secret"]) == (4, ["order.*"], SECRET)
+    # spec.ordering left out: the safe default, Hold.
+    assert stored["ordering_on_dead"] == "hold"
     ready = await wait_for(lambda: kube.condition("Ready"))
     assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("True", "Synced", 1)
     body = await wait_for(lambda: _with_status(kube, "phase"))
@@ -56,11 +59,14 @@ async def test_kubectl_apply_creates_the_endpoint_and_edits_follow(kube, db, sta
     assert body["status"]["observedGeneration"] == 1
     assert "hooklane.io/finalizer" in body["metadata"]["finalizers"]
 
-    await kube.apply(endpoint("https://hooks.example.com/acme", maxConcurrency=9))
+    await kube.apply(
+        endpoint("https://hooks.example.com/acme", maxConcurrency=9, ordering={"onDeadDelivery": "Skip"})
+    )
 
     async def edited():
         r = await row(db)
-        return r if (r["url"], r["max_concurrency"]) == ("https://hooks.example.com/acme", 9) else None
+        wanted = ("https://hooks.example.com/acme", 9, "skip")
+        return r if (r["url"], r["max_concurrency"], r["ordering_on_dead"]) == wanted else None
 
     await wait_for(edited)
     body = await wait_for(lambda: _with_status(kube, "observedGeneration", 2))
@@ -510,6 +516,26 @@ async def test_publish_reaches_a_receiver_declared_only_in_kubernetes(
     body = await wait_for(lambda: _with_status(kube, "lastDeliveredAt"))
     assert body["status"]["pending"] == 0
     assert len(receiver.at("orders")) == 1
+
+
+async def test_held_keys_show_in_the_status_while_there_are_some(kube, db, start_operator):
+    start_operator()
+    await kube.run("apply", "-f", str(EXAMPLES / "secret.yaml"))
+    await kube.run("apply", "-f", str(EXAMPLES / "endpoint.yaml"))
+    await wait_for(lambda: _with_status(kube, "phase"))
+    await publish_ordered(db, "order-1", ["o1-created", "o1-paid"])
+    await publish_ordered(db, "order-2", ["o2-created"])
+    for key in ("order-1", "order-2"):
+        await kill_head(db, "orders-acme", key, namespace=kube.namespace)
+    await wait_for(lambda: _with_status(kube, "ordering", {"heldKeys": 2}))
+    # Released (as a resend or a discard of the heads does): gone again.
+    await db.execute("UPDATE ordering_keys SET held_since = NULL")
+    await wait_for(lambda: _without_status(kube, "ordering"))
+
+
+async def _without_status(kube: Kube, field: str, name: str = "orders-acme") -> dict | None:
+    body = await kube.get(name)
+    return body if body is not None and field not in body.get("status", {}) else None
 
 
 async def _with_status(kube: Kube, field: str, value: Any = None, name: str = "orders-acme") -> dict | None:

@@ -138,18 +138,29 @@ async def test_edit_pause_rotate_and_delete_reach_the_row(
     ns, name = created.namespace, created.name
     await wait_for(lambda: stored_secret(db, name, created.secret))
 
-    assert await writer.update("acme", ns, name, EndpointForm("orders", url, ("order.created",), 2, 3))
+    assert (await kube.get(name))["spec"]["ordering"] == {"onDeadDelivery": "Hold"}
+    assert await writer.update(
+        "acme", ns, name, EndpointForm("orders", url, ("order.created",), 2, 3, "Skip")
+    )
 
     async def edited():
         r = await row(db, name)
-        return (r["url"], r["event_types"], r["max_concurrency"], r["timeout_seconds"]) == (
+        return (
+            r["url"],
+            r["event_types"],
+            r["max_concurrency"],
+            r["timeout_seconds"],
+            r["ordering_on_dead"],
+        ) == (
             url,
             ["order.created"],
             2,
             3,
+            "skip",
         )
 
     await wait_for(edited)
+    assert (await kube.get(name))["spec"]["ordering"] == {"onDeadDelivery": "Skip"}
     with pytest.raises(InvalidInput) as caught:
         await writer.update("acme", ns, name, EndpointForm("renamed", url))
     assert caught.value.field == "name"

@@ -1,7 +1,10 @@
 """The chaos suite of issue 7, short enough for CI: each scenario injects its
 faults into real workers, a real Postgres and real receivers, and checks for
 the whole run that nothing was lost and no endpoint went over its limit
-(testsupport/chaos.py). bench/chaos.py runs the same scenarios for longer."""
+(testsupport/chaos.py). Those with workers killed, Postgres restarted and
+backends terminated publish half their events with ordering keys (issue
+42) and check each key's order at the receiver too. bench/chaos.py runs
+the same scenarios for longer."""
 
 from __future__ import annotations
 
@@ -50,6 +53,11 @@ def chaos_pg() -> Iterator[LocalPostgres]:
         yield pg
 
 
+# Keys per tenant: few enough that each gets a run of events, so that a
+# fault finds keys with deliveries queued behind one in flight.
+ORDERING_KEYS = 6
+
+
 def _assert_invariants(report: Report) -> None:
     # The report carries the whole story (faults, recovery, stderr of a
     # worker that died), so that a CI failure can be read without a rerun.
@@ -59,13 +67,32 @@ def _assert_invariants(report: Report) -> None:
     assert report.received > 0
 
 
+def _assert_order(report: Report) -> None:
+    """Per endpoint and key: the numbers received never went down (a
+    repeat only of the latest), each one given arrived, one call at a time."""
+    assert not report.order_broken, format_report(report)
+    assert not report.order_missing, format_report(report)
+    assert not report.key_overlaps, format_report(report)
+    assert report.ordered["numbers"] > 0 and report.ordered["received"] >= report.ordered["numbers"]
+
+
 async def test_workers_killed_and_drained_at_random_lose_nothing(chaos_pg: LocalPostgres) -> None:
     faults = ["kill"] * 3 + ["term"] * 3
     random.shuffle(faults)
     report = await run_scenario(
-        Scenario("kill-term", tuple(faults), workers=3, rate=20, duration=20, gap=(0.3, 1.5)), chaos_pg
+        Scenario(
+            "kill-term",
+            tuple(faults),
+            workers=3,
+            rate=20,
+            duration=20,
+            gap=(0.3, 1.5),
+            ordering_keys=ORDERING_KEYS,
+        ),
+        chaos_pg,
     )
     _assert_invariants(report)
+    _assert_order(report)
     assert report.workers["sigkilled"] == 3 and report.workers["sigtermed"] == 3
     assert report.workers["sigterm_exit_codes"] == [0, 0, 0]
 
@@ -73,18 +100,38 @@ async def test_workers_killed_and_drained_at_random_lose_nothing(chaos_pg: Local
 async def test_the_workers_ride_through_postgres_restarts(chaos_pg: LocalPostgres) -> None:
     faults = ("pg-fast", "pg-immediate") * 2 + ("pg-fast",)
     report = await run_scenario(
-        Scenario("pg-restart", faults, workers=2, rate=20, duration=15, gap=(0.5, 1.5)), chaos_pg
+        Scenario(
+            "pg-restart",
+            faults,
+            workers=2,
+            rate=20,
+            duration=15,
+            gap=(0.5, 1.5),
+            ordering_keys=ORDERING_KEYS,
+        ),
+        chaos_pg,
     )
     _assert_invariants(report)
+    _assert_order(report)
     assert len(report.faults) == 5
     assert report.workers["started"] == 2  # nobody replaced: both lived through all five
 
 
 async def test_backends_terminated_at_random_lose_nothing(chaos_pg: LocalPostgres) -> None:
     report = await run_scenario(
-        Scenario("terminate", ("terminate",) * 10, workers=2, rate=20, duration=15, gap=(0.3, 1.0)), chaos_pg
+        Scenario(
+            "terminate",
+            ("terminate",) * 10,
+            workers=2,
+            rate=20,
+            duration=15,
+            gap=(0.3, 1.0),
+            ordering_keys=ORDERING_KEYS,
+        ),
+        chaos_pg,
     )
     _assert_invariants(report)
+    _assert_order(report)
     assert len(report.faults) == 10
     assert report.workers["started"] == 2
 

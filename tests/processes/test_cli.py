@@ -20,6 +20,7 @@ from hooklane.times import rfc3339, rfc3339_seconds
 from hooklane.views import detail_json
 from testsupport.cli import hooklane
 from testsupport.fixtures import SECRET, add_endpoint, flaky_history
+from testsupport.held_keys import kill_head, publish_ordered
 from testsupport.manifests import LAUGHS
 
 MANIFEST = textwrap.dedent(
@@ -154,6 +155,30 @@ async def test_reactivating_an_endpoint_that_is_not_deactivated_is_refused(dsn, 
     result = await asyncio.to_thread(hooklane, dsn, "endpoint", "reactivate", "shop/orders-acme")
     assert (result.returncode, result.stdout) == (0, "shop/orders-acme reactivated\n")
     assert tuple(await db.fetchrow("SELECT state, consecutive_failures FROM endpoints")) == ("active", 0)
+
+
+def test_publish_with_an_ordering_key(dsn, db_sync, files):
+    hooklane(
+        dsn, "endpoint", "apply", "-f", str(files / "endpoint.yaml"), "--secret-file", str(files / "secret")
+    )
+    base = ["publish", "--tenant", "acme", "--type", "order.updated", "--data", "{}", "--ordering-key"]
+    for event_id in ("e-2", "e-1", "e-3"):
+        result = hooklane(dsn, *base, "order-7", "--id", event_id)
+        assert (result.returncode, result.stdout) == (0, f"{event_id}\n"), result.stderr
+    assert db_sync("SELECT DISTINCT ordering_key FROM events") == [("order-7",)]
+    assert db_sync(
+        "SELECT event_id, ordering_seq, next_attempt_at < 'infinity' FROM deliveries ORDER BY ordering_seq"
+    ) == [("e-2", 1, True), ("e-1", 2, False), ("e-3", 3, False)]
+    conflict = hooklane(dsn, *base, "order-8", "--id", "e-1")
+    assert _refused(conflict, "id: 'e-1' was already published by tenant 'acme' with different content"), (
+        conflict.stderr
+    )
+    refused = hooklane(dsn, *base, "order\x1b7", "--id", "e-4")
+    assert _refused(
+        refused,
+        "ordering_key: must be 1 to 255 printable ASCII characters (letters, digits, punctuation, spaces)",
+    ), refused.stderr
+    assert db_sync("SELECT count(*) FROM events") == [(3,)]
 
 
 @pytest.mark.parametrize(
@@ -571,3 +596,24 @@ def test_delivery_show_of_a_missing_or_malformed_id(dsn):
         result = hooklane(dsn, "delivery", "show", bad)
         assert result.returncode == 2 and "is not a delivery id" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+async def test_status_lists_the_endpoints_with_held_keys_after_the_table(dsn, db):
+    for name in ("orders", "quiet"):
+        await add_endpoint(db, name, "http://127.0.0.1:9/x", event_types=[f"{name}.*"])
+    for key in ("order-1", "order-2"):
+        await publish_ordered(db, key, [f"{key}-created", f"{key}-paid"], type_="orders.changed")
+        await kill_head(db, "orders", key)
+    await publish_ordered(db, "q-1", ["q-1-created"], type_="quiet.changed")
+    oldest = await db.fetchval("SELECT min(held_since) FROM ordering_keys")
+
+    status = hooklane(dsn, "status")
+    assert status.returncode == 0, status.stderr
+    table, held = status.stdout.split("\n\n")
+    assert [line.split()[0] for line in table.splitlines()[1:]] == ["default/orders", "default/quiet"]
+    header, *rows = held.splitlines()
+    assert header.split() == ["HELD", "KEYS", "OF", "TENANT", "KEYS", "HELD", "OLDEST", "HELD", "SINCE"]
+    assert [row.split()[:4] for row in rows] == [["default/orders", "acme", "2", rfc3339_seconds(oldest)]]
+    # Only the endpoints listed: none held among them, no second table.
+    quiet = hooklane(dsn, "status", "--name-prefix", "quiet")
+    assert quiet.returncode == 0 and "\n\n" not in quiet.stdout and "HELD" not in quiet.stdout

@@ -112,8 +112,10 @@ async def test_a_committed_order_is_delivered_signed(
     assert event["type"] == "order.created"
     assert event["data"] == {"order_id": "1042", "total": TOTAL}
     assert await db.fetchval("SELECT total FROM orders WHERE id = '1042'") == TOTAL
-    stored = await db.fetch("SELECT tenant, id, type, fanout FROM events")
-    assert [tuple(r) for r in stored] == [("acme", "order-1042-created", "order.created", 1)]
+    stored = await db.fetch("SELECT tenant, id, type, fanout, ordering_key FROM events")
+    assert [tuple(r) for r in stored] == [("acme", "order-1042-created", "order.created", 1, "order-1042")]
+    # The order is its ordering key: its first event is the key's first.
+    assert await db.fetchval("SELECT ordering_seq FROM deliveries") == 1
     await wait_for(lambda: db.fetchval("SELECT state = 'delivered' FROM deliveries"))
     assert len(shop.received) == 1
 

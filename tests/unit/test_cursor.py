@@ -15,6 +15,7 @@ from hooklane.publish import _ID as PUBLISHED_ID
 from hooklane.store.cursor import (
     EVENT_ID,
     EndpointPosition,
+    HeldKeyPosition,
     catalogue_cursor,
     catalogue_position,
     delivery_cursor,
@@ -23,6 +24,8 @@ from hooklane.store.cursor import (
     endpoint_position,
     event_cursor,
     event_position,
+    held_key_cursor,
+    held_key_position,
 )
 from hooklane.times import parse_time, rfc3339
 
@@ -131,3 +134,30 @@ def test_what_no_catalogue_listing_returned_is_refused(text):
     with pytest.raises(InvalidInput, match="cursor: is not a cursor this listing returned"):
         catalogue_position(_encode_text(text))
     assert catalogue_position(None) is None
+
+
+# Every ordering key publish takes (hooklane_publish_refusal_v2): 1 to 255
+# characters, none a control character.
+_ORDERING_KEY = st.text(
+    st.characters(
+        blacklist_categories=("Cs",), blacklist_characters=[chr(c) for c in [*range(32), *range(127, 160)]]
+    ),
+    min_size=1,
+    max_size=255,
+)
+
+
+@given(
+    st.datetimes(datetime(1970, 1, 1), datetime(2200, 1, 1), timezones=st.just(UTC)),
+    _ORDERING_KEY | st.just("😀" * 255),
+)
+def test_a_held_key_cursor_gives_back_its_position(at, key):
+    position = HeldKeyPosition(at, key)
+    assert held_key_position(held_key_cursor(position)) == position
+
+
+@pytest.mark.parametrize("key", ["", "a\nb", "a\x9fb", "k" * 256])
+def test_a_held_key_cursor_of_no_key_publish_takes_is_refused(key):
+    with pytest.raises(InvalidInput) as refused:
+        held_key_position(held_key_cursor(HeldKeyPosition(datetime(2026, 1, 1, tzinfo=UTC), key)))
+    assert refused.value.field == "cursor"

@@ -80,7 +80,15 @@ def health(**row: Any) -> EndpointHealth:
     )
     base.update(id=1, namespace="default", name="orders", tenant="acme", url="https://x.example/h")
     base.update(state="active", paused=False, signed=True, max_concurrency=4, effective_concurrency=4)
-    base.update(adaptive_concurrency=False, rate_burst=1, pending=1, in_flight=0, dead=0)
+    base.update(
+        adaptive_concurrency=False,
+        rate_burst=1,
+        ordering_on_dead="hold",
+        pending=1,
+        in_flight=0,
+        dead=0,
+        held_keys=0,
+    )
     base.update(consecutive_failures=0, observed_at=NOW, counted_at=NOW)
     return EndpointHealth.from_row({**base, **row})
 

@@ -111,3 +111,13 @@ def test_terms_stored_before_secret_headers_were_kept_say_none_is_known() -> Non
     assert RequestTerms.from_json(stored).secret_headers is None
     made = RequestTerms((("X-Team", "payments"),), secret_headers=("X-Team",))
     assert RequestTerms.from_json(made.to_json()) == made
+
+
+def test_an_ordered_delivery_shows_its_key_and_number() -> None:
+    shown = {h.name: (h.value, h.note) for h in sent_headers(_sent(ordering=("order-7", 3)))}
+    assert shown["hooklane-ordering-key"] == ("order-7", None)
+    assert shown["hooklane-ordering-sequence"] == (
+        "3",
+        "its number among its key's deliveries to this endpoint",
+    )
+    assert "hooklane-ordering-key" not in {h.name for h in sent_headers(_sent())}

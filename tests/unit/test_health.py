@@ -28,6 +28,8 @@ def row(**changes: Any) -> dict[str, Any]:
         "throttled_until": None,
         "rate_per_second": None,
         "rate_burst": 1,
+        "ordering_on_dead": "hold",
+        "held_keys": 0,
         "consecutive_failures": 0,
         "paused_until": None,
         "last_error": None,

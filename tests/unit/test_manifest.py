@@ -47,6 +47,16 @@ def test_defaults():
     spec = parse_manifest(doc)
     assert spec.namespace == "default"
     assert (spec.max_concurrency, spec.timeout_seconds, spec.paused, spec.event_types) == (4, 5, False, ())
+    # Hold, the safe default, with or without the object.
+    assert spec.ordering_on_dead == "hold"
+    doc["spec"]["ordering"] = {}
+    assert parse_manifest(doc).ordering_on_dead == "hold"
+
+
+def test_on_dead_delivery_is_stored_as_the_column_spells_it():
+    doc = copy.deepcopy(GOOD)
+    doc["spec"]["ordering"] = {"onDeadDelivery": "Skip"}
+    assert parse_manifest(doc).ordering_on_dead == "skip"
 
 
 def _with(path: str, value):
@@ -85,6 +95,10 @@ def _with(path: str, value):
         # required, as by the CRD, although local mode reads the secret from --secret-file
         ("spec.secretRef", ..., "spec.secretRef"),
         ("spec.colour", "blue", "spec"),
+        ("spec.ordering", "Hold", "spec.ordering"),
+        ("spec.ordering", {"onDead": "Hold"}, "spec.ordering"),
+        ("spec.ordering", {"onDeadDelivery": "skip"}, "spec.ordering.onDeadDelivery"),
+        ("spec.ordering", {"onDeadDelivery": 1}, "spec.ordering.onDeadDelivery"),
     ],
 )
 def test_bad_manifests_name_the_field(path, value, field):

@@ -153,6 +153,17 @@ def test_only_changed_fields_are_patched():
     assert patch == {"pending": 7, "inFlight": 2, "oldestPendingAgeSeconds": 4}
 
 
+def test_held_keys_are_shown_while_there_are_some():
+    assert "ordering" not in settled()
+    previous = settled()
+    held = run(previous, replace(IDLE, held_keys=3)).patch
+    assert held == {"ordering": {"heldKeys": 3}}
+    previous = {**previous, **held}
+    assert run(previous, replace(IDLE, held_keys=3)).patch == {}
+    # None removes the field from the status (a merge patch).
+    assert run(previous).patch == {"ordering": None}
+
+
 def test_oldest_pending_age_is_patched_only_when_it_moved_enough():
     previous = {**settled(), "pending": 1, "oldestPendingAgeSeconds": 600}
     queue = replace(IDLE, pending=1)

@@ -28,6 +28,7 @@ from hooklane.worker.rules import (
     granted_here,
     paced_start,
     parse_retry_after,
+    past_lease,
     result_of,
 )
 
@@ -409,3 +410,11 @@ def test_paced_starts_keep_order_never_precede_grants_and_keep_the_catch_up_rate
         assert s >= g - 1e-12
     for (g1, s1), (g2, s2) in itertools.pairwise(zip(granted, starts, strict=True)):
         assert s2 - s1 >= (g2 - g1) / CATCH_UP - 1e-9
+
+
+def test_a_call_is_past_its_lease_only_when_it_starts_later_than_the_grace():
+    # The lease ends deadline + grace after the grant, the call deadline
+    # after its start: starting within the grace, the answer comes in time.
+    assert not past_lease(100.0, 100.0, 10.0)
+    assert not past_lease(100.0, 110.0, 10.0)
+    assert past_lease(100.0, 110.5, 10.0)

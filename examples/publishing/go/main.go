@@ -52,10 +52,13 @@ func run(ctx context.Context, orderID, eventType string, rollback bool) (int, er
 		return 1, err
 	}
 	// The id is the order's own, so a retry after a lost COMMIT cannot publish it twice.
+	// The ordering key is the order: each endpoint gets its events one at
+	// a time, in the order their transactions commit.
 	var eventID, code, field, message *string
 	err = tx.QueryRow(ctx, `SELECT event_id, error_code, error_field, error_message
-		FROM hooklane_try_publish_v1(tenant => 'acme', type => $1, data => $2::jsonb, id => $3)`,
-		eventType, string(data), "order-"+orderID+"-created").Scan(&eventID, &code, &field, &message)
+		FROM hooklane_try_publish_v3(tenant => 'acme', type => $1, data => $2::jsonb, id => $3,
+		                             ordering_key => $4)`,
+		eventType, string(data), "order-"+orderID+"-created", "order-"+orderID).Scan(&eventID, &code, &field, &message)
 	if err != nil {
 		return 1, err
 	}

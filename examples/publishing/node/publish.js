@@ -16,10 +16,13 @@ async function publish(orderId, type, rollback) {
     // into a Postgres array literal, and the cast says what the text is.
     const data = JSON.stringify({ order_id: orderId, total });
     // The id is the order's own, so a retry after a lost COMMIT cannot publish it twice.
+    // The ordering key is the order: each endpoint gets its events one at
+    // a time, in the order their transactions commit.
     const { rows: [row] } = await client.query(
       `SELECT event_id, error_code, error_field, error_message
-         FROM hooklane_try_publish_v1(tenant => 'acme', type => $1, data => $2::jsonb, id => $3)`,
-      [type, data, `order-${orderId}-created`],
+         FROM hooklane_try_publish_v3(tenant => 'acme', type => $1, data => $2::jsonb, id => $3,
+                                      ordering_key => $4)`,
+      [type, data, `order-${orderId}-created`, `order-${orderId}`],
     );
     if (row.error_code) {
       console.error(`refused ${row.error_code} ${row.error_field}: ${row.error_message}`);

@@ -12,11 +12,14 @@
 BEGIN;
 INSERT INTO orders (id, total) VALUES (:'order_id', :total);
 -- The id is the order's own, so a retry after a lost COMMIT cannot publish it twice.
+-- The ordering key is the order: each endpoint gets its events one at a
+-- time, in the order their transactions commit.
 -- \gset leaves a NULL column's variable unset, which \if :{?...} tests.
 SELECT event_id, error_code, error_field, error_message
-FROM hooklane_try_publish_v1(tenant => 'acme', type => :'type',
+FROM hooklane_try_publish_v3(tenant => 'acme', type => :'type',
                              data => jsonb_build_object('order_id', :'order_id', 'total', :total),
-                             id => 'order-' || :'order_id' || '-created')
+                             id => 'order-' || :'order_id' || '-created',
+                             ordering_key => 'order-' || :'order_id')
 \gset
 
 \if :{?error_code}

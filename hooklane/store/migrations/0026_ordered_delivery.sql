@@ -57,12 +57,20 @@ CREATE TABLE ordering_keys (
     held_since  timestamptz,
     -- Heads that died and were skipped (ordering_on_dead 'skip').
     skipped     bigint NOT NULL DEFAULT 0,
+    -- The key's last publish: a key idle past the events' retention, with
+    -- nothing outstanding, is forgotten (purge_ordering_keys) and numbered
+    -- from 1 again if it comes back.
+    touched_at  timestamptz NOT NULL DEFAULT now(),
     -- publish (the upsert), hooklane_ordering_advance_v1 (the lock)
     PRIMARY KEY (endpoint_id, key)
 );
 
 -- ordering_keys_held, endpoint_health: an endpoint's keys held back
 CREATE INDEX ordering_keys_held ON ordering_keys (endpoint_id, held_since) WHERE held_since IS NOT NULL;
+
+-- purge_ordering_keys: the keys with nothing outstanding, by their last
+-- publish
+CREATE INDEX ordering_keys_idle ON ordering_keys (touched_at) WHERE head_seq IS NULL;
 
 -- publish (the tail a coalesce key replaces), hooklane_ordering_advance_v1
 -- (the head and the next pending of a key): the ordered deliveries only
@@ -253,7 +261,8 @@ BEGIN
             WHERE EXISTS (SELECT FROM event)
             ORDER BY m.id
             ON CONFLICT (endpoint_id, key) DO UPDATE
-            SET last_seq = k.last_seq + 1, head_seq = coalesce(k.head_seq, k.last_seq + 1)
+            SET last_seq = k.last_seq + 1, head_seq = coalesce(k.head_seq, k.last_seq + 1),
+                touched_at = now()
             RETURNING k.endpoint_id, k.last_seq, k.head_seq
         )
         SELECT e.fanout,
