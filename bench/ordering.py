@@ -369,7 +369,11 @@ def _ms(s: dict[str, float]) -> dict[str, float]:
 # --------------------------------------------------------------------------
 # One run
 
-UNFINISHED = "SELECT count(*) FROM deliveries WHERE state IN ('pending', 'sending')"
+# The run's deliveries (not the history's) by state, at the end.
+STATES = """
+SELECT d.state, count(*) AS n FROM deliveries d
+WHERE d.event_id NOT LIKE 'history-%' GROUP BY d.state
+"""
 
 
 async def run_once(
@@ -426,7 +430,7 @@ async def run_once(
                             raise RuntimeError("the publisher failed")
                         events = json.loads(out.read_text())
                         await wait_delivered(conn, cfg.history + len(events), cfg.drain_timeout)
-                        unfinished = await conn.fetchval(UNFINISHED)
+                        states = {r["state"]: r["n"] for r in await conn.fetch(STATES)}
                         stats = await (await http.get(f"{base}/_stats")).json()
                 finally:
                     await conn.close()
@@ -439,7 +443,8 @@ async def run_once(
         "delay_ms": delay_ms,
         "hooklane": ready["hooklane"],
         "load_average_1m": load,
-        "unfinished_at_end": unfinished,
+        "unfinished_at_end": states.get("pending", 0) + states.get("sending", 0),
+        "states_at_end": states,
         **analyse(cfg, keys, before, after, events, stats),
     }
 
