@@ -29,11 +29,9 @@ def _encode(text: str) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _decode(
-    cursor: str, pattern: re.Pattern[str], field: str, max_chars: int = _MAX_CURSOR_CHARS
-) -> re.Match[str]:
+def _decode(cursor: str, pattern: re.Pattern[str], field: str) -> re.Match[str]:
     refused = InvalidInput(field, "is not a cursor this listing returned")
-    if len(cursor) > max_chars:
+    if len(cursor) > _MAX_CURSOR_CHARS:
         raise refused
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
@@ -166,11 +164,9 @@ def catalogue_position(cursor: str | None, field: str = "cursor") -> str | None:
 
 
 # The held keys listing's position: the last key's held_since in
-# microseconds since the epoch, then the key itself (1 to 255 characters,
-# none a control character: hooklane_publish_refusal_v2), whose four bytes
-# a character at most need a longer cursor than the others.
-_HELD_KEYS = re.compile(r"k1:(-?[0-9]{1,19}):([^\x00-\x1f\x7f-\x9f]{1,255})")
-_MAX_HELD_KEY_CURSOR_CHARS = 1500
+# microseconds since the epoch, then the key itself (1 to 255 printable
+# ASCII characters: hooklane_publish_refusal_v2).
+_HELD_KEYS = re.compile(r"k1:(-?[0-9]{1,19}):([\x20-\x7e]{1,255})")
 
 
 class HeldKeyPosition(NamedTuple):
@@ -191,7 +187,7 @@ def held_key_position(cursor: str | None, field: str = "cursor") -> HeldKeyPosit
     """The position of a :func:`held_key_cursor`; None for the first page."""
     if cursor is None:
         return None
-    match = _decode(cursor, _HELD_KEYS, field, _MAX_HELD_KEY_CURSOR_CHARS)
+    match = _decode(cursor, _HELD_KEYS, field)
     try:
         at = _EPOCH + timedelta(microseconds=int(match[1]))
     except OverflowError:

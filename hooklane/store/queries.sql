@@ -275,7 +275,10 @@ ORDER BY x.position;
 -- many were looked at and how many deleted. A key published again starts
 -- its numbering at 1 (docs/receivers.md).
 -- Parameters: retention_seconds, batch_size.
--- Index: ordering_keys_idle, from its start; deliveries_ordering per key.
+-- The tenants' rows of keys not published for as long are forgotten with
+-- them: their events are past retention too.
+-- Index: ordering_keys_idle, from its start; deliveries_ordering per key;
+-- ordering_positions_touched_at, from its start.
 WITH candidates AS MATERIALIZED (
     SELECT o.ctid AS row_id,
            EXISTS (SELECT FROM deliveries d
@@ -301,8 +304,18 @@ deferred AS (
     SET touched_at = now()
     FROM candidates c
     WHERE k.ctid = c.row_id AND c.kept
+),
+positions AS (
+    DELETE FROM ordering_positions o
+    WHERE o.ctid IN (SELECT p.ctid FROM ordering_positions p
+                     WHERE p.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+                     ORDER BY p.touched_at
+                     LIMIT %(batch_size)s)
+      AND o.touched_at < now() - make_interval(secs => %(retention_seconds)s)
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM candidates) AS scanned, (SELECT count(*) FROM gone) AS deleted;
+SELECT greatest((SELECT count(*) FROM candidates), (SELECT count(*) FROM positions)) AS scanned,
+       (SELECT count(*) FROM gone) AS deleted;
 
 -- name: purge_catalogue_refusals
 -- Delete one batch of the catalogue's refusals past retention (the events'
@@ -1259,7 +1272,10 @@ replayed AS (
                         AND o.event_id = e.id
                         AND o.endpoint_id = ep.id
                         AND o.state IN ('pending', 'sending'))
-    ORDER BY p.xact, p.id
+    -- A key's events in the order they committed (the ids, in this order,
+    -- are what ordering_requeue numbers them by); the transaction ids
+    -- follow the order transactions began.
+    ORDER BY e.ordering_key, e.ordering_position, p.xact, p.id
     RETURNING id, endpoint_id, ordering_key
 ),
 woken AS (

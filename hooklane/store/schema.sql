@@ -127,8 +127,10 @@ CREATE TABLE events (
     -- (migration 0024; NULL: it was not, or the type is not in the
     -- catalogue).
     schema_deprecated boolean,
-    -- The ordering key it was published with (migration 0026; NULL: none).
+    -- The ordering key it was published with (migration 0026; NULL: none),
+    -- and its place among the tenant's events of the key, in commit order.
     ordering_key text,
+    ordering_position bigint,
     -- publish (ON CONFLICT), event_conflict, reserve (the event of each
     -- delivery), purge_events (the delete)
     PRIMARY KEY (tenant, id)
@@ -278,7 +280,26 @@ CREATE INDEX deliveries_endpoint ON deliveries (endpoint_id, id);
 
 -- ---------------------------------------------------------------------------
 -- Ordering keys (migration 0026): per endpoint and key, the last number
--- given and the head, the one delivery of the key that may be due.
+-- given and the head, the one delivery of the key that may be due; per
+-- tenant and key, the events' place in commit order.
+
+-- One row per tenant and key: the key's events numbered across every
+-- endpoint (events.ordering_position), in the order their transactions
+-- committed, taken under this row's lock. A replay queues a key's events
+-- again in this order, whatever endpoints they went to.
+CREATE TABLE ordering_positions (
+    tenant        text NOT NULL,
+    key           text NOT NULL,
+    last_position bigint NOT NULL,
+    -- The key's last publish: forgotten with ordering_keys' rows
+    -- (purge_ordering_keys), once its events are past retention.
+    touched_at    timestamptz NOT NULL DEFAULT now(),
+    -- publish (the upsert)
+    PRIMARY KEY (tenant, key)
+);
+
+-- purge_ordering_keys: the keys by their last publish
+CREATE INDEX ordering_positions_touched_at ON ordering_positions (touched_at);
 
 CREATE TABLE ordering_keys (
     endpoint_id bigint NOT NULL REFERENCES endpoints (id) ON DELETE CASCADE,
@@ -1740,11 +1761,22 @@ BEGIN
               AND ep.state = 'active'
               AND hooklane_type_matches(ep.event_types, p_type)
         ),
+        -- The key's place in the tenant's commit order, first of the
+        -- key's rows (every publisher of the key takes it first).
+        placed AS (
+            INSERT INTO ordering_positions AS o (tenant, key, last_position)
+            VALUES (p_tenant, p_order, 1)
+            ON CONFLICT (tenant, key) DO UPDATE
+            SET last_position = o.last_position + 1, touched_at = now()
+            RETURNING o.last_position
+        ),
         event AS (
             INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent,
-                                schema_version, schema_problem, schema_deprecated, ordering_key)
+                                schema_version, schema_problem, schema_deprecated, ordering_key,
+                                ordering_position)
             SELECT hooklane_try_publish_v3.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent,
-                   p_version, p_problem, nullif(type_deprecated, false), p_order
+                   p_version, p_problem, nullif(type_deprecated, false), p_order,
+                   (SELECT p.last_position FROM placed p)
             FROM matched
             ON CONFLICT (tenant, id) DO NOTHING
             RETURNING fanout

@@ -109,23 +109,29 @@ async def test_a_second_publisher_of_the_key_waits_for_the_first_to_commit(db, o
     await wait_for(lambda: _blocked_by(db, third, other))
 
     # No other publisher waits: another key to the same endpoint, the same
-    # key to another endpoint, an unordered event. A wait would end in
+    # key of another tenant, an unordered event. A wait would end in
     # lock_timeout's error rather than pass.
     await db.execute("SET lock_timeout = '10s'")
     await publish(db, "order-2")
-    await publish(db, "order-1", type="order.paid")
+    await publish(db, "order-1", tenant="globex")
     await publish(db, None)
     assert not waiting.done()
 
     await first.commit()
     late = await waiting
     await second.commit()
+    # The same key to another endpoint takes its place after both.
+    await publish(db, "order-1", type="order.paid")
     assert [(o.event_id, o.seq, o.due) for o in await deliveries_of(db, a, "order-1")] == [
         (early, 1, True),
         (late, 2, False),
     ]
     assert [o.seq for o in await deliveries_of(db, a, "order-2")] == [1]
     assert [o.seq for o in await deliveries_of(db, b, "order-1")] == [1]
+    positions = await db.fetch(
+        "SELECT ordering_position FROM events WHERE tenant = 'acme' AND ordering_key = 'order-1' ORDER BY 1"
+    )
+    assert [p["ordering_position"] for p in positions] == [1, 2, 3]
 
 
 async def test_only_heads_are_reserved_and_other_keys_use_the_concurrency(db):
@@ -552,12 +558,6 @@ async def _drain(db: asyncpg.Connection) -> list[tuple[str, int]]:
     return sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: replay_since (queries.sql) queues a key's events in (xact, id) order and "
-    "hooklane_ordering_requeue_v1 numbers them by delivery id: a transaction that began first "
-    "but committed its event of the key second is replayed first",
-)
 async def test_a_replay_sends_a_key_again_in_its_commit_order(db, other):
     await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     since = await db.fetchval("SELECT now() - interval '1 minute'")

@@ -138,25 +138,20 @@ def test_what_no_catalogue_listing_returned_is_refused(text):
 
 # Every ordering key publish takes (hooklane_publish_refusal_v2): 1 to 255
 # characters, none a control character.
-_ORDERING_KEY = st.text(
-    st.characters(
-        blacklist_categories=("Cs",), blacklist_characters=[chr(c) for c in [*range(32), *range(127, 160)]]
-    ),
-    min_size=1,
-    max_size=255,
-)
+# What hooklane_publish_refusal_v2 lets through: printable ASCII.
+_ORDERING_KEY = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=255)
 
 
 @given(
     st.datetimes(datetime(1970, 1, 1), datetime(2200, 1, 1), timezones=st.just(UTC)),
-    _ORDERING_KEY | st.just("😀" * 255),
+    _ORDERING_KEY | st.just("~" * 255),
 )
 def test_a_held_key_cursor_gives_back_its_position(at, key):
     position = HeldKeyPosition(at, key)
     assert held_key_position(held_key_cursor(position)) == position
 
 
-@pytest.mark.parametrize("key", ["", "a\nb", "a\x9fb", "k" * 256])
+@pytest.mark.parametrize("key", ["", "a\nb", "a\x9fb", "k" * 256, "ключ"])
 def test_a_held_key_cursor_of_no_key_publish_takes_is_refused(key):
     with pytest.raises(InvalidInput) as refused:
         held_key_position(held_key_cursor(HeldKeyPosition(datetime(2026, 1, 1, tzinfo=UTC), key)))

@@ -8,15 +8,20 @@
 --
 -- How, in rows:
 --
+-- - ordering_positions holds one row per tenant and key, which a publish
+--   with the key upserts first: a second transaction publishing the same
+--   key waits there until the first commits, and so comes after it. The
+--   event keeps its place (events.ordering_position), by which a replay
+--   queues a key's events again. That wait is the price of the order, and
+--   only publishers of the same key pay it: no other publish touches the
+--   row (issue 38).
 -- - ordering_keys holds one row per endpoint and key: the last sequence
 --   number given (last_seq) and the one at the head (head_seq: the only
 --   delivery of the key that may be due; NULL when nothing of the key is
 --   outstanding). A publish upserts the rows of its endpoints, in endpoint
---   order: a second transaction publishing the same key to the same
---   endpoint waits there until the first commits, and so takes the next
---   number after it. That wait is the price of the order, and only
---   publishers of the same key and endpoint pay it: no other publish
---   touches the row (issue 38).
+--   order, after the key's position: the numbers follow commit order too,
+--   and the worker locks these rows, never the position, to move a key
+--   on.
 -- - Every delivery of a key but its head is queued with next_attempt_at
 --   'infinity': the reservation, which reads each endpoint's queue up to
 --   now(), never sees it, so it needs no change to keep one delivery of a
@@ -42,10 +47,28 @@
 -- version call hooklane_try_publish_v1, redefined here to call v3 without
 -- an ordering key: the rows they write are as before.
 
-ALTER TABLE events ADD COLUMN ordering_key text;
+ALTER TABLE events ADD COLUMN ordering_key text, ADD COLUMN ordering_position bigint;
 ALTER TABLE deliveries ADD COLUMN ordering_key text, ADD COLUMN ordering_seq bigint;
 ALTER TABLE endpoints ADD COLUMN ordering_on_dead text NOT NULL DEFAULT 'hold'
     CONSTRAINT endpoints_ordering_on_dead_check CHECK (ordering_on_dead IN ('hold', 'skip'));
+
+-- One row per tenant and key: the key's events numbered across every
+-- endpoint (events.ordering_position), in the order their transactions
+-- committed, taken under this row's lock. A replay queues a key's events
+-- again in this order, whatever endpoints they went to.
+CREATE TABLE ordering_positions (
+    tenant        text NOT NULL,
+    key           text NOT NULL,
+    last_position bigint NOT NULL,
+    -- The key's last publish: forgotten with ordering_keys' rows
+    -- (purge_ordering_keys), once its events are past retention.
+    touched_at    timestamptz NOT NULL DEFAULT now(),
+    -- publish (the upsert)
+    PRIMARY KEY (tenant, key)
+);
+
+-- purge_ordering_keys: the keys by their last publish
+CREATE INDEX ordering_positions_touched_at ON ordering_positions (touched_at);
 
 CREATE TABLE ordering_keys (
     endpoint_id bigint NOT NULL REFERENCES endpoints (id) ON DELETE CASCADE,
@@ -246,11 +269,22 @@ BEGIN
               AND ep.state = 'active'
               AND hooklane_type_matches(ep.event_types, p_type)
         ),
+        -- The key's place in the tenant's commit order, first of the
+        -- key's rows (every publisher of the key takes it first).
+        placed AS (
+            INSERT INTO ordering_positions AS o (tenant, key, last_position)
+            VALUES (p_tenant, p_order, 1)
+            ON CONFLICT (tenant, key) DO UPDATE
+            SET last_position = o.last_position + 1, touched_at = now()
+            RETURNING o.last_position
+        ),
         event AS (
             INSERT INTO events (id, tenant, type, data, coalesce_key, fanout, traceparent,
-                                schema_version, schema_problem, schema_deprecated, ordering_key)
+                                schema_version, schema_problem, schema_deprecated, ordering_key,
+                                ordering_position)
             SELECT hooklane_try_publish_v3.event_id, p_tenant, p_type, p_data, p_key, count(*), p_traceparent,
-                   p_version, p_problem, nullif(type_deprecated, false), p_order
+                   p_version, p_problem, nullif(type_deprecated, false), p_order,
+                   (SELECT p.last_position FROM placed p)
             FROM matched
             ON CONFLICT (tenant, id) DO NOTHING
             RETURNING fanout
