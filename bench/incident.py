@@ -25,10 +25,17 @@ concurrency limit in force over time (read from the database), its calls
 in flight, its 429s per minute and its delivered rate; for the others,
 their lag as above.
 
+``--ordered-keys N`` runs Hooklane only, twice per slot count, side by side:
+as above, and with every event carrying one of N ordering keys (issue 42;
+event n gets key n mod N), so that each endpoint, the slow one included,
+sends at most one delivery of a key at a time, in order. What it shows is
+whether ordering costs the healthy endpoints their lag while one is slow.
+
 ``--correlated`` runs issue 39's correlated incidents instead: many
 endpoints slow at once, before and after side by side (bench/correlated.py).
 
-Run: ``python -m bench.incident --preset quick [--adaptive | --correlated]`` (full | quick | smoke)
+Run: ``python -m bench.incident --preset quick [--adaptive | --correlated | --ordered-keys N]``
+(full | quick | smoke)
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import time
@@ -106,6 +114,8 @@ class Config:
     busy_adaptive: bool = False
     busy_retry_after: int = 0
     adapt_step: float = Settings().adaptive_step_seconds  # HOOKLANE_ADAPTIVE_STEP_SECONDS
+    # --ordered-keys: every event carries one of this many ordering keys (0: none).
+    ordered_keys: int = 0
 
 
 # The seed's 16 slots, then a worker's default.
@@ -169,9 +179,16 @@ def schedule(cfg: Config) -> list[tuple[float, int]]:
     return sorted(events)
 
 
-async def publish_hooklane(conn: asyncpg.Connection, endpoint: int, n: int) -> None:
+async def publish_hooklane(conn: asyncpg.Connection, endpoint: int, n: int, *, keys: int = 0) -> None:
+    """``keys``: the event carries ordering key n mod keys (0: none)."""
     async with conn.transaction():
-        await hooklane.publish(conn, tenant=f"t{endpoint}", type=EVENT_TYPE, data={"t": time.time(), "n": n})
+        await hooklane.publish(
+            conn,
+            tenant=f"t{endpoint}",
+            type=EVENT_TYPE,
+            data={"t": time.time(), "n": n},
+            ordering_key=f"k{n % keys}" if keys else None,
+        )
 
 
 async def publish_baseline(conn: asyncpg.Connection, endpoint: int, n: int) -> None:
@@ -181,7 +198,10 @@ async def publish_baseline(conn: asyncpg.Connection, endpoint: int, n: int) -> N
 async def publish_load(dsn: str, system: str, cfg: Config, events: list[tuple[float, int]]) -> float:
     """Publish on schedule from a few connections; returns how far behind
     schedule the publisher fell at worst (seconds), to show it kept up."""
-    publish = publish_hooklane if system == "hooklane" else publish_baseline
+    if system == "baseline":
+        publish = publish_baseline
+    else:
+        publish = functools.partial(publish_hooklane, keys=cfg.ordered_keys)
     start = time.time()
     queue: asyncio.Queue[tuple[int, float, int]] = asyncio.Queue()
     for n, (offset, endpoint) in enumerate(events):
@@ -388,6 +408,8 @@ def analyse(
     p99s = [v for v in series["healthy_p99"] if not math.isnan(v)]
     return {
         "system": system,
+        "run": run_name(system, cfg),
+        "ordered_keys": cfg.ordered_keys,
         "slots": slots,
         "published": int(cfg.duration * cfg.rate),
         "publisher_behind_max_s": round(behind, 3),
@@ -457,6 +479,11 @@ def analyse_busy(
 # Report
 
 
+def run_name(system: str, cfg: Config) -> str:
+    """The system, and its ordering keys if any: what a plot and a line name."""
+    return f"{system}, {cfg.ordered_keys} keys" if cfg.ordered_keys else system
+
+
 def three_panels():
     """A figure of three panels, one above the other, sharing their x axis."""
     import matplotlib
@@ -481,12 +508,13 @@ def plot(results: list[dict], cfg: Config, slots: int, path: Path) -> None:
     colours = {"hooklane": "tab:blue", "baseline": "tab:red"}
     fig, (lag_ax, slow_ax, rate_ax) = three_panels()
     for r in results:
-        s, c = r["series"], colours[r["system"]]
-        lag_ax.plot(s["second"], s["healthy_p99"], color=c, label=f"{r['system']} p99")
-        lag_ax.plot(s["second"], s["healthy_max"], color=c, linestyle=":", label=f"{r['system']} max")
+        # An ordered run is Hooklane's second line: green.
+        s, c, name = r["series"], "tab:green" if r["ordered_keys"] else colours[r["system"]], r["run"]
+        lag_ax.plot(s["second"], s["healthy_p99"], color=c, label=f"{name} p99")
+        lag_ax.plot(s["second"], s["healthy_max"], color=c, linestyle=":", label=f"{name} max")
         t, n = zip(*r["slow_in_flight"], strict=False) if r["slow_in_flight"] else ((), ())
-        slow_ax.step(t, n, where="post", color=c, label=r["system"])
-        rate_ax.plot(s["second"], s["deliveries"], color=c, label=r["system"])
+        slow_ax.step(t, n, where="post", color=c, label=name)
+        rate_ax.plot(s["second"], s["deliveries"], color=c, label=name)
     lag_ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="1 s target")
     lag_ax.set_yscale("log")
     lag_ax.set_ylabel("healthy delivery lag (s)")
@@ -518,6 +546,37 @@ def verdict(results: list[dict], cfg: Config) -> dict:
             "p99_ratio_baseline_over_hooklane": b["healthy_lag"]["p99"] / h["healthy_lag"]["p99"],
             "target_hooklane_p99_under_1s_whole_run": h["healthy_worst_second_p99"] < 1.0,
             "target_slow_within_max_concurrency": h["slow_peak_in_flight"] <= cfg.max_concurrency,
+        }
+    return out
+
+
+def ordered_verdict(results: list[dict], cfg: Config) -> dict:
+    """--ordered-keys: per slot count, the healthy lag without ordering and
+    with it, side by side."""
+    out = {}
+    for slots in cfg.slots:
+        plain, ordered = (
+            next(r for r in results if r["slots"] == slots and bool(r["ordered_keys"]) == o)
+            for o in (False, True)
+        )
+        out[str(slots)] = {
+            "ordered_keys": ordered["ordered_keys"],
+            **{
+                f"{name}_{k}": r["healthy_lag"][k]
+                for name, r in (("unordered", plain), ("ordered", ordered))
+                for k in ("p50", "p99", "max")
+            },
+            "unordered_worst_second_p99": plain["healthy_worst_second_p99"],
+            "ordered_worst_second_p99": ordered["healthy_worst_second_p99"],
+            "p99_ratio_ordered_over_unordered": ordered["healthy_lag"]["p99"] / plain["healthy_lag"]["p99"],
+            "unordered_healthy_pending_at_end": plain["backlog_at_end"]["healthy_pending"],
+            "ordered_healthy_pending_at_end": ordered["backlog_at_end"]["healthy_pending"],
+            "unordered_slow_peak_in_flight": plain["slow_peak_in_flight"],
+            "ordered_slow_peak_in_flight": ordered["slow_peak_in_flight"],
+            "unordered_slow_delivered": plain["slow_delivered"],
+            "ordered_slow_delivered": ordered["slow_delivered"],
+            "unordered_deliveries_per_s": plain["deliveries_per_s"],
+            "ordered_deliveries_per_s": ordered["deliveries_per_s"],
         }
     return out
 
@@ -577,6 +636,14 @@ def adaptive_verdict(results: list[dict]) -> list[dict]:
 
 def planned(cfg: Config, args: argparse.Namespace) -> list[tuple[Config, str, int]]:
     """(configuration, system, slots) of each run, in running order."""
+    if args.ordered_keys:
+        # Without ordering and with it, alternating which goes first.
+        both = [cfg, replace(cfg, ordered_keys=args.ordered_keys)]
+        return [
+            (run_cfg, "hooklane", slots)
+            for i, slots in enumerate(cfg.slots)
+            for run_cfg in (both if i % 2 == 0 else both[::-1])
+        ]
     if not args.adaptive:
         return [(cfg, system, slots) for slots in cfg.slots for system in ("hooklane", "baseline")]
     slots = args.slots[0] if args.slots else DEFAULT_SLOTS
@@ -603,7 +670,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 r = {**await run_once(server, system, slots, run_cfg, receivers), "config": asdict(run_cfg)}
                 busy = r.get("busy")
                 print(
-                    f"{system:9s} slots={slots:3d} healthy p50={r['healthy_lag']['p50']:.3f}s "
+                    f"{r['run']:9s} slots={slots:3d} healthy p50={r['healthy_lag']['p50']:.3f}s "
                     f"p99={r['healthy_lag']['p99']:.3f}s max={r['healthy_lag']['max']:.3f}s "
                     f"slow peak={r['slow_peak_in_flight']} (db {r['slow_peak_sending_in_db']}) backlog={r['backlog_at_end']}"
                     + (
@@ -627,13 +694,19 @@ async def main_async(args: argparse.Namespace) -> dict:
                 [r for r in results if r["slots"] == slots],
                 cfg,
                 slots,
-                plots / f"incident-{args.preset}-{slots}.png",
+                plots / f"incident-{'ordered-' if args.ordered_keys else ''}{args.preset}-{slots}.png",
             )
     return {
         "preset": args.preset,
         "config": asdict(cfg),
         "machine": machine(),
-        "verdict": adaptive_verdict(results) if args.adaptive else verdict(results, cfg),
+        "verdict": (
+            adaptive_verdict(results)
+            if args.adaptive
+            else ordered_verdict(results, cfg)
+            if args.ordered_keys
+            else verdict(results, cfg)
+        ),
         "runs": results,
     }
 
@@ -649,6 +722,12 @@ def main() -> None:
         "--adaptive",
         action="store_true",
         help="Hooklane only, with an endpoint answering 429 beyond its open calls, adaptive and not",
+    )
+    parser.add_argument(
+        "--ordered-keys",
+        type=int,
+        metavar="N",
+        help="Hooklane only, without ordering and with every event carrying one of N ordering keys",
     )
     parser.add_argument(
         "--correlated",
@@ -679,8 +758,14 @@ def main() -> None:
     parser.add_argument("--plot-dir", default=str(DOCS / "img"), help="'' for no plot")
     parser.add_argument("--json", help="write the full results here")
     args = parser.parse_args()
-    if args.correlated and (args.adaptive or args.slots or args.duration or args.slow_delay):
-        parser.error("--correlated has phases of its own: no --adaptive, --slots, --duration or --slow-delay")
+    if args.correlated and (
+        args.adaptive or args.slots or args.duration or args.slow_delay or args.ordered_keys
+    ):
+        parser.error(
+            "--correlated has phases of its own: no --adaptive, --slots, --duration, --slow-delay or --ordered-keys"
+        )
+    if args.ordered_keys is not None and (args.ordered_keys < 1 or args.adaptive):
+        parser.error("--ordered-keys takes a positive number of keys, and no --adaptive")
     correlated_only = (args.before_tree, args.worker_setting, args.phase_seconds, args.fair_budget)
     if not args.correlated and any(v is not None for v in correlated_only):
         parser.error(

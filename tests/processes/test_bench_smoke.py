@@ -24,6 +24,41 @@ def test_incident_smoke(server_dsn: str, tmp_path: Path) -> None:
         assert (tmp_path / "incident-smoke-16.png").stat().st_size > 0
 
 
+def test_incident_ordered_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("incident", tmp_path, "--dsn", server_dsn, "--ordered-keys", "3", "--plot-dir", "")
+    assert [(r["system"], r["ordered_keys"]) for r in result["runs"]] == [("hooklane", 0), ("hooklane", 3)]
+    for run in result["runs"]:
+        assert run["healthy_delivered"] > 0
+        assert run["slow_peak_in_flight"] <= result["config"]["max_concurrency"]
+    [verdict] = result["verdict"].values()
+    assert verdict["ordered_keys"] == 3
+    assert verdict["ordered_p99"] > 0 and verdict["unordered_p99"] > 0
+
+
+def test_ordering_smoke(server_dsn: str, tmp_path: Path) -> None:
+    result = run_bench("ordering", tmp_path, "--dsn", server_dsn, timeout=150)
+    runs = {run["keys"]: run for run in result["runs"]}
+    assert set(runs) == {0, *result["config"]["keys"]}
+    # Only that every run measured something: one key's throughput is one
+    # delivery at a time, and how far it gets in a few seconds is the
+    # machine's (section 20 of docs/benchmarks.md).
+    for keys, run in runs.items():
+        assert run["delivered"] > 0 and run["pg_publishing_ms_per_event"] > 0
+        order = run["order"]
+        assert order["violations"] == 0 and order["half_headers"] == 0, order
+        if keys:
+            # Every call of an ordered run carried its key and sequence, one
+            # call of a key at a time, and every key was seen.
+            assert order["sequenced_calls"] == run["calls"]
+            assert order["keys_seen"] == keys
+            assert run["receiver_key_peak_open"] == 1
+        else:
+            assert order["sequenced_calls"] == 0 and run["receiver_key_peak_open"] == 0
+            assert run["delivered"] == run["published"] and run["latency_ms"]["n"] > 0
+    assert [row["variant"] for row in result["summary"]] == ["unordered", "1 key", "10 keys"]
+    assert all(set(row["over_unordered"]) >= {"del/s", "pg ms/del"} for row in result["summary"][1:])
+
+
 def test_incident_adaptive_smoke(server_dsn: str, tmp_path: Path) -> None:
     plots = str(tmp_path) if importlib.util.find_spec("matplotlib") else ""
     result = run_bench(
