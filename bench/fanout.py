@@ -80,8 +80,7 @@ def publish_statement(source: Path | None) -> Query:
 
 
 def event(statement: Query) -> tuple[object, ...]:
-    """The arguments of one publish of a new event (untraced, where the
-    statement knows of traces)."""
+    """The arguments of one publish of a new event."""
     values: dict[str, object] = {
         "id": f"e-{uuid.uuid4().hex}",
         "tenant": TENANT,
@@ -89,8 +88,10 @@ def event(statement: Query) -> tuple[object, ...]:
         "data": "{}",
         "coalesce_key": None,
     }
-    if "traceparent" in statement.params:
-        values["traceparent"] = None
+    # Unordered, where the statement knows of ordering keys and traces.
+    for param in ("traceparent", "ordering_key"):
+        if param in statement.params:
+            values[param] = None
     return statement.args(**values)
 
 

@@ -270,7 +270,9 @@ class Function:
         self.fanout = fanout
 
     async def one(self, conn: asyncpg.Connection, event: dict) -> None:
-        row = await conn.fetchrow(*self.publish(**event))
+        # Unordered, where the statement knows of ordering keys (0026).
+        unordered = {"ordering_key": None} if "ordering_key" in self.publish.params else {}
+        row = await conn.fetchrow(*self.publish(**event, **unordered))
         assert row is not None, "publish returns one row, always"
         if row["error_code"] is not None or row["fanout"] != self.fanout:
             raise RuntimeError(f"the function answered {dict(row)}")
@@ -284,6 +286,7 @@ class Function:
                 data=[e["data"] for e in events],
                 coalesce_keys=[e["coalesce_key"] for e in events],
                 traceparents=[e["traceparent"] for e in events],
+                **({"ordering_keys": [None] * len(events)} if "ordering_keys" in self.many_.params else {}),
             )
         )
         if rows:

@@ -251,10 +251,10 @@ CREATE INDEX deliveries_tenant_leased
 CREATE INDEX deliveries_rate ON deliveries (endpoint_id, rate_tat DESC) WHERE rate_tat IS NOT NULL;
 
 -- publish: at most one pending delivery per entity and endpoint
--- (coalescing), of the unordered deliveries
+-- (coalescing); an ordered delivery keeps no coalesce key of its own
 CREATE UNIQUE INDEX deliveries_coalesce
     ON deliveries (endpoint_id, coalesce_key)
-    WHERE state = 'pending' AND coalesce_key IS NOT NULL AND ordering_key IS NULL;
+    WHERE state = 'pending' AND coalesce_key IS NOT NULL;
 
 -- publish (the tail a coalesce key replaces), hooklane_ordering_advance_v1
 -- (the head and the next pending of a key): the ordered deliveries only
@@ -1744,7 +1744,7 @@ BEGIN
             SELECT m.id, p_tenant, hooklane_try_publish_v3.event_id, p_key FROM matched m
             WHERE p_key IS NOT NULL AND EXISTS (SELECT FROM event)
             ON CONFLICT (endpoint_id, coalesce_key)
-                WHERE state = 'pending' AND coalesce_key IS NOT NULL AND ordering_key IS NULL
+                WHERE state = 'pending' AND coalesce_key IS NOT NULL
             DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
         )
         SELECT e.fanout INTO fanout FROM event e;
@@ -1816,13 +1816,15 @@ BEGIN
                   AND d.ordering_key = p_order
                   AND d.ordering_seq = k.seq - 1
                   AND d.state = 'pending'
-                  AND d.coalesce_key = p_key
+                  AND EXISTS (SELECT FROM events e
+                              WHERE e.tenant = d.event_tenant AND e.id = d.event_id
+                                AND e.coalesce_key = p_key)
                 RETURNING d.endpoint_id, k.head = k.seq - 1 AS was_head
             ),
             queued AS (
                 INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key, ordering_key,
                                         ordering_seq, next_attempt_at)
-                SELECT k.endpoint_id, p_tenant, hooklane_try_publish_v3.event_id, p_key, p_order, k.seq,
+                SELECT k.endpoint_id, p_tenant, hooklane_try_publish_v3.event_id, NULL, p_order, k.seq,
                        CASE WHEN k.head = k.seq THEN now() ELSE 'infinity' END
                 FROM k
                 WHERE NOT EXISTS (SELECT FROM tail t WHERE t.endpoint_id = k.endpoint_id)

@@ -39,8 +39,10 @@
 -- key (nothing queued behind it), which then takes the new sequence
 -- number; otherwise the event is queued behind. So a later state never
 -- jumps ahead of the key's other events, and a receiver sees a gap in the
--- sequence where a state was replaced. deliveries_coalesce keeps to the
--- unordered deliveries: the ordered ones are kept apart by the key's lock.
+-- sequence where a state was replaced. An ordered delivery keeps no
+-- coalesce key of its own (its event has it), so deliveries_coalesce, one
+-- pending delivery per coalesce key, holds unordered ones only, as it
+-- always did: the ordered ones are kept apart by the key's lock.
 --
 -- Rolling upgrade: ordered deliveries need workers of this version
 -- (hooklane_complete_v6 advances the keys). Publishers of an earlier
@@ -102,13 +104,6 @@ CREATE UNIQUE INDEX deliveries_ordering ON deliveries (endpoint_id, ordering_key
 
 -- hooklane_ordering_sweep_v1: the keys with something outstanding
 CREATE INDEX ordering_keys_outstanding ON ordering_keys (endpoint_id) WHERE head_seq IS NOT NULL;
-
-DROP INDEX deliveries_coalesce;
--- publish: at most one pending delivery per entity and endpoint
--- (coalescing), of the unordered deliveries
-CREATE UNIQUE INDEX deliveries_coalesce
-    ON deliveries (endpoint_id, coalesce_key)
-    WHERE state = 'pending' AND coalesce_key IS NOT NULL AND ordering_key IS NULL;
 
 -- hooklane_publish_refusal_v1's rules, with the ordering key's.
 CREATE FUNCTION hooklane_publish_refusal_v2(tenant text, type text, data jsonb, id text,
@@ -252,7 +247,7 @@ BEGIN
             SELECT m.id, p_tenant, hooklane_try_publish_v3.event_id, p_key FROM matched m
             WHERE p_key IS NOT NULL AND EXISTS (SELECT FROM event)
             ON CONFLICT (endpoint_id, coalesce_key)
-                WHERE state = 'pending' AND coalesce_key IS NOT NULL AND ordering_key IS NULL
+                WHERE state = 'pending' AND coalesce_key IS NOT NULL
             DO UPDATE SET event_tenant = EXCLUDED.event_tenant, event_id = EXCLUDED.event_id
         )
         SELECT e.fanout INTO fanout FROM event e;
@@ -324,13 +319,15 @@ BEGIN
                   AND d.ordering_key = p_order
                   AND d.ordering_seq = k.seq - 1
                   AND d.state = 'pending'
-                  AND d.coalesce_key = p_key
+                  AND EXISTS (SELECT FROM events e
+                              WHERE e.tenant = d.event_tenant AND e.id = d.event_id
+                                AND e.coalesce_key = p_key)
                 RETURNING d.endpoint_id, k.head = k.seq - 1 AS was_head
             ),
             queued AS (
                 INSERT INTO deliveries (endpoint_id, event_tenant, event_id, coalesce_key, ordering_key,
                                         ordering_seq, next_attempt_at)
-                SELECT k.endpoint_id, p_tenant, hooklane_try_publish_v3.event_id, p_key, p_order, k.seq,
+                SELECT k.endpoint_id, p_tenant, hooklane_try_publish_v3.event_id, NULL, p_order, k.seq,
                        CASE WHEN k.head = k.seq THEN now() ELSE 'infinity' END
                 FROM k
                 WHERE NOT EXISTS (SELECT FROM tail t WHERE t.endpoint_id = k.endpoint_id)
