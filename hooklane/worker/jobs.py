@@ -22,7 +22,7 @@ import asyncpg
 
 from hooklane import metrics, store
 from hooklane.errors import StoreError, TransientStoreError
-from hooklane.health import exported_endpoints, standing_counts, tenant_totals
+from hooklane.health import EndpointHealth, exported_endpoints, standing_counts, tenant_totals
 from hooklane.settings import Settings
 from hooklane.worker.notifications import Notifications, Notified
 from hooklane.worker.partitions import LostOwnership, PartitionOwner
@@ -375,6 +375,22 @@ class CallGauges:
         self._shown = set(top)
 
 
+# Endpoints a gauge pass reads at a time. The records of one slice are
+# built in one go, with the event loop held: a worker's 1,800 endpoints read
+# at once held it 30 ms each period on an idle machine, and up to 0.7 s
+# with both cores busy, which every call due then waited out (healthy p99
+# 0.4 s where slow receivers loaded the worker; docs/benchmarks.md, 17).
+GAUGE_SLICE_ENDPOINTS = 256
+
+
+def gauge_slices(partitions: list[int], per_partition: float) -> list[list[int]]:
+    """``partitions`` in slices of about ``GAUGE_SLICE_ENDPOINTS``
+    endpoints, at ``per_partition`` endpoints each (0: not known yet, one
+    partition a slice)."""
+    size = max(1, int(GAUGE_SLICE_ENDPOINTS // per_partition)) if per_partition > 0 else 1
+    return [partitions[i : i + size] for i in range(0, len(partitions), size)]
+
+
 class Gauges:
     """Sets the per-endpoint and per-tenant gauges of the endpoints of this
     worker's partitions, as many as ``HOOKLANE_METRICS_ENDPOINTS`` says, and
@@ -390,18 +406,31 @@ class Gauges:
         self._owner = owner
         self._pool = pool
         self._ready = ready
+        # Endpoints per partition at the last pass: how many partitions a
+        # slice may take.
+        self._per_partition = 0.0
 
     async def run_once(self) -> Exported:
         owned = sorted(self._owner.owned)
-        async with store.acquire(self._pool) as conn:
-            # Pending deliveries counted from the ready list's floors, and
-            # not at all for an endpoint it does not hold: not past every
-            # dead entry a held horizon keeps (issues 21 and 37).
-            healths = await store.endpoint_health(conn, owned, floors=self._ready.floors(), listed=True)
-            # The listings show these counts while they are fresh, rather
-            # than walk every queue from its start themselves.
-            await store.write_queue_summaries(conn, owned, healths, _SUMMARY_PERIODS * self.period)
-            unrouted = await store.unrouted_events(conn) if _HOUSEKEEPER_PARTITION in owned else None
+        healths: list[EndpointHealth] = []
+        for part in gauge_slices(owned, self._per_partition):
+            async with store.acquire(self._pool) as conn:
+                # Pending deliveries counted from the ready list's floors, and
+                # not at all for an endpoint it does not hold: not past every
+                # dead entry a held horizon keeps (issues 21 and 37).
+                counted = await store.endpoint_health(
+                    conn, part, floors=self._ready.floors(part), listed=True
+                )
+                # The listings show these counts while they are fresh, rather
+                # than walk every queue from its start themselves.
+                await store.write_queue_summaries(conn, part, counted, _SUMMARY_PERIODS * self.period)
+            healths.extend(counted)
+        if owned:
+            self._per_partition = len(healths) / len(owned)
+        unrouted = None
+        if _HOUSEKEEPER_PARTITION in owned:
+            async with store.acquire(self._pool) as conn:
+                unrouted = await store.unrouted_events(conn)
         s = self._settings
         exported = exported_endpoints(healths, s.metrics_endpoints, s.metrics_endpoints_top)
         for gauge in (*metrics.PER_ENDPOINT, *metrics.PER_TENANT):

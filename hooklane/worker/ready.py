@@ -169,12 +169,13 @@ class ReadyList:
         entry = self._entries.get(endpoint_id)
         return entry.due if entry else None
 
-    def floors(self) -> dict[int, datetime]:
+    def floors(self, partitions: Iterable[int]) -> dict[int, datetime]:
         """Where the health query may start counting the pending deliveries
-        of each endpoint the list holds: its floor, or the start of time
-        when that is UNKNOWN. An endpoint left out has nothing pending that
-        the list was told of."""
-        return {k: e.floor or _START for k, e in self._entries.items()}
+        of each endpoint of ``partitions`` the list holds: its floor, or the
+        start of time when that is UNKNOWN. An endpoint left out has nothing
+        pending that the list was told of."""
+        wanted = set(partitions)
+        return {k: e.floor or _START for k, e in self._entries.items() if e.partition in wanted}
 
     def mark(self) -> int:
         """Where the list's changes stand, for ``lost``."""

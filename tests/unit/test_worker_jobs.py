@@ -13,6 +13,8 @@ import pytest
 from hooklane import store
 from hooklane.errors import DatabaseUnreachable
 from hooklane.worker.jobs import (
+    GAUGE_SLICE_ENDPOINTS,
+    gauge_slices,
     held_for,
     run_every,
 )
@@ -77,3 +79,16 @@ def test_a_holder_is_timed_once_a_pass_sees_it_again_at_the_same_xmin():
     seen, _ = held_for(slot, None, now=1000.0)
     assert held_for(slot, seen, now=1010.0)[1] == 10.0
     assert held_for(slot, seen, now=1600.0)[1] == 600.0
+
+
+def test_a_gauge_pass_reads_its_partitions_a_few_hundred_endpoints_at_a_time():
+    owned = list(range(32))
+    # Not known yet: a partition a slice.
+    assert gauge_slices(owned, 0.0) == [[p] for p in owned]
+    # 1,800 endpoints over 32 partitions: 4 partitions (225 endpoints) a slice.
+    slices = gauge_slices(owned, 1800 / 32)
+    assert [len(s) for s in slices] == [4] * 8
+    assert [p for s in slices for p in s] == owned
+    # Partitions larger than a slice: still one each, never none.
+    assert gauge_slices(owned[:3], 10 * GAUGE_SLICE_ENDPOINTS) == [[0], [1], [2]]
+    assert gauge_slices([], 50.0) == []
