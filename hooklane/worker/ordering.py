@@ -12,7 +12,6 @@ maintenance pass's sweep catches a key this process dies holding.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -38,6 +37,17 @@ def next_retry(delay: float) -> float:
     return min(delay * 2, LAST_RETRY_SECONDS)
 
 
+async def first_of(*events: asyncio.Event) -> None:
+    """Until one of ``events`` is set: an idle worker wakes for nothing."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.wait(waits)
+
+
 class BusyKeys:
     """The (endpoint, key) pairs to move on once their publisher commits."""
 
@@ -59,8 +69,7 @@ class BusyKeys:
         while not stopping.is_set():
             if not self._keys:
                 delay = FIRST_RETRY_SECONDS
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._added.wait(), timeout=1.0)
+                await first_of(self._added, stopping)
                 self._added.clear()
                 continue
             await asyncio.sleep(delay)

@@ -3,7 +3,9 @@ receiver got (testsupport/receivers.py): they must catch what breaks it."""
 
 from __future__ import annotations
 
-from hooklane.worker.ordering import FIRST_RETRY_SECONDS, LAST_RETRY_SECONDS, next_retry
+import asyncio
+
+from hooklane.worker.ordering import FIRST_RETRY_SECONDS, LAST_RETRY_SECONDS, first_of, next_retry
 from testsupport.receivers import ORDERING_KEY, ORDERING_SEQUENCE, Received, numbers_by_key, order_broken
 
 
@@ -30,3 +32,17 @@ def test_a_busy_key_is_tried_again_soon_then_every_second_at_most():
     assert delays[:3] == [0.01, 0.02, 0.04]
     assert delays[-1] == LAST_RETRY_SECONDS == next_retry(LAST_RETRY_SECONDS)
     assert len(delays) == 8
+
+
+async def test_an_idle_key_loop_waits_for_a_key_or_the_stop_and_nothing_else():
+    added, stopping = asyncio.Event(), asyncio.Event()
+    waiting = asyncio.ensure_future(first_of(added, stopping))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    stopping.set()
+    await asyncio.wait_for(waiting, timeout=5)
+    added.set()
+    stopping.clear()
+    await asyncio.wait_for(first_of(added, stopping), timeout=5)
+    # The waits it made are gone once it returns.
+    assert all(t.done() for t in asyncio.all_tasks() if t is not asyncio.current_task())
