@@ -21,7 +21,7 @@ from hooklane import store
 from hooklane.checks import MAX_DEPTH
 from hooklane.errors import InvalidInput
 from hooklane.publish import MAX_DATA_BYTES, arguments
-from testsupport.fixtures import add_endpoint
+from testsupport.fixtures import add_endpoint, wait_for
 from testsupport.receivers import Answer
 
 REFUSAL = "SELECT field FROM hooklane_publish_refusal_v2(%s, %s, %s::jsonb, %s, %s, %s, %s)"
@@ -315,7 +315,7 @@ async def test_an_id_committed_by_another_transaction_while_waiting_is_compared(
     """The second publisher's insert waits on the first's uncommitted row;
     once that commits, the function compares with it (a fresh snapshot),
     so other content under the id is a conflict, not a silent drop."""
-    other = await asyncpg.connect(dsn)
+    other, watch = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
     try:
         holder = other.transaction()
         await holder.start()
@@ -323,13 +323,19 @@ async def test_an_id_committed_by_another_transaction_while_waiting_is_compared(
         waiting = asyncio.ensure_future(
             db.fetchrow(TRY, "acme", "order.created", '{"n": 2}', "e-1", None, None)
         )
-        await asyncio.sleep(0.3)
+        pid = db.get_server_pid()
+        await wait_for(
+            lambda: watch.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+            )
+        )
         assert not waiting.done()
         await holder.commit()
         row = await waiting
         assert (row["error_code"], row["error_field"]) == ("WH409", "id")
     finally:
         await other.close()
+        await watch.close()
 
 
 @pytest.fixture
