@@ -22,8 +22,9 @@ not measured): a platform's traffic does not pause between incidents.
 
 Measured per phase, at the receivers: the lag of each healthy event
 published in the phase (first arrival minus its transaction's commit,
-whenever it arrives; from the publish call, ``data.t``, beside it), deliveries per second to the slow endpoints in all and
-per endpoint (beside a fair share: the worker's budget for long calls,
+whenever it arrives; from the publish call, ``data.t``, beside it),
+deliveries per second to the slow endpoints in all and per endpoint
+(beside a fair share: the worker's budget for long calls,
 ``--fair-budget``, split evenly over the slow endpoints, each call holding
 ``slow_delay`` s; never more than the endpoint's own rate), calls open to
 slow and to hanging endpoints; from /proc, the worker's RSS and open file

@@ -377,9 +377,9 @@ class CallGauges:
 
 # Endpoints a gauge pass reads at a time. The records of one slice are
 # built in one go, with the event loop held: a worker's 1,800 endpoints read
-# at once held it 30 ms each period on an idle machine, and up to 0.7 s
-# with both cores busy, which every call due then waited out (healthy p99
-# 0.4 s where slow receivers loaded the worker; docs/benchmarks.md, 17).
+# at once held it 15-30 ms each period on an idle machine, and where slow
+# receivers loaded the worker, the healthy calls due at those moments
+# waited up to 0.7 s (docs/benchmarks.md, section 17).
 GAUGE_SLICE_ENDPOINTS = 256
 
 
