@@ -100,7 +100,8 @@ def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
 
 async def load(url: str, token: str, cfg: Config, **options: float) -> dict:
     """One run of the load generator, in a process of its own."""
-    args = ["--url", url, "--token", token, "--seconds", str(cfg.seconds), "--warmup", str(cfg.warmup)]
+    # A token may begin with "-", which argparse would take for an option.
+    args = ["--url", url, f"--token={token}", "--seconds", str(cfg.seconds), "--warmup", str(cfg.warmup)]
     for name, value in options.items():
         args += [f"--{name}", str(value)]
     proc = start_module("bench.ingest_load", *args, stdout=subprocess.PIPE)
@@ -197,7 +198,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             postgres = postgres_master(server_dsn)
             ceiling_port, api_port, metrics_port = free_ports(3)
 
-            ceiling = start_module("bench.ingest_ceiling", "--port", str(ceiling_port), "--token", token)
+            ceiling = start_module("bench.ingest_ceiling", "--port", str(ceiling_port), f"--token={token}")
             with running(ceiling):
                 url = f"http://127.0.0.1:{ceiling_port}"
                 await wait_listening(url, ceiling)
