@@ -136,10 +136,24 @@ async def advance(conn: asyncpg.Connection, keys: Sequence[tuple[int, str]]) -> 
     )
 
 
-async def sweep(conn: asyncpg.Connection, max_keys: int = 100) -> list[asyncpg.Record]:
-    return await conn.fetch(
+async def sweep(conn: asyncpg.Connection, page: int = 2) -> list[tuple[int, str]]:
+    """The worker's sweep over every partition, a whole walk of pages of
+    ``page`` keys: the (endpoint, key) of each delivery made due."""
+    woken: list[tuple[int, str]] = []
+    after = None
+    while True:
+        swept = await store.sweep_ordering(conn, ALL_PARTITIONS, after, page)
+        woken += [(endpoint_id, key) for endpoint_id, _, key, _ in swept.woken]
+        if (after := swept.after) is None:
+            return woken
+
+
+async def sweep_v1(conn: asyncpg.Connection, max_keys: int = 100) -> list[tuple[int, str]]:
+    """hooklane_ordering_sweep_v1, as a worker of release 26 calls it."""
+    rows = await conn.fetch(
         "SELECT * FROM hooklane_ordering_sweep_v1($1::int[], $2)", ALL_PARTITIONS, max_keys
     )
+    return [(r["endpoint_id"], r["key"]) for r in rows if r["due"] is not None]
 
 
 async def resend(conn: asyncpg.Connection, namespace: str, name: str, ids: list[int]) -> None:

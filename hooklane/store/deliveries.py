@@ -255,20 +255,46 @@ async def advance_ordering(
     return promoted, [(r["endpoint_id"], r["key"]) for r in rows if r["due"] is None]
 
 
-# Keys one sweep moves on at most: a pass is bounded however many keys a
-# crash left behind, and the next pass takes the rest.
-ORDERING_SWEEP_KEYS = 1000
+@dataclass(frozen=True)
+class Swept:
+    """One page of the ordering sweep: each delivery it made due (endpoint,
+    partition, key, due time), and the key the next page starts after
+    (None: the walk reached the end)."""
+
+    woken: list[tuple[int, int, str, datetime]]
+    after: tuple[int, str] | None
 
 
 async def sweep_ordering(
-    conn: asyncpg.Connection, partitions: list[int], max_keys: int = ORDERING_SWEEP_KEYS
-) -> list[tuple[int, int, datetime]]:
+    conn: asyncpg.Connection,
+    partitions: list[int],
+    after: tuple[int, str] | None,
+    page: int,
+) -> Swept:
     """Move on the keys of ``partitions`` whose head settled without its
-    key moving (hooklane_ordering_sweep_v1); returns each delivery made due
-    as its endpoint, partition and due time. Call only while this session
-    holds those partitions' advisory locks."""
-    rows = await conn.fetch(*QUERIES["ordering_sweep"](partitions=partitions, max_keys=max_keys))
-    return [(r["endpoint_id"], r["partition"], r["due"]) for r in rows if r["due"] is not None]
+    key moving (hooklane_ordering_sweep_v2), among the ``page`` outstanding
+    keys after ``after`` (None: from the first). Call only while this
+    session holds those partitions' advisory locks."""
+    row = await conn.fetchrow(
+        *QUERIES["ordering_sweep"](
+            partitions=partitions,
+            after_endpoint=after[0] if after else None,
+            after_key=after[1] if after else None,
+            page=page,
+        )
+    )
+    assert row is not None, "a function with OUT parameters returns one row"
+    woken = list(
+        zip(
+            row["woken_endpoints"] or [],
+            row["woken_partitions"] or [],
+            row["woken_keys"] or [],
+            row["woken_dues"] or [],
+            strict=True,
+        )
+    )
+    next_endpoint = row["next_endpoint"]
+    return Swept(woken, None if next_endpoint is None else (next_endpoint, row["next_key"]))
 
 
 @dataclass(frozen=True)

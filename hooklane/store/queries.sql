@@ -534,15 +534,18 @@ FROM hooklane_complete_v6(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::
 -- name: ordering_sweep
 -- Move on the keys of the owned partitions whose head settled without
 -- their key moving (a key a publisher held when its head was recorded, a
--- worker that died, an endpoint whose policy became 'skip'):
--- hooklane_ordering_sweep_v1 (migration 0026). Under the partitions'
--- advisory locks. Returns the promoted deliveries' endpoints, partitions
--- and due times, and the keys still held by a publisher (due NULL).
--- Parameters: partitions (owned), max_keys.
--- Index: endpoints_partition, ordering_keys_outstanding,
--- deliveries_ordering (see the function).
-SELECT endpoint_id, partition, key, due
-FROM hooklane_ordering_sweep_v1(%(partitions)s::int[], %(max_keys)s);
+-- worker that died, an endpoint whose policy became 'skip'), walking the
+-- outstanding keys a page after the cursor (after_endpoint, after_key;
+-- NULLs: from the first): hooklane_ordering_sweep_v2 (migration 0027).
+-- Under the partitions' advisory locks. Returns where the next page
+-- starts (NULL: the walk is over) and each delivery made due, as its
+-- endpoint, partition, key and due time.
+-- Parameters: partitions (owned), after_endpoint, after_key, page.
+-- Index: ordering_keys_outstanding_keys from the cursor, endpoints' primary
+-- key, deliveries_ordering (see the function).
+SELECT next_endpoint, next_key, woken_endpoints, woken_partitions, woken_keys, woken_dues
+FROM hooklane_ordering_sweep_v2(%(partitions)s::int[], %(after_endpoint)s::bigint, %(after_key)s::text,
+                                %(page)s::int);
 
 -- name: ordering_advance
 -- Move on the given keys (endpoint, key) whose head settled outside the
@@ -1872,10 +1875,11 @@ ORDER BY t.name;
 -- deliveries its keys went on past (skipped, still kept: a resend queues
 -- them at their key's tail). No row when there is no such endpoint.
 -- Parameters: namespace, name.
--- Index: the unique (namespace, name) constraint; ordering_keys_outstanding
--- and ordering_keys_held per endpoint; deliveries_queue from 'infinity'
--- (what waits behind a key is queued there); deliveries_dead with the
--- primary key of ordering_keys for each dead ordered delivery.
+-- Index: the unique (namespace, name) constraint;
+-- ordering_keys_outstanding_keys and ordering_keys_held per endpoint;
+-- deliveries_queue from 'infinity' (what waits behind a key is queued
+-- there); deliveries_dead with the primary key of ordering_keys for each
+-- dead ordered delivery.
 SELECT ep.id AS endpoint_id, ep.ordering_on_dead,
        (SELECT count(*) FROM ordering_keys k
         WHERE k.endpoint_id = ep.id AND k.head_seq IS NOT NULL) AS keys_outstanding,

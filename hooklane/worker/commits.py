@@ -152,7 +152,7 @@ class CommitProbe:
 
     async def catch_up(self) -> None:
         """Probe now: once it returns, ``found`` was told of everything
-        committed before it was called. The sweep calls it before listing
+        committed before it was called. The sweep calls it after listing
         the queues, so that what it lists and the ready list lacks was lost,
         not published since the last probe."""
         async with self._io:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Protocol, TypeVar
 
 import asyncpg
@@ -43,6 +44,13 @@ _HOUSEKEEPER_PARTITION = 0
 _RESCUE_OVERLAP = timedelta(seconds=60)
 # How often the housekeeper keeps the attempt history's partitions.
 PARTITIONS_EVERY = 3600.0
+# Outstanding keys one statement of the ordering sweep walks: its cost, on
+# the lock connection the reservations wait for, is bounded by the page
+# however many keys are outstanding (docs/benchmarks.md, section 21)...
+ORDERING_SWEEP_PAGE = 1000
+# ...and pages a maintenance pass walks at most: 10,000 keys a pass, the
+# walk going on at the next pass from where this one stopped.
+ORDERING_SWEEP_PAGES = 10
 
 # A sweep reads each queue from this much before its last run: a delivery
 # the list was not told of since then is due from its transaction's
@@ -157,6 +165,9 @@ class Maintenance:
         # The partitions the last rescue read, and from when the next reads.
         self._rescued_in: set[int] = set()
         self._since: datetime | None = None
+        # The key the ordering sweep's next page starts after (None: the
+        # first): the walk goes on across passes.
+        self._swept_after: tuple[int, str] | None = None
         # When the attempt partitions were last kept (monotonic; None: never).
         self._kept_at: float | None = None
         self._notifications = Notifications(settings)
@@ -179,12 +190,22 @@ class Maintenance:
         """Keys whose head settled without the key moving on: one a
         publishing transaction held when its head was recorded (the worker
         does not wait for an application's commit), one a worker died
-        between, one whose endpoint's policy became 'skip'."""
-        promoted = await self._owner.run(lambda conn, held: store.sweep_ordering(conn, held))
+        between, one whose endpoint's policy became 'skip'. A page a
+        statement from where the last pass stopped, the lock connection
+        free for the reservations between pages."""
+        promoted = 0
         now = datetime.now(UTC)
-        for endpoint_id, partition, due in promoted:
-            self._ready.wake(endpoint_id, partition, due, now)
-        return len(promoted)
+        for _ in range(ORDERING_SWEEP_PAGES):
+            swept = await self._owner.run(
+                partial(store.sweep_ordering, after=self._swept_after, page=ORDERING_SWEEP_PAGE)
+            )
+            self._swept_after = swept.after
+            for endpoint_id, partition, _key, due in swept.woken:
+                self._ready.wake(endpoint_id, partition, due, now)
+            promoted += len(swept.woken)
+            if swept.after is None:
+                break
+        return promoted
 
     async def run_once(self) -> Maintained:
         try:
@@ -286,7 +307,7 @@ class ReadySweep:
         caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.period = settings.sweep_seconds
-        # The worker's probe (CommitProbe.catch_up), run before the listing.
+        # The worker's probe (CommitProbe.catch_up), run after the listing.
         self._caught_up = caught_up
         self._owner = owner
         self._pool = pool
@@ -309,17 +330,19 @@ class ReadySweep:
         # Partitions taken since the last sweep (all of them at the first)
         # are read from the start.
         whole = sorted(set(self._whole(owned)) | (set(owned) - self._swept_in))
-        # Published events reach the list by the probe, up to a second after
-        # they commit: one probe now, and what the listing finds unscheduled
-        # was lost, not merely not probed for yet.
-        if self._caught_up is not None:
-            await self._caught_up()
         # On the pool, not the lock connection, where the reservation would
         # wait for it. It only reads; what it lists of a partition lost
         # meanwhile is left out.
         mark = self._ready.mark()
         async with store.acquire(self._pool) as conn:
             listing = await store.pending_endpoints(conn, owned, self._since, whole)
+        # Published events reach the list by the probe, up to a second after
+        # they commit: one probe now tells the list of every event the
+        # listing read, so what it lists unscheduled was lost, not merely not
+        # probed for yet. A probe before the listing would leave the events
+        # committed between the two looking lost.
+        if self._caught_up is not None:
+            await self._caught_up()
         self._swept_in, self._since = set(owned), listing.checked_at - _SWEEP_OVERLAP
         pending = [p for p in listing.endpoints if p[1] in self._owner.owned]
         # Rounds go on while the listing is read: an endpoint whose last

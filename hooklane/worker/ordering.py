@@ -12,6 +12,7 @@ maintenance pass's sweep catches a key this process dies holding.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -72,7 +73,12 @@ class BusyKeys:
                 await first_of(self._added, stopping)
                 self._added.clear()
                 continue
-            await asyncio.sleep(delay)
+            # A worker stopping leaves the keys to the next owner's sweep
+            # rather than wait out a retry.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                return
             keys, self._keys = self._keys, set()
             try:
                 async with store.acquire(self._pool) as conn:

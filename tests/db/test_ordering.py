@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hooklane import store
 from hooklane.errors import TransientStoreError
-from testsupport.fixtures import add_endpoint, wait_for
+from testsupport.fixtures import ALL_PARTITIONS, add_endpoint, wait_for
 from testsupport.ordering import (
     advance,
     complete,
@@ -28,6 +28,7 @@ from testsupport.ordering import (
     reserve,
     retried,
     sweep,
+    sweep_v1,
 )
 
 
@@ -261,7 +262,7 @@ async def test_a_held_key_goes_on_once_its_endpoint_skips(db):
     assert (await key_row(db, a, "k"))["held_since"] is not None
     # The policy changed after the head died: the sweep moves the key on.
     await db.execute("UPDATE endpoints SET ordering_on_dead = 'skip' WHERE id = $1", a)
-    assert [(r["endpoint_id"], r["key"]) for r in await sweep(db)] == [(a, "k")]
+    assert await sweep(db) == [(a, "k")]
     row = await key_row(db, a, "k")
     assert (row["held_since"], row["head_seq"], row["skipped"]) == (None, 2, 1)
     assert _seqs(await reserve(db)) == [("k", 2)]
@@ -383,7 +384,9 @@ async def test_advance_reports_a_busy_key_and_moves_the_others(db, other):
     assert _seqs(await reserve(db)) == [("k1", 2)]
 
 
-async def test_the_sweep_moves_on_a_key_whose_head_settled_without_advance(db):
+# v1: as a worker of the release before calls it, during a rolling upgrade.
+@pytest.mark.parametrize("sweeper", [sweep, sweep_v1], ids=["v2", "v1"])
+async def test_the_sweep_moves_on_a_key_whose_head_settled_without_advance(db, sweeper):
     a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
     for key in ("k1", "k2", "k1", "k2"):
         await publish(db, key)
@@ -395,12 +398,59 @@ async def test_the_sweep_moves_on_a_key_whose_head_settled_without_advance(db):
     assert await reserve(db) == []
     assert (await key_row(db, a, "k2"))["held_since"] is None
 
-    swept = await sweep(db)
-    assert [(r["endpoint_id"], r["key"]) for r in swept] == [(a, "k1")]
+    assert await sweeper(db) == [(a, "k1")]
     # The dead head under 'hold' now holds its key.
     assert (await key_row(db, a, "k2"))["held_since"] is not None
     assert _seqs(await reserve(db)) == [("k1", 2)]
-    assert await sweep(db) == []
+    assert await sweeper(db) == []
+
+
+async def test_the_sweep_walks_its_partitions_keys_a_page_at_a_time(db):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    b = await add_endpoint(db, "b", "http://127.0.0.1:1/b")
+    partition = dict(await db.fetch("SELECT id, partition FROM endpoints"))
+    assert partition[a] != partition[b], "the names hash to different partitions"
+    # As many as an endpoint's default concurrency: every head reserved.
+    keys = [f"k{i}" for i in range(4)]
+    for key in keys * 2:
+        await publish(db, key)
+    heads = await reserve(db)
+    assert len(heads) == 2 * len(keys)
+    await complete(db, [(_unordered(r), delivered(r)) for r in heads])
+
+    # a's partition only, two keys a page: each page goes on after the
+    # last, and the walk ends with a page short of two.
+    woken, cursors, after = [], [], None
+    while True:
+        swept = await store.sweep_ordering(db, [partition[a]], after, 2)
+        woken += swept.woken
+        cursors.append(swept.after)
+        if (after := swept.after) is None:
+            break
+    assert cursors == [(a, "k1"), (a, "k3"), None]
+    assert sorted((e, p, k) for e, p, k, _ in woken) == [(a, partition[a], k) for k in keys]
+    # b's keys were not the walk's to move.
+    assert sorted(await sweep(db)) == [(b, k) for k in keys]
+    assert _seqs(await reserve(db)) == [(k, 2) for k in sorted(keys * 2)]
+
+
+async def test_a_key_a_publisher_holds_does_not_stop_the_walk(db, other):
+    a = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    for key in ("k1", "k2", "k1", "k2"):
+        await publish(db, key)
+    heads = await reserve(db)
+    await complete(db, [(_unordered(r), delivered(r)) for r in heads])
+    publishing = other.transaction()
+    await publishing.start()
+    await publish(other, "k1")
+
+    # k1 is left for the next walk; the page after it still moves k2 on.
+    swept = await store.sweep_ordering(db, ALL_PARTITIONS, None, 1)
+    assert (swept.woken, swept.after) == ([], (a, "k1"))
+    swept = await store.sweep_ordering(db, ALL_PARTITIONS, swept.after, 1)
+    assert [(e, k) for e, _, k, _ in swept.woken] == [(a, "k2")]
+    await publishing.rollback()
+    assert await sweep(db) == [(a, "k1")]
 
 
 def _unordered(row: asyncpg.Record) -> dict:

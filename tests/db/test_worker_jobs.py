@@ -4,6 +4,7 @@ woke, and the loop that runs them (hooklane/worker/jobs.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,8 @@ from prometheus_client import REGISTRY
 import hooklane
 from hooklane import metrics, store
 from hooklane.settings import Settings
+from hooklane.worker import jobs, ordering
+from hooklane.worker.commits import CommitProbe
 from hooklane.worker.jobs import (
     SWEEP_WHOLE_EVERY,
     Exported,
@@ -166,6 +169,33 @@ async def test_maintenance_requeues_expired_leases_and_wakes_the_reservation(
     assert await trigger.wait(0) is Wake.POLL
 
 
+async def test_maintenance_walks_the_ordering_keys_a_few_pages_a_pass(
+    db, settings, owner, pool, trigger, monkeypatch
+):
+    monkeypatch.setattr(jobs, "ORDERING_SWEEP_PAGE", 1)
+    monkeypatch.setattr(jobs, "ORDERING_SWEEP_PAGES", 2)
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    for key in ("k0", "k1", "k2") * 2:
+        await hooklane.publish(db, tenant="acme", type="t", data={}, ordering_key=key)
+    # The heads recorded without their keys moving on, as by a worker that
+    # died between the two.
+    await db.execute("UPDATE deliveries SET state = 'delivered' WHERE ordering_seq = 1")
+    due = (
+        "SELECT array_agg(ordering_key ORDER BY ordering_key) FROM deliveries"
+        " WHERE state = 'pending' AND next_attempt_at < 'infinity'"
+    )
+    ready = ReadyList()
+    maintenance = Maintenance(settings, owner, pool, trigger, ready)
+
+    await maintenance.run_once()
+    assert await db.fetchval(due) == ["k0", "k1"]
+    assert ready.scheduled(endpoint)
+    assert await trigger.wait(0) is Wake.FIRED
+    # The next pass goes on after k1.
+    await maintenance.run_once()
+    assert await db.fetchval(due) == ["k0", "k1", "k2"]
+
+
 async def test_the_owner_of_partition_0_deactivates_and_purges(db, settings, owner, pool, trigger, caplog):
     await add_endpoint(db, "old", "http://127.0.0.1:1/old")
     await add_endpoint(db, "new", "http://127.0.0.1:1/new")
@@ -255,6 +285,34 @@ async def test_the_previous_versions_sweep_finds_a_publish_that_notified_nobody(
     ready = ReadyList()
     assert await ReadySweep(settings, owner, pool, trigger, ready).run_once() == 1
     assert [c.endpoint_id for c in ready.take(datetime.now(UTC), 10)] == [endpoint]
+
+
+@pytest.mark.parametrize("published", ["before the probe", "after the probe"])
+async def test_the_sweep_counts_no_publish_around_its_probe_as_lost(
+    db, settings, owner, pool, trigger, published
+):
+    endpoint = await add_endpoint(db, "a", "http://127.0.0.1:1/a")
+    ready = ReadyList()
+
+    def found(committed: store.Committed) -> None:
+        for endpoint_id, partition, due in committed.endpoints:
+            ready.wake(endpoint_id, partition, due, datetime.now(UTC))
+
+    probe = CommitProbe(settings, pool, found)
+    await probe.start()
+
+    # An application commits just before or just after the sweep's probe.
+    async def caught_up() -> None:
+        if published == "before the probe":
+            await hooklane.publish(db, tenant="acme", type="order.created", data={})
+        await probe.catch_up()
+        if published == "after the probe":
+            await hooklane.publish(db, tenant="acme", type="order.created", data={})
+
+    sweep = ReadySweep(settings, owner, pool, trigger, ready, caught_up)
+    assert await sweep.run_once() == 0
+    await probe.catch_up()
+    assert ready.scheduled(endpoint)
 
 
 async def _sweeps_until_found(sweep: ReadySweep, most: int) -> int:
@@ -632,3 +690,19 @@ async def test_a_worker_without_partition_0_reports_no_horizon(settings, idle_ow
     assert _sample("hooklane_xmin_horizon_age_seconds") == 0
     assert _holders() == []
     assert REGISTRY.get_sample_value("hooklane_table_dead_rows", {"table": "events"}) is None
+
+
+# --- keys a publisher held --------------------------------------------------
+
+
+async def test_busy_keys_stop_without_waiting_out_a_retry(pool, trigger, monkeypatch):
+    # A retry an hour away: only the stop can end the wait in time.
+    monkeypatch.setattr(ordering, "FIRST_RETRY_SECONDS", 3600.0)
+    busy = ordering.BusyKeys(pool, ReadyList(), trigger)
+    busy.add([(1, "k")])
+    stopping = asyncio.Event()
+    running = asyncio.ensure_future(busy.run(stopping))
+    await asyncio.sleep(0)  # the loop's first step: into its wait
+    assert not running.done()
+    stopping.set()
+    await asyncio.wait_for(running, timeout=30)
