@@ -6,8 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from hooklane.endpoint_state import EndpointState, PauseReason, Standing
-from hooklane.health import EndpointHealth, as_json, standing_counts
+from hooklane.health import EndpointHealth, as_json, exported_endpoints, standing_counts
 
 OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -76,3 +79,30 @@ def test_gauge_counts_and_json():
     assert shown["oldest_pending_age_seconds"] == 12.5
     assert shown["circuit"] == {"consecutive_failures": 0, "paused_until": None}
     assert shown["observed_at"] == "2026-03-01T12:00:00Z"
+
+
+@given(
+    st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 1e6)), st.integers(0, 5)), max_size=60),
+    st.integers(0, 8),
+)
+def test_top_exports_the_most_delayed_and_the_most_dead(queues, top):
+    healths = [
+        EndpointHealth.from_row(row(id=i, name=f"ep-{i:02d}", oldest_pending_age=age, dead=dead))
+        for i, (age, dead) in enumerate(queues)
+    ]
+    exported = exported_endpoints(healths, "top", top)
+    names = [h.name for h in exported]
+    assert names == sorted(set(names)) and len(names) <= 2 * top
+    # One left out had at least `top` taken before it in each of the two.
+    for h in healths:
+        if h in exported:
+            continue
+        if h.oldest_pending_age is not None:
+            ahead = [
+                e
+                for e in exported
+                if e.oldest_pending_age is not None and e.oldest_pending_age >= h.oldest_pending_age
+            ]
+            assert len(ahead) >= top
+        if h.dead:
+            assert len([e for e in exported if e.dead >= h.dead]) >= top
