@@ -91,14 +91,20 @@ async def test_a_killed_worker_loses_nothing_and_its_partitions_move(db, dsn, re
         events = [
             await hooklane.publish(db, tenant="acme", type="order.created", data={"i": i}) for i in range(4)
         ]
-        await wait_for(
-            lambda: db.fetchval(
+        hung = {r["name"] for r in theirs}
+
+        async def victim_calls_arrived() -> bool:
+            # 'sending' is written when a delivery is reserved, before its
+            # call goes out: the victim dies once its calls have reached
+            # the receivers too, which then expect each event twice.
+            reserved = await db.fetchval(
                 """SELECT count(*) FILTER (WHERE state = 'sending' AND attempted_by = 'victim') = 64
                           AND count(*) FILTER (WHERE state = 'delivered' AND attempted_by = 'survivor') = 64
                    FROM deliveries"""
-            ),
-            timeout=20,
-        )
+            )
+            return bool(reserved) and sum(len(receiver.at(name)) for name in hung) == 64
+
+        await wait_for(victim_calls_arrived, timeout=20)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         held = {
@@ -126,7 +132,6 @@ async def test_a_killed_worker_loses_nothing_and_its_partitions_move(db, dsn, re
     assert {r["id"] for r in rows if r["attempts"] > 1} == held
     assert all(r["attempts"] == (2 if r["id"] in held else 1) for r in rows)
     assert {r["attempted_by"] for r in rows} == {"survivor"}
-    hung = {r["name"] for r in theirs}
     for name in names:
         got = [r.headers["webhook-id"] for r in receiver.at(name)]
         # the victim's endpoints got each event twice: from the victim, unanswered, then from the survivor
