@@ -136,6 +136,10 @@ class _Entry:
 class ReadyList:
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
+        # The same endpoints by partition, kept with them (``_add``,
+        # ``_forget``, ``retain``): a gauge slice's floors read its own
+        # partitions' entries, not every entry of the list.
+        self._by_partition: dict[int, set[int]] = {}
         # (due, stamp, endpoint): an entry is current while its endpoint's
         # stamp and due still say so; others are skipped when they surface.
         # One heap per class.
@@ -157,6 +161,18 @@ class ReadyList:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _add(self, endpoint_id: int, entry: _Entry) -> _Entry:
+        self._entries[endpoint_id] = entry
+        self._by_partition.setdefault(entry.partition, set()).add(endpoint_id)
+        return entry
+
+    def _forget(self, endpoint_id: int) -> None:
+        partition = self._entries.pop(endpoint_id).partition
+        held = self._by_partition[partition]
+        held.discard(endpoint_id)
+        if not held:
+            del self._by_partition[partition]
+
     def busy(self, endpoint_id: int) -> int:
         entry = self._entries.get(endpoint_id)
         return entry.busy if entry else 0
@@ -174,8 +190,9 @@ class ReadyList:
         of each endpoint of ``partitions`` the list holds: its floor, or the
         start of time when that is UNKNOWN. An endpoint left out has nothing
         pending that the list was told of."""
-        wanted = set(partitions)
-        return {k: e.floor or _START for k, e in self._entries.items() if e.partition in wanted}
+        return {
+            k: self._entries[k].floor or _START for p in partitions for k in self._by_partition.get(p, ())
+        }
 
     def mark(self) -> int:
         """Where the list's changes stand, for ``lost``."""
@@ -204,7 +221,7 @@ class ReadyList:
         (None: none written, but something of the endpoint changed)."""
         entry = self._entries.get(endpoint_id)
         if entry is None:
-            entry = self._entries[endpoint_id] = _Entry(partition)
+            entry = self._add(endpoint_id, _Entry(partition))
         if due is None:
             # The endpoint changed (a higher limit, say), or the sweep: a
             # round judges it again even if it waits for a slot. A publish
@@ -237,7 +254,7 @@ class ReadyList:
         endpoint the list did not know starts with its floor unknown."""
         entry = self._entries.get(endpoint_id)
         if entry is None:
-            entry = self._entries[endpoint_id] = _Entry(partition, floor=head if from_start else UNKNOWN)
+            entry = self._add(endpoint_id, _Entry(partition, floor=head if from_start else UNKNOWN))
         entry.waiting = False  # judged again, even if it waits for a slot
         self.wake(endpoint_id, partition, head, now)
 
@@ -247,6 +264,7 @@ class ReadyList:
         slots are another worker's to it (live leases), not this list's."""
         self._partitions = set(partitions)
         self._entries = {k: e for k, e in self._entries.items() if e.partition in partitions}
+        self._by_partition = {p: ids for p, ids in self._by_partition.items() if p in partitions}
         self._reserved = {d: k for d, k in self._reserved.items() if k in self._entries}
         self._rebuild()
 
@@ -409,7 +427,7 @@ class ReadyList:
                 continue
             entry.in_round = False
             if not v.exists and not entry.woken:
-                del self._entries[v.endpoint_id]
+                self._forget(v.endpoint_id)
                 continue
             if v.held_by is not None:
                 self._held.setdefault(v.held_by, set()).add(v.endpoint_id)
@@ -456,7 +474,7 @@ class ReadyList:
                 # (nothing of it was pending then): only this result tells
                 # of the retry, as its owner is notified only when it is
                 # another worker.
-                self._entries[r_id] = _Entry(r_partition, floor=NOTHING)
+                self._add(r_id, _Entry(r_partition, floor=NOTHING))
         ready_now = False
         for endpoint_id in freed | left.keys():
             entry = self._entries.get(endpoint_id)

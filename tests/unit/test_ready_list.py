@@ -531,6 +531,21 @@ def test_a_deleted_endpoint_is_forgotten():
     assert not ready.scheduled(1)
 
 
+def test_floors_are_read_for_the_partitions_asked():
+    ready = ReadyList()
+    ready.wake(1, 0, t(1), NOW)
+    ready.wake(2, 1, t(2), NOW)
+    ready.listed(3, 1, t(3), NOW)
+    # An unknown floor is read from the start of time.
+    start = datetime.min.replace(tzinfo=UTC)
+    assert ready.floors([1]) == {2: start, 3: t(3)}
+    ready.take(t(3), 10)
+    ready.settle([verdict(2, exists=False, deliverable=False)], [], t(3))
+    assert ready.floors([1]) == {3: t(3)}
+    ready.retain({0})
+    assert ready.floors([0, 1]) == {1: start}
+
+
 def test_a_deleted_endpoint_woken_during_the_round_is_judged_again():
     """The wake may tell of what the round did not see; the next verdict
     forgets it."""
@@ -1430,6 +1445,10 @@ class ReadyListModel(RuleBasedStateMachine):
             w.release_and_take(ENDPOINTS[endpoint])
 
     # What always holds.
+
+    @invariant()
+    def every_endpoint_held_has_its_floor_under_its_partition(self):
+        assert len(self.world.ready.floors(set(ENDPOINTS.values()))) == len(self.world.ready)
 
     @invariant()
     def no_delivery_is_below_its_floor(self):
